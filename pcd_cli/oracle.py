@@ -1,0 +1,62 @@
+"""Brute-force reference for the decoder: plain forward passes over full texts, no cache.
+
+For one field after a given context text (DESIGN.md §2, "Correctness oracle"; issue #2's
+exact-mode definition): every spelling's complete line is appended to the context and the
+whole text is tokenized at once; the trunk is the longest token prefix common to all
+spellings; a spelling's path is its tokens after the trunk — to the end of the line
+(``exact``) or up to the first token after which only one label shares the prefix
+(``marginal``). A path's probability is the product of the conditional probabilities of
+its tokens, each read from a plain forward pass over that full text. It shares no code
+with ``compile`` or ``decode`` beyond the schema and the layout's line text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .schema import Field
+
+
+def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str]], scoring: str
+                 ) -> tuple[np.ndarray, float]:
+    """Label probabilities and candidate mass of ``field`` after ``context``, by brute force.
+
+    Args:
+        backend: any backend (uses ``tokenizer.encode`` and ``full_logprobs``).
+        context: the exact text preceding the field's line (the trace's ``context``).
+        lines: ``(label index, complete line text)`` for every spelling.
+        scoring: ``"marginal"`` or ``"exact"``.
+
+    Returns:
+        ``(probs, mass)``: float64 ``(len(field.labels),)`` and the candidate mass.
+    """
+    encode = backend.tokenizer.encode
+    seqs = [(label, tuple(encode(context + line))) for label, line in lines]
+    first = seqs[0][1]
+    trunk = min(min(_lcp(first, s) for _, s in seqs[1:]), min(len(s) for _, s in seqs) - 1)
+    paths: dict[tuple[int, ...], int] = {}
+    for label, seq in seqs:
+        end = len(seq)
+        if scoring == "marginal":
+            for j in range(trunk + 1, len(seq) + 1):
+                owners = {lab for lab, other in seqs if other[:j] == seq[:j]}
+                if owners == {label}:
+                    end = j
+                    break
+        paths[seq[:end]] = label
+    label_lp = np.full(len(field.labels), -np.inf)
+    for prefix, label in paths.items():
+        logprobs = backend.full_logprobs(prefix)
+        lp = sum(logprobs[i - 1, prefix[i]] for i in range(trunk, len(prefix)))
+        label_lp[label] = np.logaddexp(label_lp[label], lp)
+    log_mass = np.logaddexp.reduce(label_lp)
+    return np.exp(label_lp - log_mass), float(np.exp(log_mass))
+
+
+def _lcp(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

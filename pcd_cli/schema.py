@@ -1,0 +1,303 @@
+"""Schema files -> validated, frozen ``Schema`` values.
+
+Accepted files (YAML or JSON, chosen by extension, content sniffed for ``.json``):
+
+* pcd's own format::
+
+      name: triage
+      instructions: optional text for the system turn
+      fields:                       # ordered mapping
+        sentiment: {type: enum, description: ..., labels: [NEGATIVE, POSITIVE]}
+        urgent:    {type: boolean, description: ...}
+        route:     {type: enum, labels: [...], depends_on: [urgent]}
+
+  ``choices`` is accepted as a synonym of ``labels`` (the preset files use it), and
+  ``fields`` may also be a list of ``{name: ..., type: ...}`` items.
+* a JSON Schema object whose properties are ``{"type": "boolean"}`` or
+  ``{"enum": [...]}`` (``description`` kept).
+
+Everything is validated before any record is read; the first problem raises
+``SchemaError`` naming the field and the problem. Soft problems (labels that differ only by
+case) are collected in ``Schema.warnings``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SchemaError
+
+#: Suffixes pcd appends to a field name to form its output columns.
+OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs")
+BOOLEAN_LABELS = ("true", "false")
+FIELD_TYPES = ("boolean", "enum")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One closed decision of the schema.
+
+    Attributes:
+        name: the JSON key, written verbatim (JSON-escaped) into the answer line.
+        type: ``"boolean"`` or ``"enum"``.
+        description: shown in the prompt's catalog.
+        labels: allowed values as schema strings; ``("true", "false")`` for booleans.
+        depends_on: names of fields whose written answers this field must see.
+    """
+
+    name: str
+    type: str
+    description: str
+    labels: tuple[str, ...]
+    depends_on: tuple[str, ...] = ()
+
+    @property
+    def is_boolean(self) -> bool:
+        return self.type == "boolean"
+
+    def value(self, label_index: int) -> bool | str:
+        """The typed output value of label ``label_index`` (bool for booleans, the exact string otherwise)."""
+        if self.is_boolean:
+            return self.labels[label_index] == "true"
+        return self.labels[label_index]
+
+    def spellings(self, label_index: int) -> tuple[str, ...]:
+        """JSON spellings of a label, canonical first (DESIGN.md §2 rule 5).
+
+        Booleans: ``true`` and ``"true"``. Enums: the label as a JSON string with minimal
+        escaping (quotes, backslashes, control characters; ``/`` and non-ASCII kept as is).
+        """
+        label = self.labels[label_index]
+        if self.is_boolean:
+            return (label, json_string(label))
+        return (json_string(label),)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A validated schema: ordered fields and the waves they are decided in.
+
+    Attributes:
+        name: schema name (from the file, else the file stem).
+        instructions: extra text for the prompt's system turn ('' if none).
+        fields: fields in schema order (the order of the JSON object).
+        waves: tuples of field indices; wave 0 is the first field alone (DESIGN.md §2 rule 8),
+            later waves follow ``depends_on`` levels.
+        warnings: soft problems found while validating.
+        source_sha256: sha256 of the canonical JSON form of the schema (for output metadata).
+    """
+
+    name: str
+    instructions: str
+    fields: tuple[Field, ...]
+    waves: tuple[tuple[int, ...], ...]
+    warnings: tuple[str, ...] = ()
+    source_sha256: str = ""
+
+    def field_index(self, name: str) -> int:
+        for i, f in enumerate(self.fields):
+            if f.name == name:
+                return i
+        raise KeyError(name)
+
+    def check_output_columns(self, reserved: str) -> None:
+        """Raise ``SchemaError`` if a field's output column would clash with ``reserved`` (the id column)."""
+        for f in self.fields:
+            if f.name == reserved:
+                raise SchemaError(
+                    f"field {f.name!r}: clashes with the id column {reserved!r}; "
+                    "rename the field or pass another --id-field")
+
+
+def json_string(text: str) -> str:
+    """``text`` as a JSON string literal with minimal escaping (RFC 8259 §7); '/' is not escaped."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def load_schema(path: str | Path) -> Schema:
+    """Read and validate a schema file.
+
+    Raises:
+        SchemaError: unreadable file, or any validation problem (message names the field).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SchemaError(f"schema file {str(path)!r}: cannot read it ({exc.strerror})") from exc
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SchemaError(f"schema file {str(path)!r}: not valid {path.suffix.lstrip('.').upper() or 'YAML'}: {exc}") from exc
+    return parse_schema(data, default_name=path.stem)
+
+
+def parse_schema(data: Any, *, default_name: str = "schema") -> Schema:
+    """Validate a schema given as plain Python data (the parsed file).
+
+    Raises:
+        SchemaError: the first problem found, naming the field.
+    """
+    if not isinstance(data, dict):
+        raise SchemaError("schema: expected a mapping with a 'fields' key at the top level")
+    if "properties" in data and "fields" not in data:
+        data = _from_json_schema(data)
+    if "schema" in data and "fields" not in data and isinstance(data["schema"], dict):
+        data = {"name": data.get("id", default_name), "fields": data["schema"]}  # preset files
+    raw_fields = data.get("fields")
+    if raw_fields is None or (hasattr(raw_fields, "__len__") and len(raw_fields) == 0):
+        raise SchemaError("schema: no fields; add at least one field under 'fields'")
+    items = _field_items(raw_fields)
+    fields: list[Field] = []
+    warnings: list[str] = []
+    seen: set[str] = set()
+    for name, spec in items:
+        f, warns = _parse_field(name, spec)
+        if f.name in seen:
+            raise SchemaError(f"field {f.name!r}: defined twice")
+        seen.add(f.name)
+        fields.append(f)
+        warnings.extend(warns)
+    names = {f.name for f in fields}
+    for f in fields:
+        for suffix in OUTPUT_SUFFIXES:
+            if f.name.endswith(suffix) and f.name[: -len(suffix)] in names:
+                raise SchemaError(
+                    f"field {f.name!r}: clashes with the output column {suffix!r} of field "
+                    f"{f.name[: -len(suffix)]!r}; rename it")
+    waves = _waves(fields)
+    name = data.get("name", default_name)
+    instructions = data.get("instructions") or ""
+    if not isinstance(name, str) or not isinstance(instructions, str):
+        raise SchemaError("schema: 'name' and 'instructions' must be strings")
+    canonical = json.dumps(
+        {"name": name, "instructions": instructions,
+         "fields": [[f.name, f.type, f.description, list(f.labels), list(f.depends_on)] for f in fields]},
+        ensure_ascii=False, sort_keys=True)
+    return Schema(name=name, instructions=instructions.strip(), fields=tuple(fields),
+                  waves=waves, warnings=tuple(warnings),
+                  source_sha256=hashlib.sha256(canonical.encode()).hexdigest())
+
+
+def _field_items(raw_fields: Any) -> list[tuple[Any, Any]]:
+    if isinstance(raw_fields, dict):
+        return list(raw_fields.items())
+    if isinstance(raw_fields, list):
+        items = []
+        for i, spec in enumerate(raw_fields):
+            if not isinstance(spec, dict) or "name" not in spec:
+                raise SchemaError(f"fields[{i}]: a list item needs a 'name' key")
+            items.append((spec["name"], {k: v for k, v in spec.items() if k != "name"}))
+        return items
+    raise SchemaError("schema: 'fields' must be a mapping (name -> spec) or a list")
+
+
+def _parse_field(name: Any, spec: Any) -> tuple[Field, list[str]]:
+    if not isinstance(name, str) or not name.strip():
+        raise SchemaError(f"field {name!r}: a field name must be a non-empty string")
+    if not isinstance(spec, dict):
+        raise SchemaError(f"field {name!r}: expected a mapping with 'type' (boolean or enum)")
+    ftype = spec.get("type")
+    if ftype in ("bool",):
+        ftype = "boolean"
+    if ftype not in FIELD_TYPES:
+        raise SchemaError(f"field {name!r}: unknown type {ftype!r}; expected one of {', '.join(FIELD_TYPES)}")
+    description = spec.get("description") or ""
+    if not isinstance(description, str):
+        raise SchemaError(f"field {name!r}: 'description' must be a string")
+    depends_on = spec.get("depends_on") or []
+    if isinstance(depends_on, str):
+        depends_on = [depends_on]
+    if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
+        raise SchemaError(f"field {name!r}: 'depends_on' must be a list of field names")
+    raw_labels = spec.get("labels", spec.get("choices"))
+    warnings: list[str] = []
+    if ftype == "boolean":
+        if raw_labels is not None:
+            raise SchemaError(f"field {name!r}: a boolean takes no labels (its values are true and false); "
+                              "use type: enum for named labels")
+        labels: tuple[str, ...] = BOOLEAN_LABELS
+    else:
+        if not isinstance(raw_labels, list) or not raw_labels:
+            raise SchemaError(f"field {name!r}: an enum needs a non-empty list of 'labels'")
+        for i, label in enumerate(raw_labels):
+            if not isinstance(label, str):
+                raise SchemaError(
+                    f"field {name!r}: label #{i + 1} is {label!r} ({type(label).__name__}), not a string; "
+                    "quote it in the schema file")
+            if label == "":
+                raise SchemaError(f"field {name!r}: label #{i + 1} is empty")
+        if len(raw_labels) < 2:
+            raise SchemaError(f"field {name!r}: an enum needs at least two labels, got {raw_labels!r}")
+        exact: set[str] = set()
+        folded: dict[str, str] = {}
+        for label in raw_labels:
+            if label in exact:
+                raise SchemaError(f"field {name!r}: duplicate label {label!r}")
+            exact.add(label)
+            key = label.casefold()
+            if key in folded:
+                warnings.append(f"field {name!r}: labels {folded[key]!r} and {label!r} differ only by case")
+            folded.setdefault(key, label)
+        labels = tuple(raw_labels)
+    return Field(name=name, type=ftype, description=description.strip(), labels=labels,
+                 depends_on=tuple(depends_on)), warnings
+
+
+def _waves(fields: list[Field]) -> tuple[tuple[int, ...], ...]:
+    """Decision waves: the first field alone, then ``depends_on`` levels (DESIGN.md §2 rule 8)."""
+    index = {f.name: i for i, f in enumerate(fields)}
+    for f in fields:
+        for dep in f.depends_on:
+            if dep not in index:
+                raise SchemaError(f"field {f.name!r}: depends_on names an unknown field {dep!r}")
+            if dep == f.name:
+                raise SchemaError(f"field {f.name!r}: depends_on names the field itself")
+    if fields[0].depends_on:
+        raise SchemaError(f"field {fields[0].name!r}: the first field is decided first and cannot depend on others")
+    level: dict[int, int] = {0: 0}
+    visiting: set[int] = set()
+
+    def level_of(i: int) -> int:
+        if i in level:
+            return level[i]
+        if i in visiting:
+            raise SchemaError(f"field {fields[i].name!r}: depends_on forms a cycle")
+        visiting.add(i)
+        deps = [level_of(index[d]) for d in fields[i].depends_on]
+        visiting.discard(i)
+        level[i] = 1 + max(deps, default=0)
+        return level[i]
+
+    for i in range(len(fields)):
+        level_of(i)
+    n_waves = max(level.values()) + 1
+    return tuple(tuple(i for i in range(len(fields)) if level[i] == w) for w in range(n_waves)
+                 if any(level[i] == w for i in range(len(fields))))
+
+
+def _from_json_schema(data: dict) -> dict:
+    """Convert a JSON Schema object (properties of type boolean or with enum) to pcd's format."""
+    fields: dict[str, dict] = {}
+    for name, prop in (data.get("properties") or {}).items():
+        if not isinstance(prop, dict):
+            raise SchemaError(f"field {name!r}: JSON Schema property must be an object")
+        spec: dict[str, Any] = {"description": prop.get("description", "")}
+        if "enum" in prop:
+            spec.update(type="enum", labels=prop["enum"])
+        elif prop.get("type") == "boolean":
+            spec["type"] = "boolean"
+        else:
+            raise SchemaError(f"field {name!r}: only boolean properties and enum properties are supported, "
+                              f"got {prop.get('type')!r}")
+        fields[name] = spec
+    return {"name": data.get("title", "schema"), "instructions": data.get("description", ""), "fields": fields}

@@ -1,0 +1,71 @@
+"""Shared fixtures: the embedded model, a tiny random-init model, and small schemas."""
+
+from __future__ import annotations
+
+import pytest
+
+from pcd_cli.schema import parse_schema
+
+#: The oracle-test schema of issue #2: a boolean first, shared prefixes, a label that is a
+#: prefix of another, labels colliding on their first token.
+ORACLE_SCHEMA = {
+    "name": "oracle",
+    "fields": {
+        "urgent": {"type": "boolean", "description": "Whether the customer needs help today"},
+        "deadline": {"type": "enum", "description": "Deadline the customer gives",
+                     "labels": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
+        "action": {"type": "enum", "description": "What the agent should do",
+                   "labels": ["CALL", "CALL BACK", "EMAIL"]},
+        "tool": {"type": "enum", "description": "Tool to use", "labels": ["get_weather", "get_time"]},
+        "refund": {"type": "boolean", "description": "Whether a refund is asked for"},
+    },
+}
+
+TEXTS = [
+    "Please call me back within 12 hours, my invoice was charged twice and I want a refund.",
+    "What time is it in Tokyo right now?",
+    "Thanks, all good.",
+]
+
+
+@pytest.fixture(scope="session")
+def oracle_schema():
+    return parse_schema(ORACLE_SCHEMA)
+
+
+@pytest.fixture(scope="session")
+def embedded_backend():
+    from pcd_cli.backends import load_backend
+
+    return load_backend(None, device="cpu", dtype="float32")
+
+
+def tiny_backend(chat_template: bool = True, seed: int = 0):
+    """A 2-layer random-init Llama with the embedded model's tokenizer (float32, CPU)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from pcd_cli.backends.torch_backend import TorchBackend, converted_gguf_dir, embedded_gguf_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(converted_gguf_dir(embedded_gguf_path())))
+    if not chat_template:
+        tokenizer.chat_template = None
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper than the default init, so probabilities differ visibly
+        for p in model.parameters():
+            p.mul_(4.0)
+    return TorchBackend(model.float().eval(), tokenizer, "tiny-random-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_backend():
+    return tiny_backend(chat_template=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_plain_backend():
+    return tiny_backend(chat_template=False, seed=1)
