@@ -121,16 +121,20 @@ class Decoder:
         max_tokens_per_pass: most tokens fed in one forward pass (bounds memory and the
             size of packed groups); at least 16.
         trace: keep, per record and field, the context, lines, probabilities and mass.
+        pack_records: pack several records into one pass (block-diagonal mask); ``False``
+            decodes one record per group (for comparison; results agree to float rounding).
     """
 
     def __init__(self, backend, compiled: CompiledSchema, *,
-                 max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False):
+                 max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False,
+                 pack_records: bool = True):
         if max_tokens_per_pass < 16:
             raise ValueError(f"max_tokens_per_pass must be at least 16, got {max_tokens_per_pass}")
         self.backend = backend
         self.compiled = compiled
         self.budget = max_tokens_per_pass
         self.trace = trace
+        self.pack_records = pack_records
         self.head_len = len(compiled.prompt.head_ids)
         backend.prefill(compiled.prompt.head_ids)
         self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
@@ -167,7 +171,7 @@ class Decoder:
         totals: list[int] = []
         for slot in slots:
             cost = [len(slot.chain) + self._wave_cost[0]] + self._wave_cost[1:]
-            if groups and all(t + c <= self.budget for t, c in zip(totals, cost)):
+            if groups and self.pack_records and all(t + c <= self.budget for t, c in zip(totals, cost)):
                 groups[-1].append(slot)
                 totals = [t + c for t, c in zip(totals, cost)]
             else:

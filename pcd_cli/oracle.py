@@ -46,8 +46,9 @@ def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str
         paths[seq[:end]] = label
     label_lp = np.full(len(field.labels), -np.inf)
     for prefix, label in paths.items():
-        logprobs = backend.full_logprobs(prefix)
-        lp = sum(logprobs[i - 1, prefix[i]] for i in range(trunk, len(prefix)))
+        rows = list(range(trunk - 1, len(prefix) - 1))
+        logprobs = backend.full_logprobs(prefix, rows)
+        lp = sum(logprobs[j, prefix[row + 1]] for j, row in enumerate(rows))
         label_lp[label] = np.logaddexp(label_lp[label], lp)
     log_mass = np.logaddexp.reduce(label_lp)
     return np.exp(label_lp - log_mass), float(np.exp(log_mass))

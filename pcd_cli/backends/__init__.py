@@ -24,9 +24,10 @@ The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBack
     KV stays in the cache.
 ``truncate(length)``
     Drop cache entries beyond ``length`` (back to the head after a group of records).
-``full_logprobs(ids) -> ndarray``
-    Plain forward over ``ids`` with no cache: float64 ``(len(ids), vocab_size)`` log-probs
-    (the brute-force oracle and the benchmark use it).
+``full_logprobs(ids, rows=None) -> ndarray``
+    Plain forward over ``ids`` with no cache: float64 ``(len(rows), vocab_size)`` log-probs
+    of the next token after each position in ``rows`` (all positions when ``None``); the
+    brute-force oracle uses it.
 ``generate(ids, max_new_tokens, cache_prefix_len=0) -> (new_ids, forward_passes)``
     Greedy token-by-token generation (the benchmark's baseline); ``cache_prefix_len`` > 0
     reuses the KV of ``ids[:cache_prefix_len]`` computed once and kept between calls.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -196,6 +197,9 @@ class TorchBackend:
         self.cache = DynamicCache(config=model.config)
         self.forward_passes = 0
         model.register_forward_hook(self._count_pass)
+        # transformers 5.x renamed past_key_values to cache (the old name warns until 5.40).
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def _count_pass(self, *_args) -> None:
         self.forward_passes += 1
@@ -207,8 +211,8 @@ class TorchBackend:
     def prefill(self, ids: Sequence[int]) -> None:
         self.cache = self._cache_cls(config=self.model.config)
         if len(ids):
-            self.model(input_ids=torch.tensor([list(ids)], device=self.device), past_key_values=self.cache,
-                       use_cache=True, logits_to_keep=1)
+            self.model(input_ids=torch.tensor([list(ids)], device=self.device), use_cache=True,
+                       logits_to_keep=1, **{self._cache_kw: self.cache})
 
     def truncate(self, length: int) -> None:
         extra = self.cache_length() - length
@@ -225,7 +229,7 @@ class TorchBackend:
         mask.masked_fill_(~torch.from_numpy(visible).to(self.device), torch.finfo(self.dtype).min)
         out = self.model(input_ids=torch.from_numpy(ids.astype(np.int64)).to(self.device)[None],
                          position_ids=torch.from_numpy(positions.astype(np.int64)).to(self.device)[None],
-                         attention_mask=mask[None, None], past_key_values=self.cache, use_cache=True,
+                         attention_mask=mask[None, None], use_cache=True, **{self._cache_kw: self.cache},
                          logits_to_keep=torch.from_numpy(keep_rows.astype(np.int64)).to(self.device))
         logits = out.logits[0, :, : self.tokenizer.vocab_size].float()
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -235,8 +239,10 @@ class TorchBackend:
         return picked.double().cpu().numpy()
 
     @torch.inference_mode()
-    def full_logprobs(self, ids: Sequence[int]) -> np.ndarray:
-        out = self.model(input_ids=torch.tensor([list(ids)], device=self.device), use_cache=False)
+    def full_logprobs(self, ids: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
+        keep = torch.tensor(list(rows) if rows is not None else range(len(ids)), device=self.device)
+        out = self.model(input_ids=torch.tensor([list(ids)], device=self.device), use_cache=False,
+                         logits_to_keep=keep)
         logits = out.logits[0, :, : self.tokenizer.vocab_size].float()
         return torch.log_softmax(logits, dim=-1).double().cpu().numpy()
 
@@ -249,11 +255,11 @@ class TorchBackend:
             key = tuple(ids[:cache_prefix_len])
             if getattr(self, "_gen_prefix", (None,))[0] != key:
                 prefix_cache = self._cache_cls(config=self.model.config)
-                self.model(input_ids=torch.tensor([list(key)], device=self.device),
-                           past_key_values=prefix_cache, use_cache=True, logits_to_keep=1)
+                self.model(input_ids=torch.tensor([list(key)], device=self.device), use_cache=True,
+                           logits_to_keep=1, **{self._cache_kw: prefix_cache})
                 self._gen_prefix = (key, prefix_cache)
                 before = self.forward_passes  # the shared prefix is paid once, not per record
-            kwargs["past_key_values"] = copy.deepcopy(self._gen_prefix[1])
+            kwargs[self._cache_kw] = copy.deepcopy(self._gen_prefix[1])
         input_ids = torch.tensor([list(ids)], device=self.device)
         eos = self.model.generation_config.eos_token_id
         out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
@@ -261,6 +267,21 @@ class TorchBackend:
                                   eos_token_id=eos, pad_token_id=self.model.generation_config.pad_token_id or eos,
                                   temperature=None, top_p=None, top_k=None, **kwargs)
         return out[0, input_ids.shape[1]:].tolist(), self.forward_passes - before
+
+
+def load_tokenizer(model: str | None = None) -> tuple[str, HFTokenizer]:
+    """Load only the tokenizer of ``model`` (same resolution as ``load_backend``).
+
+    Raises:
+        ModelError: the tokenizer cannot be found or loaded.
+    """
+    from transformers import AutoTokenizer
+
+    model_id, source = resolve_model(model)
+    try:
+        return model_id, HFTokenizer(AutoTokenizer.from_pretrained(source))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--model {model!r}: cannot load its tokenizer ({str(exc).splitlines()[0]})") from exc
 
 
 def load_backend(model: str | None = None, *, device: str = "auto", dtype: str = "auto") -> TorchBackend:
@@ -278,6 +299,7 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     model_id, source = resolve_model(model)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)

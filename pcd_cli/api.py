@@ -1,0 +1,110 @@
+"""The Python API: load a model and a schema once, label any iterable of texts or records.
+
+    >>> from pcd_cli import Labeler
+    >>> labeler = Labeler("schemas/sms_spam.yaml")               # embedded default model
+    >>> for result in labeler.label(["WIN A FREE PRIZE!!! Click now", "see you at 6?"]):
+    ...     print(result.id, result.fields[0].value, result.fields[0].prob, result.fields[0].mass)
+
+The CLI (``pcd label``) is a thin layer over this class.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from . import __version__
+from .compile import CompiledSchema
+from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, Record, RecordFailure, RecordResult
+from .schema import Schema, load_schema
+
+#: Records handed to the decoder at a time (it packs them into passes by token budget).
+CHUNK_RECORDS = 64
+
+
+class Labeler:
+    """A schema compiled for a model, with the prompt head's KV cached.
+
+    Args:
+        schema: a ``Schema`` or a path to a schema file.
+        model: ``None`` (embedded SmolLM2-135M-Instruct), a ``.gguf`` file, a local model
+            folder or a transformers model id.
+        device: ``auto|cpu|cuda|mps``. dtype: ``auto|float32|bfloat16|float16``.
+        scoring: ``marginal`` (follow each path until the label is identified) or ``exact``
+            (to the end of the line).
+        max_tokens_per_pass: token budget of one forward pass (bounds memory; records are
+            packed up to it).
+        trace: keep per-field traces on results (``RecordResult.traces``).
+        backend: an already loaded backend (then ``model``, ``device``, ``dtype`` are ignored).
+
+    Raises:
+        SchemaError, ModelError, CompileError: see ``pcd_cli.errors``.
+    """
+
+    def __init__(self, schema: Schema | str | Path, *, model: str | None = None, device: str = "auto",
+                 dtype: str = "auto", scoring: str = "marginal",
+                 max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None):
+        self.schema = schema if isinstance(schema, Schema) else load_schema(schema)
+        if backend is None:
+            from .backends import load_backend
+
+            backend = load_backend(model, device=device, dtype=dtype)
+        self.backend = backend
+        self.compiled = CompiledSchema(self.schema, backend.tokenizer, scoring=scoring,
+                                       logits_width=backend.logits_width)
+        self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace)
+
+    @property
+    def forward_passes(self) -> int:
+        """Forward passes spent on records so far (the one-off head prefill excluded)."""
+        return self.decoder.record_passes
+
+    def metadata(self) -> dict[str, str]:
+        """Key-value metadata recorded in outputs: versions, model, hashes, scoring, UTC date."""
+        return {
+            "pcd.version": __version__,
+            "pcd.model": self.backend.model_id,
+            "pcd.schema_name": self.schema.name,
+            "pcd.schema_sha256": self.schema.source_sha256,
+            "pcd.prompt_head_sha256": self.compiled.prompt.head_sha256,
+            "pcd.scoring": self.compiled.scoring,
+            "pcd.layout": self.compiled.layout.name,
+            "pcd.chat_template": str(self.compiled.prompt.chat_template).lower(),
+            "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def label(self, items: Iterable[str | dict | Record | RecordFailure]) -> Iterator[RecordResult | RecordFailure]:
+        """Label ``items`` lazily, in order; one result (or failure) per item.
+
+        Items may be strings (ids are their positions), ``{"id": ..., "text": ...}`` dicts,
+        ``Record`` values, or ``RecordFailure`` values (passed through, so that a reader's
+        failures stay in order).
+        """
+        iterator = iter(_as_record(i, item) for i, item in enumerate(items))
+        while True:
+            chunk = list(islice(iterator, CHUNK_RECORDS))
+            if not chunk:
+                return
+            yield from self.label_batch(chunk)
+
+    def label_batch(self, batch: list[Record | RecordFailure]) -> list[RecordResult | RecordFailure]:
+        """Label one batch eagerly; failures in the batch are passed through in place."""
+        records = [r for r in batch if isinstance(r, Record)]
+        decoded = iter(self.decoder.decode(records))
+        return [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
+
+
+def _as_record(index: int, item) -> Record | RecordFailure:
+    if isinstance(item, (Record, RecordFailure)):
+        return item
+    if isinstance(item, str):
+        return Record(index, item.strip()) if item.strip() else RecordFailure(index, f"record {index}: no text")
+    if isinstance(item, dict):
+        text = item.get("text")
+        rid = item.get("id", index)
+        if not isinstance(text, str) or not text.strip():
+            return RecordFailure(rid, f"record {rid!r}: no text")
+        return Record(rid, text.strip())
+    raise TypeError(f"item {index}: expected str, dict or Record, got {type(item).__name__}")

@@ -1,0 +1,151 @@
+"""Decoder rules: packing, budget splits, spellings, first field first, probability sanity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pcd_cli.compile import CompiledSchema
+from pcd_cli.decode import Decoder, Record
+from pcd_cli.errors import CompileError
+from pcd_cli.oracle import oracle_field
+from pcd_cli.schema import load_schema, parse_schema
+
+from .conftest import TEXTS, tiny_backend
+
+MORE_TEXTS = TEXTS + ["URGENT: the production API is down, call me NOW.", "Could you email me the March invoice?"]
+
+
+def _run(backend, schema, *, scoring="marginal", budget=2048, pack=True, texts=MORE_TEXTS, trace=False):
+    compiled = CompiledSchema(schema, backend.tokenizer, scoring=scoring, logits_width=backend.logits_width)
+    decoder = Decoder(backend, compiled, max_tokens_per_pass=budget, pack_records=pack, trace=trace)
+    results = decoder.decode([Record(i, t) for i, t in enumerate(texts)])
+    assert backend.cache_length() == len(compiled.prompt.head_ids)  # the forest KV is dropped
+    return decoder, results
+
+
+def _max_diff(a, b):
+    return max(max(float(np.abs(np.subtract(fa.probs, fb.probs)).max()), abs(fa.mass - fb.mass))
+               for ra, rb in zip(a, b) for fa, fb in zip(ra.fields, rb.fields))
+
+
+@pytest.mark.parametrize("scoring", ["marginal", "exact"])
+def test_packed_records_equal_one_record_per_pass(embedded_backend, oracle_schema, scoring):
+    packed_dec, packed = _run(embedded_backend, oracle_schema, scoring=scoring)
+    single_dec, single = _run(embedded_backend, oracle_schema, scoring=scoring, pack=False)
+    assert single_dec.record_passes == 2 * len(MORE_TEXTS)  # two waves, one pass each
+    assert packed_dec.record_passes == 2  # every record fits one pass per wave
+    assert _max_diff(packed, single) < 1e-5
+
+
+def test_forests_split_across_passes_stay_exact():
+    backend = tiny_backend(seed=3)
+    schema = load_schema("schemas/customs_255.yaml")
+    texts = ["Batch of 5,000 titanium hex-flange fasteners for turbine rotors.", "Roasted coffee beans, 20 bags."]
+    for scoring in ("marginal", "exact"):
+        big_dec, big = _run(backend, schema, scoring=scoring, budget=8192, texts=texts, trace=True)
+        small_dec, small = _run(backend, schema, scoring=scoring, budget=64, texts=texts)
+        assert small_dec.record_passes > 2 * big_dec.record_passes
+        assert _max_diff(big, small) < 1e-5
+    # and the big forest itself against the oracle (exact scoring, all 255 labels)
+    trace = big[1].traces[0]
+    field = schema.fields[0]
+    probs, mass = oracle_field(backend, trace["context"], field,
+                               [(field.labels.index(l["label"]), l["text"]) for l in trace["lines"]], "exact")
+    assert np.abs(np.array(big[1].fields[0].probs) - probs).max() < 1e-4
+    assert abs(big[1].fields[0].mass - mass) < 1e-4
+    assert abs(sum(big[1].fields[0].probs) - 1) < 1e-9
+
+
+@pytest.mark.parametrize("scoring", ["marginal", "exact"])
+def test_probabilities_sum_to_one_and_mass_in_unit_interval(embedded_backend, oracle_schema, scoring):
+    _, results = _run(embedded_backend, oracle_schema, scoring=scoring)
+    for result in results:
+        for field, res in zip(oracle_schema.fields, result.fields):
+            assert abs(sum(res.probs) - 1.0) < 1e-9
+            assert 0.0 < res.mass <= 1.0
+            assert res.label == int(np.argmax(res.probs))
+            assert res.prob == res.probs[res.label]
+            assert res.value == field.value(res.label)
+
+
+def test_first_field_is_decided_alone_and_written_in(embedded_backend, oracle_schema):
+    decoder, results = _run(embedded_backend, oracle_schema, trace=True, texts=TEXTS[:1])
+    traces = {t["field"]: t for t in results[0].traces}
+    first = oracle_schema.fields[0]
+    opener = decoder.compiled.layout.opener
+    assert traces[first.name]["context"].endswith(opener)
+    chosen = results[0].fields[0].label
+    written = decoder.compiled.written_line(0, chosen)
+    assert written == decoder.compiled.layout.line(first, first.spellings(chosen)[0], last=False)
+    for field in oracle_schema.fields[1:]:
+        assert traces[field.name]["context"].endswith(opener + written)
+
+
+def test_quoted_booleans_are_scored_and_summed(embedded_backend):
+    schema = parse_schema({"fields": {"is_spam": {"type": "boolean", "description": "Whether it is spam"}}})
+    _, results = _run(embedded_backend, schema, scoring="exact", trace=True,
+                      texts=["WIN A FREE PRIZE!!! Click this link now."])
+    trace = results[0].traces[0]
+    field = schema.fields[0]
+    lines = [(field.labels.index(l["label"]), l["text"]) for l in trace["lines"]]
+    assert [text.split(": ")[1].split("\n")[0] for _, text in lines] == ["true", '"true"', "false", '"false"']
+    bare = [(label, text) for label, text in lines if '"true"' not in text and '"false"' not in text]
+    _, mass_bare = oracle_field(embedded_backend, trace["context"], field, bare, "exact")
+    res = results[0].fields[0]
+    assert res.mass > mass_bare + 0.01  # SmolLM2 quotes its booleans: the quoted paths carry real mass
+    probs, mass = oracle_field(embedded_backend, trace["context"], field, lines, "exact")
+    assert abs(res.mass - mass) < 1e-4 and np.abs(np.array(res.probs) - probs).max() < 1e-4
+
+
+def test_prefix_labels_are_followed_past_the_shared_part(embedded_backend):
+    schema = parse_schema({"fields": {
+        "name": {"type": "enum", "labels": ["John", "John Doe"]},
+        "code": {"type": "enum", "labels": ["0", "1", "12"]},
+        "tool": {"type": "enum", "labels": ["get_weather", "get_time"]}}})
+    compiled = CompiledSchema(schema, embedded_backend.tokenizer)
+    plan0 = compiled.wave_plan(0, compiled.prompt.tail_text)
+    john = plan0.forests[0]
+    decode = embedded_backend.tokenizer.decode
+    for term in john.terminals:  # 'John' is only told from 'John Doe' by the token after it
+        q, c = term.edges[-1]
+        token = decode([john.query_ids[q][c]])
+        assert ('"' in token) if schema.fields[0].labels[term.label] == "John" else ("D" in token)
+    plan1 = compiled.wave_plan(1, plan0.context_text + compiled.written_line(0, 0))
+    code, tool = plan1.forests
+    depth = {schema.fields[1].labels[t.label]: len(t.edges) for t in code.terminals}
+    assert depth == {"0": 1, "1": 2, "12": 2}  # '1' and '12' share the token '1'; the next token decides
+    trunk_text = embedded_backend.tokenizer.decode(tool.ids[: len(tool.ids) - len(tool.query_rows) + 1])
+    assert trunk_text.endswith('"get_')  # the shared 'get_' is known text, not a decision
+    for forest in (code, tool):
+        paths = [t.edges for t in forest.terminals]
+        assert len(set(paths)) == len(paths) == len(schema.fields[forest.field_index].labels)
+
+
+def test_label_token_beyond_logits_width_is_a_compile_error(embedded_backend):
+    schema = parse_schema({"fields": {"topic": {"type": "enum", "labels": ["billing", "technical"]}}})
+    with pytest.raises(CompileError, match="field 'topic', label 'billing': token id .* outside the model's 100 logits"):
+        CompiledSchema(schema, embedded_backend.tokenizer, logits_width=100)
+
+
+def test_padded_logit_columns_are_ignored():
+    import torch
+
+    from pcd_cli.backends.torch_backend import TorchBackend
+
+    plain = tiny_backend(seed=5)
+    padded_model = type(plain.model)(type(plain.model.config)(**{**plain.model.config.to_dict(),
+                                                                  "vocab_size": plain.tokenizer.vocab_size + 64}))
+    with torch.no_grad():
+        state = plain.model.state_dict()
+        for name, tensor in padded_model.state_dict().items():
+            src = state[name]
+            tensor[: src.shape[0]].copy_(src)
+            if tensor.shape[0] != src.shape[0]:
+                tensor[src.shape[0]:] = 50.0  # padded rows that would swamp the softmax if counted
+    padded = TorchBackend(padded_model.eval(), plain.tokenizer._tok, "padded")
+    assert padded.logits_width == plain.logits_width + 64
+    schema = parse_schema({"fields": {"relevant": {"type": "boolean"}}})
+    _, a = _run(plain, schema, texts=["Quarterly revenue grew 12% year over year."])
+    _, b = _run(padded, schema, texts=["Quarterly revenue grew 12% year over year."])
+    assert _max_diff(a, b) < 1e-5
