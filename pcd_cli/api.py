@@ -38,6 +38,8 @@ class Labeler:
             packed up to it).
         trace: keep per-field traces on results (``RecordResult.traces``).
         backend: an already loaded backend (then ``model``, ``device``, ``dtype`` are ignored).
+        pack_records: pack several records into one pass (default); ``False`` decodes one
+            record per pass pair (for comparisons).
 
     Raises:
         SchemaError, ModelError, CompileError: see ``pcd_cli.errors``.
@@ -45,7 +47,8 @@ class Labeler:
 
     def __init__(self, schema: Schema | str | Path, *, model: str | None = None, device: str = "auto",
                  dtype: str = "auto", scoring: str = "marginal",
-                 max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None):
+                 max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
+                 pack_records: bool = True):
         self.schema = schema if isinstance(schema, Schema) else load_schema(schema)
         if backend is None:
             from .backends import load_backend
@@ -54,7 +57,8 @@ class Labeler:
         self.backend = backend
         self.compiled = CompiledSchema(self.schema, backend.tokenizer, scoring=scoring,
                                        logits_width=backend.logits_width)
-        self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace)
+        self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace,
+                               pack_records=pack_records)
 
     @property
     def forward_passes(self) -> int:

@@ -164,8 +164,10 @@ def bench(
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
+    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
+                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens "
-                                                 "(default: 3x the schema's JSON object length, at least 64)."),
+                                                 "(default: twice a complete answer object's tokens + 32)."),
     max_tokens_per_pass: int = BUDGET_OPT,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write per-record rows and the summary as JSON."),
 ) -> None:
@@ -176,7 +178,7 @@ def bench(
 
     try:
         parsed = load_schema(schema)
-        report = run_bench(parsed, input, InputSpec(text_field=text_field, limit=n), model=model,
+        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
                            max_tokens_per_pass=max_tokens_per_pass)
     except PcdError as exc:

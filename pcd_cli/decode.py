@@ -138,6 +138,7 @@ class Decoder:
         self.head_len = len(compiled.prompt.head_ids)
         backend.prefill(compiled.prompt.head_ids)
         self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
+        self.tokens_fed = 0  # tokens fed in those passes
         self._tail_ids = tuple(backend.tokenizer.encode(compiled.prompt.tail_text))
         self._wave_cost = self._estimate_wave_costs()
 
@@ -313,6 +314,7 @@ class Decoder:
                 keep, gather = np.array([0]), np.full((1, 1), -1, dtype=np.int64)
             lp = backend.forward(ids[a:b], pos[a:b], visible, keep, gather)
             self.record_passes += 1
+            self.tokens_fed += b - a
             for r, i in enumerate(in_chunk):
                 results[i] = lp[r, : len(queries[i][1])]
         return results  # type: ignore[return-value]

@@ -172,7 +172,8 @@ def test_255_shared_prefix_labels_compile_and_score_exactly(embedded_backend):
     forest = labeler.compiled.wave_plan(0, labeler.compiled.prompt.tail_text).forests[0]
     by_label = {schema.fields[0].labels[t.label]: t.edges for t in forest.terminals}
     assert len({by_label["CAT_001"], by_label["CAT_012"], by_label["CAT_123"]}) == 3
-    _check_against_oracle(embedded_backend, schema, result, "marginal")
+    # (the oracle check of a 255-label forest runs on the tiny model in test_decode.py: on this
+    # model it would take 255 full forward passes over a 3,000-token prompt)
 
 
 def test_mixed_case_labels_are_kept_exactly(embedded_backend):

@@ -195,6 +195,8 @@ class TorchBackend:
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
         self._cache_cls = DynamicCache
         self.cache = DynamicCache(config=model.config)
+        eos = model.generation_config.eos_token_id
+        self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
         self.forward_passes = 0
         model.register_forward_hook(self._count_pass)
         # transformers 5.x renamed past_key_values to cache (the old name warns until 5.40).
