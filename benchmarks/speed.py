@@ -165,7 +165,9 @@ def main() -> None:
                 f"{s['pcd_packed_passes_per_record']:.2f})", "<= 2", s["passes_per_record"] <= 2)
         goal = 2 if name == "customs_255" else 10
         row(f"{name}: speedup vs generate (median latency)", f"{s['speedup_vs_generate']:.1f}x "
-            f"(cached head: {s['speedup_vs_generate_cached']:.1f}x)", f">= {goal}x", s["speedup_vs_generate"] >= goal)
+            f"(cached head: {s['speedup_vs_generate_cached']:.1f}x; generation stopped at a complete answer's "
+            f"{s['answer_object_tokens']} tokens: {s['speedup_vs_generate_at_answer_length']:.1f}x)", f">= {goal}x",
+            s["speedup_vs_generate"] >= goal)
     fo = results["forest_overhead"]
     for mode in ("one_record", "packed"):
         row(f"time per record / plain forward over same tokens ({mode})", f"{fo[mode]['ratio']:.2f}x "

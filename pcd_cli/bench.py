@@ -32,7 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .api import Labeler
-from .decode import Record, RecordResult
+from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Record, RecordResult
 from .errors import InputError
 from .io import InputSpec, read_records
 from .schema import Schema
@@ -68,7 +68,18 @@ class BenchReport:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB."""
+    """Peak resident set size of this process so far, in MiB.
+
+    Linux: ``VmHWM`` from ``/proc/self/status`` (``ru_maxrss`` would include the parent's
+    peak for a forked child); elsewhere ``ru_maxrss``.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
@@ -120,7 +131,7 @@ def _answer_tokens(labeler: Labeler) -> int:
 
 def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model: str | None = None,
               device: str = "auto", dtype: str = "auto", max_new_tokens: int | None = None,
-              max_tokens_per_pass: int = 2048, backend=None, methods: tuple[str, ...] = METHODS) -> BenchReport:
+              max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, backend=None, methods: tuple[str, ...] = METHODS) -> BenchReport:
     """Run the three methods on the first ``spec.limit`` records of ``input_path``.
 
     Raises:
@@ -169,6 +180,14 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
     labeler.label_batch(records)
     packed_seconds = time.perf_counter() - started
     report.summary = {**summarize(report.rows, methods), **report.summary}
+    answer = _answer_tokens(labeler)
+    gen = [r for r in report.rows if r.method == "generate" and r.output_tokens]
+    if gen:
+        per_token = statistics.median(r.latency_s / r.output_tokens for r in gen)
+        report.summary["generate_median_s_per_token"] = per_token
+        report.summary["answer_object_tokens"] = answer
+        report.summary["speedup_vs_generate_at_answer_length"] = (
+            per_token * answer / report.summary["pcd_median_latency_s"])
     report.summary.update(
         pcd_packed_records_per_s=len(records) / packed_seconds,
         pcd_packed_passes_per_record=(labeler.forward_passes - passes) / len(records),

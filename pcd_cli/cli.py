@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from . import __version__
+from .decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .errors import CompileError, InputError, ModelError, PcdError, SchemaError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -56,7 +57,7 @@ DEVICE_OPT = typer.Option(Device.auto, "--device", help="Where to run the model.
 DTYPE_OPT = typer.Option(DType.auto, "--dtype", help="Weights dtype (auto: float32 on CPU).")
 SCORING_OPT = typer.Option(Scoring.marginal, "--scoring", help="marginal: follow each label until it is identified; "
                            "exact: score every label to the end of its line.")
-BUDGET_OPT = typer.Option(2048, "--max-tokens-per-pass", min=16, help="Token budget of one forward pass "
+BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", min=16, help="Token budget of one forward pass "
                           "(bounds memory; records are packed up to it).")
 
 

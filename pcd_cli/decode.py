@@ -27,7 +27,10 @@ import numpy as np
 from .compile import CompiledSchema, FieldForest, WavePlan
 from .errors import CompileError, RecordError
 
-DEFAULT_MAX_TOKENS_PER_PASS = 2048
+#: Default token budget of one pass. Packed records attend over each other's (masked) keys,
+#: so a pass's attention grows with the square of its size: on CPU, ~512 tokens balances
+#: per-pass overhead against that waste (benchmarks/speed.py measures it).
+DEFAULT_MAX_TOKENS_PER_PASS = 512
 
 
 @dataclass(frozen=True)
