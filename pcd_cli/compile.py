@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .errors import CompileError
-from .prompt import LAYOUTS, Layout, Prompt, build_prompt
+from .prompt import LAYOUTS, Layout, Prompt, build_prompt, common_prefix_len
 from .schema import Schema
 
 SCORING_MODES = ("marginal", "exact")
@@ -81,15 +81,6 @@ class WavePlan:
     @property
     def n_tokens(self) -> int:
         return sum(len(f.ids) for f in self.forests)
-
-
-def _lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class CompiledSchema:
@@ -173,7 +164,7 @@ class CompiledSchema:
                 for spelling in field.spellings(label):
                     line = self.layout.line(field, spelling, last=fi == n_fields - 1)
                     ids = encode(context_text + line)
-                    k = min(k, _lcp(base, ids))
+                    k = min(k, common_prefix_len(base, ids))
                     spelled.append((label, line, ids))
             rows[fi] = spelled
         while k > 0 and any(_lcp_all([ids[k:] for _, _, ids in spelled]) == 0 for spelled in rows.values()):
@@ -252,7 +243,7 @@ class CompiledSchema:
 
 def _lcp_all(seqs: list[list[int]]) -> int:
     first = seqs[0]
-    return min((_lcp(first, s) for s in seqs[1:]), default=len(first))
+    return min((common_prefix_len(first, s) for s in seqs[1:]), default=len(first))
 
 
 def _ancestors(parent: list[int], node: int) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .prompt import common_prefix_len
 from .schema import Field
 
 
@@ -33,7 +34,7 @@ def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str
     encode = backend.tokenizer.encode
     seqs = [(label, tuple(encode(context + line))) for label, line in lines]
     first = seqs[0][1]
-    trunk = min(min(_lcp(first, s) for _, s in seqs[1:]), min(len(s) for _, s in seqs) - 1)
+    trunk = min(min(common_prefix_len(first, s) for _, s in seqs[1:]), min(len(s) for _, s in seqs) - 1)
     paths: dict[tuple[int, ...], int] = {}
     for label, seq in seqs:
         end = len(seq)
@@ -53,11 +54,3 @@ def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str
     log_mass = np.logaddexp.reduce(label_lp)
     return np.exp(label_lp - log_mass), float(np.exp(log_mass))
 
-
-def _lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

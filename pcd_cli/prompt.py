@@ -127,7 +127,8 @@ def _render(tokenizer, system: str, text: str) -> str:
     return rendered
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix_len(a, b) -> int:
+    """Length of the longest common prefix of two sequences (strings or token lists)."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -144,9 +145,9 @@ def build_prompt(schema: Schema, tokenizer, layout: Layout) -> Prompt:
     """
     system = system_text(schema)
     a, b = _render(tokenizer, system, "x"), _render(tokenizer, system, "y")
-    cut = _common_prefix(a, b)
+    cut = common_prefix_len(a, b)
     head_text = a[:cut]
-    tail_len = _common_prefix(a[::-1], b[::-1])
+    tail_len = common_prefix_len(a[::-1], b[::-1])
     tail_text = a[len(a) - tail_len:] + layout.opener
     head_ids = tokenizer.encode(head_text)
     for probe in HEAD_PROBES:

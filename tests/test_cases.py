@@ -9,6 +9,7 @@ expected label (a 135M model is not always right; the behaviours are what is ass
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -130,14 +131,22 @@ def test_lines_are_tokenized_in_context(embedded_backend):
         assert tokens == encode(plan.context_text + line)
 
 
+@contextmanager
+def chat_template(backend, template: str):
+    """Temporarily give the backend's tokenizer another chat template."""
+    tok = backend.tokenizer._tok
+    original, tok.chat_template = tok.chat_template, template
+    try:
+        yield
+    finally:
+        tok.chat_template = original
+
+
 def test_pinned_date_keeps_the_head_reproducible():
     backend = tiny_backend()
-    tok = backend.tokenizer._tok
-    original = tok.chat_template
-    tok.chat_template = ("{{ 'Today: ' + date_string + '\n' }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-                         "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
-                         "<|im_start|>assistant\n{% endif %}")
-    try:
+    with chat_template(backend, "{{ 'Today: ' + date_string + '\n' }}{% for m in messages %}<|im_start|>"
+                       "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                       "<|im_start|>assistant\n{% endif %}"):
         schema = parse_schema(CASES["chat-template-date-injection"]["schema"])
         a = CompiledSchema(schema, backend.tokenizer).prompt
         b = CompiledSchema(schema, backend.tokenizer).prompt
@@ -145,24 +154,17 @@ def test_pinned_date_keeps_the_head_reproducible():
         assert a.head_sha256 == b.head_sha256
         meta = Labeler(schema, backend=backend).metadata()
         assert meta["pcd.prompt_head_sha256"] == a.head_sha256
-    finally:
-        tok.chat_template = original
 
 
 def test_reasoning_template_gets_an_empty_think_block():
     backend = tiny_backend()
-    tok = backend.tokenizer._tok
-    original = tok.chat_template
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-                         "{% if enable_thinking is defined and enable_thinking is false %}"
-                         "<think>\n\n</think>\n\n{% endif %}{% endif %}")
-    try:
+    with chat_template(backend, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                       "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                       "{% if enable_thinking is defined and enable_thinking is false %}"
+                       "<think>\n\n</think>\n\n{% endif %}{% endif %}"):
         schema = parse_schema(CASES["reasoning-template-think-block"]["schema"])
         prompt = CompiledSchema(schema, backend.tokenizer).prompt
         assert prompt.tail_text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n" + prompt.layout.opener)
-    finally:
-        tok.chat_template = original
 
 
 def test_255_shared_prefix_labels_compile_and_score_exactly(embedded_backend):
