@@ -168,6 +168,11 @@ class Decoder:
                               "prompt that follows it")
         plan0 = self.compiled.wave_plan(0, prompt.tail_text)
         chain = after[: len(after) - len(tail) + len(plan0.context_ids)]
+        limit = getattr(self.backend, "max_positions", None)
+        needed = self.head_len + len(chain) + sum(self._wave_cost)
+        if limit and needed > limit:
+            raise RecordError(f"record {record.id!r}: too long for the model ({needed} tokens with the prompt and "
+                              f"answer; the model's context is {limit}); shorten the text")
         return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=prompt.tail_text)
 
     def _groups(self, slots: list[_Slot]) -> list[list[_Slot]]:

@@ -149,3 +149,11 @@ def test_padded_logit_columns_are_ignored():
     _, a = _run(plain, schema, texts=["Quarterly revenue grew 12% year over year."])
     _, b = _run(padded, schema, texts=["Quarterly revenue grew 12% year over year."])
     assert _max_diff(a, b) < 1e-5
+
+
+def test_record_longer_than_the_context_is_refused_alone(embedded_backend, oracle_schema):
+    long_text = "word " * (embedded_backend.max_positions + 10)
+    _, results = _run(embedded_backend, oracle_schema, texts=[long_text, TEXTS[1]])
+    assert results[0].error.startswith("record 0: too long for the model (")
+    assert "the model's context is 8192" in results[0].error
+    assert len(results[1].fields) == len(oracle_schema.fields)

@@ -31,6 +31,8 @@ The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBack
 ``generate(ids, max_new_tokens, cache_prefix_len=0) -> (new_ids, forward_passes)``
     Greedy token-by-token generation (the benchmark's baseline); ``cache_prefix_len`` > 0
     reuses the KV of ``ids[:cache_prefix_len]`` computed once and kept between calls.
+``max_positions``
+    The model's context length in tokens (``None`` if unknown); longer records are refused.
 ``eos_token_ids``
     Token ids that end generation.
 ``forward_passes``

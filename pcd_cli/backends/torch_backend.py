@@ -195,6 +195,7 @@ class TorchBackend:
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
         self._cache_cls = DynamicCache
         self.cache = DynamicCache(config=model.config)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
         eos = model.generation_config.eos_token_id
         self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
         self.forward_passes = 0
