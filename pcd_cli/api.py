@@ -86,6 +86,9 @@ class Labeler:
         ``Record`` values, or ``RecordFailure`` values (passed through, so that a reader's
         failures stay in order).
         """
+        if isinstance(items, (str, bytes)):
+            raise TypeError("label() takes an iterable of texts or records, not a single string; "
+                            "wrap it in a list: label([text])")
         iterator = iter(_as_record(i, item) for i, item in enumerate(items))
         while True:
             chunk = list(islice(iterator, CHUNK_RECORDS))
@@ -103,6 +106,8 @@ class Labeler:
 def _as_record(index: int, item) -> Record | RecordFailure:
     if isinstance(item, (Record, RecordFailure)):
         return item
+    if isinstance(item, (int, float)) and not isinstance(item, bool):
+        item = str(item)
     if isinstance(item, str):
         return Record(index, item.strip()) if item.strip() else RecordFailure(index, f"record {index}: no text")
     if isinstance(item, dict):

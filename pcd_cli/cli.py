@@ -122,6 +122,12 @@ def label(
             raise InputError(f"{str(input)!r}: no such input file")
         detect_format(input, fmt.value if fmt else None)
         output = output or default_output(input)
+        if output.is_dir():
+            raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
+                             f"{str(output / default_output(input).name)!r}")
+        if output.suffix.lower() not in (".parquet", ".pq"):
+            err.print(f"[yellow]warning:[/] {escape(str(output))}: pcd writes Parquet whatever the extension",
+                      highlight=False)
         errors = errors or default_errors(output)
         labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
                           max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None)

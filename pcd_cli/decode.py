@@ -143,21 +143,27 @@ class Decoder:
         self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
         self.tokens_fed = 0  # tokens fed in those passes
         self._tail_ids = tuple(backend.tokenizer.encode(compiled.prompt.tail_text))
-        self._wave_cost = self._estimate_wave_costs()
+        self._wave_cost, self._positions_after_record = self._estimate_wave_costs()
 
     # -- preparing and grouping ------------------------------------------------------------
-    def _estimate_wave_costs(self) -> list[int]:
-        """Tokens per record fed in each wave after wave 0, following label 0 of each field."""
+    def _estimate_wave_costs(self) -> tuple[list[int], int]:
+        """Tokens per record fed in each wave (wave 0 without the record part), and positions
+        used after the record part (answer lines plus the deepest forest token), following
+        label 0 of each field."""
         schema, compiled = self.compiled.schema, self.compiled
         text = compiled.prompt.tail_text
         prev = compiled.wave_plan(0, text)
         costs = [prev.n_tokens]
+        advance = 0
+        positions = max(max(f.depths) + 1 for f in prev.forests)
         for w in range(1, len(schema.waves)):
             text = text + "".join(compiled.written_line(fi, 0) for fi in schema.waves[w - 1])
             plan = compiled.wave_plan(w, text)
             costs.append(plan.n_tokens + len(plan.context_ids) - len(prev.context_ids))
+            advance += len(plan.context_ids) - len(prev.context_ids)
+            positions = max(positions, advance + max(max(f.depths) + 1 for f in plan.forests))
             prev = plan
-        return costs
+        return costs, positions
 
     def _prepare(self, record: Record) -> _Slot:
         prompt = self.compiled.prompt
@@ -169,7 +175,7 @@ class Decoder:
         plan0 = self.compiled.wave_plan(0, prompt.tail_text)
         chain = after[: len(after) - len(tail) + len(plan0.context_ids)]
         limit = getattr(self.backend, "max_positions", None)
-        needed = self.head_len + len(chain) + sum(self._wave_cost)
+        needed = self.head_len + len(chain) + self._positions_after_record
         if limit and needed > limit:
             raise RecordError(f"record {record.id!r}: too long for the model ({needed} tokens with the prompt and "
                               f"answer; the model's context is {limit}); shorten the text")
@@ -263,7 +269,8 @@ class Decoder:
                     pair_cols.extend(offset + p for p in path)
                 field_queries.append((s, forest, len(queries)))
                 queries.extend((offset + r, q) for r, q in zip(forest.query_rows, forest.query_ids))
-        query_lp = self._feed(group, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
+        base = self.backend.cache_length()  # kv index of the stream's first token
+        query_lp = self._feed(group, base, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
                               np.array(chain_hi), np.array(pair_rows), np.array(pair_cols), queries)
         fields = self.compiled.schema.fields
         for s, forest, first in field_queries:
@@ -276,18 +283,15 @@ class Decoder:
                                            mass=mass, probs=tuple(float(p) for p in probs))
             if self.trace:
                 slot.traces.append(self._trace(slot, forest, probs, mass))
-        base = self._wave_base
         for slot, plan, (start, end) in zip(group, plans, chains):
             slot.ctx_ranges.append((base + start, base + end))
             slot.ctx_len += end - start
             slot.fed_context = plan.context_ids
 
-    def _feed(self, group, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
+    def _feed(self, group, base, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
               queries) -> list[np.ndarray]:
         """Feed one wave's stream in passes of at most ``budget`` tokens; return the read log-probs."""
         backend = self.backend
-        base = backend.cache_length()
-        self._wave_base = base
         n = len(ids)
         q_stream = np.array([q for q, _ in queries], dtype=np.int64)
         results: list[np.ndarray | None] = [None] * len(queries)

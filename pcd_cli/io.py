@@ -46,6 +46,18 @@ class InputSpec:
     id_field: str | None = None
     limit: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.template is None:
+            return
+        try:
+            names = [name for _, name, _, _ in Formatter().parse(self.template) if name is not None]
+        except ValueError as exc:
+            raise InputError(f"--template {self.template!r}: {exc}") from exc
+        bad = [n for n in names if not n or n.isdigit()]
+        if bad or not names:
+            raise InputError(f"--template {self.template!r}: name the columns in braces, e.g. "
+                             "'Subject: {subject}\\n\\n{body}'")
+
     def columns_needed(self) -> list[str]:
         if self.template is not None:
             cols = [name for _, name, _, _ in Formatter().parse(self.template) if name]
@@ -129,7 +141,9 @@ def read_records(path: str | Path, spec: InputSpec, *, fmt: str | None = None,
 def _jsonl_rows(path: Path, spec: InputSpec, batch_size: int) -> Iterator[dict | RecordFailure]:
     with path.open("rb") as fh:
         index = 0
-        for line in fh:
+        for number, line in enumerate(fh):
+            if number == 0 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]  # a UTF-8 byte order mark, as Windows tools write
             if not line.strip():
                 continue
             try:
@@ -209,7 +223,10 @@ class ParquetSink:
         self.schema = schema
         self.all_probs = all_probs
         self.arrow_schema = output_schema(schema, id_column, id_type, all_probs=all_probs, metadata=metadata)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"-o {str(self.path)!r}: cannot create its folder ({exc.strerror})") from exc
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         os.close(fd)
         self._tmp = Path(tmp)

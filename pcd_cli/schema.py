@@ -172,7 +172,7 @@ def parse_schema(data: Any, *, default_name: str = "schema") -> Schema:
         for suffix in OUTPUT_SUFFIXES:
             if f.name.endswith(suffix) and f.name[: -len(suffix)] in names:
                 raise SchemaError(
-                    f"field {f.name!r}: clashes with the output column {suffix!r} of field "
+                    f"field {f.name!r}: clashes with the output column {f.name!r} of field "
                     f"{f.name[: -len(suffix)]!r}; rename it")
     waves = _waves(fields)
     name = data.get("name", default_name)
@@ -203,7 +203,8 @@ def _field_items(raw_fields: Any) -> list[tuple[Any, Any]]:
 
 def _parse_field(name: Any, spec: Any) -> tuple[Field, list[str]]:
     if not isinstance(name, str) or not name.strip():
-        raise SchemaError(f"field {name!r}: a field name must be a non-empty string")
+        hint = "; quote it in the schema file" if isinstance(name, (bool, int, float)) else ""
+        raise SchemaError(f"field {name!r}: a field name must be a non-empty string{hint}")
     if not isinstance(spec, dict):
         raise SchemaError(f"field {name!r}: expected a mapping with 'type' (boolean or enum)")
     ftype = spec.get("type")

@@ -52,7 +52,7 @@ def tiny_backend(chat_template: bool = True, seed: int = 0):
         tokenizer.chat_template = None
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
                          tie_word_embeddings=True)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # sharper than the default init, so probabilities differ visibly

@@ -446,3 +446,25 @@ def test_failure_midway_leaves_no_output(tmp_path, monkeypatch, embedded_backend
     assert stats.records == 5 and stats.failures == 0
     assert pq.read_table(out / "o.parquet").column("id").to_pylist() == [f"air-{i}" for i in range(5)]
     assert [p.name for p in out.iterdir()] == ["o.parquet"]
+
+
+def test_output_that_is_a_folder_is_refused_before_labelling(tmp_path, no_model):
+    result = pcd("label", DATA / "airline_tweets.jsonl", "-s", AIRLINE, "-o", tmp_path, code=2)
+    message = flat(result.stderr)
+    assert "is a folder; give a file name" in message
+    assert "airline_tweets.labels.parquet" in message.replace(" ", "")  # rich may wrap the path
+
+
+@pytest.mark.parametrize("template, problem", [("T: {text", "expected '}' before end of string"),
+                                               ("T: {}", "name the columns in braces")])
+def test_malformed_template_is_refused_before_labelling(tmp_path, no_model, template, problem):
+    result = pcd("label", DATA / "airline_tweets.jsonl", "-s", AIRLINE, "--template", template, code=2)
+    assert "--template" in result.stderr and problem in flat(result.stderr)
+
+
+def test_jsonl_with_a_byte_order_mark(tmp_path):
+    src = tmp_path / "bom.jsonl"
+    src.write_bytes(b'\xef\xbb\xbf{"id": "a", "text": "great flight, thanks"}\n{"id": "b", "text": "lost my bag"}\n')
+    pcd("label", src, "-s", AIRLINE, "--id-field", "id", "-o", tmp_path / "o.parquet")
+    assert pq.read_table(tmp_path / "o.parquet").column("id").to_pylist() == ["a", "b"]
+    assert not (tmp_path / "o.errors.jsonl").exists()

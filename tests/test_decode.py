@@ -157,3 +157,14 @@ def test_record_longer_than_the_context_is_refused_alone(embedded_backend, oracl
     assert results[0].error.startswith("record 0: too long for the model (")
     assert "the model's context is 8192" in results[0].error
     assert len(results[1].fields) == len(oracle_schema.fields)
+
+
+def test_api_refuses_a_bare_string_and_reads_numbers_as_text(embedded_backend):
+    from pcd_cli import Labeler, RecordFailure
+
+    labeler = Labeler(parse_schema({"fields": {"spam": {"type": "boolean"}}}), backend=embedded_backend)
+    with pytest.raises(TypeError, match="not a single string"):
+        list(labeler.label("hi there"))
+    results = list(labeler.label(["ok", 123, ""]))
+    assert [type(r).__name__ for r in results] == ["RecordResult", "RecordResult", "RecordFailure"]
+    assert isinstance(results[2], RecordFailure) and results[2].error == "record 2: no text"
