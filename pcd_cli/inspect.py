@@ -27,7 +27,7 @@ class FieldReport:
     trunk_tokens: int
     forest_tokens: int
     decision_points: int
-    first_token_collisions: int  #: labels sharing their first token after the trunk with another label
+    first_token_collisions: int  #: labels whose canonical spelling shares its first token after the trunk
     deepest_decision: int  #: most tokens read after the trunk on one path
     not_round_trip: tuple[str, ...]  #: labels whose line does not decode back to its text
 
@@ -69,15 +69,16 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
     for plan in plans:
         for forest in plan.forests:
             field = schema.fields[forest.field_index]
-            first = Counter()
-            for term in forest.terminals:
-                first[(term.edges[0], term.label)] = 1
-            by_token = Counter(edge for edge, _ in first)
-            collisions = len({label for (edge, label) in first if by_token[edge] > 1})
+            trunk = len(forest.ids) - (len(forest.query_rows) - 1)
+            canonical = dict(reversed(forest.lines))  # label -> its canonical (first) spelling's line
+            start = len(plan.context_ids) + trunk
+            first = {label: tuple(tokenizer.encode(plan.context_text + line)[start:start + 1])
+                     for label, line in canonical.items()}
+            by_token = Counter(first.values())
+            collisions = sum(by_token[token] > 1 for token in first.values())
             bad = tuple(sorted({field.labels[label] for label, line in forest.lines
                                 if tokenizer.decode(tokenizer.encode(plan.context_text + line))
                                 != plan.context_text + line}))
-            trunk = len(forest.ids) - (len(forest.query_rows) - 1)
             reports.append(FieldReport(
                 name=field.name, type=field.type, labels=len(field.labels), trunk_tokens=trunk,
                 forest_tokens=len(forest.ids), decision_points=len(forest.query_rows),
