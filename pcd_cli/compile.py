@@ -61,6 +61,11 @@ class FieldForest:
     terminals: tuple[Terminal, ...]
     lines: tuple[tuple[int, str], ...]
 
+    @property
+    def trunk_len(self) -> int:
+        """Tokens of known text before the first decision (the fed tokens that are not trie nodes)."""
+        return len(self.ids) - len(self.query_rows) + 1
+
 
 @dataclass(frozen=True)
 class WavePlan:
@@ -107,15 +112,17 @@ class CompiledSchema:
         self.scoring = scoring
         self.logits_width = min(logits_width or tokenizer.vocab_size, tokenizer.vocab_size)
         self._plans: dict[tuple[int, str], WavePlan] = {}
-        if layout is None:
-            scored = []
+        self.prompt: Prompt
+        if layout is None:  # keep the first layout with the fewest moved seams, with its plans
+            best = None
             for candidate in LAYOUTS:
-                self.prompt = build_prompt(schema, tokenizer, candidate)
-                self._plans.clear()
-                scored.append((self.seam_moves(), candidate.name, candidate))
-            layout = min(scored)[2]
-        self.prompt: Prompt = build_prompt(schema, tokenizer, layout)
-        self._plans.clear()
+                self.prompt, self._plans = build_prompt(schema, tokenizer, candidate), {}
+                moves = self.seam_moves()
+                if best is None or moves < best[0]:
+                    best = (moves, self.prompt, self._plans)
+            _, self.prompt, self._plans = best
+        else:
+            self.prompt = build_prompt(schema, tokenizer, layout)
         self.wave_plan(0, self.prompt.tail_text)
 
     @property
@@ -141,6 +148,15 @@ class CompiledSchema:
                 if plan1.context_ids[: len(plan0.context_ids)] != plan0.context_ids:
                     moves += 1000
         return moves
+
+    def default_plans(self) -> list[WavePlan]:
+        """One plan per wave, after label 0 of every earlier field (for estimates and reports)."""
+        text = self.prompt.tail_text
+        plans = [self.wave_plan(0, text)]
+        for w in range(1, len(self.schema.waves)):
+            text += "".join(self.written_line(fi, 0) for fi in self.schema.waves[w - 1])
+            plans.append(self.wave_plan(w, text))
+        return plans
 
     def wave_plan(self, wave: int, context_text: str) -> WavePlan:
         """The plan for ``wave`` after ``context_text`` (cached per context)."""

@@ -90,8 +90,8 @@ class _Slot:
     traces: list[dict] = field(default_factory=list)
 
 
-def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_labels: int,
-                 *, mass_floor: float = 0.0) -> tuple[np.ndarray, float]:
+def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_labels: int
+                 ) -> tuple[np.ndarray, float]:
     """Label probabilities and candidate mass of one field from its read log-probabilities.
 
     Args:
@@ -112,7 +112,7 @@ def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_la
         return np.zeros(n_labels), 0.0
     log_mass = top + np.log(np.exp(label_lp - top).sum())
     probs = np.exp(label_lp - log_mass)
-    return probs, float(min(1.0, max(mass_floor, np.exp(log_mass))))
+    return probs, float(min(1.0, np.exp(log_mass)))
 
 
 class Decoder:
@@ -150,15 +150,12 @@ class Decoder:
         """Tokens per record fed in each wave (wave 0 without the record part), and positions
         used after the record part (answer lines plus the deepest forest token), following
         label 0 of each field."""
-        schema, compiled = self.compiled.schema, self.compiled
-        text = compiled.prompt.tail_text
-        prev = compiled.wave_plan(0, text)
+        plans = self.compiled.default_plans()
+        prev = plans[0]
         costs = [prev.n_tokens]
         advance = 0
         positions = max(max(f.depths) + 1 for f in prev.forests)
-        for w in range(1, len(schema.waves)):
-            text = text + "".join(compiled.written_line(fi, 0) for fi in schema.waves[w - 1])
-            plan = compiled.wave_plan(w, text)
+        for plan in plans[1:]:
             costs.append(plan.n_tokens + len(plan.context_ids) - len(prev.context_ids))
             advance += len(plan.context_ids) - len(prev.context_ids)
             positions = max(positions, advance + max(max(f.depths) + 1 for f in plan.forests))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from .compile import CompiledSchema, WavePlan
+from .compile import CompiledSchema
 from .prompt import LAYOUTS
 from .schema import Schema
 
@@ -59,17 +59,11 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
     for layout in LAYOUTS:
         moves[layout.name] = CompiledSchema(schema, tokenizer, scoring=scoring, layout=layout).seam_moves()
     compiled = CompiledSchema(schema, tokenizer, scoring=scoring)
-    plan0 = compiled.wave_plan(0, compiled.prompt.tail_text)
-    plans: list[WavePlan] = [plan0]
-    text = plan0.context_text
-    for w in range(1, len(schema.waves)):
-        text += "".join(compiled.written_line(fi, 0) for fi in schema.waves[w - 1])
-        plans.append(compiled.wave_plan(w, text))
     reports = []
-    for plan in plans:
+    for plan in compiled.default_plans():
         for forest in plan.forests:
             field = schema.fields[forest.field_index]
-            trunk = len(forest.ids) - (len(forest.query_rows) - 1)
+            trunk = forest.trunk_len
             canonical = dict(reversed(forest.lines))  # label -> its canonical (first) spelling's line
             start = len(plan.context_ids) + trunk
             first = {label: tuple(tokenizer.encode(plan.context_text + line)[start:start + 1])
