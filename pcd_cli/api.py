@@ -40,6 +40,8 @@ class Labeler:
         backend: an already loaded backend (then ``model``, ``device``, ``dtype`` are ignored).
         pack_records: pack several records into one pass (default); ``False`` decodes one
             record per pass pair (for comparisons).
+        truncate: how a text too long for the model's context is cut: ``middle`` (default),
+            ``head``, ``tail`` (the part removed), or ``error`` (the record fails); see ``Decoder``.
 
     Raises:
         SchemaError, ModelError, CompileError: see ``pcd_cli.errors``.
@@ -48,7 +50,7 @@ class Labeler:
     def __init__(self, schema: Schema | str | Path, *, model: str | None = None, device: str = "auto",
                  dtype: str = "auto", scoring: str = "marginal",
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
-                 pack_records: bool = True):
+                 pack_records: bool = True, truncate: str = "middle"):
         self.schema = schema if isinstance(schema, Schema) else load_schema(schema)
         if backend is None:
             from .backends import load_backend
@@ -58,7 +60,7 @@ class Labeler:
         self.compiled = CompiledSchema(self.schema, backend.tokenizer, scoring=scoring,
                                        logits_width=backend.logits_width)
         self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace,
-                               pack_records=pack_records)
+                               pack_records=pack_records, truncate=truncate)
 
     @property
     def forward_passes(self) -> int:
@@ -76,6 +78,7 @@ class Labeler:
             "pcd.scoring": self.compiled.scoring,
             "pcd.layout": self.compiled.layout.name,
             "pcd.chat_template": str(self.compiled.prompt.chat_template).lower(),
+            "pcd.truncate": self.decoder.truncate,
             "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
 

@@ -32,13 +32,27 @@ from .errors import CompileError, RecordError
 #: per-pass overhead against that waste (benchmarks/speed.py measures it).
 DEFAULT_MAX_TOKENS_PER_PASS = 512
 
+#: Where an over-long text is cut (``Decoder.truncate``): the named part is removed.
+TRUNCATE_SIDES = ("middle", "head", "tail", "error")
+#: Put where the middle of a text was cut out.
+TRUNCATION_MARK = " [...] "
+#: Tokens cut beyond the overflow, for the marker and re-tokenization at the cut.
+TRUNCATION_SLACK = 8
+
 
 @dataclass(frozen=True)
 class Record:
-    """One input: its id (as given, or the row number) and the text put in the prompt."""
+    """One input: its id (as given, or the row number) and the text put in the prompt.
+
+    Attributes:
+        row: position among the input's rows, from 0 (``None`` when not read from a file).
+        line: 1-based line where the row starts in a JSONL/CSV file (``None`` for Parquet).
+    """
 
     id: object
     text: str
+    row: int | None = field(default=None, compare=False)
+    line: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -62,19 +76,28 @@ class FieldResult:
 
 @dataclass(frozen=True)
 class RecordResult:
-    """All fields of one record, in schema order, and (with tracing on) one trace per field."""
+    """All fields of one record, in schema order, and (with tracing on) one trace per field.
+
+    ``truncated`` is true when the text was cut to fit the model's context (``Decoder.truncate``).
+    """
 
     id: object
     fields: tuple[FieldResult, ...]
     traces: tuple[dict, ...] = ()
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
 class RecordFailure:
-    """A record that could not be labelled, and why."""
+    """A record that could not be labelled, and why.
+
+    ``id`` is ``None`` when the row's id could not be read; ``row``/``line`` as in ``Record``.
+    """
 
     id: object
     error: str
+    row: int | None = field(default=None, compare=False)
+    line: int | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -86,6 +109,7 @@ class _Slot:
     ctx_len: int = 0
     fed_context: tuple[int, ...] = ()
     context_text: str = ""
+    truncated: bool = False
     results: dict[int, FieldResult] = field(default_factory=dict)
     traces: list[dict] = field(default_factory=list)
 
@@ -126,13 +150,23 @@ class Decoder:
         trace: keep, per record and field, the context, lines, probabilities and mass.
         pack_records: pack several records into one pass (block-diagonal mask); ``False``
             decodes one record per group (for comparison; results agree to float rounding).
+        truncate: a text too long for the model's context (with the prompt and the deepest
+            answer) is cut: ``middle`` keeps its start and end around ``TRUNCATION_MARK``,
+            ``head`` drops its start, ``tail`` drops its end; the result is marked
+            ``truncated``. ``error``: the record fails instead.
+
+    Raises:
+        ValueError: ``max_tokens_per_pass`` below 16 or an unknown ``truncate``.
     """
 
     def __init__(self, backend, compiled: CompiledSchema, *,
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False,
-                 pack_records: bool = True):
+                 pack_records: bool = True, truncate: str = "middle"):
         if max_tokens_per_pass < 16:
             raise ValueError(f"max_tokens_per_pass must be at least 16, got {max_tokens_per_pass}")
+        if truncate not in TRUNCATE_SIDES:
+            raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_SIDES)}, got {truncate!r}")
+        self.truncate = truncate
         self.backend = backend
         self.compiled = compiled
         self.budget = max_tokens_per_pass
@@ -163,20 +197,51 @@ class Decoder:
         return costs, positions
 
     def _prepare(self, record: Record) -> _Slot:
+        slot, needed = self._slot(record, record.text)
+        limit = getattr(self.backend, "max_positions", None)
+        if not limit or needed <= limit:
+            return slot
+        if self.truncate == "error":
+            raise RecordError(f"record {record.id!r}: too long for the model ({needed} tokens with the prompt and "
+                              f"answer; the model's context is {limit}); shorten the text or use --truncate")
+        text_ids = self.backend.tokenizer.encode(record.text)
+        over = needed - limit
+        for _ in range(4):  # re-tokenizing the cut text may take a few more tokens than counted
+            keep = len(text_ids) - over - TRUNCATION_SLACK
+            if keep <= 0:
+                break
+            slot, needed = self._slot(record, self._cut(text_ids, keep))
+            if needed <= limit:
+                slot.truncated = True
+                return slot
+            over += needed - limit
+        raise RecordError(f"record {record.id!r}: the prompt and answer leave no room for the text in the model's "
+                          f"context ({limit} tokens)")
+
+    def _cut(self, text_ids: list[int], keep: int) -> str:
+        """The text cut to about ``keep`` of its tokens, on the side named by ``self.truncate``."""
+        decode = self.backend.tokenizer.decode
+        if self.truncate == "head":
+            text = decode(text_ids[-keep:])
+        elif self.truncate == "tail":
+            text = decode(text_ids[:keep])
+        else:
+            left, right = text_ids[: keep - keep // 2], text_ids[len(text_ids) - keep // 2:]
+            text = decode(left).rstrip("\ufffd") + TRUNCATION_MARK + decode(right).lstrip("\ufffd")
+        return text.strip("\ufffd").strip()
+
+    def _slot(self, record: Record, text: str) -> tuple[_Slot, int]:
+        """A record's slot for ``text``, and the positions it needs (head, record, answer)."""
         prompt = self.compiled.prompt
-        full, after = prompt.record_ids(record.id, record.text)
+        full, after = prompt.record_ids(record.id, text)
         tail = self._tail_ids
         if tuple(after[-len(tail):]) != tail:
             raise RecordError(f"record {record.id!r}: the tokenizer merges the end of the text into the "
                               "prompt that follows it")
         plan0 = self.compiled.wave_plan(0, prompt.tail_text)
         chain = after[: len(after) - len(tail) + len(plan0.context_ids)]
-        limit = getattr(self.backend, "max_positions", None)
         needed = self.head_len + len(chain) + self._positions_after_record
-        if limit and needed > limit:
-            raise RecordError(f"record {record.id!r}: too long for the model ({needed} tokens with the prompt and "
-                              f"answer; the model's context is {limit}); shorten the text")
-        return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=prompt.tail_text)
+        return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=prompt.tail_text), needed
 
     def _groups(self, slots: list[_Slot]) -> list[list[_Slot]]:
         groups: list[list[_Slot]] = []
@@ -215,7 +280,7 @@ class Decoder:
         for index, slot in slots:
             out[index] = RecordResult(id=slot.record.id,
                                       fields=tuple(slot.results[i] for i in range(len(fields))),
-                                      traces=tuple(slot.traces))
+                                      traces=tuple(slot.traces), truncated=slot.truncated)
         return out  # type: ignore[return-value]
 
     def _decode_group(self, group: list[_Slot]) -> None:

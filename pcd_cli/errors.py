@@ -2,8 +2,8 @@
 
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
--> 2, ``ModelError`` -> 3, ``CompileError`` -> 3. ``RecordError`` is per record: the record
-goes to the errors file and the run goes on.
+-> 2, ``ModelError`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` -> 1, ``Interrupted`` ->
+130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
 
 
@@ -29,3 +29,25 @@ class ModelError(PcdError, RuntimeError):
 
 class CompileError(PcdError, RuntimeError):
     """The schema cannot be compiled for this tokenizer (a label needs a token the model lacks)."""
+
+
+class RunStopped(PcdError):
+    """A run stopped before the end of its input; its finished batches are kept for ``--resume``.
+
+    Attributes:
+        stats: the run's statistics so far (``pcd_cli.summary.RunStats``).
+        work_dir: the folder holding the finished batches.
+    """
+
+    def __init__(self, message: str, stats, work_dir):
+        super().__init__(message)
+        self.stats = stats
+        self.work_dir = work_dir
+
+
+class TooManyErrors(RunStopped):
+    """More records failed than ``--max-errors`` allows."""
+
+
+class Interrupted(RunStopped):
+    """SIGINT or SIGTERM arrived; the current batch was finished and committed."""

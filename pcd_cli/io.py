@@ -1,13 +1,15 @@
-"""Streaming input (JSONL, CSV, Parquet) and output (Parquet, errors JSONL, trace JSONL).
+"""Streaming input (JSONL, CSV, Parquet) and output (Parquet, JSONL).
 
-Inputs are read in batches with pyarrow / orjson, so memory does not grow with file size.
-Every input row ends up either as a ``Record`` or as a ``RecordFailure`` naming the row and
-the problem. The Parquet output is written row group by row group into a temporary file in
-the target folder and renamed over the target at the end (atomic on POSIX).
+Inputs are read row by row (orjson for JSONL, the standard ``csv`` module, pyarrow for
+Parquet), so memory does not grow with file size. Every input row ends up either as a
+``Record`` or as a ``RecordFailure`` naming its line or row and the problem. The Parquet
+output is written row group by row group into a temporary file in the target folder and
+renamed over the target at the end (atomic on POSIX).
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import tempfile
 from dataclasses import dataclass
@@ -17,7 +19,6 @@ from typing import Iterator
 
 import orjson
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from .decode import Record, RecordFailure, RecordResult
@@ -87,50 +88,80 @@ def _unescape(template: str) -> str:
     return template.replace("\\n", "\n").replace("\\t", "\t")
 
 
-def _row_to_record(row: dict, index: int, spec: InputSpec) -> Record | RecordFailure:
+def _utf8(value: object) -> str:
+    """A cell as text; bytes (and strings carrying undecodable bytes) must be valid UTF-8."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8")
+    text = value if isinstance(value, str) else str(value)
+    text.encode("utf-8")  # raises on the lone surrogates that stand for undecodable bytes
+    return text
+
+
+def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> Record | RecordFailure:
+    where = f"row {index}" if line is None else f"line {line}"
     rid: object = index
     if spec.id_field:
         rid = row.get(spec.id_field)
         if rid is None or rid == "":
-            return RecordFailure(index, f"row {index}: id column {spec.id_field!r} is missing or empty")
-        rid = str(rid)
+            return RecordFailure(None, f"{where}: id column {spec.id_field!r} is missing or empty", index, line)
+        try:
+            rid = _utf8(rid)
+        except UnicodeError:
+            return RecordFailure(None, f"{where}: the id is not valid UTF-8", index, line)
     try:
         if spec.template is not None:
             missing = [c for c in spec.columns_needed() if c != spec.id_field and row.get(c) is None]
             if missing:
-                return RecordFailure(rid, f"record {rid!r}: template column {missing[0]!r} is missing or null")
-            text = _unescape(spec.template).format_map(row)
+                return RecordFailure(rid, f"{where}: template column {missing[0]!r} is missing or null", index, line)
+            values = {k: _utf8(v) for k, v in row.items() if k in spec.columns_needed()}
+            text = _unescape(spec.template).format_map(values)
         else:
             value = row.get(spec.text_field)
             if value is None:
-                return RecordFailure(rid, f"record {rid!r}: text field {spec.text_field!r} is missing or null")
-            text = value if isinstance(value, str) else str(value)
+                return RecordFailure(rid, f"{where}: text field {spec.text_field!r} is missing or null", index, line)
+            text = _utf8(value)
+    except UnicodeError:
+        return RecordFailure(rid, f"{where}: the text has bytes that are not valid UTF-8", index, line)
     except (KeyError, IndexError, ValueError) as exc:
-        return RecordFailure(rid, f"record {rid!r}: template cannot be filled ({exc})")
+        return RecordFailure(rid, f"{where}: template cannot be filled ({exc})", index, line)
     text = text.strip()
     if not text:
-        return RecordFailure(rid, f"record {rid!r}: the text is empty")
-    return Record(rid, text)
+        return RecordFailure(rid, f"{where}: the text is empty", index, line)
+    return Record(rid, text, index, line)
 
 
-def read_records(path: str | Path, spec: InputSpec, *, fmt: str | None = None,
-                 batch_size: int = 256) -> Iterator[list[Record | RecordFailure]]:
-    """Stream ``path`` as batches of records (or failures for unusable rows).
+def read_records(path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256,
+                 skip: int = 0) -> Iterator[list[Record | RecordFailure]]:
+    """Stream ``path`` as batches of records, or failures for unusable rows, in input order.
+
+    Every row becomes exactly one item, numbered from 0 (``Record.row``); blank lines are not
+    rows. A row that cannot be used (malformed JSON, a CSV row with the wrong number of
+    fields, a missing or empty text, bytes that are not UTF-8) becomes a ``RecordFailure``
+    naming its line (JSONL, CSV) or row (Parquet) and the problem; reading goes on.
+
+    Args:
+        skip: rows already done (resuming): they are read past, not returned.
 
     Raises:
-        InputError: missing file, unknown format, unreadable file, or (CSV/Parquet) a needed
-            column absent from the file.
+        InputError: the file as a whole cannot be used: missing, unknown format, not
+            Parquet, or (CSV/Parquet) a needed column absent from the header.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{str(path)!r}: no such input file")
     kind = detect_format(path, fmt)
-    rows = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[kind](path, spec, batch_size)
+    rows = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[kind](path, spec)
     batch: list[Record | RecordFailure] = []
-    for index, row in enumerate(rows):
+    for index, (line, row) in enumerate(rows):
         if spec.limit is not None and index >= spec.limit:
             break
-        batch.append(row if isinstance(row, RecordFailure) else _row_to_record(row, index, spec))
+        if index < skip:
+            continue
+        if isinstance(row, str):
+            where = f"row {index}" if line is None else f"line {line}"
+            batch.append(RecordFailure(None, f"{where}: {row}", index, line))
+        else:
+            batch.append(_row_to_record(row, index, line, spec))
         if len(batch) >= batch_size:
             yield batch
             batch = []
@@ -138,24 +169,31 @@ def read_records(path: str | Path, spec: InputSpec, *, fmt: str | None = None,
         yield batch
 
 
-def _jsonl_rows(path: Path, spec: InputSpec, batch_size: int) -> Iterator[dict | RecordFailure]:
+#: A raw row: (1-based start line or None, the row's columns or the reason it is unusable).
+RawRow = tuple[int | None, "dict | str"]
+
+
+def _jsonl_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
     with path.open("rb") as fh:
-        index = 0
-        for number, line in enumerate(fh):
-            if number == 0 and line.startswith(b"\xef\xbb\xbf"):
+        for number, line in enumerate(fh, start=1):
+            if number == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte order mark, as Windows tools write
             if not line.strip():
                 continue
             try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, f"bytes that are not valid UTF-8 (at byte {exc.start})"
+                continue
+            try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                yield RecordFailure(index, f"row {index}: not valid JSON ({exc})")
+                yield number, f"not valid JSON ({exc})"
+                continue
+            if isinstance(row, dict):
+                yield number, row
             else:
-                if isinstance(row, dict):
-                    yield row
-                else:
-                    yield RecordFailure(index, f"row {index}: expected a JSON object, got {type(row).__name__}")
-            index += 1
+                yield number, f"expected a JSON object, got {type(row).__name__}"
 
 
 def _check_columns(path: Path, names: list[str], spec: InputSpec) -> None:
@@ -165,40 +203,73 @@ def _check_columns(path: Path, names: list[str], spec: InputSpec) -> None:
                          "see --text-field, --template and --id-field")
 
 
-def _csv_rows(path: Path, spec: InputSpec, batch_size: int) -> Iterator[dict]:
-    read = pacsv.ReadOptions(block_size=1 << 20)
-    parse = pacsv.ParseOptions(newlines_in_values=True)
-    try:
-        names = pacsv.open_csv(path, read_options=read, parse_options=parse).schema.names
-    except pa.ArrowInvalid as exc:
-        raise InputError(f"{str(path)!r}: not a readable CSV file ({exc})") from exc
-    _check_columns(path, names, spec)
-    # Only the needed columns, all read as strings: ids like "007" and texts like "1.50" stay
-    # exact, and no column's type can be guessed from one block and contradicted by a later one.
-    columns = list(dict.fromkeys(spec.columns_needed()))
-    convert = pacsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
-                                   strings_can_be_null=False)
-    try:
-        for batch in pacsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert):
-            yield from batch.to_pylist()
-    except pa.ArrowInvalid as exc:
-        raise InputError(f"{str(path)!r}: not a readable CSV file ({exc})") from exc
+#: Largest CSV cell accepted (characters); longer texts are cut to the model's context anyway.
+CSV_FIELD_LIMIT = 1 << 26
 
 
-def _parquet_rows(path: Path, spec: InputSpec, batch_size: int) -> Iterator[dict]:
+def _csv_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
+    """Rows of a CSV file (RFC 4180, via the standard ``csv`` module, which keeps line numbers).
+
+    Undecodable bytes are kept as lone surrogates (``surrogateescape``) so that one bad row
+    fails alone; ``_utf8`` rejects them in the cells that are used.
+    """
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
+    with path.open("r", encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
+        reader = csv.reader(fh, strict=False)
+        header: list[str] | None = None
+        last = 0  # line number where the previous row ended
+        while True:
+            try:
+                values = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                if header is None:
+                    raise InputError(f"{str(path)!r}: the CSV header cannot be read ({exc})") from exc
+                yield last + 1, f"not a valid CSV row ({exc})"
+                last = max(reader.line_num, last + 1)
+                continue
+            start, last = last + 1, reader.line_num
+            if not values or values == [""]:
+                continue  # a blank line
+            if header is None:
+                try:
+                    header = [_utf8(v).strip() for v in values]
+                except UnicodeError:
+                    raise InputError(f"{str(path)!r}: the CSV header is not valid UTF-8") from None
+                _check_columns(path, header, spec)
+                continue
+            if len(values) != len(header):
+                n = len(values)
+                yield start, f"the CSV row has {n} field{'s' * (n != 1)}; the header has {len(header)}"
+                continue
+            yield start, dict(zip(header, values))
+        if header is None:
+            return  # an empty file: no rows
+
+
+def _parquet_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
     try:
         pfile = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from exc
     _check_columns(path, pfile.schema_arrow.names, spec)
     columns = list(dict.fromkeys(spec.columns_needed()))
-    for batch in pfile.iter_batches(batch_size=batch_size, columns=columns):
-        yield from batch.to_pylist()
+    try:
+        for batch in pfile.iter_batches(batch_size=1024, columns=columns):
+            for row in batch.to_pylist():
+                yield None, row
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{str(path)!r}: the Parquet file is damaged ({exc})") from exc
 
 
-def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool,
-                  metadata: dict[str, str]) -> pa.Schema:
-    """Arrow schema of the output: id, then per field ``<f>``, ``<f>__prob``, ``<f>__mass`` (and ``<f>__probs``)."""
+#: Output column marking records whose text was cut to fit the model's context.
+TRUNCATED_COLUMN = "__truncated"
+
+
+def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool) -> pa.Schema:
+    """Arrow schema of the output: id, then per field ``<f>``, ``<f>__prob``, ``<f>__mass``
+    (and ``<f>__probs``), then ``__truncated``."""
     cols = [pa.field(id_column, id_type)]
     for f in schema.fields:
         cols.append(pa.field(f.name, pa.bool_() if f.is_boolean else pa.string()))
@@ -206,23 +277,37 @@ def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_p
         cols.append(pa.field(f"{f.name}__mass", pa.float32()))
         if all_probs:
             cols.append(pa.field(f"{f.name}__probs", pa.map_(pa.string(), pa.float32())))
-    return pa.schema(cols, metadata={k.encode(): v.encode() for k, v in metadata.items()})
+    cols.append(pa.field(TRUNCATED_COLUMN, pa.bool_()))
+    return pa.schema(cols)
+
+
+def results_table(results: list[RecordResult], schema: Schema, arrow_schema: pa.Schema) -> pa.Table:
+    """Results as a table of ``arrow_schema`` (from ``output_schema``), one row per result."""
+    data: dict[str, list] = {arrow_schema.names[0]: [r.id for r in results]}
+    all_probs = any(name.endswith("__probs") for name in arrow_schema.names)
+    for i, f in enumerate(schema.fields):
+        data[f.name] = [r.fields[i].value for r in results]
+        data[f"{f.name}__prob"] = [r.fields[i].prob for r in results]
+        data[f"{f.name}__mass"] = [r.fields[i].mass for r in results]
+        if all_probs:
+            data[f"{f.name}__probs"] = [list(zip(f.labels, r.fields[i].probs)) for r in results]
+    data[TRUNCATED_COLUMN] = [r.truncated for r in results]
+    return pa.Table.from_pydict(data, schema=arrow_schema)
 
 
 class ParquetSink:
-    """Writes results row group by row group; ``close()`` renames the finished file into place.
+    """Writes tables row group by row group; ``close()`` renames the finished file into place.
 
     Args:
-        path: final output path. id_column / id_type: the id column's name and arrow type.
-        all_probs: add ``<field>__probs`` map columns. metadata: key-value metadata.
+        path: final output path. arrow_schema: its columns and key-value metadata.
+
+    Raises:
+        InputError: the output's folder cannot be created.
     """
 
-    def __init__(self, path: str | Path, schema: Schema, *, id_column: str, id_type: pa.DataType,
-                 all_probs: bool, metadata: dict[str, str]):
+    def __init__(self, path: str | Path, arrow_schema: pa.Schema):
         self.path = Path(path)
-        self.schema = schema
-        self.all_probs = all_probs
-        self.arrow_schema = output_schema(schema, id_column, id_type, all_probs=all_probs, metadata=metadata)
+        self.arrow_schema = arrow_schema
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -233,21 +318,15 @@ class ParquetSink:
         self._writer = pq.ParquetWriter(self._tmp, self.arrow_schema)
         self.rows = 0
 
-    def write(self, results: list[RecordResult]) -> None:
-        if not results:
-            return
-        data: dict[str, list] = {self.arrow_schema.names[0]: [r.id for r in results]}
-        for i, f in enumerate(self.schema.fields):
-            data[f.name] = [r.fields[i].value for r in results]
-            data[f"{f.name}__prob"] = [r.fields[i].prob for r in results]
-            data[f"{f.name}__mass"] = [r.fields[i].mass for r in results]
-            if self.all_probs:
-                data[f"{f.name}__probs"] = [list(zip(f.labels, r.fields[i].probs)) for r in results]
-        self._writer.write_table(pa.Table.from_pydict(data, schema=self.arrow_schema))
-        self.rows += len(results)
+    def write_table(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._writer.write_table(table.replace_schema_metadata(self.arrow_schema.metadata))
+            self.rows += table.num_rows
 
     def close(self) -> None:
         self._writer.close()
+        with self._tmp.open("rb") as fh:
+            os.fsync(fh.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(self._tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the output a normal file's mode
@@ -258,23 +337,3 @@ class ParquetSink:
             self._writer.close()
         finally:
             self._tmp.unlink(missing_ok=True)
-
-
-class JsonlSink:
-    """Appends one JSON object per line (orjson; strict JSON, no NaN/Infinity); opened lazily."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self._fh = None
-        self.rows = 0
-
-    def write(self, obj: dict) -> None:
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("wb")
-        self._fh.write(orjson.dumps(obj, default=str) + b"\n")
-        self.rows += 1
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()

@@ -1,17 +1,37 @@
-"""The main job: stream a file through a ``Labeler`` into Parquet, errors and trace files."""
+"""The main job: stream a file through a ``Labeler`` into Parquet, errors and trace files.
+
+Records are decoded in chunks and committed in batches to a work directory
+(``pcd_cli.checkpoint``), so a run that is killed can be resumed and a run that ends early
+loses at most the batch in flight. The outputs appear only when every input row is done.
+"""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pyarrow as pa
 from tqdm import tqdm
 
+from . import __version__
 from .api import Labeler
-from .decode import RecordFailure
-from .io import InputSpec, JsonlSink, ParquetSink, read_records
+from .checkpoint import WorkDir
+from .decode import RecordFailure, RecordResult
+from .errors import Interrupted, TooManyErrors
+from .io import TRUNCATED_COLUMN, InputSpec, output_schema, read_records, results_table
 from .summary import RunStats
+
+#: Records per checkpoint (one part file in the work directory) unless told otherwise.
+DEFAULT_BATCH_RECORDS = 256
+#: Records handed to the decoder at once; a stop request is honoured between chunks.
+CHUNK_RECORDS = 32
+
+#: ``on_event(name, fields)``: ``discarded``, ``resumed``, ``checkpoint`` (see ``label_file``).
+EventHook = Callable[[str, dict], None]
 
 
 def default_output(input_path: str | Path) -> Path:
@@ -32,61 +52,170 @@ def id_column(spec: InputSpec) -> str:
     return spec.id_field or "row"
 
 
+def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,
+                    all_probs: bool, trace: bool) -> dict:
+    """Everything that decides a run's output; a resumed run must match it exactly.
+
+    The token budget per pass and the batch sizes are left out: they change probabilities
+    only by float rounding (checked in tests/test_job.py), never labels.
+    """
+    path = Path(input_path)
+    stat = path.stat()
+    return {
+        "pcd_version": __version__, "input": str(path.resolve()), "input_size": stat.st_size,
+        "input_mtime_ns": stat.st_mtime_ns, "format": fmt, "text_field": spec.text_field,
+        "template": spec.template, "id_field": spec.id_field, "limit": spec.limit,
+        "schema_sha256": labeler.schema.source_sha256, "model": labeler.backend.model_id,
+        "dtype": str(getattr(labeler.backend, "dtype", "")), "scoring": labeler.compiled.scoring,
+        "truncate": labeler.decoder.truncate, "all_probs": all_probs, "trace": trace,
+    }
+
+
 def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, output: str | Path,
                errors_path: str | Path, fmt: str | None = None, trace_path: str | Path | None = None,
                all_probs: bool = False, min_mass: float = 0.5, progress: bool | None = None,
-               batch_records: int = 256) -> RunStats:
+               batch_records: int = DEFAULT_BATCH_RECORDS, chunk_records: int = CHUNK_RECORDS,
+               resume: bool = False, max_errors: int | None = None,
+               should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None) -> RunStats:
     """Label every row of ``input_path``; each row ends up in ``output`` or in ``errors_path``.
 
     Args:
         progress: show a tqdm bar (records/s) on stderr; ``None``: only on a terminal.
+        batch_records: rows per checkpoint (a part file in the work directory).
+        chunk_records: rows handed to the decoder at once (records are packed into passes
+            within a chunk); ``should_stop`` and ``max_errors`` are checked between chunks.
+        resume: continue the unfinished run of the same job (same fingerprint) if there is
+            one; without it, an unfinished run's work is discarded.
+        max_errors: stop once more rows than this have failed (``None``: never).
+        should_stop: polled between chunks; true finishes the run early (``Interrupted``).
+        on_event: told ``discarded`` (reason), ``resumed`` (rows) and ``checkpoint``
+            (rows, records, failures) as they happen.
 
     Returns:
-        The run's statistics (records, failures, forward passes, seconds, per-field stats).
+        The run's statistics; ``read == records + failures`` covers every input row.
 
     Raises:
-        InputError: the input cannot be read as a whole. The partial output is removed.
+        InputError: the input cannot be read as a whole, or another run holds the output.
+        TooManyErrors: more than ``max_errors`` rows failed; the failures so far are in
+            ``errors_path`` and the finished batches stay in the work directory.
+        Interrupted: ``should_stop`` turned true; the finished batches stay in the work directory.
     """
+    emit = on_event or (lambda _name, _fields: None)
     column = id_column(spec)
     labeler.schema.check_output_columns(column)
+    labeler.schema.check_output_columns(TRUNCATED_COLUMN)
+    arrow_schema = output_schema(labeler.schema, column, pa.string() if spec.id_field else pa.int64(),
+                                 all_probs=all_probs)
+    output, errors_path = Path(output), Path(errors_path)
+    fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
+                                  trace=trace_path is not None)
     stats = RunStats(labeler.schema, min_mass=min_mass)
-    errors_path = Path(errors_path)
-    errors_path.unlink(missing_ok=True)  # a stale errors file from an earlier run would mislead
-    if trace_path:
-        Path(trace_path).unlink(missing_ok=True)  # likewise a stale trace (the sink opens lazily)
-    errors = JsonlSink(errors_path)
-    trace = JsonlSink(trace_path) if trace_path else None
-    sink = ParquetSink(output, labeler.schema, id_column=column,
-                       id_type=pa.string() if spec.id_field else pa.int64(),
-                       all_probs=all_probs, metadata=labeler.metadata())
-    passes_before = labeler.forward_passes
-    started = time.perf_counter()
-    bar = tqdm(unit="rec", desc="labelling", disable=None if progress is None else not progress, dynamic_ncols=True)
-    try:
-        for batch in read_records(input_path, spec, fmt=fmt, batch_size=batch_records):
-            results = labeler.label_batch(batch)
-            good = []
-            for res in results:
-                if isinstance(res, RecordFailure):
-                    errors.write({"record": res.id, "error": res.error})
-                    stats.failures += 1
-                    continue
-                good.append(res)
-                stats.add(res)
-                if trace is not None:
-                    for row in res.traces:
-                        trace.write(row)
-            sink.write(good)
-            bar.update(len(results))
-    except BaseException:
-        sink.abort()
-        raise
-    finally:
-        bar.close()
-        errors.close()
-        if trace is not None:
-            trace.close()
-    sink.close()
-    stats.seconds = time.perf_counter() - started
-    stats.forward_passes = labeler.forward_passes - passes_before
+    with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work:
+        for stale in (errors_path, Path(trace_path) if trace_path else None):
+            if stale is not None:
+                stale.unlink(missing_ok=True)  # a stale file from an earlier run would mislead
+        if work.discarded:
+            emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
+        if work.progress.rows:
+            for table in work.tables():
+                stats.add_table(table)
+            stats.failures, stats.truncated = work.progress.failures, work.progress.truncated
+            emit("resumed", {"rows": work.progress.rows, "work_dir": str(work.path)})
+        passes_before = labeler.forward_passes
+        started = time.perf_counter()
+        pending = _Pending()
+
+        def commit() -> None:
+            if pending.rows:
+                work.commit(results_table(pending.results, labeler.schema, arrow_schema), pending.errors,
+                            pending.traces, truncated=pending.truncated)
+                pending.__init__()
+                emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
+                                    "failures": work.progress.failures})
+
+        def stopped(cls, message: str):
+            stats.seconds = time.perf_counter() - started
+            stats.forward_passes = labeler.forward_passes - passes_before
+            return cls(message, stats, work.path)
+
+        bar = tqdm(unit="rec", desc="labelling", initial=work.progress.rows, dynamic_ncols=True,
+                   disable=None if progress is None else not progress)
+        try:
+            for chunk in read_records(input_path, spec, fmt=fmt, batch_size=chunk_records, skip=work.progress.rows):
+                for item, res in zip(chunk, labeler.label_batch(chunk)):
+                    pending.add(item, res)
+                    if isinstance(res, RecordFailure):
+                        stats.failures += 1
+                    else:
+                        stats.add(res)
+                bar.update(len(chunk))
+                if pending.rows >= batch_records:
+                    commit()
+                if max_errors is not None and stats.failures > max_errors:
+                    commit()
+                    work.write_errors(errors_path)
+                    raise stopped(TooManyErrors, f"{stats.failures} rows failed, more than --max-errors "
+                                  f"{max_errors}; they are in {errors_path}")
+                if should_stop is not None and should_stop():
+                    commit()
+                    raise stopped(Interrupted, f"interrupted after {work.progress.rows} rows")
+            commit()
+        finally:
+            bar.close()
+        stats.seconds = time.perf_counter() - started
+        stats.forward_passes = labeler.forward_passes - passes_before
+        metadata = labeler.metadata() | {
+            "pcd.input": Path(input_path).name, "pcd.records_read": str(stats.read),
+            "pcd.records_labelled": str(stats.records), "pcd.records_failed": str(stats.failures),
+            "pcd.records_truncated": str(stats.truncated)}
+        work.finish(output, errors_path=errors_path, trace_path=Path(trace_path) if trace_path else None,
+                    metadata=metadata)
     return stats
+
+
+class _Pending:
+    """Rows decoded since the last checkpoint."""
+
+    def __init__(self) -> None:
+        self.results: list[RecordResult] = []
+        self.errors: list[dict] = []
+        self.traces: list[dict] = []
+        self.truncated = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.results) + len(self.errors)
+
+    def add(self, item, res) -> None:
+        if isinstance(res, RecordFailure):
+            self.errors.append({"row": item.row, "line": item.line, "record": res.id, "error": res.error})
+            return
+        self.results.append(res)
+        self.traces.extend(res.traces)
+        self.truncated += res.truncated
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[Callable[[], bool]]:
+    """Within the block, SIGINT and SIGTERM ask the job to stop after the current chunk.
+
+    Yields the ``should_stop`` poll for ``label_file``. A second signal raises
+    ``KeyboardInterrupt`` at once (the committed batches are safe either way). Only
+    installs handlers in the main thread; elsewhere the poll is always false.
+    """
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested.is_set
+        return
+
+    def handler(signum, _frame):
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested.is_set
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -107,12 +107,14 @@ class Schema:
         raise KeyError(name)
 
     def check_output_columns(self, reserved: str) -> None:
-        """Raise ``SchemaError`` if a field's output column would clash with ``reserved`` (the id column)."""
+        """Raise ``SchemaError`` if a field's output column would clash with ``reserved``
+        (the id column, or ``__truncated``)."""
         for f in self.fields:
             if f.name == reserved:
-                raise SchemaError(
-                    f"field {f.name!r}: clashes with the id column {reserved!r}; "
-                    "rename the field or pass another --id-field")
+                if reserved.startswith("__"):
+                    raise SchemaError(f"field {f.name!r}: clashes with the output column {reserved!r}; rename the field")
+                raise SchemaError(f"field {f.name!r}: clashes with the id column {reserved!r}; "
+                                  "rename the field or pass another --id-field")
 
 
 def json_string(text: str) -> str:

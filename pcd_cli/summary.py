@@ -40,6 +40,8 @@ class RunStats:
     worst_n: int = 10
     records: int = 0
     failures: int = 0
+    truncated: int = 0
+    decoded: int = 0  #: records labelled by this process (``records`` also counts a resumed run's earlier ones)
     forward_passes: int = 0
     seconds: float = 0.0
     fields: list[FieldStats] = field(default_factory=list)
@@ -49,38 +51,76 @@ class RunStats:
         self.fields = [FieldStats() for _ in self.schema.fields]
 
     def add(self, result: RecordResult) -> None:
+        """Count one labelled record."""
+        self.truncated += result.truncated
+        self.decoded += 1
+        self._add(result.id, [(f.labels[res.label], res.prob, res.mass)
+                              for f, res in zip(self.schema.fields, result.fields)])
+
+    def add_table(self, table) -> None:
+        """Count the labelled rows of an output table (a resumed run's earlier batches).
+
+        ``truncated`` and ``failures`` are not taken from it; the caller restores them.
+        """
+        ids = table.column(0).to_pylist()
+        columns = []
+        for f in self.schema.fields:
+            names = {f.value(i): label for i, label in enumerate(f.labels)}
+            columns.append(([names[v] for v in table.column(f.name).to_pylist()],
+                            table.column(f"{f.name}__prob").to_pylist(), table.column(f"{f.name}__mass").to_pylist()))
+        for row, rid in enumerate(ids):
+            self._add(rid, [(labels[row], probs[row], masses[row]) for labels, probs, masses in columns])
+
+    def _add(self, record_id: object, fields: list[tuple[str, float, float]]) -> None:
         self.records += 1
-        for i, (f, res) in enumerate(zip(self.schema.fields, result.fields)):
-            st = self.fields[i]
-            st.labels[f.labels[res.label]] += 1
-            st.prob_sum += res.prob
-            st.mass_sum += res.mass
-            if res.mass < self.min_mass:
+        for st, f, (label, prob, mass) in zip(self.fields, self.schema.fields, fields):
+            st.labels[label] += 1
+            st.prob_sum += prob
+            st.mass_sum += mass
+            if mass < self.min_mass:
                 st.low_mass += 1
-                item = (-res.mass, self.records, str(result.id), f.name)
+                item = (-mass, self.records, str(record_id), f.name)
                 if len(self._worst) < self.worst_n:
                     heapq.heappush(self._worst, item)
                 else:
                     heapq.heappushpop(self._worst, item)
 
     @property
+    def read(self) -> int:
+        """Input rows read: labelled + failed."""
+        return self.records + self.failures
+
+    @property
     def records_per_second(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else 0.0
+        return self.decoded / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def passes_per_record(self) -> float:
-        return self.forward_passes / self.records if self.records else 0.0
+        return self.forward_passes / self.decoded if self.decoded else 0.0
 
     def worst(self) -> list[tuple[float, str, str]]:
         """Lowest-mass (mass, record id, field) pairs, lowest first."""
         return [(-neg, rid, name) for neg, _, rid, name in sorted(self._worst, reverse=True)]
 
+    def to_dict(self) -> dict:
+        """The summary as plain JSON-able data (for ``--log-format json``)."""
+        n = max(self.records, 1)
+        return {
+            "read": self.read, "labelled": self.records, "failed": self.failures, "truncated": self.truncated,
+            "seconds": round(self.seconds, 3), "records_per_second": round(self.records_per_second, 3),
+            "forward_passes_per_record": round(self.passes_per_record, 3),
+            "fields": {f.name: {"labels": dict(st.labels.most_common()), "mean_prob": st.prob_sum / n,
+                                "mean_mass": st.mass_sum / n, f"mass_below_{self.min_mass:g}": st.low_mass}
+                       for f, st in zip(self.schema.fields, self.fields)},
+            "lowest_mass": [{"record": rid, "field": name, "mass": mass} for mass, rid, name in self.worst()],
+        }
+
     def render(self, console: Console) -> None:
         """Print the summary: totals, one row per field, the worst low-mass pairs."""
         n = max(self.records, 1)
-        console.print(f"[bold]{self.records}[/] records labelled, {self.failures} failed, "
-                      f"{len(self.schema.fields)} fields, {self.records_per_second:.2f} records/s, "
-                      f"{self.passes_per_record:.2f} forward passes per record")
+        console.print(f"{self.read} rows read: [bold]{self.records}[/] records labelled, {self.failures} failed, "
+                      f"{self.truncated} truncated; {len(self.schema.fields)} fields, "
+                      f"{self.records_per_second:.2f} records/s, {self.passes_per_record:.2f} forward passes per record")
         table = Table(title=f"schema {escape(self.schema.name)}", show_lines=False)
         table.add_column("field")
         table.add_column("labels (count)")

@@ -100,9 +100,10 @@ def test_label_each_format(format_runs, ext):
     result, target = runs[ext]
     assert f"wrote {N} rows to" in flat(result.stdout)
     table = pq.read_table(target)
-    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass"]
+    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "__truncated"]
     assert [table.schema.field(c).type for c in table.schema.names] == [pa.string(), pa.string(), pa.float32(),
-                                                                         pa.float32()]
+                                                                         pa.float32(), pa.bool_()]
+    assert table.column("__truncated").to_pylist() == [False] * N
     check_label_table(table, FIRST_IDS, AIRLINE_LABELS)
     meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
     assert all(meta.get(k) for k in META_KEYS), meta
@@ -137,7 +138,7 @@ def test_boolean_column(tmp_path):
                  "--limit", 3, "-o", target)
     assert str(target) in "".join(result.stdout.split())
     table = pq.read_table(target)
-    assert table.schema.names == ["id", "is_spam", "is_spam__prob", "is_spam__mass"]
+    assert table.schema.names == ["id", "is_spam", "is_spam__prob", "is_spam__mass", "__truncated"]
     assert table.schema.field("is_spam").type == pa.bool_()
     assert table.schema.field("is_spam__prob").type == pa.float32()
     assert all(isinstance(v, bool) for v in table.column("is_spam").to_pylist())
@@ -151,7 +152,8 @@ def test_all_probs_and_trace(tmp_path, format_runs):
     pcd("label", DATA / "airline_tweets.jsonl", "-s", AIRLINE, "--id-field", "id", "--limit", N, "-o", target,
         "--all-probs", "--trace", trace)
     table = pq.read_table(target)
-    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "sentiment__probs"]
+    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "sentiment__probs",
+                                  "__truncated"]
     assert table.schema.field("sentiment__probs").type == pa.map_(pa.string(), pa.float32())
     rows = table.to_pylist()
     labels = list(load_schema(AIRLINE).fields[0].labels)
@@ -194,7 +196,7 @@ def test_template_with_support_triage(tmp_path):
         "--template", r"Subject: {subject}\n\n{body}", "--limit", 2, "-o", target, "--trace", trace)
     table = pq.read_table(target)
     expected = ["id"] + [c for f in schema.fields for c in (f.name, f"{f.name}__prob", f"{f.name}__mass")]
-    assert table.schema.names == expected and len(expected) == 1 + 28 * 3
+    assert table.schema.names == expected + ["__truncated"] and len(expected) == 1 + 28 * 3
     tickets = [json.loads(line) for line in (DATA / "support_tickets.jsonl").read_text().splitlines()[:2]]
     assert table.column("id").to_pylist() == [t["id"] for t in tickets]
     for f in schema.fields:
@@ -223,7 +225,7 @@ def test_default_ids_and_output_path(tmp_path, format_runs):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["airline_tweets.jsonl", "airline_tweets.labels.parquet"]
     assert "wrote 3 rows" in flat(result.stdout)
     table = pq.read_table(target)
-    assert table.schema.names == ["row", "sentiment", "sentiment__prob", "sentiment__mass"]
+    assert table.schema.names == ["row", "sentiment", "sentiment__prob", "sentiment__mass", "__truncated"]
     assert table.schema.field("row").type == pa.int64()
     check_label_table(table, [0, 1, 2], AIRLINE_LABELS)
     plain = pq.read_table(format_runs[1]["jsonl"][1]).to_pydict()
@@ -251,14 +253,17 @@ def test_bad_records_go_to_the_errors_file(tmp_path):
     errors = [strict_json(line) for line in (out / "mixed.errors.jsonl").read_text().splitlines()]
     assert table.num_rows + len(errors) == len(lines)
     check_label_table(table, ["[/g1]", "g2"], AIRLINE_LABELS)
-    assert "[/g1]" in result.stdout and "2 records labelled, 4 failed" in flat(result.stdout)
-    by_record = {e["record"]: e["error"] for e in errors}
-    assert set(by_record) == {"m1", "e1", 3, 4}
-    assert "'text'" in by_record["m1"] and "missing" in by_record["m1"]
-    assert "empty" in by_record["e1"]
-    assert "row 3" in by_record[3] and "not valid JSON" in by_record[3]
-    assert "row 4" in by_record[4] and "JSON object" in by_record[4]
-    assert "4 records failed" in flat(result.stderr)
+    assert "[/g1]" in result.stdout and "6 rows read: 2 records labelled, 4 failed" in flat(result.stdout)
+    assert [(e["row"], e["line"], e["record"]) for e in errors] == [(1, 2, "m1"), (2, 3, "e1"), (3, 4, None),
+                                                                   (4, 5, None)]
+    by_line = {e["line"]: e["error"] for e in errors}
+    assert "'text'" in by_line[2] and "missing" in by_line[2]
+    assert "empty" in by_line[3]
+    assert by_line[4].startswith("line 4: not valid JSON")
+    assert by_line[5].startswith("line 5: expected a JSON object")
+    assert "4 rows failed" in flat(result.stderr)
+    meta = table.schema.metadata
+    assert (meta[b"pcd.records_read"], meta[b"pcd.records_labelled"], meta[b"pcd.records_failed"]) == (b"6", b"2", b"4")
 
 
 def test_every_record_failing_exits_1(tmp_path):
@@ -270,9 +275,9 @@ def test_every_record_failing_exits_1(tmp_path):
     result = pcd("label", src, "-s", AIRLINE, "--id-field", "id", "-o", tmp_path / "o.parquet",
                  "--trace", tmp_path / "trace.jsonl", code=1)
     errors = [strict_json(line) for line in (tmp_path / "o.errors.jsonl").read_text().splitlines()]
-    assert [e["record"] for e in errors] == ["a", 1]
+    assert [(e["record"], e["line"]) for e in errors] == [("a", 1), (None, 2)]
     assert not (tmp_path / "trace.jsonl").exists()
-    assert "2 records failed" in flat(result.stderr)
+    assert "2 rows failed" in flat(result.stderr)
 
 
 # -- bad schemas fail before any model is loaded ----------------------------------------------
@@ -406,8 +411,9 @@ def test_inspect_schema_bad_schema(tmp_path, no_model):
 
 # -- atomic output ----------------------------------------------------------------------------
 
-def test_failure_midway_leaves_no_output(tmp_path, monkeypatch, embedded_backend):
+def test_failure_midway_leaves_no_output_and_resumes(tmp_path, monkeypatch, embedded_backend):
     from pcd_cli.api import Labeler
+    from pcd_cli.checkpoint import work_dir_for
     from pcd_cli.io import InputSpec
     from pcd_cli.job import label_file
 
@@ -416,7 +422,7 @@ def test_failure_midway_leaves_no_output(tmp_path, monkeypatch, embedded_backend
     calls = []
 
     def flaky(self, batch):
-        calls.append(len(batch))
+        calls.append([r.id for r in batch])
         if len(calls) == 2:
             raise RuntimeError("boom on batch 2")
         return real(self, batch)
@@ -424,26 +430,30 @@ def test_failure_midway_leaves_no_output(tmp_path, monkeypatch, embedded_backend
     monkeypatch.setattr(Labeler, "label_batch", flaky)
     out = tmp_path / "out"
     out.mkdir()
+    run = dict(output=out / "o.parquet", errors_path=out / "o.errors.jsonl", batch_records=2, chunk_records=2)
     with pytest.raises(RuntimeError, match="boom on batch 2"):
-        label_file(labeler, DATA / "airline_tweets.jsonl", InputSpec(id_field="id", limit=5),
-                   output=out / "o.parquet", errors_path=out / "o.errors.jsonl", batch_records=2)
-    assert calls == [2, 2]
-    assert list(out.iterdir()) == []
+        label_file(labeler, DATA / "airline_tweets.jsonl", InputSpec(id_field="id", limit=5), **run)
+    assert calls == [["air-0", "air-1"], ["air-2", "air-3"]]
+    work = work_dir_for(out / "o.parquet")
+    assert [p.name for p in out.iterdir()] == [work.name]  # no output, only the work folder
+    assert sorted(p.name for p in work.iterdir()) == ["lock", "manifest.json", "part-000000.parquet"]
 
     # an earlier output survives a failed run untouched
     (out / "o.parquet").write_bytes(b"earlier")
     calls.clear()
     with pytest.raises(RuntimeError):
-        label_file(labeler, DATA / "airline_tweets.jsonl", InputSpec(id_field="id", limit=5),
-                   output=out / "o.parquet", errors_path=out / "o.errors.jsonl", batch_records=2)
-    assert [p.name for p in out.iterdir()] == ["o.parquet"]
+        label_file(labeler, DATA / "airline_tweets.jsonl", InputSpec(id_field="id", limit=5), resume=True, **run)
+    assert calls == [["air-2", "air-3"], ["air-4"]]  # the first batch was kept; this run commits one more
+    assert sorted(p.name for p in out.iterdir()) == sorted(["o.parquet", work.name])
     assert (out / "o.parquet").read_bytes() == b"earlier"
 
-    # and without the fault the same call writes all rows in order
-    monkeypatch.setattr(Labeler, "label_batch", real)
-    stats = label_file(labeler, DATA / "airline_tweets.jsonl", InputSpec(id_field="id", limit=5),
-                       output=out / "o.parquet", errors_path=out / "o.errors.jsonl", batch_records=2)
-    assert stats.records == 5 and stats.failures == 0
+    # without the fault, --resume decodes only what is left and writes all rows in order
+    monkeypatch.setattr(Labeler, "label_batch", lambda self, batch: calls.append([r.id for r in batch]) or
+                        real(self, batch))
+    calls.clear()
+    stats = label_file(labeler, DATA / "airline_tweets.jsonl", InputSpec(id_field="id", limit=5), resume=True, **run)
+    assert calls == [["air-4"]]
+    assert (stats.records, stats.decoded, stats.failures) == (5, 1, 0)
     assert pq.read_table(out / "o.parquet").column("id").to_pylist() == [f"air-{i}" for i in range(5)]
     assert [p.name for p in out.iterdir()] == ["o.parquet"]
 

@@ -14,7 +14,7 @@ import pytest
 import pcd_cli.io as pio
 from pcd_cli.decode import FieldResult, Record, RecordFailure, RecordResult
 from pcd_cli.errors import InputError
-from pcd_cli.io import InputSpec, JsonlSink, ParquetSink, detect_format, read_records
+from pcd_cli.io import InputSpec, ParquetSink, detect_format, output_schema, read_records, results_table
 from pcd_cli.job import default_errors, default_output
 from pcd_cli.schema import parse_schema
 
@@ -61,9 +61,8 @@ def test_csv_ids_and_texts_are_read_as_strings(tmp_path):
     assert got == [Record("007", "2.50"), Record("010", "3")]
 
 
-def test_csv_type_change_in_a_later_block_is_not_fatal(tmp_path):
-    # pyarrow infers a column's type from its first block (1 MiB); a later block that does
-    # not fit must not crash the run. Unneeded columns are not read at all.
+def test_csv_big_file_streams_with_line_numbers(tmp_path):
+    # cells are read as written (no type inference that a later row could contradict)
     lines = ["id,text,extra"] + [f"{i},t{i},{i}" for i in range(90_000)] + ["late-id,late text,not a number"]
     path = tmp_path / "big.csv"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -72,6 +71,7 @@ def test_csv_type_change_in_a_later_block_is_not_fatal(tmp_path):
     assert len(got) == 90_001
     assert got[-1] == Record("late-id", "late text")
     assert got[5] == Record("5", "t5")
+    assert (got[5].row, got[5].line, got[-1].row, got[-1].line) == (5, 7, 90_000, 90_002)
 
 
 def test_csv_missing_column_names_it(tmp_path):
@@ -83,19 +83,33 @@ def test_csv_missing_column_names_it(tmp_path):
         flat(path, InputSpec(text_field="body", id_field="ident"))
 
 
-def test_csv_malformed_row_is_an_input_error(tmp_path):
+def test_csv_bad_rows_fail_alone_with_their_line_numbers(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text("id,text\n1,a\n2,b,c\n", encoding="utf-8")
-    with pytest.raises(InputError, match="not a readable CSV"):
-        flat(path)
+    path.write_bytes(b'id,text\n1,a\n2,b,c\n3,"two\nlines"\n\n4\n5,caf\xe9\n6,ok\n')
+    got = flat(path, InputSpec(id_field="id"))
+    assert [(type(r).__name__, r.id, r.row, r.line) for r in got] == [
+        ("Record", "1", 0, 2), ("RecordFailure", None, 1, 3), ("Record", "3", 2, 4),
+        ("RecordFailure", None, 3, 7), ("RecordFailure", "5", 4, 8), ("Record", "6", 5, 9)]
+    assert got[1].error == "line 3: the CSV row has 3 fields; the header has 2"
+    assert got[3].error == "line 7: the CSV row has 1 field; the header has 2"
+    assert got[4].error == "line 8: the text has bytes that are not valid UTF-8"
+    assert got[2].text == "two\nlines"
+
+
+def test_empty_csv_has_no_rows(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"")
+    assert flat(path) == []
+    path.write_bytes(b"id,text\n")
+    assert flat(path, InputSpec(id_field="id")) == []
 
 
 def test_csv_empty_cells(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text('id,text\n,has no id\nb,""\nc,ok\n', encoding="utf-8")
     got = flat(path, InputSpec(id_field="id"))
-    assert isinstance(got[0], RecordFailure) and got[0].id == 0
-    assert "row 0" in got[0].error and "'id'" in got[0].error
+    assert isinstance(got[0], RecordFailure) and got[0].id is None and got[0].row == 0
+    assert "line 2" in got[0].error and "'id'" in got[0].error
     assert isinstance(got[1], RecordFailure) and got[1].id == "b" and "empty" in got[1].error
     assert got[2] == Record("c", "ok")
 
@@ -146,11 +160,27 @@ def test_jsonl_bad_rows_become_failures_naming_the_row(tmp_path):
     assert got[0] == Record("a", "good")
     assert isinstance(got[1], RecordFailure) and got[1].id == "b" and "'text'" in got[1].error
     assert isinstance(got[2], RecordFailure) and got[2].id == "c" and "empty" in got[2].error
-    assert isinstance(got[3], RecordFailure) and got[3].id == 3 and "not valid JSON" in got[3].error
-    assert isinstance(got[4], RecordFailure) and got[4].id == 4 and "expected a JSON object" in got[4].error
+    assert isinstance(got[3], RecordFailure) and got[3].id is None and "not valid JSON" in got[3].error
+    assert isinstance(got[4], RecordFailure) and got[4].id is None and "expected a JSON object" in got[4].error
     assert got[5] == Record("7", "padded")  # ids become strings; texts are stripped
-    assert isinstance(got[6], RecordFailure) and got[6].id == 6
-    assert "row 6" in got[6].error and "'id'" in got[6].error
+    assert isinstance(got[6], RecordFailure) and got[6].id is None
+    assert "line 7" in got[6].error and "'id'" in got[6].error
+    assert [(r.row, r.line) for r in got] == [(i, i + 1) for i in range(7)]
+
+
+def test_jsonl_line_numbers_count_blank_lines_rows_do_not(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'\n{"text": "a"}\n   \n{"text": "b\xff"}\n{"text": "c"}')  # no final newline
+    got = flat(path)
+    assert [(r.row, r.line) for r in got] == [(0, 2), (1, 4), (2, 5)]
+    assert got[0] == Record(0, "a") and got[2] == Record(2, "c")
+    assert isinstance(got[1], RecordFailure) and got[1].error.startswith("line 4: bytes that are not valid UTF-8")
+
+
+def test_skip_resumes_at_a_row(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", ["{bad"] + [{"text": f"t{i}"} for i in range(9)])
+    got = flat(path, InputSpec(limit=8), skip=3, batch_size=2)
+    assert [r.row for r in got] == [3, 4, 5, 6, 7] and got[0] == Record(3, "t2")
 
 
 # -- templates ------------------------------------------------------------------------------------
@@ -211,6 +241,7 @@ def test_parquet_null_text_is_a_failure(tmp_path):
     got = flat(path)
     assert got[0] == Record(0, "a")
     assert isinstance(got[1], RecordFailure) and got[1].id == 1 and "'text'" in got[1].error
+    assert got[1].error.startswith("row 1:") and got[1].line is None
 
 
 # -- formats and paths ----------------------------------------------------------------------------
@@ -247,39 +278,39 @@ def test_default_paths(tmp_path):
     assert default_errors(tmp_path / "out.parquet") == tmp_path / "out.errors.jsonl"
 
 
-# -- sinks ----------------------------------------------------------------------------------------
+# -- output ----------------------------------------------------------------------------------------
 
-SCHEMA = parse_schema({"name": "t", "fields": {
+SCHEMA = parse_schema({"name": "s", "fields": {
     "spam": {"type": "boolean"},
     "mood": {"type": "enum", "labels": ["BAD", "OK", "GOOD"]},
 }})
 
 
-def _result(rid, spam: bool, mood: int) -> RecordResult:
+def _result(rid, spam: bool, mood: int, truncated: bool = False) -> RecordResult:
     mood_probs = [0.1, 0.1, 0.1]
     mood_probs[mood] = 0.8
     return RecordResult(rid, (
         FieldResult(0 if spam else 1, spam, 0.9, 0.95, (0.9, 0.1) if spam else (0.1, 0.9)),
         FieldResult(mood, SCHEMA.fields[1].labels[mood], 0.8, 0.5, tuple(mood_probs)),
-    ))
+    ), truncated=truncated)
 
 
 def test_parquet_sink_writes_typed_columns_and_metadata(tmp_path):
+    schema = output_schema(SCHEMA, "row", pa.int64(), all_probs=True).with_metadata({"pcd.version": "x"})
     old = os.umask(0o022)
     try:
         out = tmp_path / "sub" / "o.parquet"
-        sink = ParquetSink(out, SCHEMA, id_column="row", id_type=pa.int64(), all_probs=True,
-                           metadata={"pcd.version": "x"})
+        sink = ParquetSink(out, schema)
         assert not out.exists()  # nothing at the target until close()
-        sink.write([_result(0, True, 2), _result(1, False, 0)])
-        sink.write([])
-        sink.write([_result(2, False, 1)])
+        sink.write_table(results_table([_result(0, True, 2), _result(1, False, 0)], SCHEMA, schema))
+        sink.write_table(results_table([], SCHEMA, schema))
+        sink.write_table(results_table([_result(2, False, 1, truncated=True)], SCHEMA, schema))
         sink.close()
     finally:
         os.umask(old)
     table = pq.read_table(out)
     assert table.schema.names == ["row", "spam", "spam__prob", "spam__mass", "spam__probs",
-                                  "mood", "mood__prob", "mood__mass", "mood__probs"]
+                                  "mood", "mood__prob", "mood__mass", "mood__probs", "__truncated"]
     assert table.schema.field("row").type == pa.int64()
     assert table.schema.field("spam").type == pa.bool_()
     assert table.schema.field("mood").type == pa.string()
@@ -288,45 +319,19 @@ def test_parquet_sink_writes_typed_columns_and_metadata(tmp_path):
     assert table.column("row").to_pylist() == [0, 1, 2]
     assert table.column("spam").to_pylist() == [True, False, False]
     assert table.column("mood").to_pylist() == ["GOOD", "BAD", "OK"]
+    assert table.column("__truncated").to_pylist() == [False, False, True]
     assert dict(table.column("mood__probs").to_pylist()[0]) == pytest.approx({"BAD": 0.1, "OK": 0.1, "GOOD": 0.8})
     assert sorted(p.name for p in out.parent.iterdir()) == ["o.parquet"]
     assert out.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
 
 
-def test_parquet_sink_abort_leaves_nothing(tmp_path):
-    out = tmp_path / "o.parquet"
-    sink = ParquetSink(out, SCHEMA, id_column="id", id_type=pa.string(), all_probs=False, metadata={})
-    sink.write([_result("a", True, 0)])
-    assert any(p.suffix == ".tmp" for p in tmp_path.iterdir())
-    sink.abort()
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_parquet_sink_abort_keeps_an_earlier_output(tmp_path):
     out = tmp_path / "o.parquet"
     out.write_bytes(b"earlier run")
-    sink = ParquetSink(out, SCHEMA, id_column="id", id_type=pa.string(), all_probs=False, metadata={})
-    sink.write([_result("a", True, 0)])
+    schema = output_schema(SCHEMA, "id", pa.string(), all_probs=False)
+    sink = ParquetSink(out, schema)
+    sink.write_table(results_table([_result("a", True, 0)], SCHEMA, schema))
+    assert any(p.suffix == ".tmp" for p in tmp_path.iterdir())
     sink.abort()
     assert [p.name for p in tmp_path.iterdir()] == ["o.parquet"]
     assert out.read_bytes() == b"earlier run"
-
-
-def test_jsonl_sink_is_lazy_and_strict(tmp_path):
-    path = tmp_path / "deep" / "e.jsonl"
-    sink = JsonlSink(path)
-    sink.close()
-    assert not path.exists()
-    sink = JsonlSink(path)
-    sink.write({"record": "a", "x": float("nan"), "y": float("inf"), "p": Path("/p")})
-    sink.write({"record": 2})
-    sink.close()
-    lines = path.read_bytes().splitlines()
-    assert len(lines) == 2 and sink.rows == 2
-
-    def no_constants(name):
-        raise ValueError(f"non-standard JSON constant {name}")
-
-    first = json.loads(lines[0], parse_constant=no_constants)
-    assert first == {"record": "a", "x": None, "y": None, "p": "/p"}
-    assert orjson.loads(lines[1]) == {"record": 2}

@@ -1,0 +1,258 @@
+"""Checkpointed runs: finished batches kept as part files in a work directory, with a manifest.
+
+A run writes into ``<output folder>/.<output name>.pcd-work/``::
+
+    manifest.json               fingerprint of the job, parts committed, counts
+    part-000000.parquet         labelled rows of the first committed batch (output columns)
+    part-000000.errors.jsonl    its failed rows (only when there are some)
+    part-000000.trace.jsonl     its traces (only with --trace)
+    lock                        flock-ed by the process running the job
+
+A part is written under a temporary name, flushed to disk and renamed; then the manifest
+is replaced atomically (write, fsync, rename). A process killed at any moment (SIGKILL
+included) therefore leaves a manifest that counts only complete parts; files beyond it are
+deleted on resume and their batch is decoded again. The final outputs are assembled from
+the parts and renamed into place only when every input row is done; then the work
+directory is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import InputError
+from .io import ParquetSink
+
+try:  # POSIX; elsewhere runs are not protected against a second process on the same output
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+MANIFEST_FORMAT = 1
+#: Rows per row group of the final Parquet file (parts are small; the output is not).
+FINAL_ROW_GROUP_ROWS = 65_536
+
+
+@dataclass
+class Progress:
+    """What the committed parts hold. ``rows`` = input rows done = ``records + failures``."""
+
+    parts: int = 0
+    rows: int = 0
+    records: int = 0
+    failures: int = 0
+    truncated: int = 0
+
+
+def work_dir_for(output: str | Path) -> Path:
+    """The work directory of the run writing ``output``: a hidden folder next to it."""
+    output = Path(output)
+    return output.with_name(f".{output.name}.pcd-work")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return b"".join(orjson.dumps(row, default=str) + b"\n" for row in rows)
+
+
+class WorkDir:
+    """The work directory of one job (see the module docstring).
+
+    Use ``WorkDir.open``; call ``close()`` (or use it as a context manager) to release the lock.
+
+    Attributes:
+        path: the folder. progress: counts of the committed parts.
+        discarded: why an earlier unfinished run's parts were thrown away (``None`` if not).
+    """
+
+    def __init__(self, path: Path, fingerprint: dict, arrow_schema: pa.Schema, lock_fh):
+        self.path = path
+        self.fingerprint = fingerprint
+        self.arrow_schema = arrow_schema
+        self.progress = Progress()
+        self.discarded: str | None = None
+        self._lock_fh = lock_fh
+
+    # -- opening ----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, output: str | Path, fingerprint: dict, arrow_schema: pa.Schema, *, resume: bool) -> "WorkDir":
+        """Take the work directory of ``output``: continue it (``resume`` and same fingerprint) or start afresh.
+
+        Args:
+            fingerprint: JSON-able description of everything that decides the output (input
+                file, schema, model, options); a resumed run must match it exactly.
+            arrow_schema: the output's columns (without file metadata).
+
+        Raises:
+            InputError: the folder cannot be created, or another process holds its lock.
+        """
+        path = work_dir_for(output)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"-o {str(output)!r}: cannot create the work folder {str(path)!r} "
+                             f"({exc.strerror})") from exc
+        lock_fh = (path / "lock").open("a+")
+        if fcntl is not None:
+            try:
+                fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock_fh.close()
+                raise InputError(f"another pcd run is writing {str(output)!r} (its work folder {str(path)!r} "
+                                 "is locked); wait for it to finish") from None
+        work = cls(path, fingerprint, arrow_schema, lock_fh)
+        manifest = work._read_manifest()
+        if manifest is None:
+            work._reset()
+        elif not resume:
+            work.discarded = (f"an unfinished run's {manifest['progress']['rows']} rows were discarded "
+                              "(pass --resume to continue one)")
+            work._reset()
+        elif manifest.get("fingerprint") != fingerprint:
+            old = manifest.get("fingerprint") or {}
+            changed = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+            work.discarded = (f"the unfinished run was for a different {', '.join(changed)}; "
+                              f"its {manifest['progress']['rows']} rows were discarded and the run starts over")
+            work._reset()
+        else:
+            work.progress = Progress(**manifest["progress"])
+            work._remove_uncommitted()
+        return work
+
+    def _read_manifest(self) -> dict | None:
+        try:
+            manifest = orjson.loads((self.path / "manifest.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+            return None
+        return manifest
+
+    def _part_files(self) -> list[Path]:
+        return [p for p in self.path.iterdir() if p.name.startswith("part-") or p.name.endswith(".tmp")]
+
+    def _reset(self) -> None:
+        for p in self._part_files():
+            p.unlink()
+        self.progress = Progress()
+        self._write_manifest()
+
+    def _remove_uncommitted(self) -> None:
+        done = {self._part(i, ext).name for i in range(self.progress.parts)
+                for ext in (".parquet", ".errors.jsonl", ".trace.jsonl")}
+        for p in self._part_files():
+            if p.name not in done:
+                p.unlink()
+
+    def _part(self, index: int, ext: str) -> Path:
+        return self.path / f"part-{index:06d}{ext}"
+
+    def _write_manifest(self) -> None:
+        data = {"format": MANIFEST_FORMAT, "fingerprint": self.fingerprint, "progress": asdict(self.progress)}
+        _write_atomic(self.path / "manifest.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
+
+    # -- committing and reading back ---------------------------------------------------------
+    def commit(self, table: pa.Table, errors: list[dict], traces: list[dict], *, truncated: int) -> None:
+        """Make one batch durable: its labelled rows, failed rows and traces, then the manifest.
+
+        ``table`` has the output columns; ``rows`` done grow by ``table.num_rows + len(errors)``.
+        """
+        index = self.progress.parts
+        part = self._part(index, ".parquet")
+        tmp = part.with_name(part.name + ".tmp")
+        pq.write_table(table, tmp)
+        with tmp.open("rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, part)
+        if errors:
+            _write_atomic(self._part(index, ".errors.jsonl"), _jsonl(errors))
+        if traces:
+            _write_atomic(self._part(index, ".trace.jsonl"), _jsonl(traces))
+        p = self.progress
+        self.progress = Progress(parts=index + 1, rows=p.rows + table.num_rows + len(errors),
+                                 records=p.records + table.num_rows, failures=p.failures + len(errors),
+                                 truncated=p.truncated + truncated)
+        self._write_manifest()
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The committed parts' tables, in input order."""
+        for i in range(self.progress.parts):
+            yield pq.read_table(self._part(i, ".parquet"), schema=self.arrow_schema)
+
+    def _concat(self, ext: str, target: Path) -> bool:
+        """Concatenate the parts' ``ext`` files into ``target`` (atomically); False if there are none."""
+        sources = [p for p in (self._part(i, ext) for i in range(self.progress.parts)) if p.is_file()]
+        if not sources:
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        with tmp.open("wb") as out:
+            for src in sources:
+                with src.open("rb") as fh:
+                    shutil.copyfileobj(fh, out)
+        os.replace(tmp, target)
+        return True
+
+    def write_errors(self, target: Path) -> bool:
+        """Write the committed parts' failed rows to ``target``; False (nothing written) if none."""
+        return self._concat(".errors.jsonl", target)
+
+    def finish(self, output: Path, *, errors_path: Path, trace_path: Path | None, metadata: dict[str, str]) -> None:
+        """Assemble the final outputs from the parts, rename them into place, remove the folder.
+
+        Raises:
+            InputError: the output's folder cannot be created.
+        """
+        schema = self.arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
+        sink = ParquetSink(output, schema)
+        try:
+            pending: list[pa.Table] = []
+            rows = 0
+            for table in self.tables():
+                pending.append(table)
+                rows += table.num_rows
+                if rows >= FINAL_ROW_GROUP_ROWS:
+                    sink.write_table(pa.concat_tables(pending))
+                    pending, rows = [], 0
+            if pending:
+                sink.write_table(pa.concat_tables(pending))
+        except BaseException:
+            sink.abort()
+            raise
+        self.write_errors(errors_path)
+        if trace_path is not None:
+            self._concat(".trace.jsonl", trace_path)
+        sink.close()  # the Parquet output last: its presence means the run is complete
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.close()
+
+    def close(self) -> None:
+        """Release the lock. The folder stays for a later ``--resume`` if it holds a part."""
+        if self._lock_fh is None:
+            return
+        if self.progress.parts == 0:
+            shutil.rmtree(self.path, ignore_errors=True)  # nothing to resume
+        self._lock_fh.close()
+        self._lock_fh = None
+
+    def __enter__(self) -> "WorkDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
