@@ -58,6 +58,20 @@ def work_dir_for(output: str | Path) -> Path:
     return output.with_name(f".{output.name}.pcd-work")
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as fh:
@@ -65,6 +79,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _jsonl(rows: list[dict]) -> bytes:

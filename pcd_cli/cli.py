@@ -1,22 +1,28 @@
 """The ``pcd`` command line: parses options, calls the Python API, formats. No logic here.
 
-Exit codes: 0 done; 1 no record could be labelled; 2 bad schema, input or option;
-3 model or compile problem.
+Exit codes: 0 done; 1 more failures than --max-errors, or no record could be labelled
+(``inspect-schema --strict``: any warning); 2 bad schema, input or option; 3 model or
+compile problem; 130 interrupted (resumable).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import shlex
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
+import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from . import __version__
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import CompileError, InputError, ModelError, PcdError, SchemaError
+from .errors import CompileError, InputError, Interrupted, ModelError, PcdError, SchemaError, TooManyErrors
+from .job import DEFAULT_BATCH_RECORDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Label records with closed schemas (booleans, enums) using parallel constrained decoding.")
@@ -78,6 +84,50 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
     """pcd: fast, typed, calibrated-where-measured labels from a local LLM."""
 
 
+class Truncate(str, Enum):
+    middle = "middle"
+    head = "head"
+    tail = "tail"
+    error = "error"
+
+
+class LogFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class Reporter:
+    """Messages of a run: rich text, or one JSON object per line on stderr (``--log-format json``)."""
+
+    def __init__(self, log_format: LogFormat, quiet: bool):
+        self.json = log_format is LogFormat.json
+        self.quiet = quiet
+
+    def __call__(self, event: str, fields: dict, level: str = "info") -> None:
+        if self.json:
+            if level != "info" or not self.quiet:
+                line = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                        "level": level, "event": event, **fields}
+                sys.stderr.write(orjson.dumps(line, default=str).decode() + "\n")
+                sys.stderr.flush()
+            return
+        if event == "resumed":
+            text = f"resuming: {fields['rows']} rows were done by an earlier run ({fields['work_dir']})"
+        elif "reason" in fields or "message" in fields:
+            text = fields.get("reason") or fields["message"]
+        else:
+            return  # checkpoints show in the progress bar; the summary is rendered by the caller
+        if level == "info" and self.quiet:
+            return
+        style = {"error": "[bold red]error:[/] ", "warning": "[yellow]warning:[/] "}.get(level, "")
+        err.print(style + escape(text), highlight=False)
+
+
+def _resume_command() -> str:
+    args = [a for a in sys.argv[1:]]
+    return shlex.join(["pcd", *args, *([] if "--resume" in args else ["--resume"])])
+
+
 @app.command()
 def label(
     input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet."),
@@ -103,21 +153,41 @@ def label(
     min_mass: float = typer.Option(0.5, "--min-mass", min=0.0, max=1.0, help="Report fields whose candidate "
                                    "mass is below this."),
     max_tokens_per_pass: int = BUDGET_OPT,
+    truncate: Truncate = typer.Option(Truncate.middle, "--truncate", help="A text too long for the model's "
+                                      "context loses its middle, head or tail (marked in __truncated), or fails "
+                                      "(error)."),
+    max_errors: Optional[int] = typer.Option(None, "--max-errors", min=0, help="Stop (exit 1) once more rows "
+                                             "than this have failed (default: no limit)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the unfinished run of this same job, if there "
+                                "is one (else start afresh). Safe to put in every cron line."),
+    batch_size: int = typer.Option(DEFAULT_BATCH_RECORDS, "--batch-size", min=1, help="Rows per checkpoint "
+                                   "(a killed run loses at most the batch in flight)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only warnings and errors."),
+    log_format: LogFormat = typer.Option(LogFormat.text, "--log-format", help="text, or json: one JSON "
+                                         "object per line on stderr (events, warnings, errors, summary)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
-                                            "(default: only on a terminal)."),
+                                            "(default: only on a terminal, never with --quiet or json logs)."),
 ) -> None:
-    """Label every record of INPUT with SCHEMA and write a Parquet file."""
+    """Label every record of INPUT with SCHEMA and write a Parquet file.
+
+    Exit codes: 0 done (some rows may be in the errors file); 1 more failures than --max-errors,
+    or no row could be labelled; 2 bad option, schema or input; 3 model or compile problem;
+    130 interrupted (SIGINT/SIGTERM) after committing the current batch: rerun with --resume.
+    """
     from .api import Labeler
     from .io import InputSpec, detect_format
-    from .job import default_errors, default_output, id_column, label_file
+    from .job import default_errors, default_output, id_column, label_file, stop_on_signals
     from .schema import load_schema
 
+    report = Reporter(log_format, quiet)
+    if quiet or report.json:
+        progress = False if progress is None or report.json else progress
     try:
         spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
         parsed = load_schema(schema)
         parsed.check_output_columns(id_column(spec))
         for warning in parsed.warnings:
-            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+            report("warning", {"message": warning}, "warning")
         if not input.is_file():
             raise InputError(f"{str(input)!r}: no such input file")
         detect_format(input, fmt.value if fmt else None)
@@ -126,20 +196,38 @@ def label(
             raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
                              f"{str(output / default_output(input).name)!r}")
         if output.suffix.lower() not in (".parquet", ".pq"):
-            err.print(f"[yellow]warning:[/] {escape(str(output))}: pcd writes Parquet whatever the extension",
-                      highlight=False)
+            report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
         errors = errors or default_errors(output)
         labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                          max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None)
-        stats = label_file(labeler, input, spec, output=output, errors_path=errors,
-                           fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
-                           min_mass=min_mass, progress=progress)
+                          max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
+                          truncate=truncate.value)
+        with stop_on_signals() as should_stop:
+            stats = label_file(labeler, input, spec, output=output, errors_path=errors,
+                               fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
+                               min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
+                               max_errors=max_errors, should_stop=should_stop, on_event=report)
+    except Interrupted as exc:
+        report("interrupted", {"message": f"{exc}; the finished batches are kept in {exc.work_dir}. "
+                               f"Resume with: {_resume_command()}", "rows": exc.stats.read}, "error")
+        raise typer.Exit(130) from None
+    except TooManyErrors as exc:
+        report("too_many_errors", {"message": f"{exc}. The finished batches are kept in {exc.work_dir}; "
+                                   "fix the input and run again, or continue with --resume and a higher "
+                                   "--max-errors.", "failed": exc.stats.failures}, "error")
+        raise typer.Exit(1) from None
     except PcdError as exc:
+        if report.json:
+            report("error", {"message": str(exc)}, "error")
+            raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
         raise _fail(exc) from None
-    stats.render(out)
-    out.print(f"wrote {stats.records} rows to {escape(str(output))}", highlight=False)
+    if report.json:
+        report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
+                        **stats.to_dict()})
+    elif not quiet:
+        stats.render(out)
+        out.print(f"wrote {stats.records} rows to {escape(str(output))}", highlight=False)
     if stats.failures:
-        err.print(f"[yellow]warning:[/] {stats.failures} records failed; see {escape(str(errors))}", highlight=False)
+        report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
     if stats.records == 0 and stats.failures:
         raise typer.Exit(1)
 
@@ -149,9 +237,12 @@ def inspect_schema(
     schema: Path = typer.Argument(..., help="Schema file (YAML or JSON)."),
     model: Optional[str] = MODEL_OPT,
     scoring: Scoring = SCORING_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object (shape: README)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when there is any warning."),
 ) -> None:
-    """Probe the model's tokenizer for label collisions, long labels and layout traps."""
-    from .inspect import inspect, render_inspection
+    """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
+    from .inspect import inspect
+    from .inspect_render import render_inspection, report_json
     from .schema import load_schema
 
     try:
@@ -159,7 +250,12 @@ def inspect_schema(
         report = inspect(parsed, model=model, scoring=scoring.value)
     except PcdError as exc:
         raise _fail(exc) from None
-    render_inspection(report, out)
+    if json_out:
+        typer.echo(report_json(report))
+    else:
+        render_inspection(report, out)
+    if strict and report.warnings:
+        raise typer.Exit(1)
 
 
 @app.command()

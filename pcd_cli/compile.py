@@ -113,11 +113,15 @@ class CompiledSchema:
         self.logits_width = min(logits_width or tokenizer.vocab_size, tokenizer.vocab_size)
         self._plans: dict[tuple[int, str], WavePlan] = {}
         self.prompt: Prompt
+        #: ``seam_moves()`` of each probed layout, by name (the layout probe's evidence; empty
+        #: when ``layout`` was given).
+        self.layout_moves: dict[str, int] = {}
         if layout is None:  # keep the first layout with the fewest moved seams, with its plans
             best = None
             for candidate in LAYOUTS:
                 self.prompt, self._plans = build_prompt(schema, tokenizer, candidate), {}
                 moves = self.seam_moves()
+                self.layout_moves[candidate.name] = moves
                 if best is None or moves < best[0]:
                     best = (moves, self.prompt, self._plans)
             _, self.prompt, self._plans = best

@@ -1,114 +1,374 @@
 """``pcd inspect-schema``: what a schema looks like to one tokenizer, before any record is read.
 
-Reports the layout chosen and the seams each layout would move, the head length, and per
-field: trunk and forest sizes, decision points, labels that collide on their first token
-after the trunk (followed, never broken by list order), the deepest decision, lines that
-do not decode back to their text, and case-only label differences.
+Loads the tokenizer, its chat template and the model's config, never the weights, compiles
+the schema exactly as ``pcd label`` does (``CompiledSchema``) and reports:
+
+* the layout: where this tokenizer attaches the newline between two answer lines (the
+  *newline probe*, below), the seam tokens each layout moves back
+  (``CompiledSchema.layout_moves``) and the layout kept (fewest moves, first on a tie);
+* the chat template: whether there is one, the arguments it is rendered with, those it reads
+  (each rendered again with another value), whether it prints a date and the date pinned;
+* the prompt head: its tokens and the size of its KV cache, from the model's config;
+* per field: the trunk (known text where the decision starts), each spelling's token path
+  after it and the depth at which it is identified, first-token collisions, labels that are
+  a prefix of another, the field's forest size;
+* warnings (``Finding``), one ``kind`` each, listed in ``WARNING_KINDS``.
+
+Rules:
+
+* Newline probe (DESIGN.md §2 rule 4): join two answer lines of this schema with ``\\n``;
+  if the first line's tokens without the newline are not a token prefix of the whole, the
+  newline is glued to the punctuation before it (Qwen2.5: ``,\\n``); if the first line's
+  tokens *with* the newline are not a prefix, it is glued to the indentation after it
+  (SmolLM2: ``\\n``+space); if both are prefixes it is standalone (Gemma).
+* ``identified_at`` of a spelling: the number of tokens after the trunk up to and including
+  the first one that no spelling of another label shares (the rule of compile.py's
+  ``marginal`` scoring; spellings of one label never separate it from itself).
+* Collisions: labels whose canonical spelling (the one written into the context) has the
+  same first decision token. Booleans' quoted spellings share their opening quote by
+  construction and are not counted; their depth shows in ``identified_at``.
+* ``code_first`` (seed article 1, "Your label names are a hyperparameter"): a label with
+  letters in it whose canonical spelling reads at least ``CODE_FIRST_MIN`` letterless tokens
+  (digits, ``_``, punctuation) up to its identification: the model must commit to codes
+  before it reaches any meaning (``CAT_095_Aerospace_Fasteners``: ``0``, ``9``, ``5``).
+* ``many_labels``: more than ``MANY_LABELS`` labels (the 255-option cap of other tools,
+  seed article 2). Allowed; the warning gives its cost.
+
+The tokenizer is the backend contract's (``pcd_cli.backends``); ``chat_args``,
+``chat_template`` and ``render_chat(messages, **overrides)`` (``HFTokenizer`` has them) are
+used when present for the template probe.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass, replace
 
-from rich.console import Console
-from rich.table import Table
+from .compile import CompiledSchema, FieldForest, WavePlan
+from .prompt import INPUT_LABEL, Layout, catalog_line, common_prefix_len, system_text
+from .schema import Schema, json_string
 
-from .compile import CompiledSchema
-from .prompt import LAYOUTS
-from .schema import Schema
+CODE_FIRST_MIN = 2
+MANY_LABELS = 255
+#: Bytes per element of the KV cache, by dtype.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: Another value for each chat-template argument: the template reads the argument if its output changes.
+PROBE_VALUES = {"add_generation_prompt": False, "enable_thinking": True, "date_string": "31 Dec 1999"}
+WARNING_KINDS = ("code_first", "case_only", "json_escape", "logits_width", "seam_merge", "many_labels",
+                 "round_trip", "date_unpinned")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A warning. ``kind``: one of ``WARNING_KINDS``; ``field``: its field (``None``: the
+    whole schema); ``labels``: the labels concerned; ``message``: the advice, for people."""
+
+    kind: str
+    field: str | None
+    labels: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True)
+class NewlineProbe:
+    """Where the newline between two answer lines goes (see the module docstring).
+
+    Attributes:
+        family: ``glued_before``, ``glued_after``, ``standalone`` or ``glued_both``.
+        sample: the probe text (two lines of this schema, joined by the newline).
+        pieces: the token holding the newline with one token either side, as text.
+    """
+
+    family: str
+    sample: str
+    pieces: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    chosen: str  #: ``newline_first`` or ``newline_last`` (see ``prompt.Layout``)
+    reason: str
+    seam_moves: dict[str, int]  #: layout name -> ``CompiledSchema.seam_moves()``
+    newline: NewlineProbe
+
+
+@dataclass(frozen=True)
+class TemplateReport:
+    used: bool  #: the model's chat template renders the prompt (else pcd's plain-text fallback)
+    args: dict  #: arguments it is rendered with
+    reads: tuple[str, ...]  #: those of ``args`` that change its output
+    injects_date: bool  #: it prints a date (reads ``date_string`` or calls ``strftime_now``)
+    pinned_date: str | None  #: the date printed on every day, when pinned
+
+
+@dataclass(frozen=True)
+class KVEstimate:
+    """KV-cache size of the head: 2 (K, V) x layers x kv_heads x head_dim x tokens x bytes."""
+
+    dtype: str  #: assumed dtype (pcd's default on CPU is float32; bfloat16/float16 halve it)
+    layers: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_token: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class HeadReport:
+    tokens: int  #: tokens of the prompt head, cached once per schema
+    cut: int  #: tokens of the head text given back so that every record's start tokenizes the same
+    kv: KVEstimate | None  #: ``None`` without a model config
+
+
+@dataclass(frozen=True)
+class SpellingReport:
+    spelling: str  #: as written in the line (JSON), e.g. ``"SUV"`` or ``true``
+    ids: tuple[int, ...]  #: token path after the trunk, to the end of the line (its ending included)
+    pieces: tuple[str, ...]  #: each token decoded alone
+    identified_at: int  #: tokens after the trunk read until no other label shares the path
+    scored_tokens: int  #: tokens the decoder reads on this path with the report's scoring
+
+
+@dataclass(frozen=True)
+class LabelReport:
+    label: str
+    spellings: tuple[SpellingReport, ...]  #: canonical first
+
+
+@dataclass(frozen=True)
+class Collision:
+    token: int  #: the first decision token the labels share
+    piece: str
+    labels: tuple[str, ...]
+    depth: int  #: tokens followed until each of them is identified (the largest ``identified_at``)
 
 
 @dataclass(frozen=True)
 class FieldReport:
     name: str
     type: str
-    labels: int
-    trunk_tokens: int
-    forest_tokens: int
-    decision_points: int
-    first_token_collisions: int  #: labels whose canonical spelling shares its first token after the trunk
-    deepest_decision: int  #: most tokens read after the trunk on one path
-    not_round_trip: tuple[str, ...]  #: labels whose line does not decode back to its text
+    wave: int
+    trunk_text: str
+    trunk_ids: tuple[int, ...]
+    trunk_pieces: tuple[str, ...]
+    forest_tokens: int  #: tokens the field adds to its wave's forward pass
+    decision_points: int  #: trie nodes whose next-token distribution is read
+    deepest: int  #: largest ``identified_at`` of the field
+    labels: tuple[LabelReport, ...]
+    collisions: tuple[Collision, ...]
+    prefixes: tuple[tuple[str, str], ...]  #: ``(label, longer label it is a prefix of)``
 
 
 @dataclass(frozen=True)
 class SchemaReport:
     schema: str
     model: str
-    layout: str
-    seam_moves: dict[str, int]
-    head_tokens: int
-    chat_template: bool
+    scoring: str
+    tokenizer_size: int  #: token ids the tokenizer can produce
+    logits_width: int | None  #: the model's ``vocab_size`` from its config (``None``: unknown)
+    layout: LayoutReport
+    chat_template: TemplateReport
+    head: HeadReport
     fields: tuple[FieldReport, ...]
-    warnings: tuple[str, ...]
+    warnings: tuple[Finding, ...]
+
+    def to_dict(self) -> dict:
+        """Plain data for ``--json`` (shape documented in README.md, "inspect-schema")."""
+        return asdict(self)
 
 
-def inspect(schema: Schema, *, model: str | None = None, scoring: str = "marginal", tokenizer=None) -> SchemaReport:
-    """Compile ``schema`` for ``model``'s tokenizer and report its shape (loads no weights).
+def inspect(schema: Schema, *, model: str | None = None, scoring: str = "marginal", tokenizer=None,
+            config=None, logits_width: int | None = None, kv_dtype: str = "float32") -> SchemaReport:
+    """Compile ``schema`` for ``model``'s tokenizer and report what will happen to it (loads no weights).
+
+    Args:
+        model: ``--model`` (``None``: the embedded default); used when ``tokenizer`` is ``None``,
+            which loads the tokenizer and the model's config.
+        tokenizer: a backend tokenizer to use instead (tests, notebooks).
+        config: a transformers config for the KV estimate and logits width (loaded with the tokenizer).
+        logits_width: overrides the config's ``vocab_size``.
+        kv_dtype: dtype assumed for the KV estimate (a key of ``DTYPE_BYTES``).
 
     Raises:
         ModelError: the tokenizer cannot be loaded. CompileError: see ``CompiledSchema``.
     """
     model_id = model or "default"
     if tokenizer is None:
-        from .backends.torch_backend import load_tokenizer
+        from .backends.torch_backend import load_config, load_tokenizer
 
         model_id, tokenizer = load_tokenizer(model)
-    moves = {}
-    for layout in LAYOUTS:
-        moves[layout.name] = CompiledSchema(schema, tokenizer, scoring=scoring, layout=layout).seam_moves()
+        config = load_config(model)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    width = logits_width or getattr(text_config, "vocab_size", None)
     compiled = CompiledSchema(schema, tokenizer, scoring=scoring)
-    reports = []
-    for plan in compiled.default_plans():
+    fields, found = [], {}
+    for wave, plan in enumerate(compiled.default_plans()):
         for forest in plan.forests:
-            field = schema.fields[forest.field_index]
-            trunk = forest.trunk_len
-            canonical = dict(reversed(forest.lines))  # label -> its canonical (first) spelling's line
-            start = len(plan.context_ids) + trunk
-            first = {label: tuple(tokenizer.encode(plan.context_text + line)[start:start + 1])
-                     for label, line in canonical.items()}
-            by_token = Counter(first.values())
-            collisions = sum(by_token[token] > 1 for token in first.values())
-            bad = tuple(sorted({field.labels[label] for label, line in forest.lines
-                                if tokenizer.decode(tokenizer.encode(plan.context_text + line))
-                                != plan.context_text + line}))
-            reports.append(FieldReport(
-                name=field.name, type=field.type, labels=len(field.labels), trunk_tokens=trunk,
-                forest_tokens=len(forest.ids), decision_points=len(forest.query_rows),
-                first_token_collisions=collisions,
-                deepest_decision=max(len(t.edges) for t in forest.terminals), not_round_trip=bad))
-    order = {f.name: i for i, f in enumerate(schema.fields)}
-    reports.sort(key=lambda r: order[r.name])
-    return SchemaReport(schema=schema.name, model=model_id, layout=compiled.layout.name, seam_moves=moves,
-                        head_tokens=len(compiled.prompt.head_ids), chat_template=compiled.prompt.chat_template,
-                        fields=tuple(reports), warnings=schema.warnings)
+            fields.append(_field_report(compiled, plan, forest, wave))
+            found[forest.field_index] = _field_warnings(compiled, plan, forest, fields[-1], width)
+    fields.sort(key=lambda r: schema.field_index(r.name))
+    prompt = compiled.prompt
+    n_head = len(prompt.head_ids)
+    head = HeadReport(tokens=n_head, cut=len(tokenizer.encode(prompt.head_text)) - n_head,
+                      kv=kv_estimate(text_config, n_head, kv_dtype))
+    moves = compiled.layout_moves
+    chosen = compiled.layout.name
+    reason = (f"fewest seam tokens moved back ({moves[chosen]})" if len(set(moves.values())) > 1
+              else f"every layout moves {moves[chosen]} seam tokens; kept the first")
+    layout = LayoutReport(chosen=chosen, reason=reason, seam_moves=dict(moves),
+                          newline=probe_newline(schema, tokenizer))
+    template = probe_template(schema, tokenizer)
+    report = SchemaReport(schema=schema.name, model=model_id, scoring=scoring, tokenizer_size=tokenizer.vocab_size,
+                          logits_width=width, layout=layout, chat_template=template, head=head,
+                          fields=tuple(fields), warnings=())
+    warnings = _schema_warnings(report) + [w for i in sorted(found) for w in found[i]]
+    return replace(report, warnings=tuple(warnings))
 
 
-def render_inspection(report: SchemaReport, console: Console) -> None:
-    """Print a report as rich tables, with advice lines for the traps found."""
-    moves = ", ".join(f"{k}: {v}" for k, v in report.seam_moves.items())
-    console.print(f"schema [bold]{report.schema}[/] on {report.model}: layout [bold]{report.layout}[/] "
-                  f"(seam tokens moved back per layout: {moves}); head {report.head_tokens} tokens; "
-                  f"chat template: {'yes' if report.chat_template else 'no (plain-text prompt)'}", highlight=False)
-    table = Table()
-    for col in ("field", "type", "labels", "trunk", "forest tokens", "decision points", "first-token collisions",
-                "deepest decision"):
-        table.add_column(col, justify="left" if col in ("field", "type") else "right")
-    for f in report.fields:
-        table.add_row(f.name, f.type, str(f.labels), str(f.trunk_tokens), str(f.forest_tokens),
-                      str(f.decision_points), str(f.first_token_collisions), str(f.deepest_decision))
-    console.print(table)
-    for f in report.fields:
-        if f.first_token_collisions:
-            console.print(f"note: {f.name}: {f.first_token_collisions} labels share their first token with another; "
-                          "pcd follows the branches to tell them apart", highlight=False)
-        if f.deepest_decision > 3:
-            console.print(f"advice: {f.name}: a label is only identified {f.deepest_decision} tokens in; "
-                          "if you control the labels, put the meaning first (e.g. Fasteners_095, not CAT_095_...)",
-                          highlight=False)
-        if f.not_round_trip:
-            console.print(f"warning: {f.name}: lines of {', '.join(map(repr, f.not_round_trip))} do not decode "
-                          "back to their text with this tokenizer", highlight=False)
-    for w in report.warnings:
-        console.print(f"warning: {w}", highlight=False)
+def probe_newline(schema: Schema, tokenizer) -> NewlineProbe:
+    """Tokenize two answer lines of ``schema`` and see where the newline between them goes."""
+    layout = Layout("newline_last")
+    first, second = schema.fields[0], schema.fields[min(1, len(schema.fields) - 1)]
+    line = layout.line(first, first.spellings(0)[0], last=False)  # '  "k": v,\n'
+    sample = line + layout.line(second, second.spellings(0)[0], last=True)[:-1]
+    ids = tokenizer.encode(sample)
+    bare, with_newline = tokenizer.encode(line[:-1]), tokenizer.encode(line)
+    before = common_prefix_len(bare, ids) < len(bare)
+    after = common_prefix_len(with_newline, ids) < len(with_newline)
+    family = {(True, True): "glued_both", (True, False): "glued_before", (False, True): "glued_after",
+              (False, False): "standalone"}[(before, after)]
+    k = common_prefix_len(bare, ids)  # the token holding the newline
+    return NewlineProbe(family=family, sample=sample,
+                        pieces=tuple(tokenizer.decode([t]) for t in ids[max(k - 1, 0):k + 2]))
+
+
+def probe_template(schema: Schema, tokenizer) -> TemplateReport:
+    """Render the schema's first turns with each argument changed, to see which ones the template reads."""
+    messages = [{"role": "system", "content": system_text(schema)}, {"role": "user", "content": INPUT_LABEL + "x"}]
+    base = tokenizer.render_chat(messages)
+    args = getattr(tokenizer, "chat_args", None)
+    if base is None or args is None:
+        return TemplateReport(used=base is not None, args=args or {}, reads=(), injects_date=False, pinned_date=None)
+    reads = tuple(name for name in args if name in PROBE_VALUES
+                  and tokenizer.render_chat(messages, **{name: PROBE_VALUES[name]}) != base)
+    clock = "strftime_now" in (getattr(tokenizer, "chat_template", None) or "")
+    pinned = args.get("date_string") if "date_string" in reads else None
+    return TemplateReport(used=True, args=args, reads=reads, injects_date=pinned is not None or clock,
+                          pinned_date=pinned)
+
+
+def kv_estimate(config, tokens: int, dtype: str = "float32") -> KVEstimate | None:
+    """KV-cache bytes of ``tokens`` tokens from a transformers (text) config; ``None`` if it lacks the sizes."""
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not layers or not heads:
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_token = 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    return KVEstimate(dtype=dtype, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                      bytes_per_token=per_token, bytes=per_token * tokens)
+
+
+def _field_report(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest, wave: int) -> FieldReport:
+    tok = compiled.tokenizer
+    field = compiled.schema.fields[forest.field_index]
+    start = len(plan.context_ids) + forest.trunk_len
+    spellings = [(label, s) for label in range(len(field.labels)) for s in field.spellings(label)]
+    paths = [tuple(tok.encode(plan.context_text + line)[start:]) for _, line in forest.lines]  # as compile does
+    owners: dict[tuple[int, ...], set[int]] = defaultdict(set)  # path prefix -> labels with a spelling on it
+    for (label, _), path in zip(spellings, paths):
+        for i in range(1, len(path) + 1):
+            owners[path[:i]].add(label)
+    scored = {(t.label, tuple(forest.query_ids[q][c] for q, c in t.edges)): len(t.edges) for t in forest.terminals}
+    by_label: dict[int, list[SpellingReport]] = defaultdict(list)
+    for (label, spelling), path in zip(spellings, paths):
+        ident = next((i for i in range(1, len(path) + 1) if len(owners[path[:i]]) == 1), len(path))
+        n_scored = next(scored[(label, path[:i])] for i in range(1, len(path) + 1) if (label, path[:i]) in scored)
+        by_label[label].append(SpellingReport(spelling=spelling, ids=path, pieces=tuple(tok.decode([t]) for t in path),
+                                              identified_at=ident, scored_tokens=n_scored))
+    labels = tuple(LabelReport(label=field.labels[i], spellings=tuple(by_label[i])) for i in range(len(field.labels)))
+    first: dict[int, list[LabelReport]] = defaultdict(list)
+    for lab in labels:
+        first[lab.spellings[0].ids[0]].append(lab)
+    collisions = tuple(Collision(token=t, piece=tok.decode([t]), labels=tuple(lab.label for lab in group),
+                                 depth=max(lab.spellings[0].identified_at for lab in group))
+                       for t, group in first.items() if len(group) > 1)
+    trunk = forest.ids[:forest.trunk_len]
+    return FieldReport(
+        name=field.name, type=field.type, wave=wave, trunk_text=tok.decode(trunk), trunk_ids=trunk,
+        trunk_pieces=tuple(tok.decode([t]) for t in trunk), forest_tokens=len(forest.ids),
+        decision_points=len(forest.query_rows),
+        deepest=max(s.identified_at for lab in labels for s in lab.spellings), labels=labels,
+        collisions=collisions,
+        prefixes=tuple((a, b) for a in field.labels for b in field.labels if a != b and b.startswith(a)))
+
+
+def _schema_warnings(report: SchemaReport) -> list[Finding]:
+    out: list[Finding] = []
+    moves = report.layout.seam_moves[report.layout.chosen]
+    if moves:
+        per_layout = ", ".join(f"{k}: {v}" for k, v in report.layout.seam_moves.items())
+        fallback = ("written answer lines would change the next line's tokens; the fields decided after the "
+                    "first may be scored on a context the model would not tokenize that way" if moves >= 1000 else
+                    f"fallback taken: pcd cuts the context back ({moves} tokens in all) and re-feeds those "
+                    "tokens as each field's trunk, so the scored tokens stay the tokenizer's own")
+        out.append(Finding("seam_merge", None, (), f"the tokenizer merges across a line seam in every layout "
+                           f"(seam tokens moved back: {per_layout}); kept {report.layout.chosen}; {fallback}"))
+    t = report.chat_template
+    if t.injects_date and t.pinned_date is None:
+        out.append(Finding("date_unpinned", None, (), "the chat template prints today's date (strftime_now) "
+                           "without reading date_string: the head, its cache and its sha256 change every day"))
+    return out
+
+
+def _field_warnings(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest, fr: FieldReport,
+                    width: int | None) -> list[Finding]:
+    tok = compiled.tokenizer
+    field = compiled.schema.fields[forest.field_index]
+    name = field.name
+    out: list[Finding] = []
+    code = []
+    for lab in fr.labels:
+        canonical = lab.spellings[0]
+        pieces = canonical.pieces[:canonical.identified_at]
+        letterless = sum(not any(ch.isalpha() for ch in p) for p in pieces)
+        if letterless >= CODE_FIRST_MIN and any(ch.isalpha() for ch in lab.label):
+            code.append((lab.label, pieces))
+    if code:
+        label, pieces = code[0]
+        out.append(Finding("code_first", name, tuple(label for label, _ in code),
+                           f"field {name!r}: {len(code)} of {len(fr.labels)} labels make the model commit to "
+                           f"digits or codes before any meaning (e.g. {label!r} is decided on "
+                           f"{' '.join(map(repr, pieces))}); if you control the labels, put the meaning first, e.g. "
+                           "'Aerospace_Fasteners_095' rather than 'CAT_095_Aerospace_Fasteners'"))
+    folded: dict[str, list[str]] = defaultdict(list)
+    for label in field.labels:
+        folded[label.casefold()].append(label)
+    for group in (g for g in folded.values() if len(g) > 1):
+        out.append(Finding("case_only", name, tuple(group), f"field {name!r}: labels {', '.join(map(repr, group))} "
+                           "differ only by case; the model may not tell them apart"))
+    escaped = [label for label in field.labels if not field.is_boolean and json_string(label)[1:-1] != label]
+    if escaped:
+        spelled = ", ".join(f"{label!r} as {json_string(label)}" for label in escaped)
+        out.append(Finding("json_escape", name, tuple(escaped), f"field {name!r}: labels need JSON escaping in the "
+                           f"answer line ({spelled}); the model must write the escapes to pick them"))
+    if width is not None:
+        over = [lab.label for lab in fr.labels if any(t >= width for s in lab.spellings for t in fr.trunk_ids + s.ids)]
+        if over:
+            worst = max(t for lab in fr.labels for s in lab.spellings for t in fr.trunk_ids + s.ids)
+            out.append(Finding("logits_width", name, tuple(over), f"field {name!r}: {len(over)} labels need token ids "
+                               f"at or beyond the model's logits width {width} (e.g. {worst} {tok.decode([worst])!r}); "
+                               "pcd label will stop with a compile error (exit 3)"))
+    if len(field.labels) > MANY_LABELS:
+        catalog = len(tok.encode(catalog_line(field)))
+        out.append(Finding("many_labels", name, (), f"field {name!r} has {len(field.labels)} labels (more than "
+                           f"{MANY_LABELS}): allowed; it costs {fr.forest_tokens} forest tokens in every "
+                           f"wave-{fr.wave} pass and {catalog} head tokens for its catalog line"))
+    bad = {label for label, line in forest.lines
+           if tok.decode(tok.encode(plan.context_text + line)) != plan.context_text + line}
+    broken = [field.labels[i] for i in sorted(bad)]
+    if broken:
+        out.append(Finding("round_trip", name, tuple(broken), f"field {name!r}: the lines of "
+                           f"{', '.join(map(repr, broken))} do not decode back to their text with this tokenizer"))
+    return out

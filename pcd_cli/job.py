@@ -141,7 +141,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         bar = tqdm(unit="rec", desc="labelling", initial=work.progress.rows, dynamic_ncols=True,
                    disable=None if progress is None else not progress)
         try:
-            for chunk in read_records(input_path, spec, fmt=fmt, batch_size=chunk_records, skip=work.progress.rows):
+            for chunk in read_records(input_path, spec, fmt=fmt, batch_size=min(chunk_records, batch_records),
+                                      skip=work.progress.rows):
                 for item, res in zip(chunk, labeler.label_batch(chunk)):
                     pending.add(item, res)
                     if isinstance(res, RecordFailure):

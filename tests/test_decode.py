@@ -16,9 +16,11 @@ from .conftest import TEXTS, tiny_backend
 MORE_TEXTS = TEXTS + ["URGENT: the production API is down, call me NOW.", "Could you email me the March invoice?"]
 
 
-def _run(backend, schema, *, scoring="marginal", budget=2048, pack=True, texts=MORE_TEXTS, trace=False):
+def _run(backend, schema, *, scoring="marginal", budget=2048, pack=True, texts=MORE_TEXTS, trace=False,
+         truncate="middle"):
     compiled = CompiledSchema(schema, backend.tokenizer, scoring=scoring, logits_width=backend.logits_width)
-    decoder = Decoder(backend, compiled, max_tokens_per_pass=budget, pack_records=pack, trace=trace)
+    decoder = Decoder(backend, compiled, max_tokens_per_pass=budget, pack_records=pack, trace=trace,
+                      truncate=truncate)
     results = decoder.decode([Record(i, t) for i, t in enumerate(texts)])
     assert backend.cache_length() == len(compiled.prompt.head_ids)  # the forest KV is dropped
     return decoder, results
@@ -151,12 +153,16 @@ def test_padded_logit_columns_are_ignored():
     assert _max_diff(a, b) < 1e-5
 
 
-def test_record_longer_than_the_context_is_refused_alone(embedded_backend, oracle_schema):
+def test_record_longer_than_the_context_is_cut_or_refused_alone(embedded_backend, oracle_schema):
     long_text = "word " * (embedded_backend.max_positions + 10)
-    _, results = _run(embedded_backend, oracle_schema, texts=[long_text, TEXTS[1]])
+    _, results = _run(embedded_backend, oracle_schema, texts=[long_text, TEXTS[1]], truncate="error")
     assert results[0].error.startswith("record 0: too long for the model (")
     assert "the model's context is 8192" in results[0].error
-    assert len(results[1].fields) == len(oracle_schema.fields)
+    assert len(results[1].fields) == len(oracle_schema.fields) and not results[1].truncated
+    _, cut = _run(embedded_backend, oracle_schema, texts=[long_text, TEXTS[1]])
+    assert cut[0].truncated and not cut[1].truncated
+    assert [f.label for f in cut[1].fields] == [f.label for f in results[1].fields]  # the other is unaffected
+    assert _max_diff(cut[1:], results[1:]) < 1e-5
 
 
 def test_api_refuses_a_bare_string_and_reads_numbers_as_text(embedded_backend):

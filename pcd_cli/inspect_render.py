@@ -1,0 +1,117 @@
+"""Formats an ``inspect.SchemaReport``: rich tables for people, one JSON object for scripts."""
+
+from __future__ import annotations
+
+import orjson
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .inspect import FieldReport, SchemaReport
+
+#: Label rows shown per field in the path table (``--json`` has them all).
+PATH_ROWS = 8
+#: Trunk tokens shown in the fields table (the last ones: where the decision starts).
+TRUNK_TAIL = 3
+NEWLINE_FAMILIES = {
+    "glued_after": "glued to the indentation after it (like SmolLM2)",
+    "glued_before": "glued to the punctuation before it (like Qwen2.5)",
+    "standalone": "a token of its own (like Gemma)",
+    "glued_both": "glued to the text on both sides",
+}
+
+
+def report_json(report: SchemaReport) -> str:
+    """The report as one indented JSON object (keys and types: README.md, "inspect-schema")."""
+    return orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode()
+
+
+def _show(piece: str) -> str:
+    """``piece`` on one line: control characters (newlines) escaped, the rest as is."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in piece)
+
+
+def _path(pieces) -> str:
+    return "|".join(_show(p) for p in pieces)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def render_inspection(report: SchemaReport, console: Console) -> None:
+    """Print ``report``: a summary, a fields table, label paths where labels share tokens, warnings."""
+
+    def say(text: str) -> None:
+        console.print(Text(text), highlight=False)  # Text: labels may hold [brackets], never markup
+
+    lay, tpl, head = report.layout, report.chat_template, report.head
+    say(f"schema {report.schema} on {report.model} (scoring {report.scoring})")
+    moves = ", ".join(f"{k} {v}" for k, v in lay.seam_moves.items())
+    say(f"layout {lay.chosen}: {lay.reason}; seam tokens moved back per layout: {moves}")
+    say(f"newline probe: the newline is {NEWLINE_FAMILIES[lay.newline.family]}: "
+        f"{' '.join(map(repr, lay.newline.pieces))}")
+    if tpl.used:
+        args = ", ".join(f"{k}={v!r}" for k, v in tpl.args.items())
+        date = (f"prints a date, pinned to {tpl.pinned_date}" if tpl.pinned_date else
+                "prints today's date, NOT pinned" if tpl.injects_date else "prints no date")
+        say(f"chat template: rendered with {args}; reads {', '.join(tpl.reads) or 'none of them'}; {date}")
+    else:
+        say("chat template: none (plain-text prompt)")
+    kv = head.kv
+    memory = (f"KV cache {_mib(kv.bytes)} in {kv.dtype} ({kv.layers} layers x {kv.kv_heads} KV heads x "
+              f"{kv.head_dim} dims x 2; {kv.bytes_per_token} bytes per token)" if kv
+              else "KV cache size unknown (no model config)")
+    cut = f" (cut back {head.cut} so that every record's start tokenizes the same)" if head.cut else ""
+    say(f"head: {head.tokens} tokens{cut}; {memory}")
+    say(f"vocabulary: tokenizer {report.tokenizer_size} tokens, logits width "
+        f"{report.logits_width if report.logits_width is not None else 'unknown'}")
+    console.print(_fields_table(report, wide=console.width >= 120))
+    say("trunk: its token count and last tokens (the decision starts after them); forest: tokens the field adds "
+        "to its forward pass; colliding: labels sharing their first decision token; deepest: tokens read to "
+        "identify a label")
+    for f in report.fields:
+        if f.collisions or f.prefixes:
+            _render_paths(f, console, say)
+    for w in report.warnings:
+        say(f"warning [{w.kind}]: {w.message}")
+    say(f"{len(report.warnings)} warning{'s' * (len(report.warnings) != 1)}")
+
+
+def _fields_table(report: SchemaReport, *, wide: bool) -> Table:
+    """One row per field; ``wide`` adds the wave and decision-point columns (``--json`` has every value)."""
+    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, title="fields", title_justify="left")
+    columns = ["field", "type", "labels", "trunk", "forest", "colliding", "prefixes", "deepest"]
+    if wide:
+        columns[2:2] = ["wave"]
+        columns.insert(columns.index("colliding"), "decisions")
+    widths = {"field": 14, "type": 7, "trunk": 12}  # the rest are numbers
+    for col in columns:
+        table.add_column(col, justify="left" if col in widths else "right", overflow="fold", min_width=widths.get(col))
+    for f in report.fields:
+        tail = ("…|" if len(f.trunk_pieces) > TRUNK_TAIL else "") + _path(f.trunk_pieces[-TRUNK_TAIL:])
+        cells = {"field": Text(f.name), "type": f.type, "wave": str(f.wave), "labels": str(len(f.labels)),
+                 "trunk": Text(f"{len(f.trunk_ids)}: {tail}"), "forest": str(f.forest_tokens),
+                 "decisions": str(f.decision_points), "colliding": str(sum(len(c.labels) for c in f.collisions)),
+                 "prefixes": str(len(f.prefixes)), "deepest": str(f.deepest)}
+        table.add_row(*(cells[col] for col in columns))
+    return table
+
+
+def _render_paths(f: FieldReport, console: Console, say) -> None:
+    shared = "; ".join(f"{_show(c.piece)!r} starts {len(c.labels)} labels (followed {c.depth} tokens)"
+                       for c in f.collisions)
+    prefixes = "; ".join(f"{a!r} is a prefix of {b!r}" for a, b in f.prefixes[:PATH_ROWS])
+    say(f"{f.name}: " + "; ".join(p for p in (shared, prefixes) if p) + " — pcd follows the branches, no ties")
+    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, title_justify="left",
+                  title=f"{f.name}: token paths after the trunk")
+    for col in ("label", "spelling", "path", "identified at", "scored tokens"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("identified at", "scored tokens") else "left")
+    for lab in f.labels[:PATH_ROWS]:
+        for s in lab.spellings:
+            table.add_row(Text(lab.label), Text(s.spelling), Text(_path(s.pieces)), str(s.identified_at),
+                          str(s.scored_tokens))
+    console.print(table)
+    if len(f.labels) > PATH_ROWS:
+        say(f"... {len(f.labels) - PATH_ROWS} more labels (--json lists them all)")

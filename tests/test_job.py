@@ -1,0 +1,401 @@
+"""Cron-safe runs (issue #5): truncation, checkpoints and resume, determinism, stop requests.
+
+In-process tests use a tiny random Llama (fast, exact float32); the kill/resume and signal
+tests run ``pcd label`` as a real subprocess on the embedded model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from pcd_cli.api import Labeler
+from pcd_cli.checkpoint import work_dir_for
+from pcd_cli.decode import TRUNCATION_MARK, Record, RecordFailure
+from pcd_cli.errors import Interrupted, TooManyErrors
+from pcd_cli.io import InputSpec
+from pcd_cli.job import label_file
+from pcd_cli.oracle import oracle_field
+from pcd_cli.schema import parse_schema
+
+from .conftest import ORACLE_SCHEMA, tiny_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "sample_data"
+AIRLINE = ROOT / "schemas" / "airline_sentiment.yaml"
+SCHEMA = parse_schema(ORACLE_SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return tiny_backend(chat_template=True, seed=3)
+
+
+def _texts(n: int) -> list[str]:
+    rows = [json.loads(line) for line in (DATA / "airline_tweets.jsonl").read_text().splitlines()]
+    return [r["text"] for r in rows[:n]]
+
+
+def _write_input(path: Path, n: int, bad_every: int = 0) -> Path:
+    lines = []
+    for i, text in enumerate(_texts(n)):
+        lines.append("{not json" if bad_every and i % bad_every == bad_every - 1 else
+                     json.dumps({"id": f"r{i}", "text": text}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run(backend, src: Path, out: Path, **kw):
+    labeler_kw = {k: kw.pop(k) for k in ("max_tokens_per_pass", "truncate", "trace") if k in kw}
+    labeler = Labeler(SCHEMA, backend=backend, **labeler_kw)
+    return label_file(labeler, src, InputSpec(id_field="id"), output=out, errors_path=out.with_suffix(".errors.jsonl"),
+                      progress=False, **kw)
+
+
+def _columns(path: Path) -> dict:
+    return pq.read_table(path).to_pydict()
+
+
+# -- truncation -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def short_context_backend():
+    be = tiny_backend(chat_template=True, seed=4)
+    be.max_positions = 420  # the prompt head and answer take ~300 of these
+    return be
+
+
+LONG = "START " + " ".join(f"word{i}" for i in range(400)) + " END"
+
+
+@pytest.mark.parametrize("side", ["middle", "head", "tail"])
+def test_truncation_keeps_the_named_parts_and_matches_the_oracle(short_context_backend, side):
+    be = short_context_backend
+    labeler = Labeler(SCHEMA, backend=be, truncate=side, trace=True)
+    short, long_ = labeler.label([{"id": "s", "text": "Call me back today please."}, {"id": "l", "text": LONG}])
+    assert not short.truncated and long_.truncated
+    context = long_.traces[0]["context"]
+    kept = context[context.index("START") if "START" in context else 0:]
+    assert ("START" in context) == (side != "head")
+    assert ("END" in context) == (side != "tail")
+    assert (TRUNCATION_MARK.strip() in context) == (side == "middle")
+    assert len(be.tokenizer.encode(context)) <= be.max_positions - 10  # room left for the answer lines
+    assert len(kept) < len(LONG)
+    for fres, trace in zip(long_.fields, long_.traces):  # the cut text is decoded exactly
+        field = SCHEMA.fields[SCHEMA.field_index(trace["field"])]
+        lines = [(field.labels.index(line["label"]), line["text"]) for line in trace["lines"]]
+        probs, mass = oracle_field(be, trace["context"], field, lines, "marginal")
+        fres = long_.fields[SCHEMA.field_index(trace["field"])]
+        assert np.abs(np.array(fres.probs) - probs).max() < 1e-4 and abs(fres.mass - mass) < 1e-4
+
+
+def test_truncate_error_fails_the_record_alone(short_context_backend, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "l", "text": LONG}) + "\n" + json.dumps({"id": "s", "text": "hi there"}) + "\n")
+    out = tmp_path / "o.parquet"
+    stats = _run(short_context_backend, src, out, truncate="error")
+    assert (stats.read, stats.records, stats.failures, stats.truncated) == (2, 1, 1, 0)
+    errors = [orjson.loads(line) for line in out.with_suffix(".errors.jsonl").read_bytes().splitlines()]
+    assert [(e["row"], e["line"], e["record"]) for e in errors] == [(0, 1, "l")]
+    assert "too long for the model" in errors[0]["error"] and "--truncate" in errors[0]["error"]
+    stats = _run(short_context_backend, src, out)  # default: middle
+    assert (stats.records, stats.failures, stats.truncated) == (2, 0, 1)
+    assert _columns(out)["__truncated"] == [True, False]
+    assert pq.read_schema(out).metadata[b"pcd.records_truncated"] == b"1"
+
+
+# -- determinism ------------------------------------------------------------------------------
+
+def test_same_job_twice_is_bit_identical_and_budgets_change_only_rounding(backend, tmp_path):
+    src = _write_input(tmp_path / "in.jsonl", 30, bad_every=7)
+    runs = {}
+    for name, kw in {"a": {}, "again": {}, "budget64": {"max_tokens_per_pass": 64},
+                     "budget4096": {"max_tokens_per_pass": 4096},
+                     "batches": {"batch_records": 5, "chunk_records": 3}}.items():
+        out = tmp_path / f"{name}.parquet"
+        _run(backend, src, out, **kw)
+        runs[name] = _columns(out)
+    assert runs["a"] == runs["again"]  # bit-identical, probabilities included
+    assert len(runs["a"]["id"]) == 26
+    for name in ("budget64", "budget4096", "batches"):
+        other = runs[name]
+        for col, values in runs["a"].items():
+            if col.endswith(("__prob", "__mass")):
+                assert np.abs(np.array(values) - np.array(other[col])).max() < 1e-5, (name, col)
+            else:
+                assert values == other[col], (name, col)
+
+
+# -- checkpoints, resume, stops ---------------------------------------------------------------
+
+def test_stop_request_commits_and_resume_finishes_identically(backend, tmp_path):
+    src = _write_input(tmp_path / "in.jsonl", 20, bad_every=6)
+    reference = tmp_path / "ref.parquet"
+    _run(backend, src, reference, batch_records=4, chunk_records=4)
+    out = tmp_path / "o.parquet"
+    polls = []
+    with pytest.raises(Interrupted) as info:
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: polls.append(1) or len(polls) >= 2)
+    assert info.value.stats.read == 8 and info.value.work_dir == work_dir_for(out)
+    assert not out.exists() and not out.with_suffix(".errors.jsonl").exists()
+    manifest = orjson.loads((work_dir_for(out) / "manifest.json").read_bytes())
+    assert manifest["progress"] == {"parts": 2, "rows": 8, "records": 7, "failures": 1, "truncated": 0}
+    events = []
+    stats = _run(backend, src, out, batch_records=4, chunk_records=4, resume=True,
+                 on_event=lambda name, fields: events.append((name, fields.get("rows"))))
+    assert events[0] == ("resumed", 8) and events[-1] == ("checkpoint", 20)
+    assert (stats.read, stats.records, stats.failures, stats.decoded) == (20, 17, 3, 10)
+    assert _columns(out) == _columns(reference)
+    assert out.with_suffix(".errors.jsonl").read_bytes() == reference.with_suffix(".errors.jsonl").read_bytes()
+    assert not work_dir_for(out).exists()
+
+
+def test_resume_discards_uncommitted_parts_and_a_changed_job(backend, tmp_path):
+    src = _write_input(tmp_path / "in.jsonl", 12)
+    out = tmp_path / "o.parquet"
+    with pytest.raises(Interrupted):
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: True)
+    work = work_dir_for(out)
+    # a process killed between writing a part and the manifest leaves files the manifest does not count
+    (work / "part-000001.parquet").write_bytes(b"half written")
+    (work / "manifest.json.tmp").write_bytes(b"{")
+    events = []
+    _run(backend, src, out, batch_records=4, chunk_records=4, resume=True,
+         on_event=lambda name, fields: events.append(name))
+    assert events[0] == "resumed" and pq.read_table(out).num_rows == 12
+
+    with pytest.raises(Interrupted):
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: True)
+    reasons = []
+    _run(backend, src, out, batch_records=4, chunk_records=4, resume=True, all_probs=True,
+         on_event=lambda name, fields: reasons.append(fields.get("reason")))
+    assert "different all_probs" in reasons[0] and "starts over" in reasons[0]
+    with pytest.raises(Interrupted):
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: True)
+    reasons.clear()
+    _run(backend, src, out, on_event=lambda name, fields: reasons.append(fields.get("reason")))
+    assert "pass --resume" in reasons[0]
+
+
+def test_max_errors_stops_with_the_errors_so_far_and_resume_continues(backend, tmp_path):
+    src = _write_input(tmp_path / "in.jsonl", 24, bad_every=3)  # rows 2, 5, 8, ... are bad
+    out = tmp_path / "o.parquet"
+    with pytest.raises(TooManyErrors) as info:
+        _run(backend, src, out, batch_records=6, chunk_records=6, max_errors=2)
+    assert info.value.stats.failures == 4  # checked per chunk: the chunk that crossed the limit is kept
+    errors = [orjson.loads(line) for line in out.with_suffix(".errors.jsonl").read_bytes().splitlines()]
+    assert [e["line"] for e in errors] == [3, 6, 9, 12]
+    assert not out.exists()
+    stats = _run(backend, src, out, batch_records=6, chunk_records=6, max_errors=100, resume=True)
+    assert (stats.read, stats.records, stats.failures) == (24, 16, 8)
+    errors = [orjson.loads(line) for line in out.with_suffix(".errors.jsonl").read_bytes().splitlines()]
+    assert [e["row"] for e in errors] == list(range(2, 24, 3))
+
+
+def test_a_second_run_on_the_same_output_is_refused(backend, tmp_path):
+    src = _write_input(tmp_path / "in.jsonl", 4)
+    out = tmp_path / "o.parquet"
+    from pcd_cli.checkpoint import WorkDir
+    from pcd_cli.errors import InputError
+
+    with WorkDir.open(out, {"x": 1}, None, resume=False):
+        with pytest.raises(InputError, match="another pcd run is writing"):
+            _run(backend, src, out)
+    _run(backend, src, out)
+    assert pq.read_table(out).num_rows == 4
+
+
+# -- real processes: SIGKILL and SIGTERM --------------------------------------------------------
+
+def _pcd(*args) -> list[str]:
+    return [sys.executable, "-m", "pcd_cli.cli", "label", *map(str, args)]
+
+
+def _wait_for_parts(work: Path, parts: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if orjson.loads((work / "manifest.json").read_bytes())["progress"]["parts"] >= parts:
+                return
+        except (OSError, orjson.JSONDecodeError, KeyError):
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"pcd ended early: {proc.returncode}\n{proc.stderr.read()}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("no checkpoint appeared in time")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    src = tmp / "tweets.jsonl"
+    lines = (DATA / "airline_tweets.jsonl").read_text().splitlines()[:64]
+    lines[5] = "{broken"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp / "ref.parquet"
+    subprocess.run(_pcd(src, "-s", AIRLINE, "--id-field", "id", "-o", out, "--batch-size", 8, "-q"), check=True)
+    return src, out
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_killed_run_resumes_to_exactly_the_uninterrupted_output(tmp_path, uninterrupted, how):
+    src, reference = uninterrupted
+    out = tmp_path / "o.parquet"
+    args = (src, "-s", AIRLINE, "--id-field", "id", "-o", out, "--batch-size", 8)
+    proc = subprocess.Popen(_pcd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work = work_dir_for(out)
+    _wait_for_parts(work, 2, proc)
+    os.kill(proc.pid, getattr(signal, how))
+    _, stderr = proc.communicate(timeout=120)
+    assert not out.exists()
+    if how == "SIGKILL":
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 130
+        assert "--resume" in stderr and str(work.name) in " ".join(stderr.split()).replace(" ", "")
+    done = orjson.loads((work / "manifest.json").read_bytes())["progress"]["rows"]
+    assert 16 <= done < 64
+    result = subprocess.run(_pcd(*args, "--resume", "--log-format", "json"), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    assert events[0]["event"] == "resumed" and events[0]["rows"] == done
+    assert events[-1]["event"] == "warning" and events[-2]["event"] == "done"
+    assert (events[-2]["read"], events[-2]["labelled"], events[-2]["failed"]) == (64, 63, 1)
+    assert pq.read_table(out).to_pydict() == pq.read_table(reference).to_pydict()  # bit-identical
+    assert not work.exists()
+
+
+# -- for cron: quiet, JSON logs, no bar off a terminal, early failures ----------------------------
+
+def _cli(*args, code: int):
+    from typer.testing import CliRunner
+
+    from pcd_cli.cli import app
+
+    result = CliRunner().invoke(app, ["label", *map(str, args)], prog_name="pcd")
+    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+def test_quiet_json_logs_and_progress_bar(tmp_path):
+    src = DATA / "airline_tweets.jsonl"
+    base = (src, "-s", AIRLINE, "--limit", 3)
+    quiet = _cli(*base, "-o", tmp_path / "q.parquet", "-q", code=0)
+    assert quiet.stdout == "" and quiet.stderr == ""
+    plain = _cli(*base, "-o", tmp_path / "p.parquet", code=0)  # stderr is not a terminal here: no bar
+    assert "rec/s" not in plain.stderr and "wrote 3 rows" in plain.stdout
+    forced = _cli(*base, "-o", tmp_path / "f.parquet", "--progress", code=0)
+    assert "rec/s" in forced.stderr
+    logged = _cli(*base, "-o", tmp_path / "j.parquet", "--log-format", "json", code=0)
+    assert logged.stdout == ""
+    events = [json.loads(line) for line in logged.stderr.splitlines()]
+    assert [e["event"] for e in events] == ["checkpoint", "done"]
+    assert (events[0]["rows"], events[0]["records"], events[0]["failures"]) == (3, 3, 0)
+    done = events[1]
+    assert set(done) >= {"time", "level", "event", "output", "read", "labelled", "failed", "truncated", "fields"}
+    assert (done["read"], done["labelled"], done["failed"]) == (3, 3, 0)
+    assert sum(done["fields"]["sentiment"]["labels"].values()) == 3
+    for name in ("q", "p", "f", "j"):
+        assert pq.read_table(tmp_path / f"{name}.parquet").num_rows == 3
+
+
+def test_schema_and_model_problems_fail_before_any_record_is_read(tmp_path, monkeypatch):
+    import pcd_cli.job
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the input was read")
+
+    monkeypatch.setattr(pcd_cli.job, "read_records", no_reading)
+    src = DATA / "airline_tweets.jsonl"
+    out = tmp_path / "o.parquet"
+    result = _cli(src, "-s", AIRLINE, "-o", out, "--model", tmp_path / "no-such-model", code=3)
+    assert "no-such-model" in " ".join(result.stderr.split())
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fields:\n  x: {type: enum, labels: [A]}\n")
+    result = _cli(src, "-s", bad, "-o", out, "--log-format", "json", code=2)
+    event = json.loads(result.stderr.splitlines()[-1])
+    assert event["level"] == "error" and "at least two labels" in event["message"]
+    assert list(tmp_path.iterdir()) == [bad]
+
+
+# -- readers never crash and account for every line (property-based) ----------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pcd_cli.io import read_records  # noqa: E402
+
+CELL = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters='",\r\n\x0b\x0c\x1c\x1d\x1e'
+                                                                                        '\x85\u2028\u2029'),
+               max_size=12)
+RAW = st.binary(max_size=40).map(lambda b: b.replace(b'"', b"").replace(b",", b"").replace(b"\r", b"")
+                                 .replace(b"\n", b""))
+
+
+def _items(path: Path, spec: InputSpec) -> list:
+    return [item for batch in read_records(path, spec, batch_size=3) for item in batch]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=60), max_size=12), st.booleans())
+def test_jsonl_reader_accounts_for_every_nonblank_line(tmp_path, lines, bom):
+    data = (b"\xef\xbb\xbf" if bom else b"") + b"\n".join(line.replace(b"\n", b"") for line in lines)
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(data)
+    items = _items(path, InputSpec(id_field="id"))
+    physical = data.split(b"\n") if data else []
+    if physical and physical[0].startswith(b"\xef\xbb\xbf"):  # a byte order mark is not content
+        physical[0] = physical[0][3:]
+    nonblank = [n for n, line in enumerate(physical, start=1) if line.strip()]
+    assert [item.line for item in items] == nonblank
+    assert [item.row for item in items] == list(range(len(items)))
+    assert all(isinstance(item, (Record, RecordFailure)) for item in items)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.one_of(CELL.map(str.encode), RAW), min_size=1, max_size=4), max_size=10))
+def test_csv_reader_gives_one_item_per_nonblank_line(tmp_path, rows):
+    lines = [b",".join(cells) for cells in rows]
+    path = tmp_path / "r.csv"
+    path.write_bytes(b"id,text\n" + b"\n".join(lines))
+    items = _items(path, InputSpec(id_field="id"))
+    nonblank = [n for n, line in enumerate(lines, start=2) if line != b""]
+    assert [item.line for item in items] == nonblank
+    assert [item.row for item in items] == list(range(len(items)))
+    for item, n in zip(items, nonblank):
+        cells = lines[n - 2].split(b",")
+        if isinstance(item, Record):
+            assert len(cells) == 2 and item.id == cells[0].decode() and item.text == cells[1].decode().strip()
+        else:
+            assert (len(cells) != 2 or not cells[0] or not cells[1].decode("utf-8", "replace").strip()
+                    or _invalid_utf8(b",".join(cells))), (lines[n - 2], item)
+
+
+def _invalid_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=200))
+def test_csv_reader_never_crashes_on_random_bytes(tmp_path, data):
+    path = tmp_path / "r.csv"
+    path.write_bytes(b"id,text\n" + data)
+    items = _items(path, InputSpec(id_field="id"))
+    lines = [item.line for item in items]
+    assert lines == sorted(set(lines)) and all(2 <= n <= data.count(b"\n") + data.count(b"\r") + 2 for n in lines)
+    assert [item.row for item in items] == list(range(len(items)))
