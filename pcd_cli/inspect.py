@@ -23,14 +23,17 @@ Rules:
   (SmolLM2: ``\\n``+space); if both are prefixes it is standalone (Gemma).
 * ``identified_at`` of a spelling: the number of tokens after the trunk up to and including
   the first one that no spelling of another label shares (the rule of compile.py's
-  ``marginal`` scoring; spellings of one label never separate it from itself).
+  ``marginal`` scoring; spellings of one label never separate it from itself); ``None``
+  when another label has the very same tokens (``indistinguishable``, e.g. ``sedan`` and
+  ``Sedan`` under a lowercasing tokenizer).
 * Collisions: labels whose canonical spelling (the one written into the context) has the
   same first decision token. Booleans' quoted spellings share their opening quote by
   construction and are not counted; their depth shows in ``identified_at``.
-* ``code_first`` (seed article 1, "Your label names are a hyperparameter"): a label with
-  letters in it whose canonical spelling reads at least ``CODE_FIRST_MIN`` letterless tokens
-  (digits, ``_``, punctuation) up to its identification: the model must commit to codes
-  before it reaches any meaning (``CAT_095_Aerospace_Fasteners``: ``0``, ``9``, ``5``).
+* ``code_first`` (seed article 1, "Your label names are a hyperparameter"): the first
+  decision token of a label's canonical spelling (JSON quotes skipped) is a code (no letter;
+  a digit or one of ``_-#./``) and the label has letters after what was read by its
+  identification: the model must commit to a code before it reaches any meaning
+  (``CAT_095_Aerospace_Fasteners``: ``0``, ``9``, ``5``; ``SEV_1_MAJOR``: ``1``).
 * ``many_labels``: more than ``MANY_LABELS`` labels (the 255-option cap of other tools,
   seed article 2). Allowed; the warning gives its cost.
 
@@ -48,14 +51,17 @@ from .compile import CompiledSchema, FieldForest, WavePlan
 from .prompt import INPUT_LABEL, Layout, catalog_line, common_prefix_len, system_text
 from .schema import Schema, json_string
 
-CODE_FIRST_MIN = 2
+#: Characters of the JSON around a label (quotes, separators, line ends): never its meaning.
+JSON_PUNCTUATION = ' "\n\r\t,{}:'
+#: Characters that make a letterless token a code (digits count too).
+CODE_CHARS = "_-#./"
 MANY_LABELS = 255
 #: Bytes per element of the KV cache, by dtype.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: Another value for each chat-template argument: the template reads the argument if its output changes.
 PROBE_VALUES = {"add_generation_prompt": False, "enable_thinking": True, "date_string": "31 Dec 1999"}
-WARNING_KINDS = ("code_first", "case_only", "json_escape", "logits_width", "seam_merge", "many_labels",
-                 "round_trip", "date_unpinned")
+WARNING_KINDS = ("indistinguishable", "code_first", "case_only", "json_escape", "logits_width", "seam_merge",
+                 "many_labels", "round_trip", "date_unpinned")
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ class SpellingReport:
     spelling: str  #: as written in the line (JSON), e.g. ``"SUV"`` or ``true``
     ids: tuple[int, ...]  #: token path after the trunk, to the end of the line (its ending included)
     pieces: tuple[str, ...]  #: each token decoded alone
-    identified_at: int  #: tokens after the trunk read until no other label shares the path
+    identified_at: int | None  #: tokens after the trunk read until no other label shares the path (None: never)
     scored_tokens: int  #: tokens the decoder reads on this path with the report's scoring
 
 
@@ -248,12 +254,13 @@ def probe_template(schema: Schema, tokenizer) -> TemplateReport:
     base = tokenizer.render_chat(messages)
     args = getattr(tokenizer, "chat_args", None)
     if base is None or args is None:
-        return TemplateReport(used=base is not None, args=args or {}, reads=(), injects_date=False, pinned_date=None)
+        return TemplateReport(used=base is not None, args={} if base is None else args or {}, reads=(),
+                              injects_date=False, pinned_date=None)
     reads = tuple(name for name in args if name in PROBE_VALUES
                   and tokenizer.render_chat(messages, **{name: PROBE_VALUES[name]}) != base)
     clock = "strftime_now" in (getattr(tokenizer, "chat_template", None) or "")
-    pinned = args.get("date_string") if "date_string" in reads else None
-    return TemplateReport(used=True, args=args, reads=reads, injects_date=pinned is not None or clock,
+    pinned = args.get("date_string") if "date_string" in reads and not clock else None  # the clock wins
+    return TemplateReport(used=True, args=args, reads=reads, injects_date="date_string" in reads or clock,
                           pinned_date=pinned)
 
 
@@ -283,7 +290,7 @@ def _field_report(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest,
     scored = {(t.label, tuple(forest.query_ids[q][c] for q, c in t.edges)): len(t.edges) for t in forest.terminals}
     by_label: dict[int, list[SpellingReport]] = defaultdict(list)
     for (label, spelling), path in zip(spellings, paths):
-        ident = next((i for i in range(1, len(path) + 1) if len(owners[path[:i]]) == 1), len(path))
+        ident = next((i for i in range(1, len(path) + 1) if len(owners[path[:i]]) == 1), None)
         n_scored = next(scored[(label, path[:i])] for i in range(1, len(path) + 1) if (label, path[:i]) in scored)
         by_label[label].append(SpellingReport(spelling=spelling, ids=path, pieces=tuple(tok.decode([t]) for t in path),
                                               identified_at=ident, scored_tokens=n_scored))
@@ -292,16 +299,38 @@ def _field_report(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest,
     for lab in labels:
         first[lab.spellings[0].ids[0]].append(lab)
     collisions = tuple(Collision(token=t, piece=tok.decode([t]), labels=tuple(lab.label for lab in group),
-                                 depth=max(lab.spellings[0].identified_at for lab in group))
+                                 depth=max(lab.spellings[0].identified_at or len(lab.spellings[0].ids)
+                                           for lab in group))
                        for t, group in first.items() if len(group) > 1)
     trunk = forest.ids[:forest.trunk_len]
     return FieldReport(
         name=field.name, type=field.type, wave=wave, trunk_text=tok.decode(trunk), trunk_ids=trunk,
         trunk_pieces=tuple(tok.decode([t]) for t in trunk), forest_tokens=len(forest.ids),
         decision_points=len(forest.query_rows),
-        deepest=max(s.identified_at for lab in labels for s in lab.spellings), labels=labels,
+        deepest=max(s.identified_at or len(s.ids) for lab in labels for s in lab.spellings), labels=labels,
         collisions=collisions,
         prefixes=tuple((a, b) for a in field.labels for b in field.labels if a != b and b.startswith(a)))
+
+
+def _code_before_meaning(label: str, pieces: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The tokens ``label`` is decided on, if the first of them is a code and meaning follows.
+
+    ``pieces``: the label's decision tokens after the trunk, up to its identification. The
+    JSON quotes and separators among them are skipped. The rule (``code_first``): the first
+    remaining token has no letter and holds a digit or one of ``CODE_CHARS``, and the label
+    has letters after the text read so far (``CAT_095_Aerospace_Fasteners`` decided on
+    ``0`` ``9`` ``5``; ``1_Low`` on ``1``; not ``item 12``, which has no meaning after its
+    number). Returns ``None`` otherwise.
+    """
+    content = tuple(p for p in pieces if p.strip(JSON_PUNCTUATION))
+    if not content:
+        return None
+    first = content[0].strip(JSON_PUNCTUATION)
+    if any(ch.isalpha() for ch in first) or not any(ch.isdigit() or ch in CODE_CHARS for ch in first):
+        return None
+    read = "".join(pieces).strip(JSON_PUNCTUATION)
+    rest = label[label.find(read) + len(read):] if read and read in label else ""
+    return content if any(ch.isalpha() for ch in rest) else None
 
 
 def _schema_warnings(report: SchemaReport) -> list[Finding]:
@@ -317,8 +346,8 @@ def _schema_warnings(report: SchemaReport) -> list[Finding]:
                            f"(seam tokens moved back: {per_layout}); kept {report.layout.chosen}; {fallback}"))
     t = report.chat_template
     if t.injects_date and t.pinned_date is None:
-        out.append(Finding("date_unpinned", None, (), "the chat template prints today's date (strftime_now) "
-                           "without reading date_string: the head, its cache and its sha256 change every day"))
+        out.append(Finding("date_unpinned", None, (), "the chat template prints today's date (strftime_now), "
+                           "which pcd cannot pin: the head, its cache and its sha256 change every day"))
     return out
 
 
@@ -331,10 +360,14 @@ def _field_warnings(compiled: CompiledSchema, plan: WavePlan, forest: FieldFores
     code = []
     for lab in fr.labels:
         canonical = lab.spellings[0]
-        pieces = canonical.pieces[:canonical.identified_at]
-        letterless = sum(not any(ch.isalpha() for ch in p) for p in pieces)
-        if letterless >= CODE_FIRST_MIN and any(ch.isalpha() for ch in lab.label):
-            code.append((lab.label, pieces))
+        decided_on = _code_before_meaning(lab.label, canonical.pieces[:canonical.identified_at or len(canonical.pieces)])
+        if decided_on:
+            code.append((lab.label, decided_on))
+    same = [lab.label for lab in fr.labels if any(sp.identified_at is None for sp in lab.spellings)]
+    if same:
+        out.append(Finding("indistinguishable", name, tuple(same), f"field {name!r}: labels {', '.join(map(repr, same))} "
+                           "have the very same tokens with this tokenizer: the model cannot tell them apart; "
+                           "rename them"))
     if code:
         label, pieces = code[0]
         out.append(Finding("code_first", name, tuple(label for label, _ in code),
@@ -350,9 +383,9 @@ def _field_warnings(compiled: CompiledSchema, plan: WavePlan, forest: FieldFores
                            "differ only by case; the model may not tell them apart"))
     escaped = [label for label in field.labels if not field.is_boolean and json_string(label)[1:-1] != label]
     if escaped:
-        spelled = ", ".join(f"{label!r} as {json_string(label)}" for label in escaped)
-        out.append(Finding("json_escape", name, tuple(escaped), f"field {name!r}: labels need JSON escaping in the "
-                           f"answer line ({spelled}); the model must write the escapes to pick them"))
+        out.append(Finding("json_escape", name, tuple(escaped), f"field {name!r}: {len(escaped)} labels need JSON "
+                           f"escaping in the answer line; the model must write the escapes to pick them: "
+                           f"{', '.join(json_string(label) for label in escaped[:6])}"))
     if width is not None:
         over = [lab.label for lab in fr.labels if any(t >= width for s in lab.spellings for t in fr.trunk_ids + s.ids)]
         if over:

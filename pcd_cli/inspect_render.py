@@ -37,11 +37,19 @@ def _path(pieces) -> str:
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _names(labels, most: int = 6) -> str:
+    shown = ", ".join(_show(label) for label in labels[:most])
+    return shown + (f", +{len(labels) - most} more" if len(labels) > most else "")
 
 
 def render_inspection(report: SchemaReport, console: Console) -> None:
-    """Print ``report``: a summary, a fields table, label paths where labels share tokens, warnings."""
+    """Print ``report``: a summary, a fields table, label paths where labels share tokens, warnings.
+
+    Labels and names are printed as text, never as markup, with control characters escaped.
+    """
 
     def say(text: str) -> None:
         console.print(Text(text), highlight=False)  # Text: labels may hold [brackets], never markup
@@ -91,7 +99,7 @@ def _fields_table(report: SchemaReport, *, wide: bool) -> Table:
         table.add_column(col, justify="left" if col in widths else "right", overflow="fold", min_width=widths.get(col))
     for f in report.fields:
         tail = ("…|" if len(f.trunk_pieces) > TRUNK_TAIL else "") + _path(f.trunk_pieces[-TRUNK_TAIL:])
-        cells = {"field": Text(f.name), "type": f.type, "wave": str(f.wave), "labels": str(len(f.labels)),
+        cells = {"field": Text(_show(f.name)), "type": f.type, "wave": str(f.wave), "labels": str(len(f.labels)),
                  "trunk": Text(f"{len(f.trunk_ids)}: {tail}"), "forest": str(f.forest_tokens),
                  "decisions": str(f.decision_points), "colliding": str(sum(len(c.labels) for c in f.collisions)),
                  "prefixes": str(len(f.prefixes)), "deepest": str(f.deepest)}
@@ -100,17 +108,22 @@ def _fields_table(report: SchemaReport, *, wide: bool) -> Table:
 
 
 def _render_paths(f: FieldReport, console: Console, say) -> None:
-    shared = "; ".join(f"{_show(c.piece)!r} starts {len(c.labels)} labels (followed {c.depth} tokens)"
-                       for c in f.collisions)
-    prefixes = "; ".join(f"{a!r} is a prefix of {b!r}" for a, b in f.prefixes[:PATH_ROWS])
-    say(f"{f.name}: " + "; ".join(p for p in (shared, prefixes) if p) + " — pcd follows the branches, no ties")
+    shared = "; ".join(f"{_show(c.piece)!r} starts {len(c.labels)} labels ({_names(c.labels)}; followed {c.depth} "
+                       "tokens)" for c in f.collisions)
+    prefixes = "; ".join(f"{_show(a)!r} is a prefix of {_show(b)!r}" for a, b in f.prefixes[:PATH_ROWS])
+    if len(f.prefixes) > PATH_ROWS:
+        prefixes += f"; +{len(f.prefixes) - PATH_ROWS} more prefixes"
+    say(f"{_show(f.name)}: " + "; ".join(p for p in (shared, prefixes) if p) + " — pcd follows the branches")
     table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, title_justify="left",
-                  title=f"{f.name}: token paths after the trunk")
+                  title=f"{_show(f.name)}: token paths after the trunk")
     for col in ("label", "spelling", "path", "identified at", "scored tokens"):
         table.add_column(col, overflow="fold", justify="right" if col in ("identified at", "scored tokens") else "left")
-    for lab in f.labels[:PATH_ROWS]:
+    involved = {label for c in f.collisions for label in c.labels} | {label for pair in f.prefixes for label in pair}
+    ordered = sorted(f.labels, key=lambda lab: lab.label not in involved)  # stable: the involved ones first
+    for lab in ordered[:PATH_ROWS]:
         for s in lab.spellings:
-            table.add_row(Text(lab.label), Text(s.spelling), Text(_path(s.pieces)), str(s.identified_at),
+            ident = "never" if s.identified_at is None else str(s.identified_at)
+            table.add_row(Text(_show(lab.label)), Text(_show(s.spelling)), Text(_path(s.pieces)), ident,
                           str(s.scored_tokens))
     console.print(table)
     if len(f.labels) > PATH_ROWS:

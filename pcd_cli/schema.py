@@ -133,6 +133,10 @@ def load_schema(path: str | Path) -> Schema:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SchemaError(f"schema file {str(path)!r}: cannot read it ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"schema file {str(path)!r}: not UTF-8 text (byte {exc.start})") from exc
+    if not text.strip():
+        raise SchemaError(f"schema file {str(path)!r} is empty; see schemas/ for examples")
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)

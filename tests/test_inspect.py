@@ -138,13 +138,16 @@ def test_template_printing_the_clock_is_a_warning():
     report = report_for(TWO_FIELDS, HFTokenizer(gemma_like(chat_template=template)))
     assert report.chat_template.injects_date and report.chat_template.pinned_date is None
     assert kinds(report) == ["date_unpinned"]
+    both = "{{ strftime_now('%d %b %Y') }} {{ date_string }}\n" + CHATML  # the clock still moves the head
+    report = report_for(TWO_FIELDS, HFTokenizer(gemma_like(chat_template=both)))
+    assert "date_string" in report.chat_template.reads and report.chat_template.pinned_date is None
+    assert kinds(report) == ["date_unpinned"]
 
 
 def test_no_template_means_plain_text_prompt():
     report = report_for(TWO_FIELDS, HFTokenizer(gemma_like()))
     assert report.chat_template == type(report.chat_template)(
-        used=False, args={"add_generation_prompt": True, "enable_thinking": False, "date_string": "01 Jan 2025"},
-        reads=(), injects_date=False, pinned_date=None)
+        used=False, args={}, reads=(), injects_date=False, pinned_date=None)
 
 
 def test_head_kv_estimate_comes_from_the_config_only():
@@ -237,10 +240,25 @@ def test_meaning_first_labels_raise_no_code_warning(smol):
     schema = {"fields": {"category": {"type": "enum", "labels": [
         "Aerospace_Fasteners_095", "Live_Animals_000", "Edible_Fruits_007"]}}}
     assert "code_first" not in kinds(report_for(schema, smol))
-    one_digit = {"fields": {"severity": {"type": "enum", "labels": ["SEV_0_CRITICAL", "SEV_1_MAJOR", "SEV_2_MINOR"]}}}
-    f = report_for(one_digit, smol).fields[0]  # 'SEV_' is in the trunk; one digit decides: a single code token
-    assert [lab.spellings[0].pieces[:lab.spellings[0].identified_at] for lab in f.labels] == [("0",), ("1",), ("2",)]
-    assert "code_first" not in kinds(report_for(one_digit, smol))
+    numbered = {"fields": {"item": {"type": "enum", "labels": ["item 1", "item 2", "item 12"]}}}
+    assert "code_first" not in kinds(report_for(numbered, smol))  # nothing after the number to put first
+    punctuated = {"fields": {"risk": {"type": "enum", "labels": ["HIGH_RISK", "HIGH_VALUE", "LOW", "(none)"]}}}
+    assert "code_first" not in kinds(report_for(punctuated, smol))  # quotes and '(' are not codes
+
+
+@pytest.mark.parametrize("labels, decided_on", [
+    (["SEV_0_CRITICAL", "SEV_1_MAJOR", "SEV_2_MINOR"], ("0",)),  # 'SEV_' is in the trunk; one digit decides
+    (["1_Low", "2_Medium", "3_High"], ("1",)),
+    (["P1_CRITICAL", "P2_HIGH", "P3_LOW"], ("1",)),
+])
+def test_one_leading_code_token_is_code_first(smol, labels, decided_on):
+    report = report_for({"fields": {"level": {"type": "enum", "labels": labels}}}, smol)
+    (w,) = [w for w in report.warnings if w.kind == "code_first"]
+    assert w.labels == tuple(labels)
+    assert f"is decided on {' '.join(map(repr, decided_on))}" in w.message
+
+
+def test_more_code_first_cases(smol):
     coded = {"fields": {"category": {"type": "enum", "labels": [
         "CAT_095_Aerospace_Fasteners", "CAT_000_Live_Animals", "CAT_007_Edible_Fruits"]}}}
     assert kinds(report_for(coded, smol)) == ["code_first"]
@@ -262,7 +280,7 @@ def test_json_escaping(smol):
     report = report_for({"fields": [{**schema["fields"][0], "labels": labels}]}, smol)
     (w,) = report.warnings
     assert (w.kind, w.labels) == ("json_escape", ('say "hi"', "a\\b"))
-    assert '"say \\"hi\\""' in w.message
+    assert '"say \\"hi\\"", "a\\\\b"' in w.message
     f = report.fields[0]
     assert [s.spelling for lab in f.labels[2:] for s in lab.spellings] == ['"say \\"hi\\""', '"a\\\\b"']
 
@@ -372,7 +390,7 @@ def test_cli_rich_output_names_fields_collisions_and_warnings():
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "layout newline_first" in out and "the newline is glued to the indentation after it" in out
-    assert "'0' starts 100 labels (followed 3 tokens)" in out
+    assert "'0' starts 100 labels (CAT_000_Live_Animals, " in out
     assert "warning [code_first]: field 'customs_category': 255 of 255 labels" in out
     assert out.rstrip().endswith("1 warning")
 
@@ -399,10 +417,13 @@ def test_cli_model_folder_with_config_but_no_weights(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [(None, "cannot read it"), ("fields: [unclosed", "not valid YAML"),
+                                              (b"name: \xff\xfe\nfields: {}\n", "not UTF-8 text"), ("", "is empty"),
                                               ("fields:\n  x: {type: enum, labels: [A]}\n", "at least two labels")])
 def test_cli_unreadable_schema_exits_2(tmp_path, content, message):
     path = tmp_path / "schema.yaml"
-    if content is not None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     result = pcd(path, "--json")
     assert result.exit_code == 2 and message in " ".join(result.stderr.split()) and result.stdout == ""
@@ -422,3 +443,36 @@ def test_render_without_template_or_config_and_with_prefixes():
     assert "vocabulary: tokenizer 256 tokens, logits width unknown" in text
     assert "'John' is a prefix of 'John Doe'" in text and "[b]x" in text  # labels are never read as markup
     assert "newline probe: the newline is a token of its own (like Gemma): ',' '\\n' ' '" in text
+
+
+def test_labels_with_the_very_same_tokens_are_indistinguishable():
+    from tokenizers import normalizers
+
+    from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path
+    from transformers import AutoTokenizer
+
+    raw = AutoTokenizer.from_pretrained(str(converted_gguf_dir(embedded_gguf_path())))
+    raw.backend_tokenizer.normalizer = normalizers.Lowercase()
+    report = report_for({"fields": {"car": {"type": "enum", "labels": ["sedan", "Sedan", "SUV"]}}}, HFTokenizer(raw))
+    f = report.fields[0]
+    assert [lab.spellings[0].identified_at for lab in f.labels] == [None, None, 1]
+    (w,) = [w for w in report.warnings if w.kind == "indistinguishable"]
+    assert w.labels == ("sedan", "Sedan") and "cannot tell them apart" in w.message
+
+
+def test_render_names_colliding_labels_and_escapes_control_characters():
+    from rich.console import Console
+
+    from pcd_cli.inspect_render import render_inspection
+
+    animals = ["Dog", "Cat", "Cow", "Pig", "Hen", "Duck", "Eel", "Fox", "Goat", "Goose", "Mouse", "Moose",
+               "a\x1b[31mRED"]
+    report = report_for({"fields": {"animal\nkind": {"type": "enum", "labels": animals}}}, load_tokenizer(None)[1])
+    console = Console(width=200, record=True)
+    render_inspection(report, console)
+    text = console.export_text()
+    assert "\x1b" not in text and '"a\\u001b[31mRED"' in text and "animal\\nkind" in text
+    (goose,) = [c for c in report.fields[0].collisions if "Goose" in c.labels]
+    assert f"starts {len(goose.labels)} labels ({', '.join(goose.labels)}; followed" in text
+    rows = text[text.index("token paths after the trunk"):]
+    assert "Goose" in rows and "Moose" in rows  # colliding labels are listed before the others

@@ -59,6 +59,13 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def converted_gguf_target(gguf: Path) -> Path:
+    """Where ``converted_gguf_dir`` puts (or has put) ``gguf``'s conversion; converts nothing."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
 def converted_gguf_dir(gguf: Path) -> Path:
     """Convert a GGUF file once to safetensors under the cache dir; return that folder.
 
@@ -66,9 +73,7 @@ def converted_gguf_dir(gguf: Path) -> Path:
     well under a second. A GGUF-loaded model refuses ``save_pretrained``, so its state dict
     and config (minus ``quantization_config``) are written by hand, atomically.
     """
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    target = converted_gguf_target(gguf)
     if (target / "config.json").is_file():
         return target
     from safetensors.torch import save_file
@@ -286,29 +291,53 @@ class TorchBackend:
         return out[0, input_ids.shape[1]:].tolist(), self.forward_passes - before
 
 
+def _light_source(spec: str | None) -> tuple[str, str, dict]:
+    """``(model_id, source, from_pretrained kwargs)`` to read a model's tokenizer and config
+    without its weights: a GGUF not converted yet is read in place (``gguf_file=``), never
+    converted (that loads every weight)."""
+    if spec in (None, "", "default", DEFAULT_MODEL):
+        model_id, gguf = DEFAULT_MODEL, embedded_gguf_path()
+    elif spec.lower().endswith(".gguf"):
+        gguf = Path(spec).expanduser()
+        if not gguf.is_file():
+            raise ModelError(f"--model {spec!r}: no such GGUF file")
+        model_id = gguf.name
+    else:
+        model_id, source = resolve_model(spec)
+        return model_id, source, {}
+    converted = converted_gguf_target(gguf)
+    if (converted / "config.json").is_file():
+        return model_id, str(converted), {}
+    return model_id, str(gguf.parent), {"gguf_file": gguf.name}
+
+
 def load_tokenizer(model: str | None = None) -> tuple[str, HFTokenizer]:
-    """Load only the tokenizer of ``model`` (same resolution as ``load_backend``).
+    """Load only the tokenizer of ``model`` (same resolution as ``load_backend``; a GGUF
+    file is read in place, not converted).
 
     Raises:
         ModelError: the tokenizer cannot be found or loaded.
     """
     from transformers import AutoTokenizer
 
-    model_id, source = resolve_model(model)
+    model_id, source, kwargs = _light_source(model)
     try:
-        return model_id, HFTokenizer(AutoTokenizer.from_pretrained(source))
-    except (OSError, ValueError) as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return model_id, HFTokenizer(AutoTokenizer.from_pretrained(source, **kwargs))
+    except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"--model {model!r}: cannot load its tokenizer ({str(exc).splitlines()[0]})") from exc
 
 
 def load_config(model: str | None = None):
-    """The transformers config of ``model`` (its ``config.json`` only, no weights); ``None`` if it has none."""
+    """The transformers config of ``model`` (no weights; a GGUF file is read in place);
+    ``None`` if it has none."""
     from transformers import AutoConfig
 
-    _, source = resolve_model(model)
+    _, source, kwargs = _light_source(model)
     try:
-        return AutoConfig.from_pretrained(source)
-    except (OSError, ValueError):
+        return AutoConfig.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, TypeError):
         return None
 
 
