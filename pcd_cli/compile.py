@@ -222,6 +222,12 @@ class CompiledSchema:
                 node = nxt
                 labels[node].add(label)
             ends.append(node)
+        owner: dict[int, int] = {}
+        for (label, _, _), end in zip(spelled, ends):
+            if owner.setdefault(end, label) != label:
+                raise CompileError(f"field {field.name!r}: labels {field.labels[owner[end]]!r} and "
+                                   f"{field.labels[label]!r} have the very same tokens with this tokenizer, so the "
+                                   "model cannot tell them apart; rename one (pcd inspect-schema shows the tokens)")
         # Terminal of each spelling: its line end (exact) or where its label is identified (marginal).
         terminal_nodes: dict[tuple[int, int], None] = {}
         for (label, _, _), end in zip(spelled, ends):

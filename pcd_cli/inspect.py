@@ -23,9 +23,8 @@ Rules:
   (SmolLM2: ``\\n``+space); if both are prefixes it is standalone (Gemma).
 * ``identified_at`` of a spelling: the number of tokens after the trunk up to and including
   the first one that no spelling of another label shares (the rule of compile.py's
-  ``marginal`` scoring; spellings of one label never separate it from itself); ``None``
-  when another label has the very same tokens (``indistinguishable``, e.g. ``sedan`` and
-  ``Sedan`` under a lowercasing tokenizer).
+  ``marginal`` scoring; spellings of one label never separate it from itself). Labels with
+  the very same tokens cannot be compiled (``CompileError``), so every label has one.
 * Collisions: labels whose canonical spelling (the one written into the context) has the
   same first decision token. Booleans' quoted spellings share their opening quote by
   construction and are not counted; their depth shows in ``identified_at``.
@@ -60,7 +59,7 @@ MANY_LABELS = 255
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: Another value for each chat-template argument: the template reads the argument if its output changes.
 PROBE_VALUES = {"add_generation_prompt": False, "enable_thinking": True, "date_string": "31 Dec 1999"}
-WARNING_KINDS = ("indistinguishable", "code_first", "case_only", "json_escape", "logits_width", "seam_merge",
+WARNING_KINDS = ("code_first", "case_only", "json_escape", "logits_width", "seam_merge",
                  "many_labels", "round_trip", "date_unpinned")
 
 
@@ -131,7 +130,7 @@ class SpellingReport:
     spelling: str  #: as written in the line (JSON), e.g. ``"SUV"`` or ``true``
     ids: tuple[int, ...]  #: token path after the trunk, to the end of the line (its ending included)
     pieces: tuple[str, ...]  #: each token decoded alone
-    identified_at: int | None  #: tokens after the trunk read until no other label shares the path (None: never)
+    identified_at: int  #: tokens after the trunk read until no other label shares the path
     scored_tokens: int  #: tokens the decoder reads on this path with the report's scoring
 
 
@@ -290,7 +289,7 @@ def _field_report(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest,
     scored = {(t.label, tuple(forest.query_ids[q][c] for q, c in t.edges)): len(t.edges) for t in forest.terminals}
     by_label: dict[int, list[SpellingReport]] = defaultdict(list)
     for (label, spelling), path in zip(spellings, paths):
-        ident = next((i for i in range(1, len(path) + 1) if len(owners[path[:i]]) == 1), None)
+        ident = next((i for i in range(1, len(path) + 1) if len(owners[path[:i]]) == 1), len(path))
         n_scored = next(scored[(label, path[:i])] for i in range(1, len(path) + 1) if (label, path[:i]) in scored)
         by_label[label].append(SpellingReport(spelling=spelling, ids=path, pieces=tuple(tok.decode([t]) for t in path),
                                               identified_at=ident, scored_tokens=n_scored))
@@ -299,15 +298,14 @@ def _field_report(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest,
     for lab in labels:
         first[lab.spellings[0].ids[0]].append(lab)
     collisions = tuple(Collision(token=t, piece=tok.decode([t]), labels=tuple(lab.label for lab in group),
-                                 depth=max(lab.spellings[0].identified_at or len(lab.spellings[0].ids)
-                                           for lab in group))
+                                 depth=max(lab.spellings[0].identified_at for lab in group))
                        for t, group in first.items() if len(group) > 1)
     trunk = forest.ids[:forest.trunk_len]
     return FieldReport(
         name=field.name, type=field.type, wave=wave, trunk_text=tok.decode(trunk), trunk_ids=trunk,
         trunk_pieces=tuple(tok.decode([t]) for t in trunk), forest_tokens=len(forest.ids),
         decision_points=len(forest.query_rows),
-        deepest=max(s.identified_at or len(s.ids) for lab in labels for s in lab.spellings), labels=labels,
+        deepest=max(s.identified_at for lab in labels for s in lab.spellings), labels=labels,
         collisions=collisions,
         prefixes=tuple((a, b) for a in field.labels for b in field.labels if a != b and b.startswith(a)))
 
@@ -360,14 +358,9 @@ def _field_warnings(compiled: CompiledSchema, plan: WavePlan, forest: FieldFores
     code = []
     for lab in fr.labels:
         canonical = lab.spellings[0]
-        decided_on = _code_before_meaning(lab.label, canonical.pieces[:canonical.identified_at or len(canonical.pieces)])
+        decided_on = _code_before_meaning(lab.label, canonical.pieces[:canonical.identified_at])
         if decided_on:
             code.append((lab.label, decided_on))
-    same = [lab.label for lab in fr.labels if any(sp.identified_at is None for sp in lab.spellings)]
-    if same:
-        out.append(Finding("indistinguishable", name, tuple(same), f"field {name!r}: labels {', '.join(map(repr, same))} "
-                           "have the very same tokens with this tokenizer: the model cannot tell them apart; "
-                           "rename them"))
     if code:
         label, pieces = code[0]
         out.append(Finding("code_first", name, tuple(label for label, _ in code),

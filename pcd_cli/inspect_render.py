@@ -122,8 +122,7 @@ def _render_paths(f: FieldReport, console: Console, say) -> None:
     ordered = sorted(f.labels, key=lambda lab: lab.label not in involved)  # stable: the involved ones first
     for lab in ordered[:PATH_ROWS]:
         for s in lab.spellings:
-            ident = "never" if s.identified_at is None else str(s.identified_at)
-            table.add_row(Text(_show(lab.label)), Text(_show(s.spelling)), Text(_path(s.pieces)), ident,
+            table.add_row(Text(_show(lab.label)), Text(_show(s.spelling)), Text(_path(s.pieces)), str(s.identified_at),
                           str(s.scored_tokens))
     console.print(table)
     if len(f.labels) > PATH_ROWS:

@@ -445,19 +445,18 @@ def test_render_without_template_or_config_and_with_prefixes():
     assert "newline probe: the newline is a token of its own (like Gemma): ',' '\\n' ' '" in text
 
 
-def test_labels_with_the_very_same_tokens_are_indistinguishable():
+def test_labels_with_the_very_same_tokens_cannot_be_compiled():
     from tokenizers import normalizers
 
     from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path
+    from pcd_cli.errors import CompileError
     from transformers import AutoTokenizer
 
     raw = AutoTokenizer.from_pretrained(str(converted_gguf_dir(embedded_gguf_path())))
     raw.backend_tokenizer.normalizer = normalizers.Lowercase()
-    report = report_for({"fields": {"car": {"type": "enum", "labels": ["sedan", "Sedan", "SUV"]}}}, HFTokenizer(raw))
-    f = report.fields[0]
-    assert [lab.spellings[0].identified_at for lab in f.labels] == [None, None, 1]
-    (w,) = [w for w in report.warnings if w.kind == "indistinguishable"]
-    assert w.labels == ("sedan", "Sedan") and "cannot tell them apart" in w.message
+    schema = {"fields": {"car": {"type": "enum", "labels": ["SUV", "sedan", "Sedan"]}}}
+    with pytest.raises(CompileError, match="labels 'sedan' and 'Sedan' have the very same tokens"):
+        report_for(schema, HFTokenizer(raw))  # pcd label compiles the same way and stops too
 
 
 def test_render_names_colliding_labels_and_escapes_control_characters():
