@@ -123,7 +123,10 @@ class WorkDir:
         except OSError as exc:
             raise InputError(f"-o {str(output)!r}: cannot create the work folder {str(path)!r} "
                              f"({exc.strerror})") from exc
-        lock_fh = (path / "lock").open("a+")
+        try:
+            lock_fh = (path / "lock").open("a+")
+        except FileNotFoundError:  # a run finishing this instant removed the folder
+            raise InputError(f"another pcd run was writing {str(output)!r} just now; run again") from None
         if fcntl is not None:
             try:
                 fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -131,6 +134,15 @@ class WorkDir:
                 lock_fh.close()
                 raise InputError(f"another pcd run is writing {str(output)!r} (its work folder {str(path)!r} "
                                  "is locked); wait for it to finish") from None
+        try:
+            same = os.fstat(lock_fh.fileno()).st_ino == (path / "lock").stat().st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # the run that held it finished and removed the folder meanwhile
+            lock_fh.close()
+            raise InputError(f"another pcd run was writing {str(output)!r} just now; run again")
+        for stray in Path(output).parent.glob(f".{Path(output).name}.*.tmp"):
+            stray.unlink(missing_ok=True)  # the final Parquet of a run killed while writing it
         work = cls(path, fingerprint, arrow_schema, lock_fh)
         manifest = work._read_manifest()
         if manifest is None:
@@ -250,9 +262,10 @@ class WorkDir:
         except BaseException:
             sink.abort()
             raise
-        self.write_errors(errors_path)
-        if trace_path is not None:
-            self._concat(".trace.jsonl", trace_path)
+        if not self.write_errors(errors_path):
+            errors_path.unlink(missing_ok=True)  # an earlier run's errors would mislead
+        if trace_path is not None and not self._concat(".trace.jsonl", trace_path):
+            trace_path.unlink(missing_ok=True)
         sink.close()  # the Parquet output last: its presence means the run is complete
         shutil.rmtree(self.path, ignore_errors=True)
         self.close()

@@ -26,7 +26,7 @@ from .job import DEFAULT_BATCH_RECORDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Label records with closed schemas (booleans, enums) using parallel constrained decoding.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
 
 EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3}
@@ -176,32 +176,36 @@ def label(
     """
     from .api import Labeler
     from .io import InputSpec, detect_format
-    from .job import default_errors, default_output, id_column, label_file, stop_on_signals
+    from .checkpoint import work_dir_for
+    from .job import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
+                      stop_on_signals)
     from .schema import load_schema
 
     report = Reporter(log_format, quiet)
     if quiet or report.json:
         progress = False if progress is None or report.json else progress
+    output = output or default_output(input)
+    errors = errors or default_errors(output)
     try:
-        spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
-        parsed = load_schema(schema)
-        parsed.check_output_columns(id_column(spec))
-        for warning in parsed.warnings:
-            report("warning", {"message": warning}, "warning")
-        if not input.is_file():
-            raise InputError(f"{str(input)!r}: no such input file")
-        detect_format(input, fmt.value if fmt else None)
-        output = output or default_output(input)
-        if output.is_dir():
-            raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
-                             f"{str(output / default_output(input).name)!r}")
-        if output.suffix.lower() not in (".parquet", ".pq"):
-            report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
-        errors = errors or default_errors(output)
-        labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                          max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
-                          truncate=truncate.value)
-        with stop_on_signals() as should_stop:
+        with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
+            spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
+            parsed = load_schema(schema)
+            check_columns(parsed, id_column(spec), all_probs=all_probs)
+            for warning in parsed.warnings:
+                report("warning", {"message": warning}, "warning")
+            if not input.is_file():
+                raise InputError(f"{str(input)!r}: " + ("is a folder, not a file" if input.is_dir() else
+                                                        "no such input file"))
+            detect_format(input, fmt.value if fmt else None)
+            if output.is_dir():
+                raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
+                                 f"{str(output / default_output(input).name)!r}")
+            check_paths(input, output, errors, trace)
+            if output.suffix.lower() not in (".parquet", ".pq"):
+                report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
+            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+                              max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
+                              truncate=truncate.value)
             stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -210,26 +214,32 @@ def label(
         report("interrupted", {"message": f"{exc}; the finished batches are kept in {exc.work_dir}. "
                                f"Resume with: {_resume_command()}", "rows": exc.stats.read}, "error")
         raise typer.Exit(130) from None
+    except KeyboardInterrupt:  # a second signal: stopped at once; the committed batches are safe
+        report("interrupted", {"message": f"stopped at once by a second signal; the finished batches are kept in "
+                               f"{work_dir_for(output)}. Resume with: {_resume_command()}"}, "error")
+        raise typer.Exit(130) from None
     except TooManyErrors as exc:
         report("too_many_errors", {"message": f"{exc}. The finished batches are kept in {exc.work_dir}; "
                                    "fix the input and run again, or continue with --resume and a higher "
                                    "--max-errors.", "failed": exc.stats.failures}, "error")
         raise typer.Exit(1) from None
     except PcdError as exc:
-        if report.json:
-            report("error", {"message": str(exc)}, "error")
-            raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
-        raise _fail(exc) from None
+        report("error", {"message": str(exc)}, "error")
+        raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
     if report.json:
         report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
                         **stats.to_dict()})
     elif not quiet:
         stats.render(out)
         out.print(f"wrote {stats.records} rows to {escape(str(output))}", highlight=False)
+    if stats.read == 0:
+        report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
+    if stats.records == 0 and stats.failures:
+        report("error", {"message": f"no row could be labelled: all {stats.failures} failed; see {errors}"},
+               "error")
+        raise typer.Exit(1)
     if stats.failures:
         report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
-    if stats.records == 0 and stats.failures:
-        raise typer.Exit(1)
 
 
 @app.command("inspect-schema")

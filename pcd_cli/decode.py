@@ -157,6 +157,7 @@ class Decoder:
 
     Raises:
         ValueError: ``max_tokens_per_pass`` below 16 or an unknown ``truncate``.
+        CompileError: the prompt and the answer alone fill the model's context.
     """
 
     def __init__(self, backend, compiled: CompiledSchema, *,
@@ -173,11 +174,17 @@ class Decoder:
         self.trace = trace
         self.pack_records = pack_records
         self.head_len = len(compiled.prompt.head_ids)
-        backend.prefill(compiled.prompt.head_ids)
         self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
         self.tokens_fed = 0  # tokens fed in those passes
         self._tail_ids = tuple(backend.tokenizer.encode(compiled.prompt.tail_text))
         self._wave_cost, self._positions_after_record = self._estimate_wave_costs()
+        limit = getattr(backend, "max_positions", None)
+        fixed = self.head_len + len(self._tail_ids) + self._positions_after_record
+        if limit and fixed >= limit:
+            raise CompileError(f"the prompt ({self.head_len} tokens of instructions and catalog) and the answer "
+                               f"need {fixed} of the model's {limit} positions, leaving no room for any text; "
+                               "shorten the schema's descriptions or use a model with a longer context")
+        backend.prefill(compiled.prompt.head_ids)
 
     # -- preparing and grouping ------------------------------------------------------------
     def _estimate_wave_costs(self) -> tuple[list[int], int]:

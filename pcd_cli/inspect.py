@@ -59,7 +59,7 @@ MANY_LABELS = 255
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: Another value for each chat-template argument: the template reads the argument if its output changes.
 PROBE_VALUES = {"add_generation_prompt": False, "enable_thinking": True, "date_string": "31 Dec 1999"}
-WARNING_KINDS = ("code_first", "case_only", "json_escape", "logits_width", "seam_merge",
+WARNING_KINDS = ("context_length", "code_first", "case_only", "json_escape", "logits_width", "seam_merge",
                  "many_labels", "round_trip", "date_unpinned")
 
 
@@ -227,6 +227,11 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
                           logits_width=width, layout=layout, chat_template=template, head=head,
                           fields=tuple(fields), warnings=())
     warnings = _schema_warnings(report) + [w for i in sorted(found) for w in found[i]]
+    context = getattr(text_config, "max_position_embeddings", None)
+    if context and n_head + max(f.deepest for f in fields) + len(fields) >= context:
+        warnings.insert(0, Finding("context_length", None, (), f"the prompt head alone is {n_head} tokens; the "
+                                   f"model's context is {context}: no room is left for the records' text "
+                                   "(pcd label stops with exit 3); shorten the descriptions"))
     return replace(report, warnings=tuple(warnings))
 
 

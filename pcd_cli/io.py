@@ -10,6 +10,7 @@ renamed over the target at the end (atomic on POSIX).
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import tempfile
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> 
             if missing:
                 return RecordFailure(rid, f"{where}: template column {missing[0]!r} is missing or null", index, line)
             values = {k: _utf8(v) for k, v in row.items() if k in spec.columns_needed()}
+            if not any(v.strip() for k, v in values.items() if k != spec.id_field):
+                return RecordFailure(rid, f"{where}: the template's columns are all empty", index, line)
             text = _unescape(spec.template).format_map(values)
         else:
             value = row.get(spec.text_field)
@@ -211,41 +214,47 @@ def _csv_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
     """Rows of a CSV file (RFC 4180, via the standard ``csv`` module, which keeps line numbers).
 
     Undecodable bytes are kept as lone surrogates (``surrogateescape``) so that one bad row
-    fails alone; ``_utf8`` rejects them in the cells that are used.
+    fails alone; ``_utf8`` rejects them in the cells that are used. Malformed quoting fails
+    the row (``strict``); when a stray quote made it swallow the lines after it, reading
+    starts again on the line after the row's first one, so those lines are not lost.
     """
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
-    with path.open("r", encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
-        reader = csv.reader(fh, strict=False)
-        header: list[str] | None = None
-        last = 0  # line number where the previous row ended
-        while True:
-            try:
-                values = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as exc:
-                if header is None:
-                    raise InputError(f"{str(path)!r}: the CSV header cannot be read ({exc})") from exc
-                yield last + 1, f"not a valid CSV row ({exc})"
-                last = max(reader.line_num, last + 1)
-                continue
-            start, last = last + 1, reader.line_num
-            if not values or values == [""]:
-                continue  # a blank line
-            if header is None:
+    header: list[str] | None = None
+    skip = 0  # physical lines already read
+    while skip is not None:
+        with path.open("r", encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
+            reader = csv.reader(itertools.islice(fh, skip, None), strict=True)
+            start_at, last, skip = skip, skip, None  # last: line number where the previous row ended
+            while True:
                 try:
-                    header = [_utf8(v).strip() for v in values]
-                except UnicodeError:
-                    raise InputError(f"{str(path)!r}: the CSV header is not valid UTF-8") from None
-                _check_columns(path, header, spec)
-                continue
-            if len(values) != len(header):
-                n = len(values)
-                yield start, f"the CSV row has {n} field{'s' * (n != 1)}; the header has {len(header)}"
-                continue
-            yield start, dict(zip(header, values))
-        if header is None:
-            return  # an empty file: no rows
+                    values = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as exc:
+                    if header is None:
+                        raise InputError(f"{str(path)!r}: the CSV header cannot be read ({exc})") from exc
+                    unclosed = "unexpected end of data" in str(exc)  # CPython's message for EOF inside quotes
+                    yield last + 1, ("a quoted field is never closed" if unclosed else f"not a valid CSV row ({exc})")
+                    if start_at + reader.line_num > last + 1:  # the bad quote swallowed the lines after it
+                        skip = last + 1
+                        break
+                    last += 1
+                    continue
+                start, last = last + 1, start_at + reader.line_num
+                if not values:
+                    continue  # a blank line
+                if header is None:
+                    try:
+                        header = [_utf8(v).strip() for v in values]
+                    except UnicodeError:
+                        raise InputError(f"{str(path)!r}: the CSV header is not valid UTF-8") from None
+                    _check_columns(path, header, spec)
+                    continue
+                if len(values) != len(header):
+                    n = len(values)
+                    yield start, f"the CSV row has {n} field{'s' * (n != 1)}; the header has {len(header)}"
+                    continue
+                yield start, dict(zip(header, values))
 
 
 def _parquet_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:

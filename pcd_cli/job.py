@@ -7,6 +7,7 @@ loses at most the batch in flight. The outputs appear only when every input row 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -21,8 +22,9 @@ from . import __version__
 from .api import Labeler
 from .checkpoint import WorkDir
 from .decode import RecordFailure, RecordResult
-from .errors import Interrupted, TooManyErrors
+from .errors import InputError, Interrupted, SchemaError, TooManyErrors
 from .io import TRUNCATED_COLUMN, InputSpec, output_schema, read_records, results_table
+from .schema import Schema
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -50,6 +52,53 @@ def default_errors(output: str | Path) -> Path:
 def id_column(spec: InputSpec) -> str:
     """Name of the output's id column: the ``--id-field`` column, else ``row`` (row numbers from 0)."""
     return spec.id_field or "row"
+
+
+def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> None:
+    """Refuse a schema whose output columns would clash with each other or with the id column.
+
+    Raises:
+        SchemaError: names the two clashing columns (e.g. a field ``x__prob`` next to field
+            ``x``, a field named ``__truncated``, or ``--id-field sentiment__prob``).
+    """
+    schema.check_output_columns(id_col)
+    if id_col == TRUNCATED_COLUMN:
+        raise SchemaError(f"--id-field {id_col!r} clashes with pcd's output column {TRUNCATED_COLUMN!r}")
+    seen: dict[str, str] = {id_col: "the id column", TRUNCATED_COLUMN: "pcd's truncation column"}
+    for f in schema.fields:
+        for col in (f.name, f"{f.name}__prob", f"{f.name}__mass") + ((f"{f.name}__probs",) if all_probs else ()):
+            if col in seen:
+                raise SchemaError(f"output column {col!r} of field {f.name!r} clashes with {seen[col]}; "
+                                  "rename the field" + (" or pass another --id-field" if col == id_col else ""))
+            seen[col] = f"a column of field {f.name!r}"
+
+
+def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_path: Path | None) -> None:
+    """Refuse, before any record is read, output paths that cannot be written or would overwrite the input.
+
+    Raises:
+        InputError: names the option and the problem.
+    """
+    named = {"-o": output, "--errors": errors_path, "--trace": trace_path}
+    source = Path(input_path).resolve()
+    seen: dict[Path, str] = {}
+    for option, path in named.items():
+        if path is None:
+            continue
+        resolved = path.resolve()
+        if resolved == source:
+            raise InputError(f"{option} {str(path)!r} is the input file; choose another path")
+        if resolved in seen:
+            raise InputError(f"{option} and {seen[resolved]} are the same file {str(path)!r}")
+        seen[resolved] = option
+        if path.is_dir():
+            raise InputError(f"{option} {str(path)!r} is a folder; give a file name")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{option} {str(path)!r}: cannot create its folder ({exc.strerror})") from None
+        if not os.access(path.parent, os.W_OK):
+            raise InputError(f"{option} {str(path)!r}: its folder is not writable")
 
 
 def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,
@@ -102,18 +151,17 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     """
     emit = on_event or (lambda _name, _fields: None)
     column = id_column(spec)
-    labeler.schema.check_output_columns(column)
-    labeler.schema.check_output_columns(TRUNCATED_COLUMN)
+    check_columns(labeler.schema, column, all_probs=all_probs)
+    output, errors_path = Path(output), Path(errors_path)
+    trace_path = Path(trace_path) if trace_path else None
+    check_paths(input_path, output, errors_path, trace_path)
     arrow_schema = output_schema(labeler.schema, column, pa.string() if spec.id_field else pa.int64(),
                                  all_probs=all_probs)
-    output, errors_path = Path(output), Path(errors_path)
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None)
+    too_many = (lambda: max_errors is not None and stats.failures > max_errors)
     stats = RunStats(labeler.schema, min_mass=min_mass)
     with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work:
-        for stale in (errors_path, Path(trace_path) if trace_path else None):
-            if stale is not None:
-                stale.unlink(missing_ok=True)  # a stale file from an earlier run would mislead
         if work.discarded:
             emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
         if work.progress.rows:
@@ -126,10 +174,11 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         pending = _Pending()
 
         def commit() -> None:
+            nonlocal pending
             if pending.rows:
                 work.commit(results_table(pending.results, labeler.schema, arrow_schema), pending.errors,
                             pending.traces, truncated=pending.truncated)
-                pending.__init__()
+                pending = _Pending()
                 emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
                                     "failures": work.progress.failures})
 
@@ -138,9 +187,20 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             stats.forward_passes = labeler.forward_passes - passes_before
             return cls(message, stats, work.path)
 
+        def check_stop() -> None:
+            if too_many():
+                commit()
+                work.write_errors(errors_path)
+                raise stopped(TooManyErrors, f"{stats.failures} rows failed, more than --max-errors "
+                              f"{max_errors}; they are in {errors_path}")
+            if should_stop is not None and should_stop():
+                commit()
+                raise stopped(Interrupted, f"interrupted after {work.progress.rows} rows")
+
         bar = tqdm(unit="rec", desc="labelling", initial=work.progress.rows, dynamic_ncols=True,
                    disable=None if progress is None else not progress)
         try:
+            check_stop()  # a resumed run may be over the limit already; a signal may have come during loading
             for chunk in read_records(input_path, spec, fmt=fmt, batch_size=min(chunk_records, batch_records),
                                       skip=work.progress.rows):
                 for item, res in zip(chunk, labeler.label_batch(chunk)):
@@ -152,14 +212,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                 bar.update(len(chunk))
                 if pending.rows >= batch_records:
                     commit()
-                if max_errors is not None and stats.failures > max_errors:
-                    commit()
-                    work.write_errors(errors_path)
-                    raise stopped(TooManyErrors, f"{stats.failures} rows failed, more than --max-errors "
-                                  f"{max_errors}; they are in {errors_path}")
-                if should_stop is not None and should_stop():
-                    commit()
-                    raise stopped(Interrupted, f"interrupted after {work.progress.rows} rows")
+                check_stop()
             commit()
         finally:
             bar.close()
@@ -169,8 +222,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             "pcd.input": Path(input_path).name, "pcd.records_read": str(stats.read),
             "pcd.records_labelled": str(stats.records), "pcd.records_failed": str(stats.failures),
             "pcd.records_truncated": str(stats.truncated)}
-        work.finish(output, errors_path=errors_path, trace_path=Path(trace_path) if trace_path else None,
-                    metadata=metadata)
+        work.finish(output, errors_path=errors_path, trace_path=trace_path, metadata=metadata)
     return stats
 
 

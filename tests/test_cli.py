@@ -277,7 +277,7 @@ def test_every_record_failing_exits_1(tmp_path):
     errors = [strict_json(line) for line in (tmp_path / "o.errors.jsonl").read_text().splitlines()]
     assert [(e["record"], e["line"]) for e in errors] == [("a", 1), (None, 2)]
     assert not (tmp_path / "trace.jsonl").exists()
-    assert "2 rows failed" in flat(result.stderr)
+    assert "no row could be labelled: all 2 failed" in flat(result.stderr)
 
 
 # -- bad schemas fail before any model is loaded ----------------------------------------------

@@ -335,3 +335,37 @@ def test_parquet_sink_abort_keeps_an_earlier_output(tmp_path):
     sink.abort()
     assert [p.name for p in tmp_path.iterdir()] == ["o.parquet"]
     assert out.read_bytes() == b"earlier run"
+
+
+def test_csv_unclosed_quote_fails_its_row_and_the_rest_is_read(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_bytes(b'id,text\r\nj,ok\r\nk,"unclosed quote here\r\nl,next row\r\nm,"and ""this"""\r\nn,b"c\r\n')
+    got = flat(path, InputSpec(id_field="id"))
+    assert [(type(r).__name__, r.id, r.row, r.line) for r in got] == [
+        ("Record", "j", 0, 2), ("RecordFailure", None, 1, 3), ("Record", "l", 2, 4), ("Record", "m", 3, 5),
+        ("Record", "n", 4, 6)]
+    assert got[1].error.startswith("line 3: not a valid CSV row")
+    assert got[3].text == 'and "this"' and got[4].text == 'b"c'
+    path.write_bytes(b'id,text\nj,ok\nk,"unclosed\nl,next\n')
+    got = flat(path, InputSpec(id_field="id"))
+    assert [(r.id, r.line) for r in got] == [("j", 2), (None, 3), ("l", 4)]
+    assert got[1].error == "line 3: a quoted field is never closed"
+    path.write_bytes(b'id,text\na,"x"y\nb,ok\n')  # text after a closing quote
+    got = flat(path, InputSpec(id_field="id"))
+    assert isinstance(got[0], RecordFailure) and got[0].error.startswith("line 2: not a valid CSV row")
+    assert got[1] == Record("b", "ok") and got[1].line == 3
+
+
+def test_empty_quoted_cell_is_an_empty_text_not_a_blank_line(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text('text\n""\n\nhello\n', encoding="utf-8")
+    got = flat(path)
+    assert isinstance(got[0], RecordFailure) and got[0].error == "line 2: the text is empty"
+    assert got[1] == Record(1, "hello") and got[1].line == 4
+
+
+def test_template_over_empty_columns_is_an_empty_text(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"subject": "", "body": " "}, {"subject": "Hi", "body": ""}])
+    got = flat(path, InputSpec(template=r"Subject: {subject}\n\n{body}"))
+    assert isinstance(got[0], RecordFailure) and got[0].error == "line 1: the template's columns are all empty"
+    assert got[1] == Record(1, "Subject: Hi")

@@ -62,6 +62,12 @@ def _run(backend, src: Path, out: Path, **kw):
                       progress=False, **kw)
 
 
+def _stop_after_chunks(n: int):
+    """A should_stop that turns true after ``n`` chunks (it is polled once before the first)."""
+    polls = []
+    return lambda: polls.append(1) or len(polls) > n
+
+
 def _columns(path: Path) -> dict:
     return pq.read_table(path).to_pydict()
 
@@ -145,7 +151,7 @@ def test_stop_request_commits_and_resume_finishes_identically(backend, tmp_path)
     out = tmp_path / "o.parquet"
     polls = []
     with pytest.raises(Interrupted) as info:
-        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: polls.append(1) or len(polls) >= 2)
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: polls.append(1) or len(polls) >= 3)  # polled once before reading
     assert info.value.stats.read == 8 and info.value.work_dir == work_dir_for(out)
     assert not out.exists() and not out.with_suffix(".errors.jsonl").exists()
     manifest = orjson.loads((work_dir_for(out) / "manifest.json").read_bytes())
@@ -164,7 +170,7 @@ def test_resume_discards_uncommitted_parts_and_a_changed_job(backend, tmp_path):
     src = _write_input(tmp_path / "in.jsonl", 12)
     out = tmp_path / "o.parquet"
     with pytest.raises(Interrupted):
-        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: True)
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=_stop_after_chunks(1))
     work = work_dir_for(out)
     # a process killed between writing a part and the manifest leaves files the manifest does not count
     (work / "part-000001.parquet").write_bytes(b"half written")
@@ -175,13 +181,13 @@ def test_resume_discards_uncommitted_parts_and_a_changed_job(backend, tmp_path):
     assert events[0] == "resumed" and pq.read_table(out).num_rows == 12
 
     with pytest.raises(Interrupted):
-        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: True)
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=_stop_after_chunks(1))
     reasons = []
     _run(backend, src, out, batch_records=4, chunk_records=4, resume=True, all_probs=True,
          on_event=lambda name, fields: reasons.append(fields.get("reason")))
     assert "different all_probs" in reasons[0] and "starts over" in reasons[0]
     with pytest.raises(Interrupted):
-        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=lambda: True)
+        _run(backend, src, out, batch_records=4, chunk_records=4, should_stop=_stop_after_chunks(1))
     reasons.clear()
     _run(backend, src, out, on_event=lambda name, fields: reasons.append(fields.get("reason")))
     assert "pass --resume" in reasons[0]
@@ -399,3 +405,87 @@ def test_csv_reader_never_crashes_on_random_bytes(tmp_path, data):
     lines = [item.line for item in items]
     assert lines == sorted(set(lines)) and all(2 <= n <= data.count(b"\n") + data.count(b"\r") + 2 for n in lines)
     assert [item.row for item in items] == list(range(len(items)))
+
+
+# -- found by trying to break it ------------------------------------------------------------------
+
+def test_resume_past_max_errors_stops_again_without_decoding(backend, tmp_path):
+    src = _write_input(tmp_path / "in.jsonl", 12, bad_every=2)
+    out = tmp_path / "o.parquet"
+    with pytest.raises(TooManyErrors):
+        _run(backend, src, out, batch_records=12, chunk_records=12, max_errors=2)
+    with pytest.raises(TooManyErrors) as info:  # a cron retry with the same limit must not pass
+        _run(backend, src, out, batch_records=12, chunk_records=12, max_errors=2, resume=True)
+    assert info.value.stats.failures == 6 and info.value.stats.decoded == 0 and not out.exists()
+
+
+def test_an_earlier_runs_files_survive_until_the_new_output_is_complete(backend, tmp_path):
+    src = _write_input(tmp_path / "in.jsonl", 6, bad_every=3)
+    out = tmp_path / "o.parquet"
+    _run(backend, src, out)
+    errors = out.with_suffix(".errors.jsonl")
+    before = (out.read_bytes(), errors.read_bytes())
+    with pytest.raises(Interrupted):
+        _run(backend, src, out, batch_records=2, chunk_records=2, should_stop=_stop_after_chunks(1))
+    assert (out.read_bytes(), errors.read_bytes()) == before
+    clean = _write_input(tmp_path / "clean.jsonl", 4)
+    _run(backend, clean, out)
+    assert not errors.exists()  # the finished run had no failures: the old errors file is gone
+
+
+@pytest.mark.parametrize("option", ["errors_path", "trace_path", "output"])
+def test_outputs_that_would_overwrite_the_input_are_refused(backend, tmp_path, option):
+    from pcd_cli.errors import InputError
+
+    src = _write_input(tmp_path / "in.jsonl", 3)
+    kw = {"output": tmp_path / "o.parquet", "errors_path": tmp_path / "e.jsonl", option: src}
+    labeler = Labeler(SCHEMA, backend=backend)
+    with pytest.raises(InputError, match="is the input file"):
+        label_file(labeler, src, InputSpec(id_field="id"), progress=False, **kw)
+    assert src.read_text().count("\n") == 3
+
+
+@pytest.mark.parametrize("id_field, clash", [("urgent__prob", "'urgent__prob' of field 'urgent' clashes with the id"),
+                                             ("__truncated", "'__truncated' clashes with pcd's output column"),
+                                             ("tool__mass", "'tool__mass' of field 'tool' clashes with the id")])
+def test_id_column_clashing_with_an_output_column_is_refused(id_field, clash):
+    from pcd_cli.errors import SchemaError
+    from pcd_cli.job import check_columns
+
+    with pytest.raises(SchemaError, match=clash):
+        check_columns(SCHEMA, id_field)
+    check_columns(SCHEMA, "id")
+    truncated = parse_schema({"fields": {"__truncated": {"type": "boolean"}, "x": {"type": "boolean"}}})
+    with pytest.raises(SchemaError, match="clashes with pcd's truncation column"):
+        check_columns(truncated, "row")
+
+
+def test_a_prompt_that_fills_the_context_fails_before_any_record(short_context_backend):
+    from pcd_cli.errors import CompileError
+
+    wordy = parse_schema({"fields": {"spam": {"type": "boolean", "description": "word " * 400}}})
+    with pytest.raises(CompileError, match="leaving no room for any text"):
+        Labeler(wordy, backend=short_context_backend)
+
+
+def test_stray_temp_files_of_a_killed_assembly_are_removed(tmp_path):
+    from pcd_cli.checkpoint import WorkDir
+
+    stray = tmp_path / ".o.parquet.abc123.tmp"
+    stray.write_bytes(b"half a parquet")
+    other = tmp_path / ".other.parquet.x.tmp"
+    other.write_bytes(b"not ours")
+    with WorkDir.open(tmp_path / "o.parquet", {"x": 1}, None, resume=True):
+        pass
+    assert not stray.exists() and other.exists()
+
+
+def test_cli_all_rows_failing_and_empty_input(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a"}\nnot json\n')
+    result = _cli(bad, "-s", AIRLINE, "-o", tmp_path / "o.parquet", "-q", code=1)
+    assert "no row could be labelled: all 2 failed" in result.stderr
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    result = _cli(empty, "-s", AIRLINE, "-o", tmp_path / "e.parquet", "-q", code=0)
+    assert "has no rows" in result.stderr and pq.read_table(tmp_path / "e.parquet").num_rows == 0

@@ -99,9 +99,11 @@ def converted_gguf_dir(gguf: Path) -> Path:
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file fails in many ways inside the readers
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise ModelError(f"{str(gguf)!r}: not a GGUF model transformers can read ({str(exc).splitlines()[0]})") from exc
     return target
 
 
@@ -325,7 +327,7 @@ def load_tokenizer(model: str | None = None) -> tuple[str, HFTokenizer]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return model_id, HFTokenizer(AutoTokenizer.from_pretrained(source, **kwargs))
-    except (OSError, ValueError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - damaged files fail in many ways inside the readers
         raise ModelError(f"--model {model!r}: cannot load its tokenizer ({str(exc).splitlines()[0]})") from exc
 
 
