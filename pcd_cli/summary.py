@@ -119,7 +119,7 @@ class RunStats:
         """Print the summary: totals, one row per field, the worst low-mass pairs."""
         n = max(self.records, 1)
         console.print(f"{self.read} rows read: [bold]{self.records}[/] records labelled, {self.failures} failed, "
-                      f"{self.truncated} truncated; {len(self.schema.fields)} fields, "
+                      f"{self.truncated} truncated; {len(self.schema.fields)} field{'s' * (len(self.schema.fields) != 1)}, "
                       f"{self.records_per_second:.2f} records/s, {self.passes_per_record:.2f} forward passes per record")
         table = Table(title=f"schema {escape(self.schema.name)}", show_lines=False)
         table.add_column("field")
