@@ -270,6 +270,11 @@ class WorkDir:
         shutil.rmtree(self.path, ignore_errors=True)
         self.close()
 
+    def discard(self) -> None:
+        """Remove the folder and release the lock: there is nothing worth resuming."""
+        self.progress = Progress()
+        self.close()
+
     def close(self) -> None:
         """Release the lock. The folder stays for a later ``--resume`` if it holds a part."""
         if self._lock_fh is None:

@@ -21,7 +21,8 @@ from rich.markup import escape
 
 from . import __version__
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import CompileError, InputError, Interrupted, ModelError, PcdError, SchemaError, TooManyErrors
+from .errors import (CompileError, InputError, Interrupted, ModelError, NothingLabelled, PcdError, SchemaError,
+                     TooManyErrors)
 from .job import DEFAULT_BATCH_RECORDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -218,6 +219,9 @@ def label(
         report("interrupted", {"message": f"stopped at once by a second signal; the finished batches are kept in "
                                f"{work_dir_for(output)}. Resume with: {_resume_command()}"}, "error")
         raise typer.Exit(130) from None
+    except NothingLabelled as exc:
+        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was"}, "error")
+        raise typer.Exit(1) from None
     except TooManyErrors as exc:
         report("too_many_errors", {"message": f"{exc}. The finished batches are kept in {exc.work_dir}; "
                                    "fix the input and run again, or continue with --resume and a higher "
@@ -234,10 +238,6 @@ def label(
         out.print(f"wrote {stats.records} rows to {escape(str(output))}", highlight=False)
     if stats.read == 0:
         report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
-    if stats.records == 0 and stats.failures:
-        report("error", {"message": f"no row could be labelled: all {stats.failures} failed; see {errors}"},
-               "error")
-        raise typer.Exit(1)
     if stats.failures:
         report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
 

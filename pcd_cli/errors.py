@@ -2,8 +2,8 @@
 
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
--> 2, ``ModelError`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` -> 1, ``Interrupted`` ->
-130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
+-> 2, ``ModelError`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
+-> 1, ``Interrupted`` -> 130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
 
 
@@ -51,3 +51,7 @@ class TooManyErrors(RunStopped):
 
 class Interrupted(RunStopped):
     """SIGINT or SIGTERM arrived; the current batch was finished and committed."""
+
+
+class NothingLabelled(RunStopped):
+    """Every row failed: the errors file is written, an earlier output is left as it was."""

@@ -293,7 +293,7 @@ def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_p
 def results_table(results: list[RecordResult], schema: Schema, arrow_schema: pa.Schema) -> pa.Table:
     """Results as a table of ``arrow_schema`` (from ``output_schema``), one row per result."""
     data: dict[str, list] = {arrow_schema.names[0]: [r.id for r in results]}
-    all_probs = any(name.endswith("__probs") for name in arrow_schema.names)
+    all_probs = f"{schema.fields[0].name}__probs" in arrow_schema.names[1:]  # the id column may end in __probs
     for i, f in enumerate(schema.fields):
         data[f.name] = [r.fields[i].value for r in results]
         data[f"{f.name}__prob"] = [r.fields[i].prob for r in results]

@@ -7,8 +7,8 @@ loses at most the batch in flight. The outputs appear only when every input row 
 
 from __future__ import annotations
 
-import os
 import signal
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -22,7 +22,7 @@ from . import __version__
 from .api import Labeler
 from .checkpoint import WorkDir
 from .decode import RecordFailure, RecordResult
-from .errors import InputError, Interrupted, SchemaError, TooManyErrors
+from .errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
 from .io import TRUNCATED_COLUMN, InputSpec, output_schema, read_records, results_table
 from .schema import Schema
 from .summary import RunStats
@@ -97,8 +97,10 @@ def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_p
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InputError(f"{option} {str(path)!r}: cannot create its folder ({exc.strerror})") from None
-        if not os.access(path.parent, os.W_OK):
-            raise InputError(f"{option} {str(path)!r}: its folder is not writable")
+        try:  # try it for real: permission bits say nothing to root, and /sys or /proc refuse anyway
+            tempfile.TemporaryFile(dir=path.parent).close()
+        except OSError as exc:
+            raise InputError(f"{option} {str(path)!r}: cannot write in its folder ({exc.strerror})") from None
 
 
 def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,
@@ -148,6 +150,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         TooManyErrors: more than ``max_errors`` rows failed; the failures so far are in
             ``errors_path`` and the finished batches stay in the work directory.
         Interrupted: ``should_stop`` turned true; the finished batches stay in the work directory.
+        NothingLabelled: every row failed; they are in ``errors_path``, and an earlier output
+            at ``output`` is left as it was.
     """
     emit = on_event or (lambda _name, _fields: None)
     column = id_column(spec)
@@ -216,6 +220,11 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             commit()
         finally:
             bar.close()
+        if stats.records == 0 and stats.failures:  # keep an earlier good output rather than an empty one
+            work.write_errors(errors_path)
+            work.discard()
+            raise stopped(NothingLabelled, f"no row could be labelled: all {stats.failures} failed; see "
+                          f"{errors_path}")
         stats.seconds = time.perf_counter() - started
         stats.forward_passes = labeler.forward_passes - passes_before
         metadata = labeler.metadata() | {

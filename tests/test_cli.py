@@ -269,14 +269,15 @@ def test_bad_records_go_to_the_errors_file(tmp_path):
 def test_every_record_failing_exits_1(tmp_path):
     src = tmp_path / "bad.jsonl"
     src.write_text('{"id": "a"}\nnot json\n')
-    # stale files from an earlier run must not survive to mislead
+    # the errors file is this run's; an earlier run's trace (and output) are left as they were
     (tmp_path / "o.errors.jsonl").write_text('{"record": "old", "error": "old"}\n' * 5)
     (tmp_path / "trace.jsonl").write_text('{"record": "old"}\n')
     result = pcd("label", src, "-s", AIRLINE, "--id-field", "id", "-o", tmp_path / "o.parquet",
                  "--trace", tmp_path / "trace.jsonl", code=1)
     errors = [strict_json(line) for line in (tmp_path / "o.errors.jsonl").read_text().splitlines()]
     assert [(e["record"], e["line"]) for e in errors] == [("a", 1), (None, 2)]
-    assert not (tmp_path / "trace.jsonl").exists()
+    assert (tmp_path / "trace.jsonl").read_text() == '{"record": "old"}\n'
+    assert not (tmp_path / "o.parquet").exists()
     assert "no row could be labelled: all 2 failed" in flat(result.stderr)
 
 

@@ -428,6 +428,14 @@ def test_an_earlier_runs_files_survive_until_the_new_output_is_complete(backend,
     with pytest.raises(Interrupted):
         _run(backend, src, out, batch_records=2, chunk_records=2, should_stop=_stop_after_chunks(1))
     assert (out.read_bytes(), errors.read_bytes()) == before
+    from pcd_cli.errors import NothingLabelled
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "x", "txt": "a typo in the column name"}\n')
+    with pytest.raises(NothingLabelled):  # a run where every row fails keeps the earlier good output
+        _run(backend, broken, out)
+    assert out.read_bytes() == before[0] and not work_dir_for(out).exists()
+    assert orjson.loads(errors.read_bytes())["record"] == "x"
     clean = _write_input(tmp_path / "clean.jsonl", 4)
     _run(backend, clean, out)
     assert not errors.exists()  # the finished run had no failures: the old errors file is gone
@@ -458,6 +466,29 @@ def test_id_column_clashing_with_an_output_column_is_refused(id_field, clash):
     truncated = parse_schema({"fields": {"__truncated": {"type": "boolean"}, "x": {"type": "boolean"}}})
     with pytest.raises(SchemaError, match="clashes with pcd's truncation column"):
         check_columns(truncated, "row")
+
+
+def test_id_column_named_like_a_probs_column_without_all_probs(backend, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"urgent__probs": "a", "text": "call me"}) + "\n")
+    out = tmp_path / "o.parquet"
+    labeler = Labeler(SCHEMA, backend=backend)
+    label_file(labeler, src, InputSpec(id_field="urgent__probs"), output=out, errors_path=tmp_path / "e.jsonl",
+               progress=False)
+    assert pq.read_table(out).column("urgent__probs").to_pylist() == ["a"]
+
+
+def test_unwritable_folders_are_refused_up_front(tmp_path):
+    from pcd_cli.errors import InputError
+    from pcd_cli.job import check_paths
+
+    src = _write_input(tmp_path / "in.jsonl", 1)
+    with pytest.raises(InputError, match="--errors '/proc/e.jsonl': cannot write in its folder"):
+        check_paths(src, tmp_path / "o.parquet", Path("/proc/e.jsonl"), None)
+    with pytest.raises(InputError, match="--trace '/dev/null/t.jsonl': cannot create its folder"):
+        check_paths(src, tmp_path / "o.parquet", tmp_path / "e.jsonl", Path("/dev/null/t.jsonl"))
+    check_paths(src, tmp_path / "o.parquet", tmp_path / "e.jsonl", tmp_path / "sub" / "t.jsonl")
+    assert (tmp_path / "sub").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "sub"]
 
 
 def test_a_prompt_that_fills_the_context_fails_before_any_record(short_context_backend):
