@@ -183,15 +183,16 @@ def _jsonl_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
                 line = line[3:]  # a UTF-8 byte order mark, as Windows tools write
             if not line.strip():
                 continue
+            hint = "; NUL bytes: UTF-16 text? pcd reads UTF-8" if b"\x00" in line else ""
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as exc:
-                yield number, f"bytes that are not valid UTF-8 (at byte {exc.start})"
+                yield number, f"bytes that are not valid UTF-8 (at byte {exc.start}{hint})"
                 continue
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                yield number, f"not valid JSON ({exc})"
+                yield number, f"not valid JSON ({exc}{hint})"
                 continue
             if isinstance(row, dict):
                 yield number, row

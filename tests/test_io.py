@@ -369,3 +369,10 @@ def test_template_over_empty_columns_is_an_empty_text(tmp_path):
     got = flat(path, InputSpec(template=r"Subject: {subject}\n\n{body}"))
     assert isinstance(got[0], RecordFailure) and got[0].error == "line 1: the template's columns are all empty"
     assert got[1] == Record(1, "Subject: Hi")
+
+
+def test_utf16_jsonl_lines_fail_with_a_hint(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes('{"text": "a"}\n{"text": "b"}\n'.encode("utf-16"))
+    got = flat(path)
+    assert got and all(isinstance(r, RecordFailure) and "UTF-16 text? pcd reads UTF-8" in r.error for r in got)
