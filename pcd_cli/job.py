@@ -163,7 +163,6 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                                  all_probs=all_probs)
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None)
-    too_many = (lambda: max_errors is not None and stats.failures > max_errors)
     stats = RunStats(labeler.schema, min_mass=min_mass)
     with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work:
         if work.discarded:
@@ -186,13 +185,16 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                 emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
                                     "failures": work.progress.failures})
 
-        def stopped(cls, message: str):
+        def timed() -> RunStats:
             stats.seconds = time.perf_counter() - started
             stats.forward_passes = labeler.forward_passes - passes_before
-            return cls(message, stats, work.path)
+            return stats
+
+        def stopped(cls, message: str):
+            return cls(message, timed(), work.path)
 
         def check_stop() -> None:
-            if too_many():
+            if max_errors is not None and stats.failures > max_errors:
                 commit()
                 work.write_errors(errors_path)
                 raise stopped(TooManyErrors, f"{stats.failures} rows failed, more than --max-errors "
@@ -225,8 +227,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             work.discard()
             raise stopped(NothingLabelled, f"no row could be labelled: all {stats.failures} failed; see "
                           f"{errors_path}")
-        stats.seconds = time.perf_counter() - started
-        stats.forward_passes = labeler.forward_passes - passes_before
+        timed()
         metadata = labeler.metadata() | {
             "pcd.input": Path(input_path).name, "pcd.records_read": str(stats.read),
             "pcd.records_labelled": str(stats.records), "pcd.records_failed": str(stats.failures),
