@@ -67,8 +67,9 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def plain_forward_time(backend, head_len: int, n_tokens: int, repeats: int) -> float:
-    """Median time of one causal forward pass over ``n_tokens`` tokens on the cached head."""
+def plain_forward_time(backend, cache, head_len: int, n_tokens: int, repeats: int) -> float:
+    """Median time of one causal forward pass over ``n_tokens`` tokens on the cached head
+    (``cache``: a KV handle holding the head, from ``backend.prefill``)."""
     ids = np.resize(np.array(backend.tokenizer.encode("The quick brown fox jumps over the lazy dog. ")), n_tokens)
     pos = np.arange(head_len, head_len + n_tokens)
     visible = np.zeros((n_tokens, head_len + n_tokens), dtype=bool)
@@ -76,8 +77,8 @@ def plain_forward_time(backend, head_len: int, n_tokens: int, repeats: int) -> f
     visible[:, head_len:] = np.tril(np.ones((n_tokens, n_tokens), dtype=bool))
 
     def run():
-        backend.forward(ids, pos, visible, np.array([n_tokens - 1]), np.array([[0]]))
-        backend.truncate(head_len)
+        backend.forward(cache, ids, pos, visible, np.array([n_tokens - 1]), np.array([[0]]))
+        backend.truncate(cache, head_len)
 
     run()
     return median_time(run, repeats)
@@ -94,7 +95,8 @@ def forest_overhead(backend, repeats: int) -> dict:
         t_pcd = median_time(lambda: labeler.label_batch(batch), repeats)
         fed = (labeler.decoder.tokens_fed - fed) // repeats
         passes = (labeler.decoder.record_passes - passes) // repeats
-        t_plain = plain_forward_time(backend, len(labeler.compiled.prompt.head_ids), fed, repeats)
+        t_plain = plain_forward_time(backend, labeler.decoder.cache, len(labeler.compiled.prompt.head_ids), fed,
+                                     repeats)
         out[mode] = {"records": len(batch), "tokens_fed": fed, "passes": passes, "pcd_s": t_pcd,
                      "plain_forward_s": t_plain, "ratio": t_pcd / t_plain}
     return out
