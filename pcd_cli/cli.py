@@ -21,8 +21,8 @@ from rich.markup import escape
 
 from . import __version__
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import (CompileError, InputError, Interrupted, ModelError, NothingLabelled, PcdError, SchemaError,
-                     TooManyErrors)
+from .errors import (CompileError, InputError, Interrupted, MissingExtra, ModelError, NothingLabelled, PcdError,
+                     SchemaError, TooManyErrors)
 from .job import DEFAULT_BATCH_RECORDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -30,7 +30,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
 
-EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3}
+EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3, MissingExtra: 3}
 
 
 class Scoring(str, Enum):

@@ -1,0 +1,93 @@
+"""Rich tables for ``pcd eval`` and ``pcd calibrate`` (the CLI only calls these)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _f(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_eval(report, console: Console) -> None:
+    """Summary table (one row per field), then per field: labels, confusion, selective prediction."""
+    console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
+                  f"({report.prediction_rows} predictions; {report.gold_without_prediction} gold rows without "
+                  f"prediction, {report.predictions_without_gold} predictions without gold)", highlight=False)
+    summary = Table(title="pcd eval", title_justify="left")
+    for name in ("field", "n", "accuracy", "majority", "macro-F1", "mean prob", "ECE", "Brier", "NLL", "AUROC",
+                 "null/invalid gold"):
+        summary.add_column(name, justify="left" if name == "field" else "right")
+    for f in report.fields:
+        summary.add_row(escape(f.field), str(f.n), _f(f.accuracy),
+                        f"{_f(f.majority_accuracy)} ({escape(f.majority_label or '-')})", _f(f.macro_f1),
+                        _f(f.mean_prob), _f(f.ece), _f(f.brier) + ("" if f.brier_form == "multiclass" else "*"),
+                        _f(f.nll), _f(f.auroc), f"{f.gold_null}/{f.gold_invalid}")
+    console.print(summary)
+    if any(f.brier_form != "multiclass" for f in report.fields):
+        console.print("* Brier of the chosen label only (no <field>__probs column; label with --all-probs for the "
+                      "multi-class score and NLL)", highlight=False)
+    for f in report.fields:
+        _field_tables(f, console)
+    if report.fields_without_gold:
+        console.print("fields without gold labels: " + escape(", ".join(report.fields_without_gold)), highlight=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def _field_tables(f, console: Console) -> None:
+    labels = Table(title=f"{escape(f.field)}: per label (rows: gold, columns: predicted)", title_justify="left")
+    labels.add_column("label")
+    for name in ("precision", "recall", "F1", "support", "predicted"):
+        labels.add_column(name, justify="right")
+    for name in f.labels:
+        labels.add_column(f"→{escape(name)}", justify="right")
+    for s, row in zip(f.per_label, f.confusion):
+        labels.add_row(escape(s.label), _f(s.precision), _f(s.recall), _f(s.f1), str(s.support), str(s.predicted),
+                       *map(str, row))
+    console.print(labels)
+    selective = Table(title=f"{escape(f.field)}: selective prediction (keep the most confident rows)",
+                      title_justify="left")
+    selective.add_column("ranked by")
+    for point in f.by_prob.points:
+        selective.add_column(f"acc @ {point.coverage:.0%}", justify="right")
+    target = f.by_prob.target
+    if target is not None:
+        selective.add_column(f"threshold for {target.target:.0%}", justify="right")
+        selective.add_column("coverage", justify="right")
+    for sel in (f.by_prob, f.by_mass):
+        if sel is None:
+            continue
+        cells = [_f(p.accuracy) for p in sel.points]
+        if sel.target is not None:
+            t = sel.target
+            cells += ["not reached", "0%"] if t.threshold is None else [f"{t.threshold:.4f}", f"{t.coverage:.1%}"]
+        selective.add_row(f"__{sel.score}", *cells)
+    console.print(selective)
+
+
+def render_calibration(report, console: Console) -> None:
+    """Before/after table of the cross-validated scores, and the final T and biases."""
+    table = Table(title=f"pcd calibrate: cross-validated before → after", title_justify="left")
+    table.add_column("field")
+    for name in ("n", "folds", "accuracy", "macro-F1", "ECE", "NLL", "T", "biases"):
+        table.add_column(name, justify="left" if name == "biases" else "right")
+    for f in report.fields:
+        b, a = f.before, f.after
+        biases = ", ".join(f"{escape(label)} {value:+.2f}" for label, value in zip(f.labels, f.biases))
+        table.add_row(escape(f.field), str(f.n), str(f.folds), f"{_f(b.accuracy)} → {_f(a.accuracy)}",
+                      f"{_f(b.macro_f1)} → {_f(a.macro_f1)}", f"{_f(b.ece)} → {_f(a.ece)}",
+                      f"{_f(b.nll)} → {_f(a.nll)}", _f(f.temperature, 2), biases)
+    console.print(table)
+    if report.gold_without_prediction:
+        console.print(f"{report.gold_without_prediction} gold rows had no prediction and were not used",
+                      highlight=False)
+    for name, skipped in report.skipped.items():
+        if skipped["gold_null"] or skipped["gold_invalid"]:
+            console.print(f"field {escape(name)}: {skipped['gold_null']} rows with no gold value and "
+                          f"{skipped['gold_invalid']} with a value that is not a label were not used", highlight=False)
+    if report.fields_without_gold:
+        console.print("not calibrated (no gold column): " + escape(", ".join(report.fields_without_gold)),
+                      highlight=False)
