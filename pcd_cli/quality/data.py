@@ -26,7 +26,7 @@ from ..io import InputSpec, _csv_rows, _jsonl_rows, detect_format
 from ..schema import Schema
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
-METADATA_ATTR = "pcd_metadata"
+METADATA_ATTR = "metadata"
 #: Metadata key holding the compact JSON ``{field: [labels...]}`` (written by ``Labeler.metadata``).
 SCHEMA_JSON_KEY = "pcd.schema_json"
 #: Distinct invalid gold values quoted per field in reports.

@@ -140,7 +140,7 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         predictions: a pcd output (``read_predictions`` or ``Labeler.label_frame``).
         gold: one row per record: ``id_field`` and a column per field with human labels.
         schema: gives the fields and labels; ``None``: from the predictions' metadata
-            (``df.attrs["pcd_metadata"]["pcd.schema_json"]``) or columns.
+            (``df.attrs["metadata"]["pcd.schema_json"]``) or columns.
         id_field: the gold id column; also the predictions' id column when it has one
             (else ``row``). Ids are compared as strings.
         target_accuracy: also find the ``__prob`` (and ``__mass``) threshold reaching it.
@@ -210,7 +210,9 @@ def selective(name: str, score: np.ndarray, correct: np.ndarray, target_accuracy
 
 
 def _finite(value):
-    """NaN/inf -> None, recursively (strict JSON)."""
+    """NaN/inf -> None, numpy scalars -> Python, recursively (strict JSON)."""
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

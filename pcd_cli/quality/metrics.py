@@ -208,5 +208,5 @@ def threshold_for_accuracy(score: np.ndarray, correct: np.ndarray, target: float
     for end in ends:
         acc = hits[end] / (end + 1)
         if acc >= target - 1e-12:
-            best = TargetPoint(target, float(s[end]), (end + 1) / n, int(end + 1), float(acc))
+            best = TargetPoint(target, float(s[end]), float((end + 1) / n), int(end + 1), float(acc))
     return best

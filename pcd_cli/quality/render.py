@@ -12,23 +12,33 @@ def _f(value, digits: int = 3) -> str:
 
 
 def render_eval(report, console: Console) -> None:
-    """Summary table (one row per field), then per field: labels, confusion, selective prediction."""
+    """Summary table (a column per field), then per field: labels, confusion, selective prediction."""
     console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
                   f"({report.prediction_rows} predictions; {report.gold_without_prediction} gold rows without "
                   f"prediction, {report.predictions_without_gold} predictions without gold)", highlight=False)
     summary = Table(title="pcd eval", title_justify="left")
-    for name in ("field", "n", "accuracy", "majority", "macro-F1", "mean prob", "ECE", "Brier", "NLL", "AUROC",
-                 "null/invalid gold"):
-        summary.add_column(name, justify="left" if name == "field" else "right")
+    summary.add_column("metric")
     for f in report.fields:
-        summary.add_row(escape(f.field), str(f.n), _f(f.accuracy),
-                        f"{_f(f.majority_accuracy)} ({escape(f.majority_label or '-')})", _f(f.macro_f1),
-                        _f(f.mean_prob), _f(f.ece), _f(f.brier) + ("" if f.brier_form == "multiclass" else "*"),
-                        _f(f.nll), _f(f.auroc), f"{f.gold_null}/{f.gold_invalid}")
+        summary.add_column(escape(f.field), justify="right")
+    rows = [
+        ("rows evaluated", lambda f: str(f.n)),
+        ("gold null / not a label", lambda f: f"{f.gold_null} / {f.gold_invalid}"),
+        ("accuracy", lambda f: _f(f.accuracy)),
+        ("majority baseline", lambda f: f"{_f(f.majority_accuracy)} {escape(f.majority_label or '')}"),
+        ("macro-F1", lambda f: _f(f.macro_f1)),
+        ("mean probability", lambda f: _f(f.mean_prob)),
+        ("mean candidate mass", lambda f: _f(f.mean_mass)),
+        ("ECE (15 bins)", lambda f: _f(f.ece)),
+        ("Brier", lambda f: _f(f.brier) + ("" if f.brier_form == "multiclass" else " *")),
+        ("NLL", lambda f: _f(f.nll)),
+        ("AUROC (prob, correct)", lambda f: _f(f.auroc)),
+    ]
+    for name, cell in rows:
+        summary.add_row(name, *(cell(f) for f in report.fields))
     console.print(summary)
     if any(f.brier_form != "multiclass" for f in report.fields):
-        console.print("* Brier of the chosen label only (no <field>__probs column; label with --all-probs for the "
-                      "multi-class score and NLL)", highlight=False)
+        console.print("* Brier of the chosen label only: no <field>__probs column (label with --all-probs for the "
+                      "multi-class Brier and the NLL)", highlight=False)
     for f in report.fields:
         _field_tables(f, console)
     if report.fields_without_gold:
@@ -38,21 +48,25 @@ def render_eval(report, console: Console) -> None:
 
 
 def _field_tables(f, console: Console) -> None:
-    labels = Table(title=f"{escape(f.field)}: per label (rows: gold, columns: predicted)", title_justify="left")
+    labels = Table(title=f"{escape(f.field)}: per label", title_justify="left")
     labels.add_column("label")
     for name in ("precision", "recall", "F1", "support", "predicted"):
         labels.add_column(name, justify="right")
-    for name in f.labels:
-        labels.add_column(f"→{escape(name)}", justify="right")
-    for s, row in zip(f.per_label, f.confusion):
-        labels.add_row(escape(s.label), _f(s.precision), _f(s.recall), _f(s.f1), str(s.support), str(s.predicted),
-                       *map(str, row))
+    for s in f.per_label:
+        labels.add_row(escape(s.label), _f(s.precision), _f(s.recall), _f(s.f1), str(s.support), str(s.predicted))
     console.print(labels)
-    selective = Table(title=f"{escape(f.field)}: selective prediction (keep the most confident rows)",
+    confusion = Table(title=f"{escape(f.field)}: confusion (rows: gold, columns: predicted)", title_justify="left")
+    confusion.add_column("gold")
+    for name in f.labels:
+        confusion.add_column(escape(name), justify="right")
+    for name, row in zip(f.labels, f.confusion):
+        confusion.add_row(escape(name), *map(str, row))
+    console.print(confusion)
+    selective = Table(title=f"{escape(f.field)}: selective prediction (keep the highest-ranked rows)",
                       title_justify="left")
     selective.add_column("ranked by")
     for point in f.by_prob.points:
-        selective.add_column(f"acc @ {point.coverage:.0%}", justify="right")
+        selective.add_column(f"acc@{point.coverage:.0%}", justify="right")
     target = f.by_prob.target
     if target is not None:
         selective.add_column(f"threshold for {target.target:.0%}", justify="right")
