@@ -83,18 +83,23 @@ def _field_tables(f, console: Console) -> None:
 
 
 def render_calibration(report, console: Console) -> None:
-    """Before/after table of the cross-validated scores, and the final T and biases."""
-    table = Table(title=f"pcd calibrate: cross-validated before → after", title_justify="left")
-    table.add_column("field")
-    for name in ("n", "folds", "accuracy", "macro-F1", "ECE", "NLL", "T", "biases"):
-        table.add_column(name, justify="left" if name == "biases" else "right")
+    """Per field: the cross-validated scores before and after, then the final T and biases."""
+    from .calibration import MAX_TEMPERATURE
+
     for f in report.fields:
-        b, a = f.before, f.after
-        biases = ", ".join(f"{escape(label)} {value:+.2f}" for label, value in zip(f.labels, f.biases))
-        table.add_row(escape(f.field), str(f.n), str(f.folds), f"{_f(b.accuracy)} → {_f(a.accuracy)}",
-                      f"{_f(b.macro_f1)} → {_f(a.macro_f1)}", f"{_f(b.ece)} → {_f(a.ece)}",
-                      f"{_f(b.nll)} → {_f(a.nll)}", _f(f.temperature, 2), biases)
-    console.print(table)
+        table = Table(title=f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV)", title_justify="left")
+        for name in ("metric", "before", "after"):
+            table.add_column(name, justify="left" if name == "metric" else "right")
+        for name, attr in (("accuracy", "accuracy"), ("macro-F1", "macro_f1"), ("ECE (15 bins)", "ece"),
+                           ("NLL", "nll")):
+            table.add_row(name, _f(getattr(f.before, attr)), _f(getattr(f.after, attr)))
+        console.print(table)
+        biases = ", ".join(f"{escape(label)} {value:+.3f}" for label, value in zip(f.labels, f.biases))
+        console.print(f"{escape(f.field)}: temperature {f.temperature:.3f}; biases {biases}", highlight=False)
+        if f.temperature >= MAX_TEMPERATURE * 0.999:
+            console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its bound: the "
+                          "model's probabilities carry no usable signal on these rows (higher probability is not "
+                          "more often right), so the calibration only sets the label priors", highlight=False)
     if report.gold_without_prediction:
         console.print(f"{report.gold_without_prediction} gold rows had no prediction and were not used",
                       highlight=False)
