@@ -360,3 +360,14 @@ def test_load_rejects_bad_files(tmp_path, content, message):
         Calibration.load(path)
     with pytest.raises(CalibrationError, match="cannot read"):
         Calibration.load(tmp_path / "missing.json")
+
+
+def test_field_with_only_null_gold_reports_nothing_but_counts():
+    gold = hand_gold()
+    gold["flag"] = None
+    report = evaluate(hand_predictions(), gold, SCHEMA, target_accuracy=0.9)
+    flag = report.field("flag")
+    assert (flag.n, flag.gold_null, flag.accuracy, flag.ece, flag.auroc, flag.majority_label) == (0, 6, None, None,
+                                                                                              None, None)
+    assert flag.by_prob.target.threshold is None and flag.by_prob.points[0].accuracy is None
+    json.dumps(report.to_dict(), allow_nan=False)

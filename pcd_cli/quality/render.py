@@ -7,6 +7,11 @@ from rich.markup import escape
 from rich.table import Table
 
 
+def _table(title: str) -> Table:
+    """A table whose title is never wrapped (it is at least as wide as its title)."""
+    return Table(title=title, title_justify="left", min_width=len(title))
+
+
 def _f(value, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -16,7 +21,7 @@ def render_eval(report, console: Console) -> None:
     console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
                   f"({report.prediction_rows} predictions; {report.gold_without_prediction} gold rows without "
                   f"prediction, {report.predictions_without_gold} predictions without gold)", highlight=False)
-    summary = Table(title="pcd eval", title_justify="left")
+    summary = _table("pcd eval")
     summary.add_column("metric")
     for f in report.fields:
         summary.add_column(escape(f.field), justify="right")
@@ -48,22 +53,24 @@ def render_eval(report, console: Console) -> None:
 
 
 def _field_tables(f, console: Console) -> None:
-    labels = Table(title=f"{escape(f.field)}: per label", title_justify="left")
+    if not f.n:
+        console.print(f"{escape(f.field)}: no row with a gold label", highlight=False)
+        return
+    labels = _table(f"{escape(f.field)}: per label")
     labels.add_column("label")
     for name in ("precision", "recall", "F1", "support", "predicted"):
         labels.add_column(name, justify="right")
     for s in f.per_label:
         labels.add_row(escape(s.label), _f(s.precision), _f(s.recall), _f(s.f1), str(s.support), str(s.predicted))
     console.print(labels)
-    confusion = Table(title=f"{escape(f.field)}: confusion (rows: gold, columns: predicted)", title_justify="left")
+    confusion = _table(f"{escape(f.field)}: confusion (rows: gold, columns: predicted)")
     confusion.add_column("gold")
     for name in f.labels:
         confusion.add_column(escape(name), justify="right")
     for name, row in zip(f.labels, f.confusion):
         confusion.add_row(escape(name), *map(str, row))
     console.print(confusion)
-    selective = Table(title=f"{escape(f.field)}: selective prediction (keep the highest-ranked rows)",
-                      title_justify="left")
+    selective = _table(f"{escape(f.field)}: selective prediction (keep the highest-ranked rows)")
     selective.add_column("ranked by")
     for point in f.by_prob.points:
         selective.add_column(f"acc@{point.coverage:.0%}", justify="right")
@@ -87,7 +94,7 @@ def render_calibration(report, console: Console) -> None:
     from .calibration import MAX_TEMPERATURE
 
     for f in report.fields:
-        table = Table(title=f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV)", title_justify="left")
+        table = _table(f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV)")
         for name in ("metric", "before", "after"):
             table.add_column(name, justify="left" if name == "metric" else "right")
         for name, attr in (("accuracy", "accuracy"), ("macro-F1", "macro_f1"), ("ECE (15 bins)", "ece"),
