@@ -389,7 +389,7 @@ def calibrate(
             from .api import Labeler
 
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass)
+                              max_tokens_per_pass=max_tokens_per_pass, template=template)
             frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
                                         all_probs=True)
             metadata = frame.attrs.get("metadata") or labeler.metadata()
