@@ -91,7 +91,7 @@ def _field_tables(f, console: Console) -> None:
 
 def render_calibration(report, console: Console) -> None:
     """Per field: the cross-validated scores before and after, then the final T and biases."""
-    from .calibration import MAX_TEMPERATURE
+    from .calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
 
     for f in report.fields:
         table = _table(f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV)")
@@ -107,6 +107,10 @@ def render_calibration(report, console: Console) -> None:
             console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its bound: the "
                           "model's probabilities carry no usable signal on these rows (higher probability is not "
                           "more often right), so the calibration only sets the label priors", highlight=False)
+        elif f.temperature <= MIN_TEMPERATURE * 1.001:
+            console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its lower bound: "
+                          "the gold rows are separated perfectly and the fit sharpens the probabilities as far as "
+                          "allowed; add gold rows before trusting it", highlight=False)
     if report.gold_without_prediction:
         console.print(f"{report.gold_without_prediction} gold rows had no prediction and were not used",
                       highlight=False)
