@@ -229,6 +229,11 @@ def test_evaluate_row_ids_and_errors():
     dup.loc[1, "id"] = 0
     with pytest.raises(InputError, match="gold: id '0' occurs more than once"):
         evaluate(hand_predictions(), dup, SCHEMA)
+    with pytest.raises(InputError, match=r"no gold id matches a prediction id \(gold ids e.g. 'a0' in column 'id'; "
+                       r"prediction ids e.g. '0' in column 'id'\)"):
+        evaluate(hand_predictions(), hand_gold().assign(id=[f"a{i}" for i in range(8)]), SCHEMA)
+    with pytest.raises(InputError, match="the gold file has no rows"):
+        evaluate(hand_predictions(), hand_gold().head(0), SCHEMA)
     with pytest.raises(InputError, match="no field has a gold column"):
         evaluate(hand_predictions(), hand_gold()[["id", "text"]], SCHEMA)
     bad = hand_predictions()

@@ -203,7 +203,8 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
     without ``--id-field``).
 
     Raises:
-        InputError: no id column; duplicate ids on either side; no field in both files; a
+        InputError: no id column; duplicate ids on either side; no gold rows, or no gold id
+            among the predictions; no field in both files; a
             prediction value that is not a label; ``<f>__probs`` labels that differ from the
             field's.
     """
@@ -220,6 +221,12 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
     matched_gold = np.array([i for i, rid in enumerate(gold_ids) if rid in pred_pos], dtype=np.int64)
     matched_pred = np.array([pred_pos[gold_ids[i]] for i in matched_gold], dtype=np.int64)
     unmatched = [rid for rid in gold_ids if rid not in pred_pos]
+    if not gold_ids:
+        raise InputError("the gold file has no rows")
+    if not len(matched_gold):
+        seen = f"e.g. {pred_ids[0]!r} in column {pred_id!r}" if pred_ids else "none: the predictions have no rows"
+        raise InputError(f"no gold id matches a prediction id (gold ids e.g. {gold_ids[0]!r} in column {id_field!r}; "
+                         f"prediction ids {seen}); pass the --id-field used when labelling")
     fields, without = [], []
     for spec in specs:
         if spec.name not in gold.columns:
