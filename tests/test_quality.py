@@ -341,6 +341,8 @@ def test_fit_refuses_unusable_predictions():
         fit_calibration(preds.drop(columns=["f__probs"]), gold, SCHEMA, metadata())
     with pytest.raises(CalibrationError, match="field 'f': 4 rows with gold labels, fewer than --folds 5"):
         fit_calibration(preds, gold.head(4), SCHEMA, metadata())
+    with pytest.raises(CalibrationError, match="labelled with another schema than 'hand'"):
+        fit_calibration(preds, gold, SCHEMA, metadata(**{"pcd.schema_sha256": "0" * 64}))
     with pytest.raises(CalibrationError, match="lacks pcd.prompt_head_sha256"):
         fit_calibration(preds, gold, SCHEMA, {k: v for k, v in metadata().items() if k != "pcd.prompt_head_sha256"})
 

@@ -361,8 +361,8 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
 
     Raises:
         CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
-            or ``<f>__raw_prob`` columns), no ``<f>__probs``, metadata lacking a key, fewer
-            rows than folds for a field.
+            or ``<f>__raw_prob`` columns), no ``<f>__probs``, metadata lacking a key or made
+            with another schema than ``schema``, fewer rows than folds for a field.
         InputError: see ``evaluate``.
     """
     if folds < 2:
@@ -374,6 +374,10 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     if missing:
         raise CalibrationError(f"the predictions' metadata lacks {', '.join(missing)}; a calibration must name the "
                                "model, schema, prompt head and scoring it is for: use a pcd output")
+    if schema is not None and metadata["pcd.schema_sha256"] != schema.source_sha256:
+        raise CalibrationError(f"the predictions were labelled with another schema than {schema.name!r} "
+                               f"(pcd.schema_sha256 {metadata['pcd.schema_sha256'][:12]}..., the schema's "
+                               f"{schema.source_sha256[:12]}...); label the gold rows with this schema")
     specs = field_specs(predictions, schema)
     joined = join(predictions, gold, specs, id_field=id_field)
     fitted, reports = {}, []
