@@ -11,6 +11,7 @@ The CLI (``pcd label``) is a thin layer over this class.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -90,12 +91,18 @@ class Labeler:
         return self.decoder.record_passes
 
     def metadata(self) -> dict[str, str]:
-        """Key-value metadata recorded in outputs: versions, model, hashes, scoring, UTC date."""
+        """Key-value metadata recorded in outputs: versions, model, hashes, scoring, UTC date.
+
+        ``pcd.schema_json`` is the compact JSON ``{field: [labels...]}`` (``pcd eval`` reads the
+        labels from it when no schema is given).
+        """
         return {
             "pcd.version": __version__,
             "pcd.model": self.backend.model_id,
             "pcd.schema_name": self.schema.name,
             "pcd.schema_sha256": self.schema.source_sha256,
+            "pcd.schema_json": json.dumps({f.name: list(f.labels) for f in self.schema.fields},
+                                          separators=(",", ":"), ensure_ascii=False),
             "pcd.prompt_head_sha256": self.compiled.prompt.head_sha256,
             "pcd.scoring": self.compiled.scoring,
             "pcd.layout": self.compiled.layout.name,

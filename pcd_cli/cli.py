@@ -21,8 +21,8 @@ from rich.markup import escape
 
 from . import __version__
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import (CompileError, InputError, Interrupted, ModelError, NothingLabelled, PcdError, SchemaError,
-                     TooManyErrors)
+from .errors import (CompileError, InputError, Interrupted, MissingExtra, ModelError, NothingLabelled, PcdError,
+                     SchemaError, TooManyErrors)
 from .job import DEFAULT_BATCH_RECORDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -30,7 +30,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
 
-EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3}
+EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3, MissingExtra: 3}
 
 
 class Scoring(str, Enum):
@@ -324,6 +324,122 @@ def bench(
     if json_out:
         write_bench_json(report, json_out)
         out.print(f"wrote {escape(str(json_out))}", highlight=False)
+
+
+PLOT_OPT = typer.Option(None, "--plot", help="Write reliability diagrams (PNG) into this folder "
+                        "(needs pip install 'pcd-cli[plot]').")
+GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file (and of the predictions, "
+                           "else their 'row' column); ids are matched as strings.")
+
+
+@app.command("eval")
+def eval_(
+    predictions: Path = typer.Argument(..., help="A pcd output Parquet file."),
+    gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column and one column "
+                                "per field."),
+    id_field: str = GOLD_ID_OPT,
+    schema: Optional[Path] = typer.Option(None, "--schema", "-s", help="Schema file (default: the fields and "
+                                          "labels recorded in the predictions)."),
+    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0.0, max=1.0,
+                                                    help="Also find the probability (and mass) threshold, and "
+                                                    "its coverage, that reach this accuracy."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: README)."),
+    plot: Optional[Path] = PLOT_OPT,
+) -> None:
+    """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
+    Brier, NLL), AUROC and selective prediction, per field. Exit 2 on a bad file."""
+    from .quality import evaluate, read_gold, read_predictions
+    from .quality.plots import eval_plots, require_matplotlib
+    from .quality.render import render_eval
+    from .schema import load_schema
+
+    if target_accuracy is not None and target_accuracy <= 0:
+        raise typer.BadParameter("must be above 0 and at most 1", param_hint="--target-accuracy")
+    try:
+        if plot is not None:
+            require_matplotlib()
+        parsed = load_schema(schema) if schema else None
+        frame, _ = read_predictions(predictions)
+        report = evaluate(frame, read_gold(gold, id_field=id_field), parsed, id_field=id_field,
+                          target_accuracy=target_accuracy)
+        render_eval(report, out)
+        if json_out:
+            _write_json(json_out, report.to_dict())
+            out.print(f"wrote {escape(str(json_out))}", highlight=False)
+        if plot is not None:
+            written = eval_plots(report, plot)
+            out.print(f"wrote {len(written)} reliability diagrams to {escape(str(plot))}", highlight=False)
+    except PcdError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def calibrate(
+    gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column, one column per "
+                                "field and (without --predictions) the text."),
+    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (JSON)."),
+    predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
+                                               "rows, labelled with --all-probs (then no model is loaded)."),
+    folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle."),
+    id_field: str = GOLD_ID_OPT,
+    plot: Optional[Path] = PLOT_OPT,
+    model: Optional[str] = MODEL_OPT,
+    device: Device = DEVICE_OPT,
+    dtype: DType = DTYPE_OPT,
+    scoring: Scoring = SCORING_OPT,
+    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
+    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
+                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    max_tokens_per_pass: int = BUDGET_OPT,
+) -> None:
+    """Fit a per-field temperature and label biases on gold rows; print cross-validated
+    before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
+    --calibration. Exit 2 on a bad gold, predictions or schema file."""
+    from .quality import fit_calibration, read_gold, read_predictions
+    from .quality.plots import calibration_plots, require_matplotlib
+    from .quality.render import render_calibration
+    from .schema import load_schema
+
+    try:
+        if plot is not None:
+            require_matplotlib()
+        parsed = load_schema(schema)
+        gold_frame = read_gold(gold, id_field=id_field)
+        if predictions is not None:
+            frame, metadata = read_predictions(predictions)
+        else:
+            from .api import Labeler
+
+            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+                              max_tokens_per_pass=max_tokens_per_pass, template=template)
+            frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
+                                        all_probs=True)
+            metadata = frame.attrs.get("metadata") or labeler.metadata()
+            failed = frame.attrs.get("errors") or []
+            if failed:
+                err.print(f"[yellow]warning:[/] {len(failed)} gold rows could not be labelled (e.g. "
+                          f"{escape(failed[0]['error'])}); they are not used", highlight=False)
+        calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
+                                              seed=seed)
+        render_calibration(report, out)
+        saved = calibration.save(output)
+        out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
+        if plot is not None:
+            written = calibration_plots(report, plot)
+            out.print(f"wrote {len(written)} before/after reliability diagrams to {escape(str(plot))}",
+                      highlight=False)
+    except PcdError as exc:
+        raise _fail(exc) from None
+
+
+def _write_json(path: Path, value: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        raise InputError(f"--json {str(path)!r}: cannot write ({exc.strerror})") from None
 
 
 if __name__ == "__main__":  # pragma: no cover
