@@ -110,6 +110,11 @@ class Truncate(str, Enum):
     error = "error"
 
 
+class Engine(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
 class LogFormat(str, Enum):
     text = "text"
     json = "json"
@@ -149,7 +154,8 @@ def _resume_command() -> str:
 
 @app.command()
 def label(
-    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet."),
+    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet (--engine ray: also a folder "
+                                 "or a glob of them)."),
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output Parquet file "
                                           "(default: <input stem>.labels.parquet next to the input)."),
@@ -190,6 +196,14 @@ def label(
     examples: Optional[Path] = EXAMPLES_OPT,
     shots: int = SHOTS_OPT,
     seed: int = SEED_OPT,
+    engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process, checkpointed "
+                                  "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files "
+                                  "(pip install 'pcd-cli[ray]'; README: Ray engine)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to "
+                                               "join (default: $RAY_ADDRESS, else a local Ray for the run)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model."),
+    worker_cpus: float = typer.Option(1.0, "--worker-cpus", min=0.0, help="--engine ray: CPUs per actor."),
+    worker_gpus: float = typer.Option(0.0, "--worker-gpus", min=0.0, help="--engine ray: GPUs per actor."),
 ) -> None:
     """Label every record of INPUT with SCHEMA and write a Parquet file.
 
@@ -209,6 +223,17 @@ def label(
         progress = False if progress is None or report.json else progress
     output = output or default_output(input)
     errors = errors or default_errors(output)
+    labeler_options = dict(model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+                           max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
+                           template=template, calibration=calibration)
+    if engine is Engine.ray:
+        stats = _label_ray(input, schema, output, errors, labeler_options, report, fmt=fmt.value if fmt else None,
+                           spec_args=dict(text_field=text_field, template=template, id_field=id_field, limit=limit),
+                           examples=examples, shots=shots, seed=seed, all_probs=all_probs, min_mass=min_mass,
+                           resume=resume, trace=trace, max_errors=max_errors, batch_size=batch_size,
+                           progress=bool(progress), address=ray_address, workers=workers, worker_cpus=worker_cpus,
+                           worker_gpus=worker_gpus)
+        return _done(report, stats, input, output, errors, quiet)
     try:
         with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
             spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
@@ -227,10 +252,7 @@ def label(
             if output.suffix.lower() not in (".parquet", ".pq"):
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
             shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
-            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
-                              truncate=truncate.value, examples=shots_drawn, template=template,
-                              calibration=calibration)
+            labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
             stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -254,6 +276,11 @@ def label(
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
         raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+    _done(report, stats, input, output, errors, quiet)
+
+
+def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool) -> None:
+    """The end of a finished ``pcd label`` run: the summary and the warnings."""
     if report.json:
         report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
                         **stats.to_dict()})
@@ -264,6 +291,42 @@ def label(
         report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
     if stats.failures:
         report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
+
+
+def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
+               fmt, spec_args: dict, examples, shots: int, seed: int, resume: bool, trace, **engine_args):
+    """``pcd label --engine ray``: the same checks and options, run by ``pcd_cli.engines.ray_engine``."""
+    from .io import InputSpec
+    from .job import check_columns, id_column
+    from .schema import load_schema
+
+    try:
+        if resume:
+            raise InputError("--resume is for the local engine only: a Ray run keeps no checkpoints (a failed "
+                             "run is rerun whole); drop --resume or --engine ray")
+        if trace is not None:
+            raise InputError("--trace is for the local engine only; drop it or --engine ray")
+        spec = InputSpec(**spec_args)
+        parsed = load_schema(schema)
+        check_columns(parsed, id_column(spec), all_probs=engine_args["all_probs"])
+        for warning in parsed.warnings:
+            report("warning", {"message": warning}, "warning")
+        from .engines.ray_engine import label_files
+
+        options = labeler_options | {"examples": draw_shots(examples, parsed, spec, shots=shots, seed=seed)}
+        run = label_files(input, parsed, spec, options, output=output, errors_path=errors, fmt=fmt,
+                          on_event=report, **engine_args)
+    except KeyboardInterrupt:
+        report("interrupted", {"message": "interrupted; nothing was written (a Ray run is rerun whole)"}, "error")
+        raise typer.Exit(130) from None
+    except (NothingLabelled, TooManyErrors) as exc:
+        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was",
+                         "failed": exc.stats.failures}, "error")
+        raise typer.Exit(1) from None
+    except PcdError as exc:
+        report("error", {"message": str(exc)}, "error")
+        raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+    return run.stats
 
 
 @app.command("inspect-schema")
