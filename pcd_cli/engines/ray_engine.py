@@ -343,11 +343,21 @@ def _run_step(what: str, fn: Callable[[], Any], max_retries: int) -> Any:
         cause = _pcd_cause(exc)
         if cause is not None:
             raise cause from None
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        reason = f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:500]
+        reason = _reason(exc)
         raise EngineError(f"the {what} step failed on Ray (a worker that dies is restarted and its batch redone "
                           f"up to {max_retries} times; past that the run stops): {reason}. Nothing was "
                           "written; an earlier output is left as it was") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a Ray failure, in one line (``ActorDiedError: ...``)."""
+    while True:
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(inner, BaseException) or inner is exc:
+            break
+        exc = inner
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
 
 
 def check_outputs(files: list[Path], input_path: Path, output: Path, errors_path: Path) -> None:
@@ -387,13 +397,10 @@ def _publish(tmp: Path, target: Path) -> None:
 
 
 class _PartNames:
-    """Output file names in input order: ``part-<task>-<block>.parquet``."""
+    """Output file names that sort in input order: ``part-<write task>-<n>.parquet``."""
 
-    def get_filename_for_block(self, block, write_uuid: str, task_index: int, block_index: int) -> str:
-        return f"part-{task_index:06d}-{block_index:06d}.parquet"
-
-    def get_filename_for_row(self, row, write_uuid: str, task_index: int, block_index: int, row_index: int) -> str:
-        return f"part-{task_index:06d}-{block_index:06d}-{row_index:06d}.parquet"
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return f"part-{task_index:06d}"
 
 
 def _only_labelled(batch: pa.Table, *, names: list[str]) -> pa.Table:
@@ -517,6 +524,7 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
         _run_step("write", lambda: labelled.map_batches(
             _only_labelled, batch_format="pyarrow", batch_size=None, fn_kwargs={"names": list(final.names)}
         ).write_parquet(str(tmp_dir), filename_provider=_PartNames(), min_rows_per_file=ROWS_PER_FILE,
+                        mode=ray.data.SaveMode.OVERWRITE,  # a fresh temporary folder of this run's own
                         arrow_parquet_args_fn=lambda: {"schema": final}), max_retries)
     else:
         tmp_dir.mkdir(parents=True, exist_ok=True)
