@@ -236,6 +236,8 @@ def label(
         return _done(report, stats, input, output, errors, quiet)
     try:
         with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
+            if (workers, worker_cpus, worker_gpus) != (1, 1.0, 0.0):
+                raise InputError("--workers, --worker-cpus and --worker-gpus apply to --engine ray only")
             spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
             parsed = load_schema(schema)
             check_columns(parsed, id_column(spec), all_probs=all_probs)
@@ -313,7 +315,8 @@ def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_op
             report("warning", {"message": warning}, "warning")
         from .engines.ray_engine import label_files
 
-        options = labeler_options | {"examples": draw_shots(examples, parsed, spec, shots=shots, seed=seed)}
+        options = {k: v.resolve() if isinstance(v, Path) else v for k, v in labeler_options.items()}  # for workers
+        options["examples"] = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
         run = label_files(input, parsed, spec, options, output=output, errors_path=errors, fmt=fmt,
                           on_event=report, **engine_args)
     except KeyboardInterrupt:

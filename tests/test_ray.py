@@ -17,9 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pcd_cli.cli import app
+from pcd_cli.engines.ray_engine import EXIT_ONCE_ENV
 from tests.conftest import ORACLE_SCHEMA, tiny_backend
-
-ray = pytest.importorskip("ray")
 
 runner = CliRunner()
 
@@ -28,6 +27,7 @@ TEXTS = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.j
 
 @pytest.fixture(scope="module")
 def local_ray():
+    ray = pytest.importorskip("ray")
     assert not ray.is_initialized()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
@@ -125,3 +125,68 @@ def test_bad_rows_same_errors_as_local(local_ray, files, tmp_path):
     ray_errors = (tmp_path / "ray.errors.jsonl").read_bytes().splitlines()
     assert ray_errors == local_errors
     assert [orjson.loads(e)["line"] for e in ray_errors] == [2, 4, 5, 6, 8]
+
+
+def test_actor_killed_once_output_complete(local_ray, files, tmp_path, monkeypatch):
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv(EXIT_ONCE_ENV, str(marker))  # the first batch's actor calls os._exit(1)
+    local = _local(files, files["jsonl"], tmp_path / "local.parquet", ["--id-field", "id"])
+    result = _ray(files, files["jsonl"], tmp_path / "ray.parquet", 1, ["--id-field", "id"])
+    assert marker.exists()  # an actor did die
+    assert f"{len(TEXTS)} rows read: {len(TEXTS)} records labelled, 0 failed" in result.output
+    remote = pq.read_table(tmp_path / "ray.parquet")
+    assert sorted(remote.column("id").to_pylist()) == sorted(f"t{i}" for i in range(len(TEXTS)))  # each row once
+    assert_same(local, remote)
+
+
+def test_past_the_retries_fails_and_keeps_earlier_output(local_ray, files, tmp_path, monkeypatch):
+    from pcd_cli.engines.ray_engine import label_files
+    from pcd_cli.errors import EngineError
+    from pcd_cli.io import InputSpec
+    from pcd_cli.schema import load_schema
+
+    out = tmp_path / "ray.parquet"
+    out.mkdir()
+    (out / "part-earlier.parquet").write_bytes(b"earlier")
+    monkeypatch.setenv(EXIT_ONCE_ENV, str(tmp_path / "killed"))
+    with pytest.raises(EngineError, match="the label step failed on Ray .* up to 0 times.*ActorDiedError"):
+        label_files(files["jsonl"], load_schema(files["schema"]), InputSpec(id_field="id"),
+                    {"model": files["model"], "device": "cpu"}, output=out, errors_path=tmp_path / "ray.errors.jsonl",
+                    max_retries=0)
+    assert [p.name for p in out.iterdir()] == ["part-earlier.parquet"]
+    assert (out / "part-earlier.parquet").read_bytes() == b"earlier"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_label_dataset_api(local_ray, files, tmp_path):
+    import ray
+
+    from pcd_cli.engines.ray_engine import label_dataset
+
+    local = _local(files, files["jsonl"], tmp_path / "local.parquet", ["--id-field", "id"]).to_pylist()
+    rows = [{"id": f"t{i}", "text": t} for i, t in enumerate(TEXTS[:4])] + [{"id": "x", "text": None}]
+    ds = label_dataset(ray.data.from_items(rows), files["schema"], id_field="id", model=files["model"],
+                       device="cpu", batch_size=2)
+    got = sorted(ds.take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == ["t0", "t1", "t2", "t3", "x"]
+    assert got[-1]["__error"] == "record 'x': text field 'text' is missing or null"
+    assert got[-1]["urgent"] is None
+    for want, row in zip(local[:4], got[:4]):
+        assert row["__error"] is None
+        assert [row[f] for f in ORACLE_SCHEMA["fields"]] == [want[f] for f in ORACLE_SCHEMA["fields"]]
+        assert row["urgent__prob"] == pytest.approx(want["urgent__prob"], abs=1e-5)
+
+
+def test_without_ray_exit_3_with_install_line(files, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed: `import ray` fails
+    result = _label([files["jsonl"], "--schema", files["schema"], "-o", tmp_path / "out.parquet", "--engine", "ray"])
+    assert result.exit_code == 3, result.output
+    assert "pip install 'pcd-cli[ray]'" in result.output
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_resume_is_local_only(files, tmp_path):
+    result = _label([files["jsonl"], "--schema", files["schema"], "-o", tmp_path / "out.parquet", "--engine", "ray",
+                     "--resume"])
+    assert result.exit_code == 2
+    assert "--resume is for the local engine only" in result.output

@@ -37,6 +37,7 @@ import shutil
 import tempfile
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -234,13 +235,15 @@ def _label_step(parsed, schema: Schema, labeler_options: dict[str, Any], *, id_f
                 max_retries: int, offsets: list[int] | None = None, limit: int | None = None):
     import ray.data
 
-    return parsed.map_batches(
-        LabelWorker, batch_format="pyarrow", batch_size=batch_size,
-        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=worker_cpus, num_gpus=worker_gpus or None,
-        fn_constructor_kwargs={"schema": schema, "labeler_options": labeler_options, "id_field": id_field,
-                               "all_probs": all_probs, "offsets": offsets, "limit": limit,
-                               "exit_once": os.environ.get(EXIT_ONCE_ENV)},
-        max_restarts=max_retries, max_task_retries=max_retries)
+    with warnings.catch_warnings():  # Ray 2.60 names no parameter for the retries yet; remote args still work
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        return parsed.map_batches(
+            LabelWorker, batch_format="pyarrow", batch_size=batch_size,
+            compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=worker_cpus, num_gpus=worker_gpus or None,
+            fn_constructor_kwargs={"schema": schema, "labeler_options": labeler_options, "id_field": id_field,
+                                   "all_probs": all_probs, "offsets": offsets, "limit": limit,
+                                   "exit_once": os.environ.get(EXIT_ONCE_ENV)},
+            max_restarts=max_retries, max_task_retries=max_retries)
 
 
 def _public_columns(batch: pa.Table) -> pa.Table:
@@ -350,14 +353,18 @@ def _run_step(what: str, fn: Callable[[], Any], max_retries: int) -> Any:
 
 
 def _reason(exc: BaseException) -> str:
-    """The innermost cause of a Ray failure, in one line (``ActorDiedError: ...``)."""
-    while True:
-        inner = getattr(exc, "cause", None) or exc.__cause__
-        if not isinstance(inner, BaseException) or inner is exc:
+    """The innermost informative cause of a Ray failure, in one line (``ActorDiedError: ...``)."""
+    chain = [exc]
+    while len(chain) < 20:
+        inner = getattr(chain[-1], "cause", None) or chain[-1].__cause__
+        if not isinstance(inner, BaseException) or inner in chain:
             break
-        exc = inner
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
+        chain.append(inner)
+    for e in reversed(chain):
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        if lines:
+            return f"{type(e).__name__}: {lines[0]}"[:500]
+    return type(exc).__name__
 
 
 def check_outputs(files: list[Path], input_path: Path, output: Path, errors_path: Path) -> None:
