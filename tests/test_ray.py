@@ -190,3 +190,15 @@ def test_resume_is_local_only(files, tmp_path):
                      "--resume"])
     assert result.exit_code == 2
     assert "--resume is for the local engine only" in result.output
+
+
+def test_worker_options_need_engine_ray(files, tmp_path):
+    result = _label([files["jsonl"], "--schema", files["schema"], "-o", tmp_path / "out.parquet", "--workers", 2])
+    assert result.exit_code == 2
+    assert "--workers, --worker-cpus and --worker-gpus apply to --engine ray only" in result.output
+
+
+def test_glob_input_needs_an_output_folder(files):
+    result = _label([str(files["parts"] / "*.parquet"), "--schema", files["schema"], "--engine", "ray"])
+    assert result.exit_code == 2
+    assert "with a glob INPUT, name the output folder" in result.output

@@ -181,7 +181,6 @@ class LabelWorker:
         self.arrow_schema = output_schema(self.labeler.schema, id_field or "row",
                                           pa.string() if id_field else pa.int64(), all_probs=all_probs,
                                           calibrated=self.labeler.calibration is not None)
-        self.out_schema = pa.schema(list(self.arrow_schema) + [pa.field(n, t) for n, t in EXTRA_COLUMNS])
         meta = self.labeler.metadata()
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
@@ -214,7 +213,10 @@ class LabelWorker:
         done = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordResult)]
         failed = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordFailure)]
         labelled = results_table([res for _, _, res in done], self.labeler.schema, self.arrow_schema)
-        nulls = pa.table({f.name: pa.nulls(len(failed), f.type) for f in self.arrow_schema}, schema=self.arrow_schema)
+        # failed rows keep their id (when it could be read) in the id column (the first); all else null
+        nulls = pa.table({f.name: pa.array([res.id for _, _, res in failed], f.type) if k == 0 else
+                          pa.nulls(len(failed), f.type) for k, f in enumerate(self.arrow_schema)},
+                         schema=self.arrow_schema)
         rows = done + failed
         extras = {
             "__pcd_error": [None] * len(done) + [res.error for _, _, res in failed],
@@ -264,9 +266,9 @@ def label_dataset(ds, schema: Schema | str | Path, *, text_field: str = "text", 
     ``Labeler`` from them, so a model path must exist on every node.
 
     Returns:
-        A ``ray.data.Dataset`` with ``pcd label``'s output columns (``row`` is null: a Ray
-        Dataset has no row numbers) plus ``__error``: null for a labelled row, else why the row
-        failed (its output columns are null then). One output row per input row.
+        A ``ray.data.Dataset`` with ``pcd label``'s output columns plus ``__error``: null for
+        a labelled row, else why the row failed (then only its id is set). One output row per
+        input row.
 
     Raises:
         MissingExtra: Ray is not installed. InputError: ``id_field`` not given, bad ``template``.
@@ -375,6 +377,8 @@ def check_outputs(files: list[Path], input_path: Path, output: Path, errors_path
     """
     out, err = output.resolve(), errors_path.resolve()
     sources = {f.resolve() for f in files}
+    if _glob.has_magic(str(output)) or _glob.has_magic(str(errors_path)):
+        raise InputError(f"-o {str(output)!r}: with a glob INPUT, name the output folder (and --errors) yourself")
     if output.is_file():
         raise InputError(f"-o {str(output)!r} is a file; --engine ray writes a folder of Parquet files")
     if out in sources or err in sources:
