@@ -12,7 +12,8 @@ A run is four Ray Data steps; the driver (the ``pcd`` process) only plans and co
 3. **label**: ``map_batches`` with a callable class (an actor pool of ``workers`` actors).
    Each actor builds one ``Labeler`` (loads the model from its own disk, compiles the schema,
    prefills the head) and then labels batches of ``batch_size`` rows; only rows and small
-   options travel. An actor that dies is restarted and its batch redone, up to
+   options travel. Rows are cut in order into blocks (several per worker; a block is what an
+   actor takes at a time). An actor that dies is restarted and its block redone, up to
    ``max_retries`` times (Ray's ``max_restarts`` and ``max_task_retries``); a batch's output
    exists only once its task succeeded, so every row is in the output exactly once. Past the
    retries the run fails (``EngineError``) and writes nothing.
@@ -58,6 +59,10 @@ INSTALL_HINT = "pip install 'pcd-cli[ray]'"
 DEFAULT_MAX_RETRIES = 3
 #: Rows handed to an actor at once (the most a dead actor makes Ray redo).
 DEFAULT_BATCH_ROWS = 64
+#: Blocks of rows per worker at least (when there are rows enough), and batches per block at
+#: most: a block is the unit of work an actor takes, and what a dead actor's replacement redoes.
+BLOCKS_PER_WORKER = 4
+BATCHES_PER_BLOCK = 16
 #: Rows per Parquet output file (at least; one file per block when a run is smaller).
 ROWS_PER_FILE = 65_536
 #: Test-only hook: a path; the first actor batch to find no file there creates it and kills
@@ -483,6 +488,12 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
     parsed = _run_step("read", lambda: listing.map_batches(
         _read_files, batch_size=1, batch_format="numpy",
         fn_kwargs={"spec": spec, "fmt": kind, "chunk": max(batch_size, 256)}).materialize(), max_retries)
+    # Cut the rows into blocks in order: a block is one task for one actor, so there must be
+    # several per worker to keep them all busy; a few batches per block on large inputs.
+    n_rows = parsed.count()
+    blocks = max(1, min(-(-n_rows // batch_size), max(BLOCKS_PER_WORKER * workers,
+                                                      -(-n_rows // (BATCHES_PER_BLOCK * batch_size)))))
+    parsed = _run_step("read", lambda: parsed.repartition(blocks).materialize(), max_retries)
     offsets = None
     if len(files) > 1:  # number rows across files in file order
         counts = [0] * len(files)
