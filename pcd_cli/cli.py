@@ -158,7 +158,7 @@ def label(
                                  "or a glob of them)."),
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output Parquet file "
-                                          "(default: <input stem>.labels.parquet next to the input)."),
+                                          "(default: <input stem>.labels.parquet next to the input; --engine ray: a folder)."),
     model: Optional[str] = MODEL_OPT,
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
