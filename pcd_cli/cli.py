@@ -344,7 +344,8 @@ def eval_(
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
             written = eval_plots(report, plot)
-            out.print(f"wrote {len(written)} reliability diagrams to {escape(str(plot))}", highlight=False)
+            out.print(f"wrote {len(written)} reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -374,6 +375,7 @@ def calibrate(
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
     --calibration. Exit 2 on a bad gold, predictions or schema file."""
     from .quality import fit_calibration, read_gold, read_predictions
+    from .quality.calibration import check_output_path
     from .quality.plots import calibration_plots, require_matplotlib
     from .quality.render import render_calibration
     from .schema import load_schema
@@ -381,6 +383,7 @@ def calibrate(
     try:
         if plot is not None:
             require_matplotlib()
+        check_output_path(output)
         parsed = load_schema(schema)
         gold_frame = read_gold(gold, id_field=id_field)
         if predictions is not None:
@@ -404,8 +407,8 @@ def calibrate(
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
             written = calibration_plots(report, plot)
-            out.print(f"wrote {len(written)} before/after reliability diagrams to {escape(str(plot))}",
-                      highlight=False)
+            out.print(f"wrote {len(written)} before/after reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
     except PcdError as exc:
         raise _fail(exc) from None
 

@@ -302,6 +302,11 @@ def test_fit_calibration_cross_validated_and_saved(tmp_path):
     assert (r.field, r.n, r.folds) == ("f", 300, 5)
     assert r.after.ece < r.before.ece and r.after.nll < r.before.nll  # data drawn from the calibrated model
     assert report.fields_without_gold == ("flag",)
+    d = report.to_dict()
+    assert d["fields"]["f"]["after"] == {"accuracy": r.after.accuracy, "macro_f1": r.after.macro_f1,
+                                         "ece": r.after.ece, "nll": r.after.nll}
+    assert list(d["fields"]["f"]["biases"]) == list(LABELS) and d["skipped"] == {"f": {"gold_null": 0,
+                                                                                        "gold_invalid": 0}}
     fc = calibration.fields["f"]
     assert fc.n == 300 and fc.labels == LABELS and fc.temperature == pytest.approx(r.temperature)
     assert fc.cv["before"]["ece"] == r.before.ece and fc.cv["folds"] == 5

@@ -155,6 +155,8 @@ def test_calibrate_from_predictions(tmp_path, no_model):
     result = pcd("calibrate", gold, "--schema", schema, "--predictions", tmp_path / "c.parquet", "-o",
                  tmp_path / "cal2.json", code=2)
     assert "made with a calibration already" in flat(result.stderr)
+    result = pcd("calibrate", gold, "--schema", schema, "--predictions", preds, "-o", tmp_path, code=2)
+    assert f"-o {str(tmp_path)!r} is a folder" in flat(result.stderr)
     assert not (tmp_path / "cal2.json").exists()
 
 
