@@ -68,6 +68,24 @@ BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", 
                           "(bounds memory; records are packed up to it).")
 
 
+CALIBRATION_OPT = typer.Option(None, "--calibration", help="Calibration file from `pcd calibrate` for this schema, "
+                               "model, prompt head and scoring: probabilities become calibrated (the raw one is kept "
+                               "in <field>__raw_prob).")
+EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parquet with the text and one column per "
+                            "field) to draw few-shot examples from; they replace the schema's own examples.")
+SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
+SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
+
+
+def draw_shots(examples: Optional[Path], schema, spec, *, shots: int, seed: int):
+    """The examples drawn from ``--examples`` (``None`` without it: the schema's own)."""
+    if examples is None:
+        return None
+    from .examples import draw_examples
+
+    return draw_examples(examples, schema, spec, shots=shots, seed=seed)
+
+
 def _fail(exc: PcdError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(next((code for cls, code in EXIT_CODES.items() if isinstance(exc, cls)), 1))
@@ -168,6 +186,10 @@ def label(
                                          "object per line on stderr (events, warnings, errors, summary)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
                                             "(default: only on a terminal, never with --quiet or json logs)."),
+    calibration: Optional[Path] = CALIBRATION_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
+    seed: int = SEED_OPT,
 ) -> None:
     """Label every record of INPUT with SCHEMA and write a Parquet file.
 
@@ -204,9 +226,11 @@ def label(
             check_paths(input, output, errors, trace)
             if output.suffix.lower() not in (".parquet", ".pq"):
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
+            shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
                               max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
-                              truncate=truncate.value)
+                              truncate=truncate.value, examples=shots_drawn, template=template,
+                              calibration=calibration)
             stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
