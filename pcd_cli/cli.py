@@ -383,9 +383,13 @@ def calibrate(
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
                                                "rows, labelled with --all-probs (then no model is loaded)."),
     folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw."),
     id_field: str = GOLD_ID_OPT,
     plot: Optional[Path] = PLOT_OPT,
+    examples: Optional[Path] = typer.Option(None, "--examples", help="As for pcd label: few-shot examples drawn "
+                                            "from this gold file (the calibration is valid only for that prompt "
+                                            "head); gold rows that are examples are left out of the fit."),
+    shots: int = SHOTS_OPT,
     model: Optional[str] = MODEL_OPT,
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
@@ -411,12 +415,23 @@ def calibrate(
         parsed = load_schema(schema)
         gold_frame = read_gold(gold, id_field=id_field)
         if predictions is not None:
+            if examples is not None:
+                raise InputError("--examples applies when calibrate labels the gold rows; predictions given with "
+                                 "--predictions were labelled with their own prompt head")
             frame, metadata = read_predictions(predictions)
         else:
             from .api import Labeler
+            from .io import InputSpec
+            from .quality.data import drop_example_rows
 
+            spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, template=template)
+                              max_tokens_per_pass=max_tokens_per_pass, template=template,
+                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
+            gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
+            if dropped:
+                out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
+                          "left out of the fit", highlight=False)
             frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
                                         all_probs=True)
             metadata = frame.attrs.get("metadata") or labeler.metadata()

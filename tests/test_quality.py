@@ -383,3 +383,21 @@ def test_field_with_only_null_gold_reports_nothing_but_counts():
                                                                                               None, None)
     assert flag.by_prob.target.threshold is None and flag.by_prob.points[0].accuracy is None
     json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_drop_example_rows_by_rendered_text():
+    from pcd_cli.io import InputSpec
+    from pcd_cli.quality.data import drop_example_rows
+    from pcd_cli.schema import Example
+
+    gold = pd.DataFrame({"id": ["a", "b", "c"], "subject": ["Hi", "Refund", None], "body": ["x", "y", "z"],
+                         "text": ["  one ", "two", "three"]})
+    kept, dropped = drop_example_rows(gold, [Example(labels=(0,), text="one"), Example(labels=(1,), text="zzz")],
+                                      InputSpec(id_field="id"))
+    assert (kept["id"].tolist(), dropped) == (["b", "c"], 1)
+    spec = InputSpec(template="{subject}: {body}", id_field="id")
+    kept, dropped = drop_example_rows(gold, [Example(labels=(0,), columns=(("subject", "Refund"), ("body", "y")))],
+                                      spec)
+    assert (kept["id"].tolist(), dropped) == (["a", "c"], 1)  # row c has no subject: no text, kept
+    same, none = drop_example_rows(gold, [], spec)
+    assert same is gold and none == 0
