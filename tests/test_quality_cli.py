@@ -18,7 +18,7 @@ from pcd_cli.cli import app
 from pcd_cli.errors import CalibrationError
 from pcd_cli.io import output_schema
 from pcd_cli.quality import Calibration
-from pcd_cli.schema import load_schema, parse_schema
+from pcd_cli.schema import load_schema
 
 from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
 
@@ -203,3 +203,14 @@ def test_calibrate_labels_gold_with_embedded_model(tmp_path, embedded_backend):
     calibration.check(labeler.metadata())
     with pytest.raises(CalibrationError, match="pcd.prompt_head_sha256"):
         calibration.check(Labeler(parsed, backend=embedded_backend, examples=()).metadata())
+    # the notebook path: label_frame -> evaluate, no schema needed (labels from the frame's metadata)
+    from pcd_cli.quality import evaluate, read_gold
+
+    gold_frame = read_gold(gold)
+    frame = labeler.label_frame(gold_frame.head(4), id_field="id")
+    report = evaluate(frame, gold_frame)
+    (f,) = report.fields
+    assert (report.matched, report.gold_without_prediction, f.n) == (4, 16, 4)
+    assert f.labels == ("NEGATIVE", "NEUTRAL", "POSITIVE") and f.brier_form == "multiclass"
+    assert f.accuracy == pytest.approx(np.mean(frame["sentiment"].to_numpy() == gold_frame["sentiment"].head(4)
+                                               .to_numpy()))
