@@ -401,3 +401,19 @@ def test_drop_example_rows_by_rendered_text():
     assert (kept["id"].tolist(), dropped) == (["a", "c"], 1)  # row c has no subject: no text, kept
     same, none = drop_example_rows(gold, [], spec)
     assert same is gold and none == 0
+
+
+def test_warns_below_majority_and_without_signal():
+    gold = hand_gold()
+    gold["f"] = ["B", "A", "A", "A", "C", "B", "A", "B"]  # predicted A, B, B, C, A, A: none right
+    report = evaluate(hand_predictions(), gold, SCHEMA)
+    f = report.field("f")
+    assert (f.accuracy, f.majority_label, f.majority_accuracy) == (0.0, "A", 0.5)
+    assert "field 'f': accuracy 0.000 is below the majority-class baseline 0.500 (always 'A'); see pcd calibrate" \
+        in report.warnings
+    assert not any("AUROC" in w for w in report.warnings)  # all wrong: no AUROC
+    gold["f"] = ["B", "B", "B", "C", "A", "B", "A", "B"]  # wrong only on the two most probable rows (0.91, 0.95)
+    f = evaluate(hand_predictions(), gold, SCHEMA).field("f")
+    assert (f.auroc, f.accuracy, f.majority_accuracy) == (0.0, pytest.approx(4 / 6), pytest.approx(4 / 6))
+    assert any(w.startswith("field 'f': AUROC 0.000: a higher probability is not more often right")
+               for w in evaluate(hand_predictions(), gold, SCHEMA).warnings)
