@@ -307,6 +307,10 @@ def bench(
                                                  "(default: twice a complete answer object's tokens + 32)."),
     max_tokens_per_pass: int = BUDGET_OPT,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write per-record rows and the summary as JSON."),
+    gold: Optional[Path] = typer.Option(None, "--gold", help="Human labels (id column + one column per field): "
+                                        "adds each method's accuracy per field on the same records."),
+    id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id, matched with "
+                                           "--gold's id column of the same name (default: row numbers, gold 'id')."),
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
@@ -315,12 +319,23 @@ def bench(
 
     try:
         parsed = load_schema(schema)
-        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n), model=model,
+        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
+                                                    id_field=id_field), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
                            max_tokens_per_pass=max_tokens_per_pass)
     except PcdError as exc:
         raise _fail(exc) from None
     render_bench(report, out)
+    if gold is not None:
+        from .bench import gold_accuracy, render_gold_accuracy
+        from .quality import read_gold
+
+        try:
+            report.summary["gold_accuracy"] = gold_accuracy(report, read_gold(gold, id_field=id_field or "id"), parsed,
+                                                            id_field=id_field or "id")
+        except PcdError as exc:
+            raise _fail(exc) from None
+        render_gold_accuracy(report.summary["gold_accuracy"], out)
     if json_out:
         write_bench_json(report, json_out)
         out.print(f"wrote {escape(str(json_out))}", highlight=False)
