@@ -360,6 +360,8 @@ def eval_(
                                                     "its coverage, that reach this accuracy."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: README)."),
     plot: Optional[Path] = PLOT_OPT,
+    compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
+                                           "(e.g. before calibration): print both side by side."),
 ) -> None:
     """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
     Brier, NLL), AUROC and selective prediction, per field. Exit 2 on a bad file."""
@@ -378,6 +380,12 @@ def eval_(
         report = evaluate(frame, read_gold(gold, id_field=id_field), parsed, id_field=id_field,
                           target_accuracy=target_accuracy)
         render_eval(report, out)
+        if compare is not None:
+            from .quality.compare import render_comparison
+
+            baseline, _ = read_predictions(compare)
+            before = evaluate(baseline, read_gold(gold, id_field=id_field), parsed, id_field=id_field)
+            render_comparison(before, report, out, before_name=compare.name, after_name=predictions.name)
         if json_out:
             _write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
@@ -397,7 +405,8 @@ def calibrate(
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
                                                "rows, labelled with --all-probs (then no model is loaded)."),
     folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
+                             "pcd label the same --seed to draw the same examples)."),
     id_field: str = GOLD_ID_OPT,
     plot: Optional[Path] = PLOT_OPT,
     model: Optional[str] = MODEL_OPT,
@@ -408,6 +417,8 @@ def calibrate(
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
                                            "e.g. 'Subject: {subject}\\n\\n{body}'."),
     max_tokens_per_pass: int = BUDGET_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
 ) -> None:
     """Fit a per-field temperature and label biases on gold rows; print cross-validated
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
@@ -420,6 +431,9 @@ def calibrate(
     try:
         if plot is not None:
             require_matplotlib()
+        if predictions is not None and examples is not None:
+            raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
+                             "label them with --examples first (pcd label --all-probs) and pass that output")
         parsed = load_schema(schema)
         gold_frame = read_gold(gold, id_field=id_field)
         if predictions is not None:
@@ -427,8 +441,12 @@ def calibrate(
         else:
             from .api import Labeler
 
+            from .io import InputSpec
+
+            drawn = draw_shots(examples, parsed, InputSpec(text_field=text_field, template=template,
+                                                           id_field=id_field), shots=shots, seed=seed)
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, template=template)
+                              max_tokens_per_pass=max_tokens_per_pass, template=template, examples=drawn)
             frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
                                         all_probs=True)
             metadata = frame.attrs.get("metadata") or labeler.metadata()
