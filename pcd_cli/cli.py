@@ -273,6 +273,8 @@ def inspect_schema(
     scoring: Scoring = SCORING_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object (shape: README)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there is any warning."),
+    template: Optional[str] = typer.Option(None, "--template", help="The --template of pcd label, for the schema's "
+                                           "examples given as columns."),
 ) -> None:
     """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
     from .inspect import inspect
@@ -281,7 +283,7 @@ def inspect_schema(
 
     try:
         parsed = load_schema(schema)
-        report = inspect(parsed, model=model, scoring=scoring.value)
+        report = inspect(parsed, model=model, scoring=scoring.value, template=template)
     except PcdError as exc:
         raise _fail(exc) from None
     if json_out:
