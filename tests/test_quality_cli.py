@@ -158,7 +158,7 @@ def test_calibrate_from_predictions(tmp_path, no_model):
     assert "made with a calibration already" in flat(result.stderr)
     result = pcd("calibrate", gold, "--schema", schema, "--predictions", preds, "-o", tmp_path / "cal2.json",
                  "--examples", gold, code=2)
-    assert "--examples applies when calibrate labels the gold rows" in flat(result.stderr)
+    assert "--examples and --predictions: the examples act when the gold rows are labelled" in flat(result.stderr)
     result = pcd("calibrate", gold, "--schema", schema, "--predictions", preds, "-o", tmp_path, code=2)
     assert f"-o {str(tmp_path)!r} is a folder" in flat(result.stderr)
     assert not (tmp_path / "cal2.json").exists()
