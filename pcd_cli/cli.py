@@ -339,6 +339,8 @@ def inspect_schema(
     scoring: Scoring = SCORING_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object (shape: README)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there is any warning."),
+    template: Optional[str] = typer.Option(None, "--template", help="The --template of pcd label, for the schema's "
+                                           "examples given as columns."),
 ) -> None:
     """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
     from .inspect import inspect
@@ -347,7 +349,7 @@ def inspect_schema(
 
     try:
         parsed = load_schema(schema)
-        report = inspect(parsed, model=model, scoring=scoring.value)
+        report = inspect(parsed, model=model, scoring=scoring.value, template=template)
     except PcdError as exc:
         raise _fail(exc) from None
     if json_out:
@@ -373,6 +375,10 @@ def bench(
                                                  "(default: twice a complete answer object's tokens + 32)."),
     max_tokens_per_pass: int = BUDGET_OPT,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write per-record rows and the summary as JSON."),
+    gold: Optional[Path] = typer.Option(None, "--gold", help="Human labels (id column + one column per field): "
+                                        "adds each method's accuracy per field on the same records."),
+    id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id, matched with "
+                                           "--gold's id column of the same name (default: row numbers, gold 'id')."),
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
@@ -381,12 +387,23 @@ def bench(
 
     try:
         parsed = load_schema(schema)
-        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n), model=model,
+        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
+                                                    id_field=id_field), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
                            max_tokens_per_pass=max_tokens_per_pass)
     except PcdError as exc:
         raise _fail(exc) from None
     render_bench(report, out)
+    if gold is not None:
+        from .bench import gold_accuracy, render_gold_accuracy
+        from .quality import read_gold
+
+        try:
+            report.summary["gold_accuracy"] = gold_accuracy(report, read_gold(gold, id_field=id_field or "id"), parsed,
+                                                            id_field=id_field or "id")
+        except PcdError as exc:
+            raise _fail(exc) from None
+        render_gold_accuracy(report.summary["gold_accuracy"], out)
     if json_out:
         write_bench_json(report, json_out)
         out.print(f"wrote {escape(str(json_out))}", highlight=False)
@@ -411,6 +428,8 @@ def eval_(
                                                     "its coverage, that reach this accuracy."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: README)."),
     plot: Optional[Path] = PLOT_OPT,
+    compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
+                                           "(e.g. before calibration): print both side by side."),
 ) -> None:
     """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
     Brier, NLL), AUROC and selective prediction, per field. Exit 2 on a bad file."""
@@ -429,12 +448,19 @@ def eval_(
         report = evaluate(frame, read_gold(gold, id_field=id_field), parsed, id_field=id_field,
                           target_accuracy=target_accuracy)
         render_eval(report, out)
+        if compare is not None:
+            from .quality.compare import render_comparison
+
+            baseline, _ = read_predictions(compare)
+            before = evaluate(baseline, read_gold(gold, id_field=id_field), parsed, id_field=id_field)
+            render_comparison(before, report, out, before_name=compare.name, after_name=predictions.name)
         if json_out:
             _write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
             written = eval_plots(report, plot)
-            out.print(f"wrote {len(written)} reliability diagrams to {escape(str(plot))}", highlight=False)
+            out.print(f"wrote {len(written)} reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -448,7 +474,8 @@ def calibrate(
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
                                                "rows, labelled with --all-probs (then no model is loaded)."),
     folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
+                             "pcd label the same --seed to draw the same examples)."),
     id_field: str = GOLD_ID_OPT,
     plot: Optional[Path] = PLOT_OPT,
     model: Optional[str] = MODEL_OPT,
@@ -459,11 +486,14 @@ def calibrate(
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
                                            "e.g. 'Subject: {subject}\\n\\n{body}'."),
     max_tokens_per_pass: int = BUDGET_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
 ) -> None:
     """Fit a per-field temperature and label biases on gold rows; print cross-validated
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
     --calibration. Exit 2 on a bad gold, predictions or schema file."""
     from .quality import fit_calibration, read_gold, read_predictions
+    from .quality.calibration import check_output_path
     from .quality.plots import calibration_plots, require_matplotlib
     from .quality.render import render_calibration
     from .schema import load_schema
@@ -471,15 +501,27 @@ def calibrate(
     try:
         if plot is not None:
             require_matplotlib()
+        if predictions is not None and examples is not None:
+            raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
+                             "label them with --examples first (pcd label --all-probs) and pass that output")
+        check_output_path(output)
         parsed = load_schema(schema)
         gold_frame = read_gold(gold, id_field=id_field)
         if predictions is not None:
             frame, metadata = read_predictions(predictions)
         else:
             from .api import Labeler
+            from .io import InputSpec
+            from .quality.data import drop_example_rows
 
+            spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, template=template)
+                              max_tokens_per_pass=max_tokens_per_pass, template=template,
+                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
+            gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
+            if dropped:
+                out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
+                          "left out of the fit", highlight=False)
             frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
                                         all_probs=True)
             metadata = frame.attrs.get("metadata") or labeler.metadata()
@@ -494,8 +536,8 @@ def calibrate(
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
             written = calibration_plots(report, plot)
-            out.print(f"wrote {len(written)} before/after reliability diagrams to {escape(str(plot))}",
-                      highlight=False)
+            out.print(f"wrote {len(written)} before/after reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
     except PcdError as exc:
         raise _fail(exc) from None
 
