@@ -21,8 +21,8 @@ from rich.markup import escape
 
 from . import __version__
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import (CompileError, InputError, Interrupted, ModelError, NothingLabelled, PcdError, SchemaError,
-                     TooManyErrors)
+from .errors import (CompileError, InputError, Interrupted, MissingExtra, ModelError, NothingLabelled, PcdError,
+                     SchemaError, TooManyErrors)
 from .job import DEFAULT_BATCH_RECORDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -30,7 +30,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
 
-EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3}
+EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3, MissingExtra: 3}
 
 
 class Scoring(str, Enum):
@@ -68,6 +68,24 @@ BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", 
                           "(bounds memory; records are packed up to it).")
 
 
+CALIBRATION_OPT = typer.Option(None, "--calibration", help="Calibration file from `pcd calibrate` for this schema, "
+                               "model, prompt head and scoring: probabilities become calibrated (the raw one is kept "
+                               "in <field>__raw_prob).")
+EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parquet with the text and one column per "
+                            "field) to draw few-shot examples from; they replace the schema's own examples.")
+SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
+SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
+
+
+def draw_shots(examples: Optional[Path], schema, spec, *, shots: int, seed: int):
+    """The examples drawn from ``--examples`` (``None`` without it: the schema's own)."""
+    if examples is None:
+        return None
+    from .examples import draw_examples
+
+    return draw_examples(examples, schema, spec, shots=shots, seed=seed)
+
+
 def _fail(exc: PcdError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(next((code for cls, code in EXIT_CODES.items() if isinstance(exc, cls)), 1))
@@ -90,6 +108,11 @@ class Truncate(str, Enum):
     head = "head"
     tail = "tail"
     error = "error"
+
+
+class Engine(str, Enum):
+    local = "local"
+    ray = "ray"
 
 
 class LogFormat(str, Enum):
@@ -131,10 +154,11 @@ def _resume_command() -> str:
 
 @app.command()
 def label(
-    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet."),
+    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet (--engine ray: also a folder "
+                                 "or a glob of them)."),
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output Parquet file "
-                                          "(default: <input stem>.labels.parquet next to the input)."),
+                                          "(default: <input stem>.labels.parquet next to the input; --engine ray: a folder)."),
     model: Optional[str] = MODEL_OPT,
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
@@ -168,6 +192,18 @@ def label(
                                          "object per line on stderr (events, warnings, errors, summary)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
                                             "(default: only on a terminal, never with --quiet or json logs)."),
+    calibration: Optional[Path] = CALIBRATION_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
+    seed: int = SEED_OPT,
+    engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process, checkpointed "
+                                  "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files "
+                                  "(pip install 'pcd-cli[ray]'; README: Ray engine)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to "
+                                               "join (default: $RAY_ADDRESS, else a local Ray for the run)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model."),
+    worker_cpus: float = typer.Option(1.0, "--worker-cpus", min=0.0, help="--engine ray: CPUs per actor."),
+    worker_gpus: float = typer.Option(0.0, "--worker-gpus", min=0.0, help="--engine ray: GPUs per actor."),
 ) -> None:
     """Label every record of INPUT with SCHEMA and write a Parquet file.
 
@@ -187,8 +223,21 @@ def label(
         progress = False if progress is None or report.json else progress
     output = output or default_output(input)
     errors = errors or default_errors(output)
+    labeler_options = dict(model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+                           max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
+                           template=template, calibration=calibration)
+    if engine is Engine.ray:
+        stats = _label_ray(input, schema, output, errors, labeler_options, report, fmt=fmt.value if fmt else None,
+                           spec_args=dict(text_field=text_field, template=template, id_field=id_field, limit=limit),
+                           examples=examples, shots=shots, seed=seed, all_probs=all_probs, min_mass=min_mass,
+                           resume=resume, trace=trace, max_errors=max_errors, batch_size=batch_size,
+                           progress=bool(progress), address=ray_address, workers=workers, worker_cpus=worker_cpus,
+                           worker_gpus=worker_gpus)
+        return _done(report, stats, input, output, errors, quiet)
     try:
         with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
+            if (workers, worker_cpus, worker_gpus) != (1, 1.0, 0.0):
+                raise InputError("--workers, --worker-cpus and --worker-gpus apply to --engine ray only")
             spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
             parsed = load_schema(schema)
             check_columns(parsed, id_column(spec), all_probs=all_probs)
@@ -204,9 +253,8 @@ def label(
             check_paths(input, output, errors, trace)
             if output.suffix.lower() not in (".parquet", ".pq"):
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
-            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
-                              truncate=truncate.value)
+            shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
+            labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
             stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -230,6 +278,11 @@ def label(
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
         raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+    _done(report, stats, input, output, errors, quiet)
+
+
+def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool) -> None:
+    """The end of a finished ``pcd label`` run: the summary and the warnings."""
     if report.json:
         report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
                         **stats.to_dict()})
@@ -242,6 +295,43 @@ def label(
         report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
 
 
+def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
+               fmt, spec_args: dict, examples, shots: int, seed: int, resume: bool, trace, **engine_args):
+    """``pcd label --engine ray``: the same checks and options, run by ``pcd_cli.engines.ray_engine``."""
+    from .io import InputSpec
+    from .job import check_columns, id_column
+    from .schema import load_schema
+
+    try:
+        if resume:
+            raise InputError("--resume is for the local engine only: a Ray run keeps no checkpoints (a failed "
+                             "run is rerun whole); drop --resume or --engine ray")
+        if trace is not None:
+            raise InputError("--trace is for the local engine only; drop it or --engine ray")
+        spec = InputSpec(**spec_args)
+        parsed = load_schema(schema)
+        check_columns(parsed, id_column(spec), all_probs=engine_args["all_probs"])
+        for warning in parsed.warnings:
+            report("warning", {"message": warning}, "warning")
+        from .engines.ray_engine import label_files
+
+        options = {k: v.resolve() if isinstance(v, Path) else v for k, v in labeler_options.items()}  # for workers
+        options["examples"] = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
+        run = label_files(input, parsed, spec, options, output=output, errors_path=errors, fmt=fmt,
+                          on_event=report, **engine_args)
+    except KeyboardInterrupt:
+        report("interrupted", {"message": "interrupted; nothing was written (a Ray run is rerun whole)"}, "error")
+        raise typer.Exit(130) from None
+    except (NothingLabelled, TooManyErrors) as exc:
+        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was",
+                         "failed": exc.stats.failures}, "error")
+        raise typer.Exit(1) from None
+    except PcdError as exc:
+        report("error", {"message": str(exc)}, "error")
+        raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+    return run.stats
+
+
 @app.command("inspect-schema")
 def inspect_schema(
     schema: Path = typer.Argument(..., help="Schema file (YAML or JSON)."),
@@ -249,6 +339,8 @@ def inspect_schema(
     scoring: Scoring = SCORING_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object (shape: README)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there is any warning."),
+    template: Optional[str] = typer.Option(None, "--template", help="The --template of pcd label, for the schema's "
+                                           "examples given as columns."),
 ) -> None:
     """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
     from .inspect import inspect
@@ -257,7 +349,7 @@ def inspect_schema(
 
     try:
         parsed = load_schema(schema)
-        report = inspect(parsed, model=model, scoring=scoring.value)
+        report = inspect(parsed, model=model, scoring=scoring.value, template=template)
     except PcdError as exc:
         raise _fail(exc) from None
     if json_out:
@@ -283,6 +375,10 @@ def bench(
                                                  "(default: twice a complete answer object's tokens + 32)."),
     max_tokens_per_pass: int = BUDGET_OPT,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write per-record rows and the summary as JSON."),
+    gold: Optional[Path] = typer.Option(None, "--gold", help="Human labels (id column + one column per field): "
+                                        "adds each method's accuracy per field on the same records."),
+    id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id, matched with "
+                                           "--gold's id column of the same name (default: row numbers, gold 'id')."),
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
@@ -291,15 +387,167 @@ def bench(
 
     try:
         parsed = load_schema(schema)
-        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n), model=model,
+        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
+                                                    id_field=id_field), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
                            max_tokens_per_pass=max_tokens_per_pass)
     except PcdError as exc:
         raise _fail(exc) from None
     render_bench(report, out)
+    if gold is not None:
+        from .bench import gold_accuracy, render_gold_accuracy
+        from .quality import read_gold
+
+        try:
+            report.summary["gold_accuracy"] = gold_accuracy(report, read_gold(gold, id_field=id_field or "id"), parsed,
+                                                            id_field=id_field or "id")
+        except PcdError as exc:
+            raise _fail(exc) from None
+        render_gold_accuracy(report.summary["gold_accuracy"], out)
     if json_out:
         write_bench_json(report, json_out)
         out.print(f"wrote {escape(str(json_out))}", highlight=False)
+
+
+PLOT_OPT = typer.Option(None, "--plot", help="Write reliability diagrams (PNG) into this folder "
+                        "(needs pip install 'pcd-cli[plot]').")
+GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file (and of the predictions, "
+                           "else their 'row' column); ids are matched as strings.")
+
+
+@app.command("eval")
+def eval_(
+    predictions: Path = typer.Argument(..., help="A pcd output Parquet file."),
+    gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column and one column "
+                                "per field."),
+    id_field: str = GOLD_ID_OPT,
+    schema: Optional[Path] = typer.Option(None, "--schema", "-s", help="Schema file (default: the fields and "
+                                          "labels recorded in the predictions)."),
+    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0.0, max=1.0,
+                                                    help="Also find the probability (and mass) threshold, and "
+                                                    "its coverage, that reach this accuracy."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: README)."),
+    plot: Optional[Path] = PLOT_OPT,
+    compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
+                                           "(e.g. before calibration): print both side by side."),
+) -> None:
+    """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
+    Brier, NLL), AUROC and selective prediction, per field. Exit 2 on a bad file."""
+    from .quality import evaluate, read_gold, read_predictions
+    from .quality.plots import eval_plots, require_matplotlib
+    from .quality.render import render_eval
+    from .schema import load_schema
+
+    if target_accuracy is not None and target_accuracy <= 0:
+        raise typer.BadParameter("must be above 0 and at most 1", param_hint="--target-accuracy")
+    try:
+        if plot is not None:
+            require_matplotlib()
+        parsed = load_schema(schema) if schema else None
+        frame, _ = read_predictions(predictions)
+        report = evaluate(frame, read_gold(gold, id_field=id_field), parsed, id_field=id_field,
+                          target_accuracy=target_accuracy)
+        render_eval(report, out)
+        if compare is not None:
+            from .quality.compare import render_comparison
+
+            baseline, _ = read_predictions(compare)
+            before = evaluate(baseline, read_gold(gold, id_field=id_field), parsed, id_field=id_field)
+            render_comparison(before, report, out, before_name=compare.name, after_name=predictions.name)
+        if json_out:
+            _write_json(json_out, report.to_dict())
+            out.print(f"wrote {escape(str(json_out))}", highlight=False)
+        if plot is not None:
+            written = eval_plots(report, plot)
+            out.print(f"wrote {len(written)} reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
+    except PcdError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def calibrate(
+    gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column, one column per "
+                                "field and (without --predictions) the text."),
+    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (JSON)."),
+    predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
+                                               "rows, labelled with --all-probs (then no model is loaded)."),
+    folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
+                             "pcd label the same --seed to draw the same examples)."),
+    id_field: str = GOLD_ID_OPT,
+    plot: Optional[Path] = PLOT_OPT,
+    model: Optional[str] = MODEL_OPT,
+    device: Device = DEVICE_OPT,
+    dtype: DType = DTYPE_OPT,
+    scoring: Scoring = SCORING_OPT,
+    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
+    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
+                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    max_tokens_per_pass: int = BUDGET_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
+) -> None:
+    """Fit a per-field temperature and label biases on gold rows; print cross-validated
+    before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
+    --calibration. Exit 2 on a bad gold, predictions or schema file."""
+    from .quality import fit_calibration, read_gold, read_predictions
+    from .quality.calibration import check_output_path
+    from .quality.plots import calibration_plots, require_matplotlib
+    from .quality.render import render_calibration
+    from .schema import load_schema
+
+    try:
+        if plot is not None:
+            require_matplotlib()
+        if predictions is not None and examples is not None:
+            raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
+                             "label them with --examples first (pcd label --all-probs) and pass that output")
+        check_output_path(output)
+        parsed = load_schema(schema)
+        gold_frame = read_gold(gold, id_field=id_field)
+        if predictions is not None:
+            frame, metadata = read_predictions(predictions)
+        else:
+            from .api import Labeler
+            from .io import InputSpec
+            from .quality.data import drop_example_rows
+
+            spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
+            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+                              max_tokens_per_pass=max_tokens_per_pass, template=template,
+                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
+            gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
+            if dropped:
+                out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
+                          "left out of the fit", highlight=False)
+            frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
+                                        all_probs=True)
+            metadata = frame.attrs.get("metadata") or labeler.metadata()
+            failed = frame.attrs.get("errors") or []
+            if failed:
+                err.print(f"[yellow]warning:[/] {len(failed)} gold rows could not be labelled (e.g. "
+                          f"{escape(failed[0]['error'])}); they are not used", highlight=False)
+        calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
+                                              seed=seed)
+        render_calibration(report, out)
+        saved = calibration.save(output)
+        out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
+        if plot is not None:
+            written = calibration_plots(report, plot)
+            out.print(f"wrote {len(written)} before/after reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
+    except PcdError as exc:
+        raise _fail(exc) from None
+
+
+def _write_json(path: Path, value: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        raise InputError(f"--json {str(path)!r}: cannot write ({exc.strerror})") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

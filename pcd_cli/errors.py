@@ -2,8 +2,8 @@
 
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
--> 2, ``ModelError`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
--> 1, ``Interrupted`` -> 130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
+-> 2, ``CalibrationError`` -> 2, ``ModelError`` -> 3, ``MissingExtra`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
+-> 1, ``EngineError`` -> 1, ``Interrupted`` -> 130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
 
 
@@ -19,6 +19,15 @@ class InputError(PcdError, ValueError):
     """An input file or an option about it is unusable as a whole (wrong format, missing column)."""
 
 
+class CalibrationError(SchemaError):
+    """A calibration file is unreadable, invalid, or made for another model, schema, prompt head
+    or scoring mode; or calibration cannot be fitted on the rows given (names the key or field)."""
+
+
+class MissingExtra(PcdError, ImportError):
+    """An optional part of pcd is not installed (the message gives the ``pip install`` line)."""
+
+
 class RecordError(PcdError, ValueError):
     """One record cannot be labelled (missing text, tokenizer seam broken); the run continues."""
 
@@ -29,6 +38,11 @@ class ModelError(PcdError, RuntimeError):
 
 class CompileError(PcdError, RuntimeError):
     """The schema cannot be compiled for this tokenizer (a label needs a token the model lacks)."""
+
+
+class EngineError(PcdError, RuntimeError):
+    """The engine running the job failed as a whole: the Ray cluster cannot be reached, or a
+    worker died more often than its retries allow. Nothing was written."""
 
 
 class RunStopped(PcdError):
