@@ -162,7 +162,7 @@ def _without_first_prepend(tokenizer):
     special-token strings as text; ``None`` when it has no such pre-tokenizer (then a piece
     tokenizes the same wherever it stands)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    if backend is None or "Metaspace" not in str(backend.pre_tokenizer):
         return None
     spec = json.loads(backend.to_str())
     changed = False
@@ -197,7 +197,7 @@ class HFTokenizer:
         self.vocab_size = len(tokenizer)
         bos = getattr(tokenizer, "bos_token", None)
         self.bos_text = bos if (bos and getattr(tokenizer, "add_bos_token", False)) else ""
-        self._not_first = _without_first_prepend(tokenizer)
+        self._not_first: object = ...  # built on first use (``encode_text(at_start=False)``)
 
     def encode(self, text: str) -> list[int]:
         return self._tok(text, add_special_tokens=False)["input_ids"]
@@ -211,6 +211,8 @@ class HFTokenizer:
         Llama tokenizers converted with ``legacy=False``) then prepends no ``▁``, as it does not
         inside the prompt.
         """
+        if not at_start and self._not_first is ...:
+            self._not_first = _without_first_prepend(self._tok)
         if at_start or self._not_first is None:
             return self._tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return self._not_first.encode(text, add_special_tokens=False).ids
