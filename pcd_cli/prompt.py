@@ -9,6 +9,12 @@ template get a plain-text fallback.
 The *head* is the longest token prefix identical for every record: the rendered text up
 to the record, cut back (if needed) to the longest common token prefix over probe texts
 that start with a letter, digit, punctuation, CJK character or quote.
+
+Few-shot examples (issue #9) are prior exchanges in the head: per example, a user turn
+``Input:\n<example text>`` and an assistant turn holding the complete answer object in
+exactly the layout and canonical spellings the decoder writes and scores
+(``answer_object``). The record's own user turn follows. Without a chat template the same
+exchanges are plain-text blocks. Being part of the head, their KV is computed once per run.
 """
 
 from __future__ import annotations
@@ -69,6 +75,18 @@ def catalog_line(field: Field) -> str:
     return text + f"Allowed: {allowed}"
 
 
+def answer_object(schema: Schema, layout: Layout, labels: tuple[int, ...]) -> str:
+    """The complete JSON answer for ``labels`` (label index per field), as the decoder writes it.
+
+    Every line is ``Layout.line`` with the label's canonical spelling, so an example's answer
+    tokenizes like the lines the decoder scores; the object is closed with ``}``.
+    """
+    n = len(schema.fields)
+    lines = "".join(layout.line(f, f.spellings(labels[i])[0], last=i == n - 1) for i, f in enumerate(schema.fields))
+    text = layout.opener + lines
+    return text if text.endswith("}") else text + "}"
+
+
 def system_text(schema: Schema) -> str:
     parts = [PREAMBLE]
     if schema.instructions:
@@ -97,6 +115,8 @@ class Prompt:
     layout: Layout
     _system: str
     _tokenizer: object
+    #: ``(input text, answer object)`` of each few-shot example, in order.
+    examples: tuple[tuple[str, str], ...] = ()
     system_placement: str = "system_turn"
     _guard: RecordGuard | None = dc_field(default=None, compare=False, repr=False)  #: built on first use
 
@@ -108,7 +128,7 @@ class Prompt:
 
     def render(self, text: str) -> str:
         """The full prompt for one record, up to and including the JSON opener."""
-        return _render(self._tokenizer, self._system, text) + self.layout.opener
+        return _render(self._tokenizer, self._system, text, self.examples) + self.layout.opener
 
     def record_ids(self, record_id: object, text: str) -> tuple[str, list[int]]:
         """Tokenize one record's prompt; return (full prompt text, ids after the head).
@@ -130,7 +150,6 @@ class Prompt:
             raise RecordError(f"record {record_id!r}: the tokenizer merges the start of the text into the prompt "
                               "head, so the cached head does not apply")
         return full, ids[len(head):]
-
 
     def _record_guard(self) -> RecordGuard:
         if self._guard is not None:
@@ -187,11 +206,15 @@ def render_turns(tokenizer, messages: list[dict], **overrides) -> tuple[str | No
     return text, placement
 
 
-def _render(tokenizer, system: str, text: str) -> str:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": INPUT_LABEL + text}]
-    rendered, _ = render_turns(tokenizer, messages)
+def _render(tokenizer, system: str, text: str, examples: tuple[tuple[str, str], ...] = ()) -> str:
+    messages = [{"role": "system", "content": system}]
+    for example_text, answer in examples:
+        messages += [{"role": "user", "content": INPUT_LABEL + example_text}, {"role": "assistant", "content": answer}]
+    messages.append({"role": "user", "content": INPUT_LABEL + text})
+    rendered, _ = render_turns(tokenizer, messages)  # the system text checked in (merged if refused or dropped)
     if rendered is None:
-        return tokenizer.bos_text + system + "\n\n" + INPUT_LABEL + text + PLAIN_ANSWER_CUE
+        shots = "".join(INPUT_LABEL + t + PLAIN_ANSWER_CUE + a + "\n\n" for t, a in examples)
+        return tokenizer.bos_text + system + "\n\n" + shots + INPUT_LABEL + text + PLAIN_ANSWER_CUE
     return rendered
 
 
@@ -205,21 +228,25 @@ def common_prefix_len(a, b) -> int:
     return n
 
 
-def build_prompt(schema: Schema, tokenizer, layout: Layout) -> Prompt:
+def build_prompt(schema: Schema, tokenizer, layout: Layout,
+                 examples: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> Prompt:
     """Render the schema's prompt through the tokenizer's chat template and find the head.
 
     Args:
         tokenizer: backend tokenizer (``encode``, ``render_chat``, ``bos_text``).
+        examples: few-shot examples as ``(input text, label index per field)``; their
+            answers are written with ``answer_object`` in ``layout``.
     """
     system = system_text(schema)
-    a, b = _render(tokenizer, system, "x"), _render(tokenizer, system, "y")
+    shots = tuple((text, answer_object(schema, layout, labels)) for text, labels in examples)
+    a, b = _render(tokenizer, system, "x", shots), _render(tokenizer, system, "y", shots)
     cut = common_prefix_len(a, b)
     head_text = a[:cut]
     tail_len = common_prefix_len(a[::-1], b[::-1])
     tail_text = a[len(a) - tail_len:] + layout.opener
     head_ids = tokenizer.encode(head_text)
     for probe in HEAD_PROBES:
-        ids = tokenizer.encode(_render(tokenizer, system, probe) + layout.opener)
+        ids = tokenizer.encode(_render(tokenizer, system, probe, shots) + layout.opener)
         n = 0
         while n < len(head_ids) and n < len(ids) and ids[n] == head_ids[n]:
             n += 1
@@ -228,4 +255,4 @@ def build_prompt(schema: Schema, tokenizer, layout: Layout) -> Prompt:
                                             {"role": "user", "content": INPUT_LABEL + "x"}])
     return Prompt(head_text=head_text, head_ids=tuple(head_ids), tail_text=tail_text,
                   chat_template=placement != "plain_text", layout=layout, _system=system, _tokenizer=tokenizer,
-                  system_placement=placement)
+                  examples=shots, system_placement=placement)
