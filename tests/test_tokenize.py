@@ -269,6 +269,23 @@ def test_system_text_goes_in_with_example_turns_too(template, placement):
         assert "<|im_start|>user\n" + system + "\n\n" + INPUT_LABEL + "example one" in text
 
 
+@pytest.mark.parametrize("template,placement", [(DROPS_SYSTEM, "merged_dropped"), (REFUSES_SYSTEM, "merged_refused")])
+def test_system_text_merged_with_few_shot_examples_matches_oracle(template, placement):
+    """The real prompt path with two few-shot examples in the head: the system text goes into
+    the first example's user turn, and the decoder still matches the oracle."""
+    backend = tiny_backend_for(punct_bpe(template=template), seed=3)
+    schema = parse_schema(ORACLE_SCHEMA)
+    examples = (("Call me back within the hour!", (0, 0, 1, 1, 0)), ("Thanks, all good.", (1, 3, 2, 0, 1)))
+    compiled = CompiledSchema(schema, backend.tokenizer, logits_width=backend.logits_width, examples=examples)
+    prompt = compiled.prompt
+    assert prompt.system_placement == placement
+    assert "<|im_start|>user\n" + PREAMBLE in prompt.head_text
+    assert prompt.head_text.index(PREAMBLE) < prompt.head_text.index("Call me back") < \
+        prompt.head_text.index("Thanks, all good.")
+    results = Decoder(backend, compiled, trace=True).decode([Record(i, t) for i, t in enumerate(TEXTS)])
+    assert _oracle_diff(backend, schema, results, "marginal") < 1e-4
+
+
 def test_template_without_a_user_turn_for_the_system_text_is_a_compile_error():
     tok = HFTokenizer(punct_bpe(template="{% for m in messages %}{{ m['role'] }}{% endfor %}"))
     with pytest.raises(CompileError, match="missing from the prompt even in the user turn"):
