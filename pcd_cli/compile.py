@@ -1,8 +1,10 @@
 """Schema + prompt + tokenizer -> label tries and the token forest each wave feeds.
 
 Rules implemented here (DESIGN.md §2): lines are tokenized whole, in context, after the
-text that precedes them, and the seam is moved back where the tokenizer would merge across
-it (rule 3); the layout is probed, not assumed (rule 4); a label is a set of spellings
+text that precedes them (itself tokenized after a stand-in record, never on its own:
+``encode_context``, ``pcd_cli.seams``), and the seam is moved back where the tokenizer
+would merge across it (rule 3); each record's prompt is checked against the compiled tail
+(``record_chain``); the layout is probed, not assumed (rule 4); a label is a set of spellings
 (rule 5); all spellings of a field form a trie whose trunk is known text and whose branches
 are followed until the label is identified (``marginal``) or to the end of the line,
 line ending included (``exact``) (rule 6).
