@@ -101,18 +101,24 @@ def generation_accuracy(backend, schema, rows: pd.DataFrame, field: str, n: int)
     eos = set(backend.eos_token_ids)
     f = schema.fields[schema.field_index(field)]
     correct = invalid = 0
+    problems: dict[str, int] = {}
     cap = 48
     subset = rows.head(n)
     for rid, text, gold in zip(subset["id"], subset["text"], subset[field]):
         ids = head + prompt.record_ids(rid, text.strip())[1]
         new, _ = backend.generate(ids, cap, cache_prefix_len=len(head))
         out = prompt.layout.opener + backend.tokenizer.decode([t for t in new if t not in eos])
-        parsed, values, problems = check_generated(schema, out, len(new) >= cap and not (eos & set(new)))
-        if not parsed or problems:
+        parsed, values, found = check_generated(schema, out, len(new) >= cap and not (eos & set(new)))
+        found = [p for p in found if not p.startswith("quoted boolean")]  # a quoted boolean still names a label
+        if not parsed or found:
             invalid += 1
+            for p in found[:1]:
+                kind = p.split("=")[0].split(" ")[0:2]
+                problems_key = " ".join(kind)
+                problems[problems_key] = problems.get(problems_key, 0) + 1
             continue
         correct += f.label_index(values[field]) == f.label_index(gold)
-    return {"accuracy": correct / len(subset), "invalid": invalid, "n": len(subset)}
+    return {"accuracy": correct / len(subset), "invalid": invalid, "n": len(subset), "problems": problems}
 
 
 def run_set(name: str, backend, n_generate: int, max_rows: int) -> dict:
@@ -161,7 +167,9 @@ def render(results: dict) -> str:
                  f"time/record x{r['time_ratio_8_examples']:.2f} of zero-shot"),
                 ("+8 examples +calib.", r["examples_8_calibrated"], "5-fold CV"),
                 ("generation", r["generation"],
-                 f"{r['generation']['invalid']} invalid of {r['generation']['n']}; pcd zero-shot on the same rows "
+                 f"{r['generation']['invalid']} invalid of {r['generation']['n']} "
+                 f"({', '.join(f'{k}: {v}' for k, v in r['generation']['problems'].items()) or '-'}); "
+                 "pcd zero-shot on the same rows "
                  f"{r['pcd_zero_shot_on_generation_rows']:.3f}")]
         for i, (config, m, note) in enumerate(rows):
             lines.append(f"{name if i == 0 else '':15} {config:22} {_f(m.get('accuracy'))} {_f(m.get('macro_f1'))} "

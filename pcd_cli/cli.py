@@ -110,6 +110,11 @@ class Truncate(str, Enum):
     error = "error"
 
 
+class Engine(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
 class LogFormat(str, Enum):
     text = "text"
     json = "json"
@@ -149,10 +154,11 @@ def _resume_command() -> str:
 
 @app.command()
 def label(
-    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet."),
+    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet (--engine ray: also a folder "
+                                 "or a glob of them)."),
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output Parquet file "
-                                          "(default: <input stem>.labels.parquet next to the input)."),
+                                          "(default: <input stem>.labels.parquet next to the input; --engine ray: a folder)."),
     model: Optional[str] = MODEL_OPT,
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
@@ -190,6 +196,14 @@ def label(
     examples: Optional[Path] = EXAMPLES_OPT,
     shots: int = SHOTS_OPT,
     seed: int = SEED_OPT,
+    engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process, checkpointed "
+                                  "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files "
+                                  "(pip install 'pcd-cli[ray]'; README: Ray engine)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to "
+                                               "join (default: $RAY_ADDRESS, else a local Ray for the run)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model."),
+    worker_cpus: float = typer.Option(1.0, "--worker-cpus", min=0.0, help="--engine ray: CPUs per actor."),
+    worker_gpus: float = typer.Option(0.0, "--worker-gpus", min=0.0, help="--engine ray: GPUs per actor."),
 ) -> None:
     """Label every record of INPUT with SCHEMA and write a Parquet file.
 
@@ -209,8 +223,21 @@ def label(
         progress = False if progress is None or report.json else progress
     output = output or default_output(input)
     errors = errors or default_errors(output)
+    labeler_options = dict(model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+                           max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
+                           template=template, calibration=calibration)
+    if engine is Engine.ray:
+        stats = _label_ray(input, schema, output, errors, labeler_options, report, fmt=fmt.value if fmt else None,
+                           spec_args=dict(text_field=text_field, template=template, id_field=id_field, limit=limit),
+                           examples=examples, shots=shots, seed=seed, all_probs=all_probs, min_mass=min_mass,
+                           resume=resume, trace=trace, max_errors=max_errors, batch_size=batch_size,
+                           progress=bool(progress), address=ray_address, workers=workers, worker_cpus=worker_cpus,
+                           worker_gpus=worker_gpus)
+        return _done(report, stats, input, output, errors, quiet)
     try:
         with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
+            if (workers, worker_cpus, worker_gpus) != (1, 1.0, 0.0):
+                raise InputError("--workers, --worker-cpus and --worker-gpus apply to --engine ray only")
             spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
             parsed = load_schema(schema)
             check_columns(parsed, id_column(spec), all_probs=all_probs)
@@ -227,10 +254,7 @@ def label(
             if output.suffix.lower() not in (".parquet", ".pq"):
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
             shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
-            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
-                              truncate=truncate.value, examples=shots_drawn, template=template,
-                              calibration=calibration)
+            labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
             stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -254,6 +278,11 @@ def label(
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
         raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+    _done(report, stats, input, output, errors, quiet)
+
+
+def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool) -> None:
+    """The end of a finished ``pcd label`` run: the summary and the warnings."""
     if report.json:
         report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
                         **stats.to_dict()})
@@ -266,6 +295,43 @@ def label(
         report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
 
 
+def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
+               fmt, spec_args: dict, examples, shots: int, seed: int, resume: bool, trace, **engine_args):
+    """``pcd label --engine ray``: the same checks and options, run by ``pcd_cli.engines.ray_engine``."""
+    from .io import InputSpec
+    from .job import check_columns, id_column
+    from .schema import load_schema
+
+    try:
+        if resume:
+            raise InputError("--resume is for the local engine only: a Ray run keeps no checkpoints (a failed "
+                             "run is rerun whole); drop --resume or --engine ray")
+        if trace is not None:
+            raise InputError("--trace is for the local engine only; drop it or --engine ray")
+        spec = InputSpec(**spec_args)
+        parsed = load_schema(schema)
+        check_columns(parsed, id_column(spec), all_probs=engine_args["all_probs"])
+        for warning in parsed.warnings:
+            report("warning", {"message": warning}, "warning")
+        from .engines.ray_engine import label_files
+
+        options = {k: v.resolve() if isinstance(v, Path) else v for k, v in labeler_options.items()}  # for workers
+        options["examples"] = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
+        run = label_files(input, parsed, spec, options, output=output, errors_path=errors, fmt=fmt,
+                          on_event=report, **engine_args)
+    except KeyboardInterrupt:
+        report("interrupted", {"message": "interrupted; nothing was written (a Ray run is rerun whole)"}, "error")
+        raise typer.Exit(130) from None
+    except (NothingLabelled, TooManyErrors) as exc:
+        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was",
+                         "failed": exc.stats.failures}, "error")
+        raise typer.Exit(1) from None
+    except PcdError as exc:
+        report("error", {"message": str(exc)}, "error")
+        raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+    return run.stats
+
+
 @app.command("inspect-schema")
 def inspect_schema(
     schema: Path = typer.Argument(..., help="Schema file (YAML or JSON)."),
@@ -273,6 +339,8 @@ def inspect_schema(
     scoring: Scoring = SCORING_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object (shape: README)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there is any warning."),
+    template: Optional[str] = typer.Option(None, "--template", help="The --template of pcd label, for the schema's "
+                                           "examples given as columns."),
 ) -> None:
     """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
     from .inspect import inspect
@@ -281,7 +349,7 @@ def inspect_schema(
 
     try:
         parsed = load_schema(schema)
-        report = inspect(parsed, model=model, scoring=scoring.value)
+        report = inspect(parsed, model=model, scoring=scoring.value, template=template)
     except PcdError as exc:
         raise _fail(exc) from None
     if json_out:
@@ -391,7 +459,8 @@ def eval_(
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
             written = eval_plots(report, plot)
-            out.print(f"wrote {len(written)} reliability diagrams to {escape(str(plot))}", highlight=False)
+            out.print(f"wrote {len(written)} reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -424,6 +493,7 @@ def calibrate(
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
     --calibration. Exit 2 on a bad gold, predictions or schema file."""
     from .quality import fit_calibration, read_gold, read_predictions
+    from .quality.calibration import check_output_path
     from .quality.plots import calibration_plots, require_matplotlib
     from .quality.render import render_calibration
     from .schema import load_schema
@@ -434,19 +504,24 @@ def calibrate(
         if predictions is not None and examples is not None:
             raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
                              "label them with --examples first (pcd label --all-probs) and pass that output")
+        check_output_path(output)
         parsed = load_schema(schema)
         gold_frame = read_gold(gold, id_field=id_field)
         if predictions is not None:
             frame, metadata = read_predictions(predictions)
         else:
             from .api import Labeler
-
             from .io import InputSpec
+            from .quality.data import drop_example_rows
 
-            drawn = draw_shots(examples, parsed, InputSpec(text_field=text_field, template=template,
-                                                           id_field=id_field), shots=shots, seed=seed)
+            spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, template=template, examples=drawn)
+                              max_tokens_per_pass=max_tokens_per_pass, template=template,
+                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
+            gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
+            if dropped:
+                out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
+                          "left out of the fit", highlight=False)
             frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
                                         all_probs=True)
             metadata = frame.attrs.get("metadata") or labeler.metadata()
@@ -461,8 +536,8 @@ def calibrate(
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
             written = calibration_plots(report, plot)
-            out.print(f"wrote {len(written)} before/after reliability diagrams to {escape(str(plot))}",
-                      highlight=False)
+            out.print(f"wrote {len(written)} before/after reliability diagram{'s' * (len(written) != 1)} to "
+                      f"{escape(str(plot))}", highlight=False)
     except PcdError as exc:
         raise _fail(exc) from None
 

@@ -3,7 +3,7 @@
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
 -> 2, ``CalibrationError`` -> 2, ``ModelError`` -> 3, ``MissingExtra`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
--> 1, ``Interrupted`` -> 130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
+-> 1, ``EngineError`` -> 1, ``Interrupted`` -> 130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
 
 
@@ -38,6 +38,11 @@ class ModelError(PcdError, RuntimeError):
 
 class CompileError(PcdError, RuntimeError):
     """The schema cannot be compiled for this tokenizer (a label needs a token the model lacks)."""
+
+
+class EngineError(PcdError, RuntimeError):
+    """The engine running the job failed as a whole: the Ray cluster cannot be reached, or a
+    worker died more often than its retries allow. Nothing was written."""
 
 
 class RunStopped(PcdError):

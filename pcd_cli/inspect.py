@@ -129,6 +129,7 @@ class HeadReport:
     tokens: int  #: tokens of the prompt head, cached once per schema
     cut: int  #: tokens of the head text given back so that every record's start tokenizes the same
     kv: KVEstimate | None  #: ``None`` without a model config
+    examples: int = 0  #: few-shot examples included in the head (the schema's ``examples:``)
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ class SchemaReport:
 
 
 def inspect(schema: Schema, *, model: str | None = None, scoring: str = "marginal", tokenizer=None,
-            config=None, logits_width: int | None = None, kv_dtype: str = "float32") -> SchemaReport:
+            config=None, logits_width: int | None = None, kv_dtype: str = "float32",
+            template: str | None = None) -> SchemaReport:
     """Compile ``schema`` for ``model``'s tokenizer and report what will happen to it (loads no weights).
 
     Args:
@@ -199,6 +201,8 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
         config: a transformers config for the KV estimate and logits width (loaded with the tokenizer).
         logits_width: overrides the config's ``vocab_size``.
         kv_dtype: dtype assumed for the KV estimate (a key of ``DTYPE_BYTES``).
+        template: ``--template``, for the schema's examples given as ``columns``; the head
+            (and its size) includes the schema's few-shot examples.
 
     Raises:
         ModelError: the tokenizer cannot be loaded. CompileError: see ``CompiledSchema``.
@@ -211,7 +215,9 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
         config = load_config(model)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     width = logits_width or getattr(text_config, "vocab_size", None)
-    compiled = CompiledSchema(schema, tokenizer, scoring=scoring)
+    from .examples import resolve_examples
+
+    compiled = CompiledSchema(schema, tokenizer, scoring=scoring, examples=resolve_examples(schema.examples, template))
     fields, found = [], {}
     for wave, plan in enumerate(compiled.default_plans()):
         for forest in plan.forests:
@@ -221,7 +227,7 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
     prompt = compiled.prompt
     n_head = len(prompt.head_ids)
     head = HeadReport(tokens=n_head, cut=len(tokenizer.encode(prompt.head_text)) - n_head,
-                      kv=kv_estimate(text_config, n_head, kv_dtype))
+                      kv=kv_estimate(text_config, n_head, kv_dtype), examples=len(compiled.examples))
     moves = compiled.layout_moves
     chosen = compiled.layout.name
     reason = (f"fewest seam tokens moved back ({moves[chosen]})" if len(set(moves.values())) > 1

@@ -78,7 +78,8 @@ def render_inspection(report: SchemaReport, console: Console) -> None:
               f"{kv.head_dim} dims x 2; {kv.bytes_per_token} bytes per token)" if kv
               else "KV cache size unknown (no model config)")
     cut = f" (cut back {head.cut} so that every record's start tokenizes the same)" if head.cut else ""
-    say(f"head: {head.tokens} tokens{cut}; {memory}")
+    shots = f", {head.examples} few-shot examples included" if head.examples else ""
+    say(f"head: {head.tokens} tokens{shots}{cut}; {memory}")
     say(f"vocabulary: tokenizer {report.tokenizer_size} tokens, logits width "
         f"{report.logits_width if report.logits_width is not None else 'unknown'}")
     console.print(_fields_table(report, wide=console.width >= 120))

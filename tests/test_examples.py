@@ -155,3 +155,14 @@ def test_decoder_with_examples_in_a_plain_prompt_matches_the_oracle():
     probs, _ = oracle_field(backend, trace["context"], field,
                             [(field.labels.index(l["label"]), l["text"]) for l in trace["lines"]], "marginal")
     assert np.abs(np.array(result.fields[0].probs) - probs).max() < 1e-4
+
+
+def test_inspect_schema_counts_the_examples_in_the_head():
+    from pcd_cli.inspect import inspect
+
+    backend = tiny_backend()
+    plain = inspect(parse_schema(ORACLE_SCHEMA), tokenizer=backend.tokenizer, config=backend.model.config)
+    shot = inspect(_schema_with_examples(), tokenizer=backend.tokenizer, config=backend.model.config)
+    labeler = Labeler(_schema_with_examples(), backend=backend)
+    assert (plain.head.examples, shot.head.examples) == (0, 2)
+    assert shot.head.tokens == len(labeler.compiled.prompt.head_ids) > plain.head.tokens

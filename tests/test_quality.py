@@ -302,6 +302,11 @@ def test_fit_calibration_cross_validated_and_saved(tmp_path):
     assert (r.field, r.n, r.folds) == ("f", 300, 5)
     assert r.after.ece < r.before.ece and r.after.nll < r.before.nll  # data drawn from the calibrated model
     assert report.fields_without_gold == ("flag",)
+    d = report.to_dict()
+    assert d["fields"]["f"]["after"] == {"accuracy": r.after.accuracy, "macro_f1": r.after.macro_f1,
+                                         "ece": r.after.ece, "nll": r.after.nll}
+    assert list(d["fields"]["f"]["biases"]) == list(LABELS) and d["skipped"] == {"f": {"gold_null": 0,
+                                                                                        "gold_invalid": 0}}
     fc = calibration.fields["f"]
     assert fc.n == 300 and fc.labels == LABELS and fc.temperature == pytest.approx(r.temperature)
     assert fc.cv["before"]["ece"] == r.before.ece and fc.cv["folds"] == 5
@@ -378,3 +383,37 @@ def test_field_with_only_null_gold_reports_nothing_but_counts():
                                                                                               None, None)
     assert flag.by_prob.target.threshold is None and flag.by_prob.points[0].accuracy is None
     json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_drop_example_rows_by_rendered_text():
+    from pcd_cli.io import InputSpec
+    from pcd_cli.quality.data import drop_example_rows
+    from pcd_cli.schema import Example
+
+    gold = pd.DataFrame({"id": ["a", "b", "c"], "subject": ["Hi", "Refund", None], "body": ["x", "y", "z"],
+                         "text": ["  one ", "two", "three"]})
+    kept, dropped = drop_example_rows(gold, [Example(labels=(0,), text="one"), Example(labels=(1,), text="zzz")],
+                                      InputSpec(id_field="id"))
+    assert (kept["id"].tolist(), dropped) == (["b", "c"], 1)
+    spec = InputSpec(template="{subject}: {body}", id_field="id")
+    kept, dropped = drop_example_rows(gold, [Example(labels=(0,), columns=(("subject", "Refund"), ("body", "y")))],
+                                      spec)
+    assert (kept["id"].tolist(), dropped) == (["a", "c"], 1)  # row c has no subject: no text, kept
+    same, none = drop_example_rows(gold, [], spec)
+    assert same is gold and none == 0
+
+
+def test_warns_below_majority_and_without_signal():
+    gold = hand_gold()
+    gold["f"] = ["B", "A", "A", "A", "C", "B", "A", "B"]  # predicted A, B, B, C, A, A: none right
+    report = evaluate(hand_predictions(), gold, SCHEMA)
+    f = report.field("f")
+    assert (f.accuracy, f.majority_label, f.majority_accuracy) == (0.0, "A", 0.5)
+    assert "field 'f': accuracy 0.000 is below the majority-class baseline 0.500 (always 'A'); see pcd calibrate" \
+        in report.warnings
+    assert not any("AUROC" in w for w in report.warnings)  # all wrong: no AUROC
+    gold["f"] = ["B", "B", "B", "C", "A", "B", "A", "B"]  # wrong only on the two most probable rows (0.91, 0.95)
+    f = evaluate(hand_predictions(), gold, SCHEMA).field("f")
+    assert (f.auroc, f.accuracy, f.majority_accuracy) == (0.0, pytest.approx(4 / 6), pytest.approx(4 / 6))
+    assert any(w.startswith("field 'f': AUROC 0.000: a higher probability is not more often right")
+               for w in evaluate(hand_predictions(), gold, SCHEMA).warnings)

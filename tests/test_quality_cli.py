@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 import pcd_cli.backends
 import pcd_cli.backends.torch_backend
 from pcd_cli.cli import app
+from pcd_cli.errors import CalibrationError
 from pcd_cli.io import output_schema
 from pcd_cli.quality import Calibration
-from pcd_cli.schema import load_schema, parse_schema
+from pcd_cli.schema import load_schema
 
 from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
 
@@ -155,6 +156,11 @@ def test_calibrate_from_predictions(tmp_path, no_model):
     result = pcd("calibrate", gold, "--schema", schema, "--predictions", tmp_path / "c.parquet", "-o",
                  tmp_path / "cal2.json", code=2)
     assert "made with a calibration already" in flat(result.stderr)
+    result = pcd("calibrate", gold, "--schema", schema, "--predictions", preds, "-o", tmp_path / "cal2.json",
+                 "--examples", gold, code=2)
+    assert "--examples and --predictions: the examples act when the gold rows are labelled" in flat(result.stderr)
+    result = pcd("calibrate", gold, "--schema", schema, "--predictions", preds, "-o", tmp_path, code=2)
+    assert f"-o {str(tmp_path)!r} is a folder" in flat(result.stderr)
     assert not (tmp_path / "cal2.json").exists()
 
 
@@ -169,16 +175,42 @@ def test_help(command, words, no_model):
         assert word in result.stdout, word
 
 
-def test_calibrate_labels_gold_with_embedded_model(tmp_path):
+def test_calibrate_labels_gold_with_embedded_model(tmp_path, embedded_backend):
     lines = (ROOT / "sample_data" / "airline_tweets.jsonl").read_text().splitlines()[:20]
     gold = tmp_path / "gold.jsonl"
     gold.write_text("\n".join(lines) + "\n")
     schema = ROOT / "schemas" / "airline_sentiment.yaml"
-    result = pcd("calibrate", gold, "--schema", schema, "-o", tmp_path / "cal.json", "--folds", "2")
+    # few-shot examples drawn from the gold file itself: those rows are left out of the fit
+    result = pcd("calibrate", gold, "--schema", schema, "-o", tmp_path / "cal.json", "--folds", "2",
+                 "--examples", gold, "--shots", "2")
     calibration = Calibration.load(tmp_path / "cal.json")
     assert calibration.model == "smollm2-135m-instruct"
     assert calibration.schema_sha256 == load_schema(schema).source_sha256
     assert calibration.scoring == "marginal"
     fc = calibration.fields["sentiment"]
-    assert fc.n == 20 and fc.labels == ("NEGATIVE", "NEUTRAL", "POSITIVE") and fc.cv["folds"] == 2
-    assert "sentiment (20 rows, 2-fold CV)" in flat(result.stdout)
+    assert fc.n == 18 and fc.labels == ("NEGATIVE", "NEUTRAL", "POSITIVE") and fc.cv["folds"] == 2
+    text = flat(result.stdout)
+    assert "2 gold rows are a few-shot example in the prompt; left out of the fit" in text
+    assert "sentiment (18 rows, 2-fold CV)" in text
+    # the head with those examples is the one the calibration is for
+    from pcd_cli.api import Labeler
+    from pcd_cli.cli import draw_shots
+    from pcd_cli.io import InputSpec
+
+    parsed = load_schema(schema)
+    shots = draw_shots(gold, parsed, InputSpec(id_field="id"), shots=2, seed=0)
+    labeler = Labeler(parsed, backend=embedded_backend, examples=shots)
+    calibration.check(labeler.metadata())
+    with pytest.raises(CalibrationError, match="pcd.prompt_head_sha256"):
+        calibration.check(Labeler(parsed, backend=embedded_backend, examples=()).metadata())
+    # the notebook path: label_frame -> evaluate, no schema needed (labels from the frame's metadata)
+    from pcd_cli.quality import evaluate, read_gold
+
+    gold_frame = read_gold(gold)
+    frame = labeler.label_frame(gold_frame.head(4), id_field="id")
+    report = evaluate(frame, gold_frame)
+    (f,) = report.fields
+    assert (report.matched, report.gold_without_prediction, f.n) == (4, 16, 4)
+    assert f.labels == ("NEGATIVE", "NEUTRAL", "POSITIVE") and f.brier_form == "multiclass"
+    assert f.accuracy == pytest.approx(np.mean(frame["sentiment"].to_numpy() == gold_frame["sentiment"].head(4)
+                                               .to_numpy()))

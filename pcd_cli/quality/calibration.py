@@ -22,7 +22,7 @@ import hashlib
 import math
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
 
@@ -232,6 +232,22 @@ def _load_field(where: str, name: str, raw) -> FieldCalibration:
     return FieldCalibration(name, tuple(labels), float(temperature), tuple(float(v) for v in values), n, cv)
 
 
+def check_output_path(path: str | Path) -> None:
+    """Refuse, before any work, a calibration path that is a folder or cannot be written.
+
+    Raises:
+        CalibrationError: names the path and the problem.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CalibrationError(f"-o {str(path)!r} is a folder; give a file name, e.g. {str(path / 'calibration.json')!r}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as exc:
+        raise CalibrationError(f"-o {str(path)!r}: cannot write in its folder ({exc.strerror})") from None
+
+
 # --- fitting -----------------------------------------------------------------------------------
 
 
@@ -330,6 +346,18 @@ class CalibrationReport:
     gold_without_prediction: int
     skipped: dict[str, dict[str, int]]
 
+    def to_dict(self) -> dict:
+        """Plain-JSON form: per field ``{n, folds, before, after, temperature, biases: {label: b}}``
+        and the row counts (reliability bins left out)."""
+        return {
+            "fields": {f.field: {"n": f.n, "folds": f.folds, "before": asdict(f.before), "after": asdict(f.after),
+                                 "temperature": f.temperature, "biases": dict(zip(f.labels, f.biases))}
+                       for f in self.fields},
+            "fields_without_gold": list(self.fields_without_gold), "gold_rows": self.gold_rows,
+            "matched": self.matched, "gold_without_prediction": self.gold_without_prediction,
+            "skipped": self.skipped,
+        }
+
 
 def scores(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> tuple[Scores, list[M.ReliabilityBin]]:
     """Scores of (n, k) probabilities (label = argmax, confidence = max) against gold indices."""
@@ -415,8 +443,7 @@ def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float) -> tuple[Fi
     before, before_bins = scores(raw, data.gold, labels)
     after, after_bins = scores(held_out, data.gold, labels)
     t, b = fit_temperature_biases(data.probs, data.gold, l2=l2)
-    cv = {"folds": folds, "seed": seed, "n": n,
-          "before": {k: v for k, v in before.__dict__.items()}, "after": {k: v for k, v in after.__dict__.items()}}
+    cv = {"folds": folds, "seed": seed, "n": n, "before": asdict(before), "after": asdict(after)}
     fc = FieldCalibration(name, labels, t, tuple(float(x) for x in b), n, cv)
     return fc, FieldCalibrationReport(name, labels, n, folds, before, after, tuple(before_bins), tuple(after_bins), t,
                                       tuple(float(x) for x in b))

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..io import InputSpec, _csv_rows, _jsonl_rows, detect_format
+from ..io import InputSpec, detect_format, read_table_rows, row_to_record
 from ..schema import Schema
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
@@ -131,23 +131,34 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None)
     if not path.is_file():
         raise InputError(f"{str(path)!r}: no such gold file")
     kind = detect_format(path, fmt)
-    if kind == "parquet":
-        try:
-            frame = pq.read_table(path).to_pandas()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from None
-    else:
-        spec = InputSpec(text_field=id_field)
-        rows = []
-        for line, row in (_jsonl_rows if kind == "jsonl" else _csv_rows)(path, spec):
-            if isinstance(row, str):
-                raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
-            rows.append({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row)
-        frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
+    rows = []
+    for line, row in read_table_rows(path, InputSpec(text_field=id_field), fmt=kind):
+        if isinstance(row, str):
+            raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
+        rows.append({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row)
+    frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
     if id_field not in frame.columns:
         raise InputError(f"{str(path)!r}: no id column {id_field!r} (columns: {', '.join(map(str, frame.columns))}); "
                          "pass --id-field")
     return frame
+
+
+def drop_example_rows(gold: pd.DataFrame, examples, spec: InputSpec) -> tuple[pd.DataFrame, int]:
+    """Gold rows whose text (as ``spec`` builds it) is the input of a few-shot example, removed:
+    a calibration must not be fitted on rows the model saw answered in its prompt.
+
+    Args:
+        examples: ``pcd_cli.schema.Example`` values (``Labeler.examples``).
+
+    Returns:
+        (the other rows, how many were removed).
+    """
+    texts = {e.render_text(spec.template).strip() for e in examples}
+    if not texts or gold.empty:
+        return gold, 0
+    records = gold.astype(object).where(gold.notna(), None).to_dict("records")
+    keep = [getattr(row_to_record(r, i, None, spec), "text", None) not in texts for i, r in enumerate(records)]
+    return gold[keep], len(keep) - sum(keep)
 
 
 def field_specs(predictions: pd.DataFrame, schema: Schema | None) -> list[FieldSpec]:

@@ -101,7 +101,9 @@ class EvalReport:
         gold_without_prediction, predictions_without_gold: unmatched rows (reported, not dropped).
         fields: one report per field with gold labels; fields_without_gold: the others.
         metadata: the predictions' ``pcd.*`` metadata (model, schema hash...), if known.
-        warnings: e.g. the schema given differs from the one the predictions were made with.
+        warnings: the schema given differs from the one the predictions were made with; gold
+            rows without prediction; gold values that are not labels; accuracy below the
+            majority baseline; AUROC at or below 0.5.
     """
 
     id_field: str
@@ -170,13 +172,20 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         if data.gold_invalid:
             examples = ", ".join(f"{v!r} ({c})" for v, c in data.invalid_values)
             warnings.append(f"field {data.spec.name!r}: {data.gold_invalid} gold values are not labels: {examples}")
+    fields = tuple(field_report(d, target_accuracy) for d in joined.fields)
+    for f in fields:
+        if f.n and f.accuracy < f.majority_accuracy:
+            warnings.append(f"field {f.field!r}: accuracy {f.accuracy:.3f} is below the majority-class baseline "
+                            f"{f.majority_accuracy:.3f} (always {f.majority_label!r}); see pcd calibrate")
+        if f.auroc is not None and f.auroc <= 0.5:
+            warnings.append(f"field {f.field!r}: AUROC {f.auroc:.3f}: a higher probability is not more often right; "
+                            "the probabilities carry no signal about correctness here")
     return EvalReport(
         id_field=id_field, id_column=joined.id_column, gold_rows=joined.gold_rows,
         prediction_rows=joined.prediction_rows, matched=joined.matched,
         gold_without_prediction=joined.gold_without_prediction,
         predictions_without_gold=joined.predictions_without_gold,
-        fields=tuple(field_report(d, target_accuracy) for d in joined.fields),
-        fields_without_gold=joined.fields_without_gold, metadata=metadata, warnings=tuple(warnings))
+        fields=fields, fields_without_gold=joined.fields_without_gold, metadata=metadata, warnings=tuple(warnings))
 
 
 def field_report(data: FieldData, target_accuracy: float | None = None) -> FieldReport:

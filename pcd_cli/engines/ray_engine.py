@@ -1,0 +1,570 @@
+"""The Ray engine: the same ``Labeler`` in a pool of Ray Data actors (``pcd label --engine ray``).
+
+A run is four Ray Data steps; the driver (the ``pcd`` process) only plans and collects:
+
+1. **read**: one Ray task per input file runs pcd's own reader (``io.read_records``), so rows,
+   failures, their messages and line numbers are exactly the local engine's. Ray's
+   ``read_json``/``read_csv`` are not used: pyarrow's JSON and CSV readers fail a whole block
+   on one bad row and do not say which line it was. The parsed rows (id, text, or the
+   reason the row is unusable) are materialized in Ray's object store.
+2. **number**: with several input files, rows are numbered across them in file order (per-file
+   counts -> offsets), as if the files were one.
+3. **label**: ``map_batches`` with a callable class (an actor pool of ``workers`` actors).
+   Each actor builds one ``Labeler`` (loads the model from its own disk, compiles the schema,
+   prefills the head) and then labels batches of ``batch_size`` rows; only rows and small
+   options travel. Rows are cut in order into blocks (several per worker; a block is what an
+   actor takes at a time). An actor that dies is restarted and its block redone, up to
+   ``max_retries`` times (Ray's ``max_restarts`` and ``max_task_retries``); a batch's output
+   exists only once its task succeeded, so every row is in the output exactly once. Past the
+   retries the run fails (``EngineError``) and writes nothing.
+4. **write**: labelled rows -> a folder of Parquet files with the local engine's columns,
+   types and key-value metadata (``io.output_schema``/``io.results_table``); failed rows ->
+   the errors JSONL (driver). Both are written under temporary names and renamed when
+   complete; a failed run leaves an earlier output as it was.
+
+Not the same as the local engine: no checkpoints (``--resume`` is local-only; a failed Ray run
+is rerun whole), no ``--trace``, ``--max-errors`` is checked after reading and after
+labelling rather than as rows go, and the output is a folder of Parquet files.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob as _glob
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..decode import Record, RecordFailure, RecordResult
+from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
+from ..io import EXTENSIONS, InputSpec, detect_format, output_schema, read_records, results_table, row_to_record
+from ..schema import Schema
+from ..summary import RunStats
+
+INSTALL_HINT = "pip install 'pcd-cli[ray]'"
+#: Times a dead actor is restarted, and times its batch is tried again on the new one.
+DEFAULT_MAX_RETRIES = 3
+#: Rows handed to an actor at once (the most a dead actor makes Ray redo).
+DEFAULT_BATCH_ROWS = 64
+#: Blocks of rows per worker at least (when there are rows enough), and batches per block at
+#: most: a block is the unit of work an actor takes, and what a dead actor's replacement redoes.
+BLOCKS_PER_WORKER = 4
+BATCHES_PER_BLOCK = 16
+#: Rows per Parquet output file (at least; one file per block when a run is smaller).
+ROWS_PER_FILE = 65_536
+#: Test-only hook: a path; the first actor batch to find no file there creates it and kills
+#: its process (``os._exit``), as a crashed or preempted worker would.
+EXIT_ONCE_ENV = "PCD_RAY_TEST_EXIT_ONCE"
+
+#: Columns of the read step (one row per input row).
+PARSED_SCHEMA = pa.schema([
+    pa.field("file", pa.int32()),    # index of the input file
+    pa.field("row", pa.int64()),     # row in its file, from 0
+    pa.field("line", pa.int64()),    # 1-based line (JSONL/CSV), null for Parquet
+    pa.field("id", pa.string()),     # the record id as text (null when it could not be read)
+    pa.field("text", pa.string()),   # the record's text; null for a failed row
+    pa.field("error", pa.string()),  # why the row is unusable; null for a record
+])
+#: Columns the label step adds to the output columns (dropped before writing).
+EXTRA_COLUMNS = (("__pcd_error", pa.string()), ("__pcd_row", pa.int64()), ("__pcd_line", pa.int64()),
+                 ("__pcd_file", pa.int32()), ("__pcd_record", pa.string()), ("__pcd_meta", pa.string()),
+                 ("__pcd_passes", pa.int64()))
+
+
+def require_ray():
+    """Import Ray Data, or say how to install it.
+
+    Raises:
+        MissingExtra: Ray is not installed (message: ``pip install 'pcd-cli[ray]'``).
+    """
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtra(f"--engine ray needs Ray Data, which is not installed ({exc}); install it with: "
+                           f"{INSTALL_HINT}") from None
+    return ray
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+def resolve_inputs(input_path: str | Path, fmt: str | None) -> tuple[list[Path], str]:
+    """INPUT as a sorted list of files and their one format.
+
+    A file; a folder (its files with a known extension, or every file with ``fmt``, at any
+    depth, skipping names that start with ``.`` or ``_`` such as ``_SUCCESS``); or a glob
+    (``data/*.jsonl``, ``**`` for any depth).
+
+    Raises:
+        InputError: nothing matches, or the files are of several formats.
+    """
+    path = Path(input_path)
+    text = str(input_path)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file()
+                       and not any(p.startswith((".", "_")) for p in f.relative_to(path).parts)
+                       and (fmt or f.suffix.lower() in EXTENSIONS))
+        if not files:
+            raise InputError(f"{text!r}: the folder holds no .jsonl, .csv or .parquet file")
+    elif _glob.has_magic(text):
+        files = sorted(Path(f) for f in _glob.glob(text, recursive=True) if Path(f).is_file())
+        if not files:
+            raise InputError(f"{text!r}: no file matches")
+    else:
+        raise InputError(f"{text!r}: no such input file, folder or glob")
+    kinds = {f: detect_format(f, fmt) for f in files}
+    if len(set(kinds.values())) > 1:
+        (a, ka), (b, kb) = next(iter(kinds.items())), next((f, k) for f, k in kinds.items() if k != kinds[files[0]])
+        raise InputError(f"{text!r} mixes formats: {str(a)!r} is {ka}, {str(b)!r} is {kb}; label them separately")
+    return files, kinds[files[0]]
+
+
+def _read_files(batch: dict, *, spec: InputSpec, fmt: str, chunk: int) -> Iterator[pa.Table]:
+    """Read step (a Ray task): the files of ``batch`` as parsed rows, by pcd's own reader."""
+    for file_index, path in zip(batch["file"], batch["path"]):
+        for items in read_records(str(path), spec, fmt=fmt, batch_size=chunk):
+            yield pa.Table.from_pydict({
+                "file": [int(file_index)] * len(items),
+                "row": [i.row for i in items],
+                "line": [i.line for i in items],
+                "id": [None if i.id is None else str(i.id) for i in items],  # without --id-field: the row
+                "text": [i.text if isinstance(i, Record) else None for i in items],
+                "error": [i.error if isinstance(i, RecordFailure) else None for i in items],
+            }, schema=PARSED_SCHEMA)
+
+
+def _rows_to_parsed(batch: pa.Table, *, spec: InputSpec) -> pa.Table:
+    """A user's dataset rows as parsed rows (``label_dataset``), by the local engine's rules."""
+    items = [row_to_record(row, None, None, spec) for row in batch.to_pylist()]
+    return pa.Table.from_pydict({
+        "file": [0] * len(items), "row": [None] * len(items), "line": [None] * len(items),
+        "id": [None if i.id is None else str(i.id) for i in items],
+        "text": [i.text if isinstance(i, Record) else None for i in items],
+        # row_to_record names the row by position, which a distributed dataset has not: name the id
+        "error": [i.error.replace("row None:", "record" + (f" {i.id!r}:" if i.id is not None else ":"), 1)
+                  if isinstance(i, RecordFailure) else None for i in items],
+    }, schema=PARSED_SCHEMA)
+
+
+# -- the label step ---------------------------------------------------------------------------------
+class LabelWorker:
+    """One actor of the pool: a ``Labeler`` built once, then called on batches of parsed rows.
+
+    Args:
+        schema: the parsed ``Schema`` (small; travels instead of the schema file).
+        labeler_options: ``Labeler`` keyword arguments (model, dtype, scoring, examples, ...).
+        id_field: the id column's source (``None``: row numbers). all_probs: add ``__probs``.
+        offsets: first global row number of each input file. limit: keep rows below it.
+        exit_once: test-only path (see ``EXIT_ONCE_ENV``).
+
+    Returns (per call): a table with the output columns (``io.output_schema``) and
+    ``EXTRA_COLUMNS``: per row its error (null when labelled), global row, line, file and
+    record id (JSON); on the first row the actor's metadata (JSON) and the forward passes
+    the batch took.
+    """
+
+    def __init__(self, schema: Schema, labeler_options: dict[str, Any], id_field: str | None, all_probs: bool,
+                 offsets: list[int] | None = None, limit: int | None = None, exit_once: str | None = None):
+        from ..api import Labeler
+
+        self.labeler = Labeler(schema, **labeler_options)
+        self.id_field, self.offsets, self.limit, self.exit_once = id_field, offsets, limit, exit_once
+        self.arrow_schema = output_schema(self.labeler.schema, id_field or "row",
+                                          pa.string() if id_field else pa.int64(), all_probs=all_probs,
+                                          calibrated=self.labeler.calibration is not None)
+        meta = self.labeler.metadata()
+        meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
+        self.meta = json.dumps(meta, sort_keys=True)
+
+    def _maybe_exit(self) -> None:
+        if not self.exit_once:
+            return
+        try:
+            fd = os.open(self.exit_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        os._exit(1)  # the test hook: die as a killed worker would, mid-run
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        self._maybe_exit()
+        items: list[Record | RecordFailure] = []
+        files: list[int] = []
+        for r in batch.to_pylist():
+            row = r["row"] if r["row"] is None or self.offsets is None else self.offsets[r["file"]] + r["row"]
+            if self.limit is not None and row is not None and row >= self.limit:
+                continue
+            rid = r["id"] if self.id_field else (None if r["id"] is None else row)  # a failure may have no id
+            items.append(Record(rid, r["text"], row, r["line"]) if r["error"] is None else
+                         RecordFailure(rid, r["error"], row, r["line"]))
+            files.append(r["file"])
+        before = self.labeler.forward_passes
+        results = self.labeler.label_batch(items)
+        passes = self.labeler.forward_passes - before
+        done = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordResult)]
+        failed = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordFailure)]
+        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.arrow_schema)
+        # failed rows keep their id (when it could be read) in the id column (the first); all else null
+        nulls = pa.table({f.name: pa.array([res.id for _, _, res in failed], f.type) if k == 0 else
+                          pa.nulls(len(failed), f.type) for k, f in enumerate(self.arrow_schema)},
+                         schema=self.arrow_schema)
+        rows = done + failed
+        extras = {
+            "__pcd_error": [None] * len(done) + [res.error for _, _, res in failed],
+            "__pcd_row": [i.row for i, _, _ in rows], "__pcd_line": [i.line for i, _, _ in rows],
+            "__pcd_file": [f for _, f, _ in rows],
+            "__pcd_record": [orjson.dumps(res.id, default=str).decode() for _, _, res in rows],
+            "__pcd_meta": [self.meta] + [None] * (len(rows) - 1) if rows else [],
+            "__pcd_passes": [passes] + [None] * (len(rows) - 1) if rows else [],
+        }
+        table = pa.concat_tables([labelled, nulls])
+        for name, kind in EXTRA_COLUMNS:
+            table = table.append_column(pa.field(name, kind), pa.array(extras[name], kind))
+        return table
+
+
+def _label_step(parsed, schema: Schema, labeler_options: dict[str, Any], *, id_field: str | None,
+                all_probs: bool, workers: int, worker_cpus: float, worker_gpus: float, batch_size: int,
+                max_retries: int, offsets: list[int] | None = None, limit: int | None = None):
+    import ray.data
+
+    with warnings.catch_warnings():  # Ray 2.60 names no parameter for the retries yet; remote args still work
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        return parsed.map_batches(
+            LabelWorker, batch_format="pyarrow", batch_size=batch_size,
+            compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=worker_cpus, num_gpus=worker_gpus or None,
+            fn_constructor_kwargs={"schema": schema, "labeler_options": labeler_options, "id_field": id_field,
+                                   "all_probs": all_probs, "offsets": offsets, "limit": limit,
+                                   "exit_once": os.environ.get(EXIT_ONCE_ENV)},
+            max_restarts=max_retries, max_task_retries=max_retries)
+
+
+def _public_columns(batch: pa.Table) -> pa.Table:
+    """The output columns and ``__error`` (``label_dataset``'s result)."""
+    keep = [n for n in batch.column_names if not n.startswith("__pcd_")]
+    return batch.select(keep).append_column("__error", batch.column("__pcd_error"))
+
+
+def label_dataset(ds, schema: Schema | str | Path, *, text_field: str = "text", template: str | None = None,
+                  id_field: str | None = None, all_probs: bool = False, workers: int = 1, worker_cpus: float = 1.0,
+                  worker_gpus: float = 0.0, batch_size: int = DEFAULT_BATCH_ROWS,
+                  max_retries: int = DEFAULT_MAX_RETRIES, **options):
+    """Label the rows of a Ray Dataset with a pool of ``workers`` actors; lazy, like any Ray Dataset.
+
+    Rows become records by ``pcd label``'s rules (``text_field`` or ``template`` over columns;
+    ids from ``id_field``). ``options`` are ``Labeler`` keyword arguments (``model``,
+    ``dtype``, ``scoring``, ``examples``, ``calibration``, ...); each actor builds its own
+    ``Labeler`` from them, so a model path must exist on every node.
+
+    Returns:
+        A ``ray.data.Dataset`` with ``pcd label``'s output columns plus ``__error``: null for
+        a labelled row, else why the row failed (then only its id is set). One output row per
+        input row.
+
+    Raises:
+        MissingExtra: Ray is not installed. InputError: ``id_field`` not given, bad ``template``.
+        SchemaError: the schema file is invalid.
+    """
+    require_ray()
+    from ..schema import load_schema
+
+    if not id_field:
+        raise InputError("label_dataset needs id_field=<column with the record ids>: a Ray Dataset has no "
+                         "row numbers to name rows by")
+    spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
+    schema = schema if isinstance(schema, Schema) else load_schema(schema)
+    parsed = ds.map_batches(_rows_to_parsed, batch_format="pyarrow", fn_kwargs={"spec": spec})
+    labelled = _label_step(parsed, schema, options, id_field=id_field, all_probs=all_probs, workers=workers,
+                           worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
+                           max_retries=max_retries)
+    return labelled.map_batches(_public_columns, batch_format="pyarrow")
+
+
+# -- the whole job ------------------------------------------------------------------------------------
+@dataclass
+class RayRun:
+    """What a Ray run did. ``stats.seconds`` is the label step alone; ``startup_seconds`` the
+    time to start (or join) Ray; ``address`` where it ran (``local`` for a Ray started for the run)."""
+
+    stats: RunStats
+    startup_seconds: float
+    address: str
+    workers: int
+
+
+def connect(address: str | None) -> tuple[bool, float]:
+    """Join the Ray cluster at ``address``, or start a local Ray for this run (no dashboard).
+
+    Returns ``(started_here, seconds)``; a Ray already initialised in this process is reused.
+
+    Raises:
+        MissingExtra: Ray is not installed. EngineError: the cluster cannot be reached.
+    """
+    ray = require_ray()
+    if ray.is_initialized():
+        return False, 0.0
+    started = time.perf_counter()
+    try:
+        ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
+                 log_to_driver=False, configure_logging=True)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        raise EngineError(f"--ray-address {address!r}: cannot join the Ray cluster ({str(exc).splitlines()[0]})"
+                          if address else f"cannot start a local Ray ({str(exc).splitlines()[0]})") from exc
+    return True, time.perf_counter() - started
+
+
+def _pcd_cause(exc: BaseException) -> PcdError | None:
+    """A pcd error raised inside a Ray task or actor, found in the exceptions Ray wraps it in."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, PcdError) and type(e).__module__.startswith("pcd_cli"):
+            return e
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return None
+
+
+def _run_step(what: str, fn: Callable[[], Any], max_retries: int) -> Any:
+    """Run one Ray Data step; a pcd error from a worker is re-raised as itself, anything else
+    (a worker dead past its retries, a lost node) as ``EngineError`` with Ray's reason."""
+    try:
+        return fn()
+    except PcdError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray wraps worker failures in many types; none is swallowed
+        cause = _pcd_cause(exc)
+        if cause is not None:
+            raise cause from None
+        reason = _reason(exc)
+        raise EngineError(f"the {what} step failed on Ray (a worker that dies is restarted and its batch redone "
+                          f"up to {max_retries} times; past that the run stops): {reason}. Nothing was "
+                          "written; an earlier output is left as it was") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost informative cause of a Ray failure, in one line (``ActorDiedError: ...``)."""
+    chain = [exc]
+    while len(chain) < 20:
+        inner = getattr(chain[-1], "cause", None) or chain[-1].__cause__
+        if not isinstance(inner, BaseException) or inner in chain:
+            break
+        chain.append(inner)
+    for e in reversed(chain):
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        if lines:
+            return f"{type(e).__name__}: {lines[0]}"[:500]
+    return type(exc).__name__
+
+
+def check_outputs(files: list[Path], input_path: Path, output: Path, errors_path: Path) -> None:
+    """Refuse outputs that would overwrite an input, land inside an input folder, or cannot be written.
+
+    Raises:
+        InputError: names the option and the problem.
+    """
+    out, err = output.resolve(), errors_path.resolve()
+    sources = {f.resolve() for f in files}
+    if _glob.has_magic(str(output)) or _glob.has_magic(str(errors_path)):
+        raise InputError(f"-o {str(output)!r}: with a glob INPUT, name the output folder (and --errors) yourself")
+    if output.is_file():
+        raise InputError(f"-o {str(output)!r} is a file; --engine ray writes a folder of Parquet files")
+    if out in sources or err in sources:
+        raise InputError(f"{'-o' if out in sources else '--errors'} is an input file; choose another path")
+    if input_path.is_dir() and (input_path.resolve() in out.parents or out == input_path.resolve()):
+        raise InputError(f"-o {str(output)!r} is inside the input folder {str(input_path)!r}: a later run would "
+                         "read it as input; choose a path outside it")
+    if out == err or out in err.parents:
+        raise InputError(f"--errors {str(errors_path)!r} is inside the output folder; choose another path")
+    for option, path in (("-o", output), ("--errors", errors_path)):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=path.parent).close()
+        except OSError as exc:
+            raise InputError(f"{option} {str(path)!r}: cannot write in its folder ({exc.strerror})") from None
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Put the finished ``tmp`` (file or folder) at ``target``, replacing an earlier one."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+
+
+class _PartNames:
+    """Output file names that sort in input order: ``part-<write task>-<n>.parquet``."""
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return f"part-{task_index:06d}"
+
+
+def _only_labelled(batch: pa.Table, *, names: list[str]) -> pa.Table:
+    return batch.filter(pc.is_null(batch.column("__pcd_error"))).select(names)
+
+
+def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler_options: dict[str, Any], *,
+                output: str | Path, errors_path: str | Path, fmt: str | None = None, all_probs: bool = False,
+                min_mass: float = 0.5, address: str | None = None, workers: int = 1, worker_cpus: float = 1.0,
+                worker_gpus: float = 0.0, batch_size: int = DEFAULT_BATCH_ROWS,
+                max_retries: int = DEFAULT_MAX_RETRIES, max_errors: int | None = None, progress: bool = False,
+                on_event: Callable[[str, dict], None] | None = None) -> RayRun:
+    """``pcd label --engine ray``: label every row of INPUT on Ray; each row ends up in the Parquet
+    folder ``output`` or in ``errors_path`` (module docstring: the steps).
+
+    Args:
+        input_path: a file, a folder or a glob of JSONL/CSV/Parquet files (one format).
+        labeler_options: ``Labeler`` keyword arguments, passed as they are to every actor.
+        address: Ray cluster to join (``None``: start a local Ray for the run).
+        workers, worker_cpus, worker_gpus: actors in the pool and the resources each reserves.
+        batch_size: rows per actor call. max_retries: restarts of a dead actor and retries of its batch.
+        max_errors: fail (exit 1) when more rows than this failed; checked after reading and
+            after labelling.
+
+    Returns:
+        ``RayRun``; ``stats.read == stats.records + stats.failures`` covers every input row.
+
+    Raises:
+        InputError: INPUT or the outputs unusable. MissingExtra: no Ray. EngineError: Ray failed
+        (cluster unreachable, workers dead past their retries). ModelError, CompileError,
+        CalibrationError: raised by the workers' ``Labeler``. TooManyErrors, NothingLabelled:
+        the errors file is written, the output is not.
+    """
+    emit = on_event or (lambda _name, _fields: None)
+    input_path, output, errors_path = Path(input_path), Path(output), Path(errors_path)
+    files, kind = resolve_inputs(input_path, fmt)
+    check_outputs(files, input_path, output, errors_path)
+    for f in files:  # the whole-file checks (columns, header, Parquet footer) here, before Ray starts
+        next(iter(read_records(f, spec, fmt=kind, batch_size=1)), None)
+    ray = require_ray()
+    started_here, startup = connect(address)
+    where = "started a local Ray" if started_here and not address else f"joined {address or 'the running Ray'}"
+    emit("ray_started", {"message": f"Ray: {where} in {startup:.1f} s; {workers} worker{'s' * (workers != 1)}, "
+                         f"{len(files)} input file{'s' * (len(files) != 1)}", "seconds": round(startup, 3)})
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # output files in input order, like the local file
+    ctx.enable_progress_bars = progress
+    ctx.max_consecutive_actor_init_deaths = max_retries  # a model that cannot load fails the run, not a loop
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    tmp_dir = output.with_name(f".{output.name}.pcd-ray-{uuid.uuid4().hex[:8]}")
+    try:
+        return _job(ray, files, kind, input_path, schema, spec, labeler_options, output=output,
+                    errors_path=errors_path, tmp_dir=tmp_dir, all_probs=all_probs, min_mass=min_mass,
+                    workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
+                    max_retries=max_retries, max_errors=max_errors, startup=startup,
+                    address=(address or "local") if started_here else (address or "running"))
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        if started_here:
+            ray.shutdown()
+
+
+def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output, errors_path, tmp_dir, all_probs,
+         min_mass, workers, worker_cpus, worker_gpus, batch_size, max_retries, max_errors, startup,
+         address) -> RayRun:
+    stats = RunStats(schema, min_mass=min_mass)
+    listing = ray.data.from_items([{"file": i, "path": str(f)} for i, f in enumerate(files)],
+                                  override_num_blocks=len(files))
+    parsed = _run_step("read", lambda: listing.map_batches(
+        _read_files, batch_size=1, batch_format="numpy",
+        fn_kwargs={"spec": spec, "fmt": kind, "chunk": max(batch_size, 256)}).materialize(), max_retries)
+    # Cut the rows into blocks in order: a block is one task for one actor, so there must be
+    # several per worker to keep them all busy; a few batches per block on large inputs.
+    n_rows = parsed.count()
+    blocks = max(1, min(-(-n_rows // batch_size), max(BLOCKS_PER_WORKER * workers,
+                                                      -(-n_rows // (BATCHES_PER_BLOCK * batch_size)))))
+    parsed = _run_step("read", lambda: parsed.repartition(blocks).materialize(), max_retries)
+    offsets = None
+    if len(files) > 1:  # number rows across files in file order
+        counts = [0] * len(files)
+        for batch in parsed.select_columns(["file"]).iter_batches(batch_format="pyarrow", batch_size=None):
+            for count in pc.value_counts(batch.column("file")).to_pylist():
+                counts[count["values"]] += count["counts"]
+        offsets = [sum(counts[:i]) for i in range(len(counts))]
+    started = time.perf_counter()
+    labelled = _run_step("label", lambda: _label_step(
+        parsed, schema, labeler_options, id_field=spec.id_field, all_probs=all_probs, workers=workers,
+        worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size, max_retries=max_retries,
+        offsets=offsets, limit=spec.limit if offsets else None).materialize(), max_retries)
+    stats.seconds = time.perf_counter() - started
+    errors, metas = [], set()
+    for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=None):
+        names = [n for n in batch.column_names if not n.startswith("__pcd_")]
+        ok = pc.is_null(batch.column("__pcd_error"))
+        done = batch.filter(ok)
+        stats.add_table(done.select(names))
+        stats.truncated += int(pc.sum(done.column("__truncated")).as_py() or 0)
+        stats.forward_passes += int(pc.sum(batch.column("__pcd_passes")).as_py() or 0)
+        metas.update(m for m in batch.column("__pcd_meta").to_pylist() if m)
+        for r in batch.filter(pc.invert(ok)).to_pylist():
+            errors.append({"row": r["__pcd_row"], "line": r["__pcd_line"], "record": orjson.loads(r["__pcd_record"]),
+                           "error": r["__pcd_error"]} | ({"file": str(files[r["__pcd_file"]])} if len(files) > 1 else {}))
+    errors.sort(key=lambda e: e["row"])
+    stats.failures = len(errors)
+    stats.decoded = stats.records
+    if len(metas) > 1:
+        raise EngineError("the workers built different prompts or models (their metadata differ: "
+                          f"{sorted(metas)[:2]}); install the same pcd, model files and options on every node")
+    run = RayRun(stats, startup, address, workers)
+    if max_errors is not None and stats.failures > max_errors:
+        _write_errors(errors, errors_path)
+        raise TooManyErrors(f"{stats.failures} rows failed, more than --max-errors {max_errors}; they are in "
+                            f"{errors_path}; the output was not written", stats, None)
+    if stats.records == 0 and stats.failures:
+        _write_errors(errors, errors_path)
+        raise NothingLabelled(f"no row could be labelled: all {stats.failures} failed; see {errors_path}",
+                              stats, None)
+    metadata = (json.loads(metas.pop()) if metas else {}) | {
+        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "pcd.input": input_path.name, "pcd.records_read": str(stats.read),
+        "pcd.records_labelled": str(stats.records), "pcd.records_failed": str(stats.failures),
+        "pcd.records_truncated": str(stats.truncated)}
+    arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
+                                 all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata)
+    final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
+    if stats.records:
+        _run_step("write", lambda: labelled.map_batches(
+            _only_labelled, batch_format="pyarrow", batch_size=None, fn_kwargs={"names": list(final.names)}
+        ).write_parquet(str(tmp_dir), filename_provider=_PartNames(), min_rows_per_file=ROWS_PER_FILE,
+                        mode=ray.data.SaveMode.OVERWRITE,  # a fresh temporary folder of this run's own
+                        arrow_parquet_args_fn=lambda: {"schema": final}), max_retries)
+    else:
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        pq.write_table(final.empty_table(), tmp_dir / "part-000000-000000.parquet")
+    if errors:
+        _write_errors(errors, errors_path)
+    else:
+        errors_path.unlink(missing_ok=True)  # an earlier run's errors would mislead
+    _publish(tmp_dir, output)  # the output last: its presence means the run is complete
+    return run
+
+
+def _write_errors(errors: list[dict], path: Path) -> None:
+    """The errors JSONL, as the local engine writes it (temporary name, then renamed)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with tmp.open("wb") as fh:
+        for row in errors:
+            fh.write(orjson.dumps(row, default=str) + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

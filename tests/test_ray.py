@@ -1,0 +1,204 @@
+"""``pcd label --engine ray`` against the local engine, on a local Ray started here (2 CPUs, no dashboard).
+
+Ray is started once for the module and stopped at the end; the tiny random model is saved
+to a folder that every actor loads by itself (no weights travel). Never any other address.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import orjson
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from pcd_cli.cli import app
+from pcd_cli.engines.ray_engine import EXIT_ONCE_ENV
+from tests.conftest import ORACLE_SCHEMA, tiny_backend
+
+runner = CliRunner()
+
+TEXTS = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:10]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    assert not ray.is_initialized()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The tiny random model saved to a folder, a schema, and the same rows as JSONL, CSV and Parquet parts."""
+    root = tmp_path_factory.mktemp("ray")
+    backend = tiny_backend(chat_template=True)
+    model_dir = root / "tiny-model"
+    backend.model.save_pretrained(model_dir)
+    backend.tokenizer._tok.save_pretrained(model_dir)
+    schema = root / "oracle.json"
+    schema.write_text(json.dumps(ORACLE_SCHEMA))
+    rows = [{"id": f"t{i}", "text": t} for i, t in enumerate(TEXTS)]
+    jsonl = root / "rows.jsonl"
+    jsonl.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    table = pa.Table.from_pylist(rows)
+    pacsv.write_csv(table, root / "rows.csv")
+    parts = root / "parts"
+    parts.mkdir()
+    for k, start in enumerate(range(0, len(rows), 4)):
+        pq.write_table(table.slice(start, 4), parts / f"part-{k}.parquet")
+    return {"root": root, "model": str(model_dir), "schema": str(schema), "jsonl": jsonl,
+            "csv": root / "rows.csv", "parts": parts}
+
+
+def _label(args, env=None):
+    result = runner.invoke(app, ["label", *map(str, args)], env={"RAY_ADDRESS": None, **(env or {})})
+    return result
+
+
+def _local(files, source, out, extra=()):
+    result = _label([source, "--schema", files["schema"], "--model", files["model"], "--device", "cpu",
+                     "--all-probs", "-o", out, "--no-progress", *extra])
+    assert result.exit_code == 0, result.output
+    return pq.read_table(out)
+
+
+def _ray(files, source, out, workers, extra=(), code=0):
+    result = _label([source, "--schema", files["schema"], "--model", files["model"], "--device", "cpu",
+                     "--all-probs", "-o", out, "--no-progress", "--engine", "ray", "--workers", workers,
+                     "--batch-size", 3, *extra])
+    assert result.exit_code == code, result.output
+    return result
+
+
+def assert_same(local: pa.Table, remote: pa.Table, *, skip_meta=("pcd.created_utc",)):
+    assert remote.schema.names == local.schema.names
+    assert remote.schema.types == local.schema.types
+    lm, rm = local.schema.metadata, remote.schema.metadata
+    assert {k: v for k, v in rm.items() if k.decode() not in skip_meta} == \
+        {k: v for k, v in lm.items() if k.decode() not in skip_meta}
+    a, b = local.to_pylist(), remote.to_pylist()
+    assert [r[local.schema.names[0]] for r in b] == [r[local.schema.names[0]] for r in a]  # same rows, same order
+    for x, y in zip(a, b):
+        for name, value in x.items():
+            if name.endswith(("__prob", "__mass")):
+                assert y[name] == pytest.approx(value, abs=1e-5), (x[name], name)
+            elif name.endswith("__probs"):
+                assert [k for k, _ in y[name]] == [k for k, _ in value]
+                assert [p for _, p in y[name]] == pytest.approx([p for _, p in value], abs=1e-5)
+            else:
+                assert y[name] == value, name
+
+
+@pytest.mark.parametrize("source, workers, id_field", [("jsonl", 1, True), ("csv", 2, False), ("parts", 2, True)])
+def test_ray_matches_local(local_ray, files, tmp_path, source, workers, id_field):
+    extra = ["--id-field", "id"] if id_field else []
+    local = _local(files, files["jsonl"] if source == "parts" else files[source], tmp_path / "local.parquet", extra)
+    result = _ray(files, files[source], tmp_path / "ray.parquet", workers, extra)
+    assert f"{len(TEXTS)} rows read: {len(TEXTS)} records labelled, 0 failed" in result.output
+    assert (tmp_path / "ray.parquet").is_dir()
+    remote = pq.read_table(tmp_path / "ray.parquet")
+    assert remote.num_rows == len(TEXTS)
+    assert_same(local, remote, skip_meta=("pcd.created_utc",) + (("pcd.input",) if source == "parts" else ()))
+    assert remote.schema.metadata[b"pcd.records_read"] == str(len(TEXTS)).encode()
+    assert not list(tmp_path.glob(".*"))  # no temporary folder left
+
+
+def test_bad_rows_same_errors_as_local(local_ray, files, tmp_path):
+    good = files["jsonl"].read_bytes().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n".join([good[0], b"{not json", good[1], b'{"id": "x", "text": "  "}', b"[1, 2]",
+                                b'{"text": "no id"}', good[2], b'{"id": "b", "text": "\xff\xfe"}', good[3]]) + b"\n")
+    extra = ["--id-field", "id"]
+    local = _local(files, bad, tmp_path / "local.parquet", extra)
+    earlier = tmp_path / "ray.parquet"
+    result = _ray(files, bad, earlier, 1, extra)
+    assert "9 rows read: 4 records labelled, 5 failed" in result.output
+    assert_same(local, pq.read_table(earlier))
+    local_errors = (tmp_path / "local.errors.jsonl").read_bytes().splitlines()
+    ray_errors = (tmp_path / "ray.errors.jsonl").read_bytes().splitlines()
+    assert ray_errors == local_errors
+    assert [orjson.loads(e)["line"] for e in ray_errors] == [2, 4, 5, 6, 8]
+
+
+def test_actor_killed_once_output_complete(local_ray, files, tmp_path, monkeypatch):
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv(EXIT_ONCE_ENV, str(marker))  # the first batch's actor calls os._exit(1)
+    local = _local(files, files["jsonl"], tmp_path / "local.parquet", ["--id-field", "id"])
+    result = _ray(files, files["jsonl"], tmp_path / "ray.parquet", 1, ["--id-field", "id"])
+    assert marker.exists()  # an actor did die
+    assert f"{len(TEXTS)} rows read: {len(TEXTS)} records labelled, 0 failed" in result.output
+    remote = pq.read_table(tmp_path / "ray.parquet")
+    assert sorted(remote.column("id").to_pylist()) == sorted(f"t{i}" for i in range(len(TEXTS)))  # each row once
+    assert_same(local, remote)
+
+
+def test_past_the_retries_fails_and_keeps_earlier_output(local_ray, files, tmp_path, monkeypatch):
+    from pcd_cli.engines.ray_engine import label_files
+    from pcd_cli.errors import EngineError
+    from pcd_cli.io import InputSpec
+    from pcd_cli.schema import load_schema
+
+    out = tmp_path / "ray.parquet"
+    out.mkdir()
+    (out / "part-earlier.parquet").write_bytes(b"earlier")
+    monkeypatch.setenv(EXIT_ONCE_ENV, str(tmp_path / "killed"))
+    with pytest.raises(EngineError, match="the label step failed on Ray .* up to 0 times.*ActorDiedError"):
+        label_files(files["jsonl"], load_schema(files["schema"]), InputSpec(id_field="id"),
+                    {"model": files["model"], "device": "cpu"}, output=out, errors_path=tmp_path / "ray.errors.jsonl",
+                    max_retries=0)
+    assert [p.name for p in out.iterdir()] == ["part-earlier.parquet"]
+    assert (out / "part-earlier.parquet").read_bytes() == b"earlier"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_label_dataset_api(local_ray, files, tmp_path):
+    import ray
+
+    from pcd_cli.engines.ray_engine import label_dataset
+
+    local = _local(files, files["jsonl"], tmp_path / "local.parquet", ["--id-field", "id"]).to_pylist()
+    rows = [{"id": f"t{i}", "text": t} for i, t in enumerate(TEXTS[:4])] + [{"id": "x", "text": None}]
+    ds = label_dataset(ray.data.from_items(rows), files["schema"], id_field="id", model=files["model"],
+                       device="cpu", batch_size=2)
+    got = sorted(ds.take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == ["t0", "t1", "t2", "t3", "x"]
+    assert got[-1]["__error"] == "record 'x': text field 'text' is missing or null"
+    assert got[-1]["urgent"] is None
+    for want, row in zip(local[:4], got[:4]):
+        assert row["__error"] is None
+        assert [row[f] for f in ORACLE_SCHEMA["fields"]] == [want[f] for f in ORACLE_SCHEMA["fields"]]
+        assert row["urgent__prob"] == pytest.approx(want["urgent__prob"], abs=1e-5)
+
+
+def test_without_ray_exit_3_with_install_line(files, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed: `import ray` fails
+    result = _label([files["jsonl"], "--schema", files["schema"], "-o", tmp_path / "out.parquet", "--engine", "ray"])
+    assert result.exit_code == 3, result.output
+    assert "pip install 'pcd-cli[ray]'" in result.output
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_resume_is_local_only(files, tmp_path):
+    result = _label([files["jsonl"], "--schema", files["schema"], "-o", tmp_path / "out.parquet", "--engine", "ray",
+                     "--resume"])
+    assert result.exit_code == 2
+    assert "--resume is for the local engine only" in result.output
+
+
+def test_worker_options_need_engine_ray(files, tmp_path):
+    result = _label([files["jsonl"], "--schema", files["schema"], "-o", tmp_path / "out.parquet", "--workers", 2])
+    assert result.exit_code == 2
+    assert "--workers, --worker-cpus and --worker-gpus apply to --engine ray only" in result.output
+
+
+def test_glob_input_needs_an_output_folder(files):
+    result = _label([str(files["parts"] / "*.parquet"), "--schema", files["schema"], "--engine", "ray"])
+    assert result.exit_code == 2
+    assert "with a glob INPUT, name the output folder" in result.output
