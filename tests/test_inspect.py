@@ -339,7 +339,7 @@ SHAPE = {
     "layout": {"chosen": str, "reason": str, "seam_moves": dict,
                "newline": {"family": str, "sample": str, "pieces": list}},
     "chat_template": {"used": bool, "system": str, "args": dict, "reads": list, "injects_date": bool, "pinned_date": type(None)},
-    "head": {"tokens": int, "cut": int, "kv": {"dtype": str, "layers": int, "kv_heads": int, "head_dim": int,
+    "head": {"tokens": int, "cut": int, "examples": int, "kv": {"dtype": str, "layers": int, "kv_heads": int, "head_dim": int,
                                                "bytes_per_token": int, "bytes": int}},
     "fields": list, "warnings": list,
 }
