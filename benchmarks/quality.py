@@ -184,16 +184,20 @@ def main() -> None:
     parser.add_argument("--generate", type=int, default=100)
     parser.add_argument("--max-rows", type=int, default=200, help="first N rows of each set (file order)")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "quality.json")
+    parser.add_argument("--append", action="store_true", help="add to the sets already in --json")
     args = parser.parse_args()
     backend = load_backend(args.model, device="cpu", dtype="float32")
     results = {}
+    if args.append and args.json.exists():  # keep the sets measured by an earlier run
+        results = json.loads(args.json.read_text())["sets"]
     for name in args.sets.split(","):
         started = time.perf_counter()
         results[name] = run_set(name, backend, args.generate, args.max_rows)
+        results[name]["max_rows"], results[name]["generated"] = args.max_rows, args.generate
         print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         args.json.write_text(json.dumps({"model": backend.model_id, "sets": results}, indent=2))
-    print(f"model: {backend.model_id}; first {args.max_rows} rows of each set; 5-fold cross-validation; "
-          "all figures on held-out rows")
+    print(f"model: {backend.model_id}; 5-fold cross-validation; all figures on held-out rows; rows per set: "
+          + ", ".join(f"{k} {v['rows']}" for k, v in results.items()))
     print(render(results))
 
 

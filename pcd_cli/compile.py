@@ -1,8 +1,10 @@
 """Schema + prompt + tokenizer -> label tries and the token forest each wave feeds.
 
 Rules implemented here (DESIGN.md §2): lines are tokenized whole, in context, after the
-text that precedes them, and the seam is moved back where the tokenizer would merge across
-it (rule 3); the layout is probed, not assumed (rule 4); a label is a set of spellings
+text that precedes them (itself tokenized after a stand-in record, never on its own:
+``encode_context``, ``pcd_cli.seams``), and the seam is moved back where the tokenizer
+would merge across it (rule 3); each record's prompt is checked against the compiled tail
+(``record_chain``); the layout is probed, not assumed (rule 4); a label is a set of spellings
 (rule 5); all spellings of a field form a trie whose trunk is known text and whose branches
 are followed until the label is identified (``marginal``) or to the end of the line,
 line ending included (``exact``) (rule 6).
@@ -17,9 +19,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .errors import CompileError
-from .prompt import LAYOUTS, Layout, Prompt, build_prompt, common_prefix_len
+from .errors import CompileError, RecordError
+from .prompt import INPUT_LABEL, LAYOUTS, Layout, Prompt, build_prompt, common_prefix_len
 from .schema import Schema
+from .seams import TAIL_PROBES, RecordTail, encode_after, fixed_tail_len, pick_anchor
 
 SCORING_MODES = ("marginal", "exact")
 
@@ -74,8 +77,8 @@ class WavePlan:
     Attributes:
         context_text: text after the record text up to this wave (template tail, JSON opener,
             answer lines already written).
-        context_ids: the stable tokens of ``context_text``: ``encode(context_text)`` cut back
-            so that every scored line tokenizes identically in context.
+        context_ids: the stable tokens of ``context_text``: ``encode_context(context_text)``
+            cut back so that every scored line tokenizes identically in context.
         forests: one per field of the wave, in schema order.
     """
 
@@ -116,6 +119,8 @@ class CompiledSchema:
         self.scoring = scoring
         self.logits_width = min(logits_width or tokenizer.vocab_size, tokenizer.vocab_size)
         self._plans: dict[tuple[int, str], WavePlan] = {}
+        self._anchors: dict[str, tuple[str, tuple[int, ...]]] = {}  # by tail text (one per probed prompt)
+        self._tails: dict[str, RecordTail] = {}
         self.prompt: Prompt
         #: ``seam_moves()`` of each probed layout, by name (the layout probe's evidence; empty
         #: when ``layout`` was given).
@@ -146,13 +151,13 @@ class CompiledSchema:
         """Tokens cut from the end of wave contexts over wave 0 and every wave-1 context;
         1000 per written line that would have to be un-fed (the layout is then unusable)."""
         plan0 = self.wave_plan(0, self.prompt.tail_text)
-        moves = len(self.tokenizer.encode(plan0.context_text)) - len(plan0.context_ids)
+        moves = len(self.encode_context(plan0.context_text)) - len(plan0.context_ids)
         if len(self.schema.waves) > 1:
             first = self.schema.waves[0][0]
             for label in range(len(self.schema.fields[first].labels)):
                 text = plan0.context_text + self.written_line(first, label)
                 plan1 = self.wave_plan(1, text)
-                moves += len(self.tokenizer.encode(text)) - len(plan1.context_ids)
+                moves += len(self.encode_context(text)) - len(plan1.context_ids)
                 if plan1.context_ids[: len(plan0.context_ids)] != plan0.context_ids:
                     moves += 1000
         return moves
@@ -175,8 +180,53 @@ class CompiledSchema:
             self._plans[key] = plan
         return plan
 
+    @property
+    def anchor(self) -> tuple[str, tuple[int, ...]]:
+        """``(text, ids)`` standing where a record ends, for ``encode_context`` (``seams.pick_anchor``)."""
+        key = self.prompt.tail_text
+        anchor = self._anchors.get(key)
+        if anchor is None:
+            anchor = self._anchors[key] = pick_anchor(self.tokenizer, self.prompt.head_text, key, INPUT_LABEL)
+        return anchor
+
+    def encode_context(self, text: str) -> list[int]:
+        """Tokens of ``text`` (text after a record: the prompt's tail, answer lines) as it
+        tokenizes after a record, never on its own (``seams`` rule 1: SentencePiece-style
+        tokenizers give a text that starts a string a ``▁`` it lacks inside the prompt)."""
+        anchor, anchor_ids = self.anchor
+        return encode_after(self.tokenizer, anchor, anchor_ids, text)
+
+    @property
+    def record_tail(self) -> RecordTail:
+        """Where each record's tokens end and the compiled tail begins (``seams`` rule 2)."""
+        key = self.prompt.tail_text
+        tail = self._tails.get(key)
+        if tail is None:
+            tail_ids = tuple(self.encode_context(key))
+            refed = len(tail_ids) - len(self.wave_plan(0, key).context_ids)
+            afters = []
+            for probe in TAIL_PROBES:
+                try:
+                    afters.append(self.prompt.record_ids(probe, probe)[1])
+                except RecordError:  # refused at the head: inspect-schema reports it
+                    continue
+            tail = self._tails[key] = RecordTail(tail_ids=tail_ids, refed=refed,
+                                                 fixed=fixed_tail_len(tail_ids, afters))
+        return tail
+
+    def record_chain(self, record_id: object, text: str) -> tuple[str, list[int]]:
+        """One record's full prompt text and its wave-0 chain: its tokens after the head up to
+        the first wave's forests, the tail tokens it merges with included.
+
+        Raises:
+            RecordError: a seam breaks (head or fixed tail) or its special-token text cannot be
+                tokenized as text exactly (``Prompt.record_ids``, ``seams.RecordTail.chain``).
+        """
+        full, after = self.prompt.record_ids(record_id, text)
+        return full, self.record_tail.chain(record_id, after)
+
     def _build_plan(self, wave: int, context_text: str) -> WavePlan:
-        encode = self.tokenizer.encode
+        encode = self.encode_context
         base = encode(context_text)
         n_fields = len(self.schema.fields)
         rows: dict[int, list[tuple[int, str, list[int]]]] = {}

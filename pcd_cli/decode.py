@@ -191,10 +191,9 @@ class Decoder:
         self.head_len = len(compiled.prompt.head_ids)
         self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
         self.tokens_fed = 0  # tokens fed in those passes
-        self._tail_ids = tuple(backend.tokenizer.encode(compiled.prompt.tail_text))
         self._wave_cost, self._positions_after_record = self._estimate_wave_costs()
         limit = getattr(backend, "max_positions", None)
-        fixed = self.head_len + len(self._tail_ids) + self._positions_after_record
+        fixed = self.head_len + len(compiled.record_tail.tail_ids) + self._positions_after_record
         if limit and fixed >= limit:
             raise CompileError(f"the prompt ({self.head_len} tokens of instructions and catalog) and the answer "
                                f"need {fixed} of the model's {limit} positions, leaving no room for any text; "
@@ -234,7 +233,8 @@ class Decoder:
         if self.truncate == "error":
             raise RecordError(f"record {record.id!r}: too long for the model ({needed} tokens with the prompt and "
                               f"answer; the model's context is {limit}); shorten the text or use --truncate")
-        text_ids = self.backend.tokenizer.encode(record.text)
+        tokenizer = self.backend.tokenizer
+        text_ids = (tokenizer.encode_text if hasattr(tokenizer, "encode_text") else tokenizer.encode)(record.text)
         over = needed - limit
         for _ in range(4):  # re-tokenizing the cut text may take a few more tokens than counted
             keep = len(text_ids) - over - TRUNCATION_SLACK
@@ -262,16 +262,9 @@ class Decoder:
 
     def _slot(self, record: Record, text: str) -> tuple[_Slot, int]:
         """A record's slot for ``text``, and the positions it needs (head, record, answer)."""
-        prompt = self.compiled.prompt
-        full, after = prompt.record_ids(record.id, text)
-        tail = self._tail_ids
-        if tuple(after[-len(tail):]) != tail:
-            raise RecordError(f"record {record.id!r}: the tokenizer merges the end of the text into the "
-                              "prompt that follows it")
-        plan0 = self.compiled.wave_plan(0, prompt.tail_text)
-        chain = after[: len(after) - len(tail) + len(plan0.context_ids)]
+        full, chain = self.compiled.record_chain(record.id, text)  # in context, seams checked (pcd_cli.seams)
         needed = self.head_len + len(chain) + self._positions_after_record
-        return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=prompt.tail_text,
+        return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=self.compiled.prompt.tail_text,
                      needed=needed, variant=self.backend.rope_variant(needed)), needed
 
     def _groups(self, slots: list[_Slot]) -> list[list[_Slot]]:

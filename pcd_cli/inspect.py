@@ -47,8 +47,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 
 from .compile import CompiledSchema, FieldForest, WavePlan
-from .prompt import INPUT_LABEL, Layout, catalog_line, common_prefix_len, system_text
+from .errors import CompileError, RecordError
+from .prompt import HEAD_PROBES, INPUT_LABEL, Layout, catalog_line, common_prefix_len, render_turns, system_text
 from .schema import Schema, json_string
+from .seams import TAIL_PROBES
 
 #: Characters of the JSON around a label (quotes, separators, line ends): never its meaning.
 JSON_PUNCTUATION = ' "\n\r\t,{}:'
@@ -60,7 +62,10 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: Another value for each chat-template argument: the template reads the argument if its output changes.
 PROBE_VALUES = {"add_generation_prompt": False, "enable_thinking": True, "date_string": "31 Dec 1999"}
 WARNING_KINDS = ("context_length", "code_first", "case_only", "json_escape", "logits_width", "seam_merge",
-                 "many_labels", "round_trip", "date_unpinned")
+                 "many_labels", "round_trip", "date_unpinned", "system_merged", "record_seam", "special_text",
+                 "label_whitespace")
+#: Special-token text a record may hold; the splice check is reported with it (``special_text``).
+ATTACK_PROBE = "x{special}y"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class LayoutReport:
 @dataclass(frozen=True)
 class TemplateReport:
     used: bool  #: the model's chat template renders the prompt (else pcd's plain-text fallback)
+    system: str  #: how the instructions and catalog went in: ``prompt.SYSTEM_PLACEMENTS``
     args: dict  #: arguments it is rendered with
     reads: tuple[str, ...]  #: those of ``args`` that change its output
     injects_date: bool  #: it prints a date (reads ``date_string`` or calls ``strftime_now``)
@@ -232,7 +238,7 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
     report = SchemaReport(schema=schema.name, model=model_id, scoring=scoring, tokenizer_size=tokenizer.vocab_size,
                           logits_width=width, layout=layout, chat_template=template, head=head,
                           fields=tuple(fields), warnings=())
-    warnings = _schema_warnings(report) + [w for i in sorted(found) for w in found[i]]
+    warnings = _schema_warnings(report) + _record_warnings(compiled) + [w for i in sorted(found) for w in found[i]]
     context = getattr(text_config, "max_position_embeddings", None)
     if context and n_head + max(f.deepest for f in fields) + len(fields) >= context:
         warnings.insert(0, Finding("context_length", None, (), f"the prompt head alone is {n_head} tokens; the "
@@ -261,17 +267,23 @@ def probe_newline(schema: Schema, tokenizer) -> NewlineProbe:
 def probe_template(schema: Schema, tokenizer) -> TemplateReport:
     """Render the schema's first turns with each argument changed, to see which ones the template reads."""
     messages = [{"role": "system", "content": system_text(schema)}, {"role": "user", "content": INPUT_LABEL + "x"}]
-    base = tokenizer.render_chat(messages)
+    base, placement = render_turns(tokenizer, messages)
     args = getattr(tokenizer, "chat_args", None)
     if base is None or args is None:
-        return TemplateReport(used=base is not None, args={} if base is None else args or {}, reads=(),
-                              injects_date=False, pinned_date=None)
-    reads = tuple(name for name in args if name in PROBE_VALUES
-                  and tokenizer.render_chat(messages, **{name: PROBE_VALUES[name]}) != base)
+        return TemplateReport(used=base is not None, system=placement, args={} if base is None else args or {},
+                              reads=(), injects_date=False, pinned_date=None)
+
+    def rendered(name: str) -> str | None:
+        try:
+            return render_turns(tokenizer, messages, **{name: PROBE_VALUES[name]})[0]
+        except CompileError:  # the template refuses the turns with this value: it reads the argument
+            return None
+
+    reads = tuple(name for name in args if name in PROBE_VALUES and rendered(name) != base)
     clock = "strftime_now" in (getattr(tokenizer, "chat_template", None) or "")
     pinned = args.get("date_string") if "date_string" in reads and not clock else None  # the clock wins
-    return TemplateReport(used=True, args=args, reads=reads, injects_date="date_string" in reads or clock,
-                          pinned_date=pinned)
+    return TemplateReport(used=True, system=placement, args=args, reads=reads,
+                          injects_date="date_string" in reads or clock, pinned_date=pinned)
 
 
 def kv_estimate(config, tokens: int, dtype: str = "float32") -> KVEstimate | None:
@@ -292,7 +304,7 @@ def _field_report(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest,
     field = compiled.schema.fields[forest.field_index]
     start = len(plan.context_ids) + forest.trunk_len
     spellings = [(label, s) for label in range(len(field.labels)) for s in field.spellings(label)]
-    paths = [tuple(tok.encode(plan.context_text + line)[start:]) for _, line in forest.lines]  # as compile does
+    paths = [tuple(compiled.encode_context(plan.context_text + line)[start:]) for _, line in forest.lines]  # as compile
     owners: dict[tuple[int, ...], set[int]] = defaultdict(set)  # path prefix -> labels with a spelling on it
     for (label, _), path in zip(spellings, paths):
         for i in range(1, len(path) + 1):
@@ -360,6 +372,39 @@ def _schema_warnings(report: SchemaReport) -> list[Finding]:
     return out
 
 
+def _record_warnings(compiled: CompiledSchema) -> list[Finding]:
+    """What ``pcd label`` would do to records, tried on probe records: which are refused at a
+    seam (``record_seam``), whether special-token text in a record can be tokenized as text
+    (``special_text``), and how the system text went in (``system_merged``)."""
+    out: list[Finding] = []
+    placement = compiled.prompt.system_placement
+    if placement == "merged_refused":
+        out.append(Finding("system_merged", None, (), "the chat template refuses a system turn (it raises), so the "
+                           "instructions and catalog are put at the start of the user turn"))
+    elif placement == "merged_dropped":
+        out.append(Finding("system_merged", None, (), "the chat template renders the prompt without its system turn "
+                           "(it drops it silently), so the instructions and catalog are put at the start of the "
+                           "user turn; check the model's chat_template"))
+    refused: dict[str, list[str]] = defaultdict(list)
+    for probe in dict.fromkeys(HEAD_PROBES + TAIL_PROBES):
+        try:
+            compiled.record_chain(probe, probe)
+        except RecordError as exc:
+            refused[str(exc).split(": ", 1)[1]].append(probe)
+    for reason, probes in refused.items():
+        out.append(Finding("record_seam", None, tuple(probes), f"records like {', '.join(map(repr, probes))} will be "
+                           f"refused by pcd label: {reason}"))
+    specials = getattr(compiled.tokenizer, "special_texts", ())
+    if specials:
+        probe = ATTACK_PROBE.format(special=specials[0])
+        try:
+            compiled.record_chain("probe", probe)
+        except RecordError as exc:
+            out.append(Finding("special_text", None, (), f"a record holding special-token text such as "
+                               f"{specials[0]!r} will be refused: {str(exc).split(': ', 1)[1]}"))
+    return out
+
+
 def _field_warnings(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest, fr: FieldReport,
                     width: int | None) -> list[Finding]:
     tok = compiled.tokenizer
@@ -385,6 +430,11 @@ def _field_warnings(compiled: CompiledSchema, plan: WavePlan, forest: FieldFores
     for group in (g for g in folded.values() if len(g) > 1):
         out.append(Finding("case_only", name, tuple(group), f"field {name!r}: labels {', '.join(map(repr, group))} "
                            "differ only by case; the model may not tell them apart"))
+    spaced = [label for label in field.labels if label != label.strip()]
+    if spaced:
+        out.append(Finding("label_whitespace", name, tuple(spaced), f"field {name!r}: labels "
+                           f"{', '.join(map(repr, spaced))} have surrounding whitespace; the model must write it "
+                           "inside the quotes to pick them (they are returned exactly as written)"))
     escaped = [label for label in field.labels if not field.is_boolean and json_string(label)[1:-1] != label]
     if escaped:
         out.append(Finding("json_escape", name, tuple(escaped), f"field {name!r}: {len(escaped)} labels need JSON "
@@ -402,8 +452,9 @@ def _field_warnings(compiled: CompiledSchema, plan: WavePlan, forest: FieldFores
         out.append(Finding("many_labels", name, (), f"field {name!r} has {len(field.labels)} labels (more than "
                            f"{MANY_LABELS}): allowed; it costs {fr.forest_tokens} forest tokens in every "
                            f"wave-{fr.wave} pass and {catalog} head tokens for its catalog line"))
+    _, anchor_ids = compiled.anchor  # decoded in context: spaces the context owns are not the label's
     bad = {label for label, line in forest.lines
-           if tok.decode(tok.encode(plan.context_text + line)) != plan.context_text + line}
+           if not tok.decode(list(anchor_ids) + compiled.encode_context(plan.context_text + line)).endswith(line)}
     broken = [field.labels[i] for i in sorted(bad)]
     if broken:
         out.append(Finding("round_trip", name, tuple(broken), f"field {name!r}: the lines of "

@@ -14,6 +14,11 @@ from .inspect import FieldReport, SchemaReport
 PATH_ROWS = 8
 #: Trunk tokens shown in the fields table (the last ones: where the decision starts).
 TRUNK_TAIL = 3
+#: ``TemplateReport.system`` in words.
+SYSTEM_WAYS = {"system_turn": "in the system turn",
+               "merged_refused": "merged into the user turn (the template refuses a system turn)",
+               "merged_dropped": "merged into the user turn (the template drops the system turn)",
+               "plain_text": "in the plain-text prompt"}
 NEWLINE_FAMILIES = {
     "glued_after": "glued to the indentation after it (like SmolLM2)",
     "glued_before": "glued to the punctuation before it (like Qwen2.5)",
@@ -64,7 +69,8 @@ def render_inspection(report: SchemaReport, console: Console) -> None:
         args = ", ".join(f"{k}={v!r}" for k, v in tpl.args.items())
         date = (f"prints a date, pinned to {tpl.pinned_date}" if tpl.pinned_date else
                 "prints today's date, NOT pinned" if tpl.injects_date else "prints no date")
-        say(f"chat template: rendered with {args}; reads {', '.join(tpl.reads) or 'none of them'}; {date}")
+        say(f"chat template: rendered with {args}; reads {', '.join(tpl.reads) or 'none of them'}; {date}; "
+            f"instructions and catalog {SYSTEM_WAYS[tpl.system]}")
     else:
         say("chat template: none (plain-text prompt)")
     kv = head.kv

@@ -20,17 +20,22 @@ exchanges are plain-text blocks. Being part of the head, their KV is computed on
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dc_field
 
-from .errors import RecordError
+from .errors import CompileError, RecordError
 from .schema import Field, Schema, json_string
+from .seams import SPLICE_PROBES, RecordGuard
 
 PREAMBLE = ("You are a precise classification engine. Read the input and fill in a JSON object with "
             "exactly the keys listed below. Every value must be copied exactly from that key's allowed options.")
 INPUT_LABEL = "Input:\n"
 PLAIN_ANSWER_CUE = "\n\nJSON answer:\n"
 #: Record texts whose first characters differ in kind; the head must not depend on them.
-HEAD_PROBES = ("x", "Q", "1", "!", "\"", "(", "@", "你", "é", "-")
+HEAD_PROBES = ("x", "Q", "1", "!", "\"", "(", "@", "你", "é", "-", "<")
+#: How the system text (instructions and catalog) went into the prompt (``Prompt.system_placement``):
+#: its own system turn; merged into the first user turn because the template refused a system
+#: role (raised) or rendered without it (dropped it silently); pcd's plain-text prompt (no template).
+SYSTEM_PLACEMENTS = ("system_turn", "merged_refused", "merged_dropped", "plain_text")
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Prompt:
             assistant turn's opening and the JSON opener.
         chat_template: whether the model's chat template was used (else plain-text fallback).
         layout: the JSON layout.
+        system_placement: how the system text went in, one of ``SYSTEM_PLACEMENTS``.
     """
 
     head_text: str
@@ -111,6 +117,8 @@ class Prompt:
     _tokenizer: object
     #: ``(input text, answer object)`` of each few-shot example, in order.
     examples: tuple[tuple[str, str], ...] = ()
+    system_placement: str = "system_turn"
+    _guard: RecordGuard | None = dc_field(default=None, compare=False, repr=False)  #: built on first use
 
     @property
     def head_sha256(self) -> str:
@@ -125,18 +133,77 @@ class Prompt:
     def record_ids(self, record_id: object, text: str) -> tuple[str, list[int]]:
         """Tokenize one record's prompt; return (full prompt text, ids after the head).
 
+        The record's text is tokenized as text: special-token strings in it never become
+        control tokens (``seams.RecordGuard``).
+
         Raises:
-            RecordError: the tokenizer merges the record into the head (the KV cache would not apply).
+            RecordError: the tokenizer merges the record into the head (the KV cache would not
+                apply), or its special-token text cannot be tokenized as text exactly.
         """
         full = self.render(text)
         if not full.startswith(self.head_text) or not full.endswith(self.tail_text):
             raise RecordError(f"record {record_id!r}: the chat template rendered this text in an unexpected way")
-        ids = self._tokenizer.encode(full)
+        ids = self._record_guard().encode(self._tokenizer, record_id, full, len(self.head_text),
+                                          len(full) - len(self.tail_text))
         head = self.head_ids
         if tuple(ids[: len(head)]) != head:
             raise RecordError(f"record {record_id!r}: the tokenizer merges the start of the text into the prompt "
                               "head, so the cached head does not apply")
         return full, ids[len(head):]
+
+    def _record_guard(self) -> RecordGuard:
+        if self._guard is not None:
+            return self._guard
+        probes = []
+        for probe in SPLICE_PROBES:
+            full = self.render(probe)
+            probes.append((full, len(self.head_text), len(full) - len(self.tail_text)))
+        object.__setattr__(self, "_guard", RecordGuard.build(self._tokenizer, probes))
+        return self._guard
+
+
+def render_turns(tokenizer, messages: list[dict], **overrides) -> tuple[str | None, str]:
+    """Render chat ``messages`` (a system turn first) so that the system text is in the prompt.
+
+    The system turn holds the instructions and the catalog of allowed values: without it the
+    labels are noise. Some templates refuse a system role (they raise) and some render
+    without it (they drop it silently); both get the system text merged into the first
+    user turn (``system + "\n\n" + user text``), which holds whatever turns follow
+    (few-shot examples included).
+
+    Returns:
+        ``(text, placement)``: the rendered text (``None`` when the tokenizer has no chat
+        template; placement ``"plain_text"``) and one of ``SYSTEM_PLACEMENTS``.
+
+    Raises:
+        CompileError: the system text is still missing once merged, or the template refuses
+            the merged turns too.
+    """
+    system = messages[0]["content"]
+    try:
+        text = tokenizer.render_chat(messages, **overrides)
+    except ValueError as exc:
+        placement, why = "merged_refused", str(exc)
+    else:
+        if text is None:
+            return None, "plain_text"
+        if system in text:
+            return text, "system_turn"
+        placement, why = "merged_dropped", "the chat template rendered the prompt without its system turn"
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first_user is None:
+        raise CompileError(f"{why}, and there is no user turn to put the instructions in")
+    merged = [dict(m) for m in messages[1:]]
+    merged[first_user - 1]["content"] = system + "\n\n" + merged[first_user - 1]["content"]
+    try:
+        text = tokenizer.render_chat(merged, **overrides)
+    except ValueError as exc:
+        raise CompileError(f"{why}; with the instructions in the user turn instead, {exc}; "
+                           "pass a model whose chat template takes a user turn") from exc
+    if text is None or system not in text:
+        raise CompileError(f"{why}, and the instructions and catalog are missing from the prompt even in the user "
+                           "turn; the labels would be noise, so pcd stops; fix the model's chat_template")
+    return text, placement
 
 
 def _render(tokenizer, system: str, text: str, examples: tuple[tuple[str, str], ...] = ()) -> str:
@@ -144,7 +211,7 @@ def _render(tokenizer, system: str, text: str, examples: tuple[tuple[str, str], 
     for example_text, answer in examples:
         messages += [{"role": "user", "content": INPUT_LABEL + example_text}, {"role": "assistant", "content": answer}]
     messages.append({"role": "user", "content": INPUT_LABEL + text})
-    rendered = tokenizer.render_chat(messages)
+    rendered, _ = render_turns(tokenizer, messages)  # the system text checked in (merged if refused or dropped)
     if rendered is None:
         shots = "".join(INPUT_LABEL + t + PLAIN_ANSWER_CUE + a + "\n\n" for t, a in examples)
         return tokenizer.bos_text + system + "\n\n" + shots + INPUT_LABEL + text + PLAIN_ANSWER_CUE
@@ -184,6 +251,8 @@ def build_prompt(schema: Schema, tokenizer, layout: Layout,
         while n < len(head_ids) and n < len(ids) and ids[n] == head_ids[n]:
             n += 1
         head_ids = head_ids[:n]
+    _, placement = render_turns(tokenizer, [{"role": "system", "content": system},
+                                            {"role": "user", "content": INPUT_LABEL + "x"}])
     return Prompt(head_text=head_text, head_ids=tuple(head_ids), tail_text=tail_text,
-                  chat_template=tokenizer.render_chat([{"role": "user", "content": "x"}]) is not None,
-                  layout=layout, _system=system, _tokenizer=tokenizer, examples=shots)
+                  chat_template=placement != "plain_text", layout=layout, _system=system, _tokenizer=tokenizer,
+                  examples=shots, system_placement=placement)

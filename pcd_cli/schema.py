@@ -25,7 +25,14 @@ Accepted files (YAML or JSON, chosen by extension, content sniffed for ``.json``
 
 Everything is validated before any record is read; the first problem raises
 ``SchemaError`` naming the field and the problem. Soft problems (labels that differ only by
-case) are collected in ``Schema.warnings``.
+case, a label with surrounding whitespace) are collected in ``Schema.warnings``.
+
+Whitespace in labels: a label that is only whitespace, and labels that differ only by
+surrounding whitespace (``"yes"``/``"yes "``), are errors: to the model they read as the
+same word in the catalog (or as nothing), and they are almost always a stray space in the
+schema file. A single label with surrounding whitespace is a warning, not an error: it is
+kept and returned exactly, since a downstream system may need that exact string, but the
+model must write the space inside the quotes to pick it, which it rarely does.
 """
 
 from __future__ import annotations
@@ -351,14 +358,26 @@ def _parse_field(name: Any, spec: Any) -> tuple[Field, list[str]]:
                     "quote it in the schema file")
             if label == "":
                 raise SchemaError(f"field {name!r}: label #{i + 1} is empty")
+            if not label.strip():
+                raise SchemaError(f"field {name!r}: label #{i + 1} is only whitespace ({label!r}); the model cannot "
+                                  "write it in a way that means anything; give it a name")
         if len(raw_labels) < 2:
             raise SchemaError(f"field {name!r}: an enum needs at least two labels, got {raw_labels!r}")
         exact: set[str] = set()
         folded: dict[str, str] = {}
+        stripped: dict[str, str] = {}
         for label in raw_labels:
             if label in exact:
                 raise SchemaError(f"field {name!r}: duplicate label {label!r}")
             exact.add(label)
+            if stripped.setdefault(label.strip(), label) != label:
+                raise SchemaError(f"field {name!r}: labels {stripped[label.strip()]!r} and {label!r} differ only by "
+                                  "surrounding whitespace; the catalog shows them as the same word to the model, "
+                                  "so keep one (or rename one)")
+            if label != label.strip():
+                warnings.append(f"field {name!r}: label {label!r} has surrounding whitespace; the model must write "
+                                "it inside the quotes to pick this label (it is returned exactly as written); "
+                                "remove it unless the downstream system needs it")
             key = label.casefold()
             if key in folded:
                 warnings.append(f"field {name!r}: labels {folded[key]!r} and {label!r} differ only by case")

@@ -147,7 +147,7 @@ def test_template_printing_the_clock_is_a_warning():
 def test_no_template_means_plain_text_prompt():
     report = report_for(TWO_FIELDS, HFTokenizer(gemma_like()))
     assert report.chat_template == type(report.chat_template)(
-        used=False, args={}, reads=(), injects_date=False, pinned_date=None)
+        used=False, system="plain_text", args={}, reads=(), injects_date=False, pinned_date=None)
 
 
 def test_head_kv_estimate_comes_from_the_config_only():
@@ -338,8 +338,8 @@ SHAPE = {
     "schema": str, "model": str, "scoring": str, "tokenizer_size": int, "logits_width": int,
     "layout": {"chosen": str, "reason": str, "seam_moves": dict,
                "newline": {"family": str, "sample": str, "pieces": list}},
-    "chat_template": {"used": bool, "args": dict, "reads": list, "injects_date": bool, "pinned_date": type(None)},
-    "head": {"tokens": int, "cut": int, "kv": {"dtype": str, "layers": int, "kv_heads": int, "head_dim": int,
+    "chat_template": {"used": bool, "system": str, "args": dict, "reads": list, "injects_date": bool, "pinned_date": type(None)},
+    "head": {"tokens": int, "cut": int, "examples": int, "kv": {"dtype": str, "layers": int, "kv_heads": int, "head_dim": int,
                                                "bytes_per_token": int, "bytes": int}},
     "fields": list, "warnings": list,
 }

@@ -10,8 +10,17 @@ several ``Labeler`` objects can share one loaded model and interleave their pass
     ``encode(text) -> list[int]`` (no special tokens added: chat-rendered text carries its
     own), ``decode(ids) -> str``, ``render_chat(messages) -> str | None`` (the model's own
     chat template with ``add_generation_prompt=True``, ``enable_thinking=False`` and a pinned
-    ``date_string``; ``None`` when the tokenizer has no template), ``vocab_size`` (ids below
-    it are real tokens), ``bos_text`` (text to put first in a plain-text prompt, or '').
+    ``date_string``; exactly the turns given, no merging; ``None`` when the tokenizer has no
+    template; raises ``ValueError`` when the template refuses the turns, e.g. a system
+    role), ``vocab_size`` (ids below it are real tokens), ``bos_text`` (text to put first in
+    a plain-text prompt, or '').
+    Untrusted record text (``pcd_cli.seams``): ``encode_text(text, *, at_start=True) ->
+    list[int]`` tokenizes ``text`` as plain text, special-token strings in it becoming
+    ordinary text tokens (transformers: ``split_special_tokens=True``); ``at_start=False``
+    tokenizes it as a piece that follows a special token inside a longer text (no
+    start-of-text ``▁`` from a Metaspace ``prepend_scheme="first"``).
+    ``special_ids -> frozenset[int]`` (ids of the special/control tokens) and
+    ``special_texts -> tuple[str, ...]`` (their strings, longest first).
     Optional, for ``inspect-schema``'s template probe: ``chat_args`` (the arguments
     ``render_chat`` passes), ``chat_template`` (its source), ``render_chat(messages,
     **overrides)``.
