@@ -1,6 +1,7 @@
-"""Model backends: the only place that imports a framework (torch, transformers).
+"""Model backends: the only place that imports a framework (torch, transformers, mlx).
 
-The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBackend``:
+The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBackend`` and
+``MLXBackend`` (``load_backend(model, backend=auto|torch|mlx)`` picks one, see ``select``):
 
 ``backend.tokenizer``
     ``encode(text) -> list[int]`` (no special tokens added: chat-rendered text carries its
@@ -43,6 +44,16 @@ The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBack
     Count of model forward calls made so far (measured, never assumed).
 """
 
-from .torch_backend import TorchBackend, load_backend
+from .select import load_backend
 
-__all__ = ["TorchBackend", "load_backend"]
+__all__ = ["TorchBackend", "MLXBackend", "load_backend"]
+
+
+def __getattr__(name):  # the backends import their framework only when asked for
+    if name == "TorchBackend":
+        from .torch_backend import TorchBackend
+        return TorchBackend
+    if name == "MLXBackend":
+        from .mlx_backend import MLXBackend
+        return MLXBackend
+    raise AttributeError(name)

