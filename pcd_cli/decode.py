@@ -2,7 +2,8 @@
 
 How a group of records is decoded (DESIGN.md §2 rule 8 and §3):
 
-* The head's KV is prefilled once (``Decoder.__init__``) and kept.
+* The head's KV is prefilled once (``Decoder.__init__``) into a cache the decoder owns
+  (a ``KVHandle``: the backend keeps no per-caller state, so decoders may share it).
 * Records are packed into groups bounded by ``max_tokens_per_pass``. For each wave the
   group's tokens form one stream: per record, its context chain (wave 0: the record part
   up to the JSON opener; later waves: the answer lines just written) followed by the
@@ -184,7 +185,7 @@ class Decoder:
             raise CompileError(f"the prompt ({self.head_len} tokens of instructions and catalog) and the answer "
                                f"need {fixed} of the model's {limit} positions, leaving no room for any text; "
                                "shorten the schema's descriptions or use a model with a longer context")
-        backend.prefill(compiled.prompt.head_ids)
+        self.cache = backend.prefill(compiled.prompt.head_ids)
 
     # -- preparing and grouping ------------------------------------------------------------
     def _estimate_wave_costs(self) -> tuple[list[int], int]:
@@ -282,7 +283,7 @@ class Decoder:
             try:
                 self._decode_group(group)
             finally:
-                self.backend.truncate(self.head_len)
+                self.backend.truncate(self.cache, self.head_len)
         fields = self.compiled.schema.fields
         for index, slot in slots:
             out[index] = RecordResult(id=slot.record.id,
@@ -338,7 +339,7 @@ class Decoder:
                     pair_cols.extend(offset + p for p in path)
                 field_queries.append((s, forest, len(queries)))
                 queries.extend((offset + r, q) for r, q in zip(forest.query_rows, forest.query_ids))
-        base = self.backend.cache_length()  # kv index of the stream's first token
+        base = self.backend.cache_length(self.cache)  # kv index of the stream's first token
         query_lp = self._feed(group, base, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
                               np.array(chain_hi), np.array(pair_rows), np.array(pair_cols), queries)
         fields = self.compiled.schema.fields
@@ -393,7 +394,7 @@ class Decoder:
                 gather[r, : len(queries[i][1])] = queries[i][1]
             if len(keep) == 0:
                 keep, gather = np.array([0]), np.full((1, 1), -1, dtype=np.int64)
-            lp = backend.forward(ids[a:b], pos[a:b], visible, keep, gather)
+            lp = backend.forward(self.cache, ids[a:b], pos[a:b], visible, keep, gather)
             self.record_passes += 1
             self.tokens_fed += b - a
             for r, i in enumerate(in_chunk):

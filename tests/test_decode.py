@@ -22,7 +22,7 @@ def _run(backend, schema, *, scoring="marginal", budget=2048, pack=True, texts=M
     decoder = Decoder(backend, compiled, max_tokens_per_pass=budget, pack_records=pack, trace=trace,
                       truncate=truncate)
     results = decoder.decode([Record(i, t) for i, t in enumerate(texts)])
-    assert backend.cache_length() == len(compiled.prompt.head_ids)  # the forest KV is dropped
+    assert backend.cache_length(decoder.cache) == len(compiled.prompt.head_ids)  # the forest KV is dropped
     return decoder, results
 
 
@@ -174,3 +174,30 @@ def test_api_refuses_a_bare_string_and_reads_numbers_as_text(embedded_backend):
     results = list(labeler.label(["ok", 123, ""]))
     assert [type(r).__name__ for r in results] == ["RecordResult", "RecordResult", "RecordFailure"]
     assert isinstance(results[2], RecordFailure) and results[2].error == "record 2: no text"
+
+
+def test_two_labelers_on_one_backend_do_not_clobber_each_other():
+    """Each Labeler owns its KV cache: interleaving two on one backend changes nothing."""
+    from pcd_cli import Labeler
+    from pcd_cli.backends import Backend
+
+    backend = tiny_backend(seed=7)
+    assert isinstance(backend, Backend)  # the Protocol (runtime-checked members)
+    spam = parse_schema({"fields": {"spam": {"type": "boolean", "description": "Whether it is spam"}}})
+    topic = parse_schema({"fields": {"topic": {"type": "enum", "labels": ["billing", "outage", "other"]},
+                                     "urgent": {"type": "boolean"}}})
+    texts = MORE_TEXTS[:3]
+
+    def one_by_one(labeler):
+        return [r for text in texts for r in labeler.label([text])]
+
+    alone_a = one_by_one(Labeler(spam, backend=backend))
+    alone_b = one_by_one(Labeler(topic, backend=backend))
+    a, b = Labeler(spam, backend=backend), Labeler(topic, backend=backend)  # b's prefill follows a's
+    mixed_a, mixed_b = [], []
+    for text in texts:
+        mixed_a += a.label([text])
+        mixed_b += b.label([text])
+    assert [len(r.fields) for r in mixed_a + mixed_b] == [1, 1, 1, 2, 2, 2]
+    assert _max_diff(alone_a, mixed_a) == 0.0  # bit-identical
+    assert _max_diff(alone_b, mixed_b) == 0.0

@@ -1,7 +1,11 @@
 """Model backends: the only place that imports a framework (torch, transformers, mlx).
 
-The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBackend`` and
-``MLXBackend`` (``load_backend(model, backend=auto|torch|mlx)`` picks one, see ``select``):
+The contract (what ``decode``, ``bench``, ``oracle`` and the conformance suite rely on) is
+written here once and typed as ``typing.Protocol`` classes in ``backends/base.py``
+(``Backend``, ``Tokenizer``); ``TorchBackend`` and ``MLXBackend``
+implement it (``load_backend(model, backend=auto|torch|mlx)`` picks one, see ``select``). A
+backend holds **no per-caller state**: each caller owns its KV caches (``KVHandle``), so
+several ``Labeler`` objects can share one loaded model and interleave their passes.
 
 ``backend.tokenizer``
     ``encode(text) -> list[int]`` (no special tokens added: chat-rendered text carries its
@@ -12,29 +16,40 @@ The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBack
     Optional, for ``inspect-schema``'s template probe: ``chat_args`` (the arguments
     ``render_chat`` passes), ``chat_template`` (its source), ``render_chat(messages,
     **overrides)``.
-``backend.model_id``, ``backend.logits_width``
-    A name for metadata; the width of the logits (may exceed ``vocab_size``: padded columns
-    are ignored when normalising).
-``prefill(ids)``
-    Reset the KV cache and fill it with ``ids`` (the prompt head). One forward pass.
-``forward(ids, positions, visible, keep_rows, gather_ids) -> ndarray``
-    One forward pass of ``q`` new tokens on top of the cache. ``ids``, ``positions``: int
-    arrays ``(q,)``; ``positions`` are RoPE positions, free per token. ``visible``: bool
-    ``(q, cache_len + q)``, ``visible[i, j]`` = new token ``i`` attends to key ``j``
-    (cache first, then the new tokens). ``keep_rows``: int ``(r,)`` rows whose next-token
-    distribution is needed; ``gather_ids``: int ``(r, m)`` token ids to read at each kept
-    row, ``-1`` for padding. Returns float64 ``(r, m)`` natural-log probabilities
-    (log-softmax over the first ``vocab_size`` logits), ``-inf`` at padding. The new tokens'
-    KV stays in the cache.
-``truncate(length)``
-    Drop cache entries beyond ``length`` (back to the head after a group of records).
+``backend.model_id``, ``backend.device``, ``backend.dtype_name``, ``backend.logits_width``
+    A name for metadata; the device; the weights' dtype as a string (``"float32"``...); the
+    width of the logits (may exceed ``vocab_size``: padded columns are ignored when
+    normalising).
+``rope_variant(n_positions) -> Hashable``
+    Which RoPE frequency set a plain forward over a text of ``n_positions`` tokens uses
+    (long-context RoPE such as ``longrope`` switches sets with the length); a constant (``0``)
+    for models whose RoPE does not depend on the length. Records whose variants differ are
+    never packed into one pass, and each variant has its own head cache.
+``prefill(ids, *, variant=0) -> KVHandle``
+    A new KV cache filled with ``ids`` (the prompt head), computed with RoPE ``variant``.
+    One forward pass. The caller owns the handle.
+``forward(cache, ids, positions, visible, keep_rows, gather_ids) -> ndarray``
+    One forward pass of ``q`` new tokens on top of ``cache`` (with the cache's RoPE
+    variant). ``ids``, ``positions``: int arrays ``(q,)``; ``positions`` are RoPE positions,
+    free per token (tree positions). ``visible``: bool ``(q, cache_length(cache) + q)``,
+    ``visible[i, j]`` = new token ``i`` attends to key ``j`` (cache first, then the new
+    tokens). Sliding-window layers further hide keys whose position is ``window`` or more
+    before the query's position (the backend applies that, from the positions). ``keep_rows``:
+    int ``(r,)`` rows whose next-token distribution is needed; ``gather_ids``: int ``(r, m)``
+    token ids to read at each kept row, ``-1`` for padding. Returns float64 ``(r, m)``
+    natural-log probabilities (log-softmax over the first ``vocab_size`` logits, computed in
+    float32 at least and upcast on the CPU), ``-inf`` at padding; a row whose logits are not
+    finite (half-precision overflow) is all NaN. The new tokens' KV stays in the cache.
+``truncate(cache, length)``
+    Drop the cache's entries beyond ``length`` (back to the head after a group of records).
+``cache_length(cache) -> int``
+    Number of entries (tokens) in the cache.
 ``full_logprobs(ids, rows=None) -> ndarray``
     Plain forward over ``ids`` with no cache: float64 ``(len(rows), vocab_size)`` log-probs
-    of the next token after each position in ``rows`` (all positions when ``None``); the
-    brute-force oracle uses it.
+    of the next token after each position in ``rows`` (all positions when ``None``).
 ``generate(ids, max_new_tokens, cache_prefix_len=0) -> (new_ids, forward_passes)``
     Greedy token-by-token generation (the benchmark's baseline); ``cache_prefix_len`` > 0
-    reuses the KV of ``ids[:cache_prefix_len]`` computed once and kept between calls.
+    reuses the KV of ``ids[:cache_prefix_len]`` computed once (a memo keyed by those ids).
 ``max_positions``
     The model's context length in tokens (``None`` if unknown); longer records are cut or
     refused (``Decoder.truncate``).
@@ -42,11 +57,15 @@ The contract (what ``decode`` and ``bench`` rely on), implemented by ``TorchBack
     Token ids that end generation.
 ``forward_passes``
     Count of model forward calls made so far (measured, never assumed).
+
+``pcd_cli.backends.conformance`` checks any backend against an independent oracle (eager
+attention, full forward, no cache) on tiny random models of every supported family.
 """
 
+from .base import Backend, KVHandle, Tokenizer
 from .select import load_backend
 
-__all__ = ["TorchBackend", "MLXBackend", "load_backend"]
+__all__ = ["Backend", "KVHandle", "Tokenizer", "TorchBackend", "MLXBackend", "load_backend"]
 
 
 def __getattr__(name):  # the backends import their framework only when asked for

@@ -16,8 +16,9 @@ import os
 import shutil
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 import torch
@@ -151,8 +152,26 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+@dataclass
+class TorchKV:
+    """A caller-owned KV cache (the contract's ``KVHandle``) for ``TorchBackend``.
+
+    Attributes:
+        cache: the transformers ``DynamicCache`` (every layer keeps every key: sliding
+            windows are applied by the mask, never by dropping keys).
+        positions: int64 ``(cache_length,)`` RoPE position of every cached key, in cache order.
+        variant: the RoPE variant its keys were computed with (``TorchBackend.rope_variant``).
+    """
+
+    cache: object
+    positions: np.ndarray
+    variant: Hashable = 0
+
+
 class TorchBackend:
-    """A causal LM on one device with a KV cache holding the prompt head.
+    """A causal LM on one device; implements ``pcd_cli.backends.base.Backend``.
+
+    It holds no per-caller state: KV caches are ``TorchKV`` handles owned by callers.
 
     Args:
         model: a loaded ``PreTrainedModel`` (causal LM) in eval mode.
@@ -168,9 +187,9 @@ class TorchBackend:
         self.model_id = model_id
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.dtype_name = str(self.dtype).removeprefix("torch.")
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
         self._cache_cls = DynamicCache
-        self.cache = DynamicCache(config=model.config)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         eos = model.generation_config.eos_token_id
         self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
@@ -183,39 +202,55 @@ class TorchBackend:
     def _count_pass(self, *_args) -> None:
         self.forward_passes += 1
 
-    def cache_length(self) -> int:
-        return int(self.cache.get_seq_length())
+    def rope_variant(self, n_positions: int) -> Hashable:
+        """0: this model's RoPE does not depend on the text's length."""
+        return 0
+
+    def cache_length(self, cache: TorchKV) -> int:
+        return len(cache.positions)
 
     @torch.inference_mode()
-    def prefill(self, ids: Sequence[int]) -> None:
-        self.cache = self._cache_cls(config=self.model.config)
-        if len(ids):
-            self.model(input_ids=torch.tensor([list(ids)], device=self.device), use_cache=True,
-                       logits_to_keep=1, **{self._cache_kw: self.cache})
+    def prefill(self, ids: Sequence[int], *, variant: Hashable = 0) -> TorchKV:
+        kv = TorchKV(self._cache_cls(), np.zeros(0, dtype=np.int64), variant)
+        n = len(ids)
+        if n:
+            self.forward(kv, np.asarray(ids, dtype=np.int64), np.arange(n, dtype=np.int64),
+                         np.tril(np.ones((n, n), dtype=bool)), np.array([n - 1]), np.full((1, 1), -1))
+        return kv
 
-    def truncate(self, length: int) -> None:
-        extra = self.cache_length() - length
+    def truncate(self, cache: TorchKV, length: int) -> None:
+        extra = self.cache_length(cache) - length
         if extra > 0:
-            self.cache.crop(-extra)
+            cache.cache.crop(-extra)
+            cache.positions = cache.positions[:length]
 
     @torch.inference_mode()
-    def forward(self, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+    def forward(self, cache: TorchKV, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
                 keep_rows: np.ndarray, gather_ids: np.ndarray) -> np.ndarray:
         q = len(ids)
-        if visible.shape != (q, self.cache_length() + q):
-            raise ValueError(f"visible has shape {visible.shape}, expected {(q, self.cache_length() + q)}")
+        width = self.cache_length(cache) + q
+        if visible.shape != (q, width):
+            raise ValueError(f"visible has shape {visible.shape}, expected {(q, width)}")
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~torch.from_numpy(visible).to(self.device), torch.finfo(self.dtype).min)
         out = self.model(input_ids=torch.from_numpy(ids.astype(np.int64)).to(self.device)[None],
                          position_ids=torch.from_numpy(positions.astype(np.int64)).to(self.device)[None],
-                         attention_mask=mask[None, None], use_cache=True, **{self._cache_kw: self.cache},
+                         attention_mask=mask[None, None], use_cache=True, **{self._cache_kw: cache.cache},
                          logits_to_keep=torch.from_numpy(keep_rows.astype(np.int64)).to(self.device))
-        logits = out.logits[0, :, : self.tokenizer.vocab_size].float()
+        cache.positions = np.concatenate([cache.positions, positions.astype(np.int64)])
+        return self._gather(out.logits[0], gather_ids)
+
+    def _gather(self, logits, gather_ids: np.ndarray) -> np.ndarray:
+        """Log-softmax (float32, on the device) of each kept row, the ``gather_ids`` columns read,
+        then moved to the CPU and upcast to float64 there (MPS has no float64); rows whose logits
+        are not all finite come back as NaN."""
+        logits = logits[:, : self.tokenizer.vocab_size].float()
+        bad = ~torch.isfinite(logits).all(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1)
-        gather = torch.from_numpy(gather_ids.astype(np.int64)).to(self.device)
+        gather = torch.from_numpy(gather_ids.astype(np.int64)).to(logits.device)
         picked = torch.gather(logprobs, 1, gather.clamp(min=0))
-        picked = picked.masked_fill(gather < 0, float("-inf"))
-        return picked.double().cpu().numpy()
+        picked = picked.masked_fill(gather < 0, float("-inf")).masked_fill(bad[:, None], float("nan"))
+        return picked.cpu().numpy().astype(np.float64)
 
     @torch.inference_mode()
     def full_logprobs(self, ids: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
@@ -223,7 +258,7 @@ class TorchBackend:
         out = self.model(input_ids=torch.tensor([list(ids)], device=self.device), use_cache=False,
                          logits_to_keep=keep)
         logits = out.logits[0, :, : self.tokenizer.vocab_size].float()
-        return torch.log_softmax(logits, dim=-1).double().cpu().numpy()
+        return torch.log_softmax(logits, dim=-1).cpu().numpy().astype(np.float64)
 
     @torch.inference_mode()
     def generate(self, ids: Sequence[int], max_new_tokens: int, cache_prefix_len: int = 0) -> tuple[list[int], int]:
