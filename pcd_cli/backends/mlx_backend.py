@@ -28,7 +28,7 @@ import copy
 import json
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -129,13 +129,16 @@ class _KeepRows(nn.Module):
 
 
 class KVState:
-    """A KV cache for forest passes: one ``_ForestKV`` per layer plus the keys' RoPE positions.
+    """A caller-owned KV cache (the contract's ``KVHandle``) for ``MLXBackend``: one
+    ``_ForestKV`` per layer (every layer keeps every key; sliding windows are applied by the
+    mask) plus the keys' RoPE positions ``(length,)``, and the RoPE variant.
 
     Copies share the arrays (passes never write into them), so a cached head can be reused
     by several callers at the cost of a list copy.
     """
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, variant: Hashable = 0):
+        self.variant = variant
         self.pass_state = _PassState()
         self.layers = [_ForestKV(self.pass_state) for _ in range(n_layers)]
         self.key_positions = mx.zeros((0,), dtype=mx.int32)
@@ -144,7 +147,7 @@ class KVState:
         return int(self.key_positions.shape[0])
 
     def copy(self) -> "KVState":
-        other = KVState(len(self.layers))
+        other = KVState(len(self.layers), self.variant)
         other.key_positions = self.key_positions
         for mine, theirs in zip(self.layers, other.layers):
             theirs.keys, theirs.values = mine.keys, mine.values
@@ -172,7 +175,9 @@ def _language_model(model):
 
 
 class MLXBackend:
-    """A causal LM in MLX with a KV cache holding the prompt head.
+    """A causal LM in MLX; implements ``pcd_cli.backends.base.Backend``.
+
+    It holds no per-caller state: KV caches are ``KVState`` handles owned by callers.
 
     Args:
         model: an mlx-lm model (``mlx_lm.load(...)[0]``), weights in their final dtype.
@@ -209,7 +214,7 @@ class MLXBackend:
             inner.norm = _KeepRows(inner.norm)
         self._keep = inner.norm
         embed = inner.embed_tokens
-        self.dtype = str(embed.scales.dtype if hasattr(embed, "scales") else embed.weight.dtype).split(".")[-1]
+        self.dtype_name = str(embed.scales.dtype if hasattr(embed, "scales") else embed.weight.dtype).split(".")[-1]
         with mx.stream(self.mx_device):
             probe = model(mx.array([[0]]))
             self.logits_width = int(probe.shape[-1])
@@ -218,7 +223,6 @@ class MLXBackend:
         self.max_positions = getattr(text_args, "max_position_embeddings", None)
         self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.forward_passes = 0
-        self.cache = KVState(len(self._layers))
         self._gen_prefix: tuple | None = None
 
     # -- the model call every method goes through (counts passes) -----------------------
@@ -237,56 +241,50 @@ class MLXBackend:
         logits = logits[:, : self.tokenizer.vocab_size].astype(mx.float32)
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
-    # -- forest passes on a KV state --------------------------------------------------------
-    def new_state(self) -> KVState:
-        return KVState(len(self._layers))
+    # -- the backend contract (pcd_cli.backends.base.Backend) -------------------------------
+    def rope_variant(self, n_positions: int) -> Hashable:
+        """0: mlx-lm's RoPE modules here do not switch frequency sets with the text's length."""
+        return 0
 
-    def prefill_state(self, ids: Sequence[int]) -> KVState:
-        """A fresh KV state holding ``ids`` (positions ``0..n-1``, causal). One pass (none if empty)."""
-        state = self.new_state()
+    def cache_length(self, cache: KVState) -> int:
+        return len(cache)
+
+    def prefill(self, ids: Sequence[int], *, variant: Hashable = 0) -> KVState:
+        """A new caller-owned KV cache holding ``ids`` (positions ``0..n-1``, causal). One pass."""
+        cache = KVState(len(self._layers), variant)
         n = len(ids)
         if n:
-            causal = np.tril(np.ones((n, n), dtype=bool))
-            self.forward_state(state, np.asarray(ids), np.arange(n), causal, np.array([n - 1]),
-                               np.full((1, 1), -1))
-        return state
+            self.forward(cache, np.asarray(ids), np.arange(n), np.tril(np.ones((n, n), dtype=bool)),
+                         np.array([n - 1]), np.full((1, 1), -1))
+        return cache
 
-    def forward_state(self, state: KVState, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
-                      keep_rows: np.ndarray, gather_ids: np.ndarray) -> np.ndarray:
-        """``forward`` on ``state`` (see the package docstring); the new tokens' KV join ``state``."""
+    def truncate(self, cache: KVState, length: int) -> None:
+        cache.crop(length)
+
+    def forward(self, cache: KVState, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+                keep_rows: np.ndarray, gather_ids: np.ndarray) -> np.ndarray:
+        """One pass of ``q`` new tokens on ``cache`` (see the package docstring); their KV joins it."""
         q = len(ids)
-        if visible.shape != (q, len(state) + q):
-            raise ValueError(f"visible has shape {visible.shape}, expected {(q, len(state) + q)}")
+        if visible.shape != (q, len(cache) + q):
+            raise ValueError(f"visible has shape {visible.shape}, expected {(q, len(cache) + q)}")
         gather_ids = np.asarray(gather_ids, dtype=np.int64)
         with mx.stream(self.mx_device):
             pos = mx.array(np.asarray(positions, dtype=np.int32))
-            key_positions = mx.concatenate([state.key_positions, pos])
-            state.pass_state.set(pos, key_positions, mx.array(np.asarray(visible, dtype=bool)))
+            key_positions = mx.concatenate([cache.key_positions, pos])
+            cache.pass_state.set(pos, key_positions, mx.array(np.asarray(visible, dtype=bool)))
             try:
-                logits = self._call(mx.array(np.asarray(ids, dtype=np.int32))[None], state.layers, keep_rows)
+                logits = self._call(mx.array(np.asarray(ids, dtype=np.int32))[None], cache.layers, keep_rows)
             finally:
-                state.pass_state.set(None, None, None)
-            state.key_positions = key_positions
+                cache.pass_state.set(None, None, None)
+            cache.key_positions = key_positions
             picked = mx.take_along_axis(self._logprobs(logits),
                                         mx.array(np.maximum(gather_ids, 0).astype(np.int32)), axis=1)
-            mx.eval(picked, *state.arrays())  # a pass boundary: nothing lazy outlives it
-        out = np.array(picked, dtype=np.float64)
+            bad = mx.logical_not(mx.all(mx.isfinite(logits[:, : self.tokenizer.vocab_size]), axis=-1))
+            mx.eval(picked, bad, *cache.arrays())  # a pass boundary: nothing lazy outlives it
+        out = np.array(picked).astype(np.float64)
         out[gather_ids < 0] = -np.inf
+        out[np.array(bad)] = np.nan  # half-precision overflow: the contract's NaN rows
         return out
-
-    # -- the backend contract (one cache held by the backend) -------------------------------
-    def cache_length(self) -> int:
-        return len(self.cache)
-
-    def prefill(self, ids: Sequence[int]) -> None:
-        self.cache = self.prefill_state(ids)
-
-    def truncate(self, length: int) -> None:
-        self.cache.crop(length)
-
-    def forward(self, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
-                keep_rows: np.ndarray, gather_ids: np.ndarray) -> np.ndarray:
-        return self.forward_state(self.cache, ids, positions, visible, keep_rows, gather_ids)
 
     def full_logprobs(self, ids: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
         """mlx-lm's own forward (its causal mask and RoPE, no cache): float64 ``(rows, vocab_size)``."""
@@ -424,7 +422,8 @@ def rope_config_overrides(config: dict) -> dict:
     transformers 5 nests ``rope_theta`` and the scaling under ``rope_parameters`` (per layer
     type for Gemma 3: ``full_attention``/``sliding_attention``); mlx-lm's llama, qwen2 and
     gemma3 read the old top-level keys and would silently fall back to their defaults
-    (SmolLM2: theta 10,000 instead of 100,000). Returns top-level keys to override (a whole
+    (SmolLM2: theta 10,000 instead of 100,000). Likewise Gemma 3's ``layer_types`` becomes
+    mlx-lm's ``sliding_window_pattern``. Returns top-level keys to override (a whole
     ``text_config`` for models that nest one); empty when nothing needs translating.
     """
     def fixed(cfg: dict) -> dict | None:
@@ -441,10 +440,24 @@ def rope_config_overrides(config: dict) -> dict:
             keys = _rope_keys(params)
         return {k: v for k, v in keys.items() if v is not None or k == "rope_scaling"}
 
-    out = fixed(config) or {}
+    def pattern(cfg: dict) -> dict:
+        """Gemma 3: mlx-lm reads ``sliding_window_pattern``, transformers 5 writes ``layer_types``."""
+        types = cfg.get("layer_types")
+        if not str(cfg.get("model_type", "")).startswith("gemma3") or cfg.get("sliding_window_pattern") \
+                or not isinstance(types, list) or "full_attention" not in types:
+            return {}
+        p = types.index("full_attention") + 1
+        if any((t == "full_attention") != (i % p == p - 1) for i, t in enumerate(types)):
+            raise ModelError(f"--backend mlx: layer types {types} are not the periodic sliding/full pattern "
+                             "mlx-lm's Gemma 3 expects; use --backend torch")
+        return {"sliding_window_pattern": p}
+
+    out = {**(fixed(config) or {}), **pattern(config)}
     text = config.get("text_config")
-    if isinstance(text, dict) and (text_fix := fixed(text)):
-        out["text_config"] = {**text, **text_fix}
+    if isinstance(text, dict):
+        text_fix = {**(fixed(text) or {}), **pattern({"model_type": config.get("model_type"), **text})}
+        if text_fix:
+            out["text_config"] = {**text, **text_fix}
     return out
 
 
