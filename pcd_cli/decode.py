@@ -13,6 +13,9 @@ How a group of records is decoded (DESIGN.md §2 rule 8 and §3):
   cut into passes of at most ``max_tokens_per_pass`` tokens, parents always fed before
   children, so a forest too big for one pass is split and stays exact.
 * After the last wave the cache is cropped back to the head.
+* Long-context RoPE (``Backend.rope_variant``): a record is scored with the frequency set
+  a plain forward over its complete text would use; records of different sets are never
+  packed together, and each set has its own head cache.
 
 A warm record therefore costs two forward passes (one per wave) when alone, and a
 fraction of that when packed with others.
@@ -119,6 +122,9 @@ class _Slot:
     fed_context: tuple[int, ...] = ()
     context_text: str = ""
     truncated: bool = False
+    needed: int = 0  # positions of the record's complete text (head, record, answer)
+    variant: object = 0  # the backend's RoPE variant for that length
+    error: str | None = None  # set when the model's log-probabilities are unusable
     results: dict[int, FieldResult] = field(default_factory=dict)
     traces: list[dict] = field(default_factory=list)
 
@@ -193,7 +199,15 @@ class Decoder:
             raise CompileError(f"the prompt ({self.head_len} tokens of instructions and catalog) and the answer "
                                f"need {fixed} of the model's {limit} positions, leaving no room for any text; "
                                "shorten the schema's descriptions or use a model with a longer context")
-        self.cache = backend.prefill(compiled.prompt.head_ids)
+        #: head KV caches, one per RoPE variant in use (``Backend.rope_variant``)
+        self.caches = {}
+        self.cache = self._head_cache(backend.rope_variant(fixed))
+
+    def _head_cache(self, variant):
+        """The head's KV cache for RoPE ``variant`` (prefilled on first use)."""
+        if variant not in self.caches:
+            self.caches[variant] = self.backend.prefill(self.compiled.prompt.head_ids, variant=variant)
+        return self.caches[variant]
 
     # -- preparing and grouping ------------------------------------------------------------
     def _estimate_wave_costs(self) -> tuple[list[int], int]:
@@ -257,19 +271,25 @@ class Decoder:
         plan0 = self.compiled.wave_plan(0, prompt.tail_text)
         chain = after[: len(after) - len(tail) + len(plan0.context_ids)]
         needed = self.head_len + len(chain) + self._positions_after_record
-        return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=prompt.tail_text), needed
+        return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=prompt.tail_text,
+                     needed=needed, variant=self.backend.rope_variant(needed)), needed
 
     def _groups(self, slots: list[_Slot]) -> list[list[_Slot]]:
+        """Records packed greedily, in order, up to the token budget; records of different
+        RoPE variants never share a group."""
         groups: list[list[_Slot]] = []
-        totals: list[int] = []
-        for slot in slots:
-            cost = [len(slot.chain) + self._wave_cost[0]] + self._wave_cost[1:]
-            if groups and self.pack_records and all(t + c <= self.budget for t, c in zip(totals, cost)):
-                groups[-1].append(slot)
-                totals = [t + c for t, c in zip(totals, cost)]
-            else:
-                groups.append([slot])
-                totals = cost
+        for variant in dict.fromkeys(slot.variant for slot in slots):
+            totals: list[int] = []
+            first = len(groups)
+            for slot in (s for s in slots if s.variant == variant):
+                cost = [len(slot.chain) + self._wave_cost[0]] + self._wave_cost[1:]
+                if (len(groups) > first and self.pack_records
+                        and all(t + c <= self.budget for t, c in zip(totals, cost))):
+                    groups[-1].append(slot)
+                    totals = [t + c for t, c in zip(totals, cost)]
+                else:
+                    groups.append([slot])
+                    totals = cost
         return groups
 
     # -- decoding ---------------------------------------------------------------------------
@@ -288,27 +308,31 @@ class Decoder:
             except RecordError as exc:
                 out[-1] = RecordFailure(record.id, str(exc))
         for group in self._groups([s for _, s in slots]):
+            cache = self._head_cache(group[0].variant)
             try:
-                self._decode_group(group)
+                self._decode_group(group, cache)
             finally:
-                self.backend.truncate(self.cache, self.head_len)
+                self.backend.truncate(cache, self.head_len)
         fields = self.compiled.schema.fields
         for index, slot in slots:
+            if slot.error:
+                out[index] = RecordFailure(slot.record.id, slot.error)
+                continue
             out[index] = RecordResult(id=slot.record.id,
                                       fields=tuple(slot.results[i] for i in range(len(fields))),
                                       traces=tuple(slot.traces), truncated=slot.truncated)
         return out  # type: ignore[return-value]
 
-    def _decode_group(self, group: list[_Slot]) -> None:
+    def _decode_group(self, group: list[_Slot], cache) -> None:
         schema = self.compiled.schema
         for wave in range(len(schema.waves)):
             plans = [self.compiled.wave_plan(wave, slot.context_text) for slot in group]
-            self._run_wave(wave, group, plans)
+            self._run_wave(wave, group, plans, cache)
             for slot, plan in zip(group, plans):
                 slot.context_text += "".join(self.compiled.written_line(f.field_index, slot.results[f.field_index].label)
                                              for f in plan.forests)
 
-    def _run_wave(self, wave: int, group: list[_Slot], plans: list[WavePlan]) -> None:
+    def _run_wave(self, wave: int, group: list[_Slot], plans: list[WavePlan], cache) -> None:
         H = self.head_len
         ids: list[int] = []
         pos: list[int] = []
@@ -347,16 +371,26 @@ class Decoder:
                     pair_cols.extend(offset + p for p in path)
                 field_queries.append((s, forest, len(queries)))
                 queries.extend((offset + r, q) for r, q in zip(forest.query_rows, forest.query_ids))
-        base = self.backend.cache_length(self.cache)  # kv index of the stream's first token
-        query_lp = self._feed(group, base, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
+        base = self.backend.cache_length(cache)  # kv index of the stream's first token
+        query_lp = self._feed(cache, group, base, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
                               np.array(chain_hi), np.array(pair_rows), np.array(pair_cols), queries)
         fields = self.compiled.schema.fields
         for s, forest, first in field_queries:
             fi = forest.field_index
             n_q = len(forest.query_rows)
-            probs, mass = score_forest(forest, query_lp[first:first + n_q], len(fields[fi].labels))
-            label = int(np.argmax(probs))
+            read = query_lp[first:first + n_q]
             slot = group[s]
+            if slot.error is None and any(np.isnan(row).any() for row in read):
+                dtype = self.backend.dtype_name
+                slot.error = (f"record {slot.record.id!r}, field {fields[fi].name!r}: the model's log-probabilities "
+                              f"are not finite (NaN or infinite logits in {dtype}); "
+                              + ("run with --dtype float32" if dtype != "float32"
+                                 else "the model's weights or inputs overflow"))
+            if slot.error is None:
+                probs, mass = score_forest(forest, read, len(fields[fi].labels))
+            else:  # the record is failed; later waves still need a line to write
+                probs, mass = np.zeros(len(fields[fi].labels)), 0.0
+            label = int(np.argmax(probs))
             slot.results[fi] = FieldResult(label=label, value=fields[fi].value(label), prob=float(probs[label]),
                                            mass=mass, probs=tuple(float(p) for p in probs))
             if self.trace:
@@ -366,7 +400,7 @@ class Decoder:
             slot.ctx_len += end - start
             slot.fed_context = plan.context_ids
 
-    def _feed(self, group, base, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
+    def _feed(self, cache, group, base, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
               queries) -> list[np.ndarray]:
         """Feed one wave's stream in passes of at most ``budget`` tokens; return the read log-probs."""
         backend = self.backend
@@ -402,7 +436,7 @@ class Decoder:
                 gather[r, : len(queries[i][1])] = queries[i][1]
             if len(keep) == 0:
                 keep, gather = np.array([0]), np.full((1, 1), -1, dtype=np.int64)
-            lp = backend.forward(self.cache, ids[a:b], pos[a:b], visible, keep, gather)
+            lp = backend.forward(cache, ids[a:b], pos[a:b], visible, keep, gather)
             self.record_passes += 1
             self.tokens_fed += b - a
             for r, i in enumerate(in_chunk):

@@ -38,8 +38,8 @@ several ``Labeler`` objects can share one loaded model and interleave their pass
     int ``(r,)`` rows whose next-token distribution is needed; ``gather_ids``: int ``(r, m)``
     token ids to read at each kept row, ``-1`` for padding. Returns float64 ``(r, m)``
     natural-log probabilities (log-softmax over the first ``vocab_size`` logits, computed in
-    float32 at least and upcast on the CPU), ``-inf`` at padding; a row whose logits are not
-    finite (half-precision overflow) is all NaN. The new tokens' KV stays in the cache.
+    float32 at least and upcast on the CPU), ``-inf`` at padding; a row with a NaN or ``+inf``
+    logit (half-precision overflow) is all NaN, and the decoder fails its record. The new tokens' KV stays in the cache.
 ``truncate(cache, length)``
     Drop the cache's entries beyond ``length`` (back to the head after a group of records).
 ``cache_length(cache) -> int``

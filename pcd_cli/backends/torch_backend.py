@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ModelError
 from .tokenizer import CHAT_TEMPLATE_ARGS, PINNED_DATE, HFTokenizer  # noqa: F401 - re-exported
+from .torch_arch import LongRope, attention_layout, takes_mask_per_layer_type
 
 #: Name users pass (or omit) to get the embedded default model (DESIGN.md §5).
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -193,6 +194,12 @@ class TorchBackend:
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         eos = model.generation_config.eos_token_id
         self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+        self.layout = attention_layout(model.config)  # refuses recurrent/hybrid layers (ModelError)
+        self._mask_dict = len(self.layout.kinds) > 1
+        if self._mask_dict and not takes_mask_per_layer_type(model):
+            raise ModelError(f"{type(model).__name__} mixes {' and '.join(self.layout.kinds)} layers but takes "
+                             "one attention mask for all of them, so pcd cannot score it exactly")
+        self._longrope = LongRope(model)
         self.forward_passes = 0
         model.register_forward_hook(self._count_pass)
         # transformers 5.x renamed past_key_values to cache (the old name warns until 5.40).
@@ -203,8 +210,10 @@ class TorchBackend:
         self.forward_passes += 1
 
     def rope_variant(self, n_positions: int) -> Hashable:
-        """0: this model's RoPE does not depend on the text's length."""
-        return 0
+        """The RoPE factor set a plain forward over ``n_positions`` tokens uses: 0 (short, or
+        a RoPE that does not depend on the length) or 1 (``longrope`` past its original
+        context); see ``torch_arch``."""
+        return self._longrope.variant(n_positions)
 
     def cache_length(self, cache: TorchKV) -> int:
         return len(cache.positions)
@@ -231,21 +240,32 @@ class TorchBackend:
         width = self.cache_length(cache) + q
         if visible.shape != (q, width):
             raise ValueError(f"visible has shape {visible.shape}, expected {(q, width)}")
+        key_positions = np.concatenate([cache.positions, positions.astype(np.int64)])
+        masks = {kind: self._additive(visible if kind == "full_attention" else
+                                      visible & (positions[:, None] - key_positions[None, :] < self.layout.window))
+                 for kind in self.layout.kinds}
+        with self._longrope.forced(cache.variant):
+            out = self.model(input_ids=torch.from_numpy(ids.astype(np.int64)).to(self.device)[None],
+                             position_ids=torch.from_numpy(positions.astype(np.int64)).to(self.device)[None],
+                             attention_mask=masks if self._mask_dict else next(iter(masks.values())),
+                             use_cache=True, **{self._cache_kw: cache.cache},
+                             logits_to_keep=torch.from_numpy(keep_rows.astype(np.int64)).to(self.device))
+        cache.positions = key_positions
+        return self._gather(out.logits[0], gather_ids)
+
+    def _additive(self, visible: np.ndarray):
+        """A bool ``(q, k)`` visibility matrix as the ``(1, 1, q, k)`` additive float mask
+        transformers takes (0 where visible, the dtype's minimum elsewhere)."""
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~torch.from_numpy(visible).to(self.device), torch.finfo(self.dtype).min)
-        out = self.model(input_ids=torch.from_numpy(ids.astype(np.int64)).to(self.device)[None],
-                         position_ids=torch.from_numpy(positions.astype(np.int64)).to(self.device)[None],
-                         attention_mask=mask[None, None], use_cache=True, **{self._cache_kw: cache.cache},
-                         logits_to_keep=torch.from_numpy(keep_rows.astype(np.int64)).to(self.device))
-        cache.positions = np.concatenate([cache.positions, positions.astype(np.int64)])
-        return self._gather(out.logits[0], gather_ids)
+        return mask[None, None]
 
     def _gather(self, logits, gather_ids: np.ndarray) -> np.ndarray:
         """Log-softmax (float32, on the device) of each kept row, the ``gather_ids`` columns read,
-        then moved to the CPU and upcast to float64 there (MPS has no float64); rows whose logits
-        are not all finite come back as NaN."""
+        then moved to the CPU and upcast to float64 there (MPS has no float64); rows with a NaN or
+        +inf logit (half-precision overflow) come back as NaN."""
         logits = logits[:, : self.tokenizer.vocab_size].float()
-        bad = ~torch.isfinite(logits).all(dim=-1)
+        bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)  # -inf alone is a banned token
         logprobs = torch.log_softmax(logits, dim=-1)
         gather = torch.from_numpy(gather_ids.astype(np.int64)).to(logits.device)
         picked = torch.gather(logprobs, 1, gather.clamp(min=0))
@@ -342,9 +362,10 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
         device: ``auto|cpu|cuda|mps``. dtype: ``auto|float32|bfloat16|float16``.
 
     Raises:
-        ModelError: the model cannot be found or loaded.
+        ModelError: the model cannot be found or loaded, or its architecture cannot be scored
+            exactly (recurrent or hybrid layers, chunked attention; ``torch_arch``).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -353,6 +374,7 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
     try:
+        attention_layout(AutoConfig.from_pretrained(source))  # refuse recurrent/hybrid layers before any weight loads
         tokenizer = AutoTokenizer.from_pretrained(source)
         lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as exc:
