@@ -363,3 +363,53 @@ def test_pcd_label_mlx_equals_torch_on_sample_data(tmp_path, scoring):
                 for c in ("is_spam__prob", "is_spam__mass"))
     print(f"pcd label {scoring}: mlx vs torch probabilities {worst:.2e}")
     assert worst < TOL
+
+
+# -- the shared conformance suite (pcd_cli.backends.conformance) on MLX -------------------------
+
+#: Families the MLX backend drives; phi3 (its own RoPE classes, longrope) is refused.
+MLX_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+
+
+@pytest.fixture(scope="module")
+def conformance_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("conformance-mlx")
+
+
+def _load_mlx(folder):
+    from pcd_cli.backends import load_backend
+
+    return load_backend(str(folder), backend="mlx", device="cpu", dtype="float32")
+
+
+def _tokenizer_source():
+    from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path
+
+    return converted_gguf_dir(embedded_gguf_path())
+
+
+@needs_mlx
+@pytest.mark.parametrize("family", MLX_FAMILIES)
+def test_conformance_family_on_mlx(family, conformance_root):
+    from pcd_cli.backends import conformance
+
+    checks = conformance.run_family(family, conformance_root / family, _load_mlx, _tokenizer_source())
+    for (scoring, packing), check in checks.items():
+        print(f"mlx {family:8s} {scoring:8s} {packing:6s} max |pcd - eager torch oracle| = {check.max_diff:.1e} "
+              f"({check.passes} passes, longest record {check.longest_record} tokens)")
+        assert check.records == len(conformance.TEXTS)
+        assert check.max_diff < conformance.TOLERANCE, (family, scoring, packing, check)
+        assert check.longest_record > 4 * conformance.WINDOW
+    assert checks[("exact", "single")].passes == 2 * len(conformance.TEXTS)
+    assert checks[("exact", "packed")].passes == 2
+
+
+@needs_mlx
+@pytest.mark.parametrize("family", ["phi3", "mamba", "jamba", "rwkv"])
+def test_mlx_refuses_families_it_cannot_score_exactly(family, tmp_path):
+    from pcd_cli.backends import conformance
+
+    refused = family in conformance.REFUSED_FAMILIES
+    folder = conformance.build_tiny_model(family, tmp_path / family, _tokenizer_source(), refused=refused)
+    with pytest.raises(ModelError, match="cannot score it exactly|scores exactly"):
+        _load_mlx(folder)

@@ -115,6 +115,23 @@ class _TokenRoPE(nn.Module):
         return self.inner(x, offset=offset)
 
 
+class _LayerMask(nn.Module):
+    """A layer's attention module, handed its own mask on forest passes: the visibility mask,
+    and for a sliding-window layer (``window`` set) only keys less than ``window`` positions
+    before the query (the window of the transformers config, applied per layer whatever
+    mlx-lm's own model file does with it). Plain mlx-lm calls pass through unchanged."""
+
+    def __init__(self, attn, window: int | None):
+        super().__init__()
+        self.inner = attn
+        self.window = window
+
+    def __call__(self, x: mx.array, mask=None, cache=None, **kwargs) -> mx.array:
+        if isinstance(cache, _ForestKV):
+            mask = cache.state.mask(self.window)
+        return self.inner(x, mask, cache, **kwargs)
+
+
 class _KeepRows(nn.Module):
     """The final norm, then only the rows in ``rows`` (all when ``None``)."""
 
@@ -191,7 +208,8 @@ class MLXBackend:
             drive (see ``SUPPORTED_TYPES``).
     """
 
-    def __init__(self, model, tokenizer, model_id: str, *, device=None, eos_token_ids: Sequence[int] = ()):
+    def __init__(self, model, tokenizer, model_id: str, *, device=None, eos_token_ids: Sequence[int] = (),
+                 windows: Sequence[int | None] | None = None):
         model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "")
         if model_type not in SUPPORTED_TYPES:
             raise ModelError(f"--backend mlx: architecture {model_type!r} is not supported (supported: "
@@ -204,12 +222,19 @@ class MLXBackend:
         self.device = f"mlx:{'gpu' if self.mx_device == mx.gpu else 'cpu'}"
         inner = _language_model(model)
         self._layers = list(inner.layers)
-        for layer in self._layers:
+        windows = list(windows) if windows is not None else [None] * len(self._layers)
+        if len(windows) != len(self._layers):
+            raise ModelError(f"--backend mlx: the config lists {len(windows)} layer types for "
+                             f"{len(self._layers)} layers")
+        for layer, window in zip(self._layers, windows):
             attn = getattr(layer, "self_attn", None)
+            if isinstance(attn, _LayerMask):
+                attn = attn.inner
             if attn is None or not hasattr(attn, "rope"):
                 raise ModelError(f"--backend mlx: {model_type!r} layers have no self_attn.rope to drive")
             if not isinstance(attn.rope, _TokenRoPE):
                 attn.rope = _TokenRoPE(attn.rope)
+            layer.self_attn = _LayerMask(attn, window)
         if not isinstance(inner.norm, _KeepRows):
             inner.norm = _KeepRows(inner.norm)
         self._keep = inner.norm
@@ -279,11 +304,12 @@ class MLXBackend:
             cache.key_positions = key_positions
             picked = mx.take_along_axis(self._logprobs(logits),
                                         mx.array(np.maximum(gather_ids, 0).astype(np.int32)), axis=1)
-            bad = mx.logical_not(mx.all(mx.isfinite(logits[:, : self.tokenizer.vocab_size]), axis=-1))
+            real = logits[:, : self.tokenizer.vocab_size]
+            bad = mx.any(mx.logical_or(mx.isnan(real), mx.isposinf(real)), axis=-1)
             mx.eval(picked, bad, *cache.arrays())  # a pass boundary: nothing lazy outlives it
         out = np.array(picked).astype(np.float64)
         out[gather_ids < 0] = -np.inf
-        out[np.array(bad)] = np.nan  # half-precision overflow: the contract's NaN rows
+        out[np.array(bad)] = np.nan  # a NaN/+inf logit (half-precision overflow): the contract's NaN row
         return out
 
     def full_logprobs(self, ids: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
@@ -387,6 +413,7 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
     mx_device = pick_device(device)
     mx_dtype = pick_dtype(dtype, mx_device)
     model_id, source = resolve_model(model)
+    layout = _layout(source)
     config_file = Path(source) / "config.json"
     overrides = rope_config_overrides(json.loads(config_file.read_text())) if config_file.is_file() else {}
     try:
@@ -406,7 +433,33 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
     if config.is_file():
         value = json.loads(config.read_text()).get("eos_token_id")
         eos |= set(value if isinstance(value, list) else [value] if value is not None else [])
-    return MLXBackend(lm, wrapper._tokenizer, model_id, device=mx_device, eos_token_ids=sorted(eos))
+    windows = [layout.window if t == "sliding_attention" else None for t in layout.layer_types]
+    return MLXBackend(lm, wrapper._tokenizer, model_id, device=mx_device, eos_token_ids=sorted(eos), windows=windows)
+
+
+def _layout(source: str):
+    """The transformers attention layout of ``source`` (per-layer full/sliding, the window),
+    refusing architectures pcd cannot score exactly or this backend does not drive, before
+    any weight is read.
+
+    Raises:
+        ModelError: recurrent/hybrid/chunked layers (``torch_arch.attention_layout``), or a
+            ``model_type`` outside ``SUPPORTED_TYPES``.
+    """
+    from transformers import AutoConfig
+
+    from .torch_arch import attention_layout
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"--model {source!r}: cannot read its config ({str(exc).splitlines()[0]})") from exc
+    layout = attention_layout(config)
+    model_type = getattr(config, "model_type", "")
+    if model_type not in SUPPORTED_TYPES:
+        raise ModelError(f"--backend mlx: model type {model_type!r} is not one the MLX backend scores exactly "
+                         f"(supported: {', '.join(SUPPORTED_TYPES)}); use --backend torch")
+    return layout
 
 
 def _rope_keys(params: dict) -> dict:
