@@ -5,9 +5,14 @@ wrappers make them take a token forest (DESIGN.md §3):
 
 * ``_ForestKV`` stands in for mlx-lm's per-layer KV cache. Its ``update_and_fetch``
   appends the new keys/values (new arrays each pass, so a prefix shared between callers is
-  never written to); its ``make_mask`` hands the model our boolean visibility mask over
-  cache + new tokens (AND a sliding window over RoPE positions for sliding-window layers);
-  its ``offset`` is the per-token RoPE positions of the pass, an int array ``(q,)``.
+  never written to; every layer keeps every key); its ``offset`` is the per-token RoPE
+  positions of the pass, an int array ``(q,)``.
+* ``_LayerMask`` wraps each layer's attention and hands it, on forest passes, the boolean
+  visibility mask over cache + new tokens, AND for a sliding-window layer the window
+  ``q_pos - k_pos < window`` on RoPE positions. Which layers slide, and how far, comes
+  from the transformers config (``torch_arch.attention_layout``), the same layout the
+  torch backend uses, so mlx-lm files that ignore a window (qwen2, mistral) still score
+  exactly.
 * ``_TokenRoPE`` wraps each attention layer's own RoPE module (any of mlx-lm's scaling
   variants). mlx-lm's attention applies RoPE with one offset per sequence; given a
   positions array it rotates each token as its own batch row (``mx.fast.rope`` takes one
@@ -19,7 +24,8 @@ wrappers make them take a token forest (DESIGN.md §3):
 
 ``full_logprobs`` and ``generate`` run mlx-lm's own code path (its causal mask, its RoPE
 offset, its KV cache): the oracle then checks the forest path against code it shares
-nothing with beyond the weights.
+nothing with beyond the weights (for sliding-window models whose mlx-lm file ignores the
+window, check against ``conformance.EagerOracle`` instead, as tests/test_mlx.py does).
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ from ..errors import ModelError
 from .tokenizer import HFTokenizer
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-#: mlx-lm ``model_type`` values whose attention layers read RoPE through ``self.rope(x,
-#: offset=cache.offset)`` and masks through ``cache.make_mask``, checked by tests/test_mlx.py.
+#: mlx-lm ``model_type`` values whose attention layers take ``(x, mask, cache)`` and read RoPE
+#: through ``self.rope(x, offset=cache.offset)``; each is checked by tests/test_mlx.py.
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "gemma3", "gemma3_text", "mistral")
 
 
