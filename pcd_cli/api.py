@@ -44,7 +44,9 @@ class Labeler:
         max_tokens_per_pass: token budget of one forward pass (bounds memory; records are
             packed up to it).
         trace: keep per-field traces on results (``RecordResult.traces``).
-        backend: an already loaded backend (then ``model``, ``device``, ``dtype`` are ignored).
+        backend: an already loaded backend (then ``model``, ``device``, ``dtype`` are ignored),
+            or which kind to load: ``auto`` (MLX on Apple silicon when mlx-lm is installed,
+            else torch), ``torch`` or ``mlx``; ``None`` means ``auto``.
         pack_records: pack several records into one pass (default); ``False`` decodes one
             record per pass pair (for comparisons).
         truncate: how a text too long for the model's context is cut: ``middle`` (default),
@@ -73,10 +75,10 @@ class Labeler:
         self.examples = tuple(self.schema.examples if examples is None else examples)
         shots = resolve_examples(self.examples, template)
         self.calibration = _load_calibration(calibration)
-        if backend is None:
+        if backend is None or isinstance(backend, str):
             from .backends import load_backend
 
-            backend = load_backend(model, device=device, dtype=dtype)
+            backend = load_backend(model, backend=backend or "auto", device=device, dtype=dtype)
         self.backend = backend
         self.compiled = CompiledSchema(self.schema, backend.tokenizer, scoring=scoring,
                                        logits_width=backend.logits_width, examples=shots)

@@ -134,6 +134,8 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
               max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, backend=None, methods: tuple[str, ...] = METHODS) -> BenchReport:
     """Run the three methods on the first ``spec.limit`` records of ``input_path``.
 
+    ``backend``: a loaded backend, or ``auto``/``torch``/``mlx`` (see ``Labeler``).
+
     Raises:
         InputError: no usable record in the input. ModelError/CompileError: see ``Labeler``.
     """
@@ -191,7 +193,8 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
     report.summary.update(
         pcd_packed_records_per_s=len(records) / packed_seconds,
         pcd_packed_passes_per_record=(labeler.forward_passes - passes) / len(records),
-        peak_rss_mb=peak_rss_mb(), machine=f"{platform.machine()} {platform.system()}", device=report.device,
+        peak_rss_mb=peak_rss_mb(), **({"mlx_peak_mb": backend.peak_memory_mb()}
+                                       if hasattr(backend, "peak_memory_mb") else {}), machine=f"{platform.machine()} {platform.system()}", device=report.device,
         max_new_tokens=cap)
     return report
 
@@ -236,7 +239,8 @@ def render_bench(report: BenchReport, console: Console) -> None:
         f"{s.get('speedup_vs_generate_cached', float('nan')):.1f}x; pcd passes per record {s['passes_per_record']:g} "
         f"(packed: {s['pcd_packed_passes_per_record']:.2f}, {s['pcd_packed_records_per_s']:.2f} records/s); "
         f"generated JSON valid: {s.get('generate_valid_rate', float('nan')):.0%}; "
-        f"peak RSS {s['peak_rss_mb']:.0f} MiB", highlight=False)
+        f"peak RSS {s['peak_rss_mb']:.0f} MiB"
+        + (f", MLX peak {s['mlx_peak_mb']:.0f} MiB" if "mlx_peak_mb" in s else ""), highlight=False)
 
 
 def write_bench_json(report: BenchReport, path: str | Path) -> None:

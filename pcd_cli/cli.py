@@ -52,6 +52,12 @@ class DType(str, Enum):
     float16 = "float16"
 
 
+class BackendKind(str, Enum):
+    auto = "auto"
+    torch = "torch"
+    mlx = "mlx"
+
+
 class Format(str, Enum):
     jsonl = "jsonl"
     csv = "csv"
@@ -62,6 +68,8 @@ MODEL_OPT = typer.Option(None, "--model", "-m", help="transformers model id, loc
                          "(default: the embedded SmolLM2-135M-Instruct).")
 DEVICE_OPT = typer.Option(Device.auto, "--device", help="Where to run the model.")
 DTYPE_OPT = typer.Option(DType.auto, "--dtype", help="Weights dtype (auto: float32 on CPU).")
+BACKEND_OPT = typer.Option(BackendKind.auto, "--backend", help="torch (transformers) or mlx (mlx-lm: "
+                           "pip install 'pcd-cli[mlx]'); auto: mlx on Apple silicon when installed, else torch.")
 SCORING_OPT = typer.Option(Scoring.marginal, "--scoring", help="marginal: follow each label until it is identified; "
                            "exact: score every label to the end of its line.")
 BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", min=16, help="Token budget of one forward pass "
@@ -162,6 +170,7 @@ def label(
     model: Optional[str] = MODEL_OPT,
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
+    backend: BackendKind = BACKEND_OPT,
     scoring: Scoring = SCORING_OPT,
     fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension)."),
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
@@ -223,7 +232,8 @@ def label(
         progress = False if progress is None or report.json else progress
     output = output or default_output(input)
     errors = errors or default_errors(output)
-    labeler_options = dict(model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+    labeler_options = dict(model=model, device=device.value, dtype=dtype.value, backend=backend.value,
+                           scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
                            template=template, calibration=calibration)
     if engine is Engine.ray:
@@ -368,6 +378,7 @@ def bench(
     model: Optional[str] = MODEL_OPT,
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
+    backend: BackendKind = BACKEND_OPT,
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
                                            "e.g. 'Subject: {subject}\\n\\n{body}'."),
@@ -390,7 +401,7 @@ def bench(
         report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
                                                     id_field=id_field), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
-                           max_tokens_per_pass=max_tokens_per_pass)
+                           max_tokens_per_pass=max_tokens_per_pass, backend=backend.value)
     except PcdError as exc:
         raise _fail(exc) from None
     render_bench(report, out)
@@ -481,6 +492,7 @@ def calibrate(
     model: Optional[str] = MODEL_OPT,
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
+    backend: BackendKind = BACKEND_OPT,
     scoring: Scoring = SCORING_OPT,
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
@@ -515,8 +527,8 @@ def calibrate(
             from .quality.data import drop_example_rows
 
             spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
-            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
-                              max_tokens_per_pass=max_tokens_per_pass, template=template,
+            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
+                              scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
                               examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
             gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
             if dropped:

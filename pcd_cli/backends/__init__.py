@@ -2,7 +2,8 @@
 
 The contract (what ``decode``, ``bench``, ``oracle`` and the conformance suite rely on) is
 written here once and typed as ``typing.Protocol`` classes in ``backends/base.py``
-(``Backend``, ``Tokenizer``); ``TorchBackend`` implements it, so does the MLX backend. A
+(``Backend``, ``Tokenizer``); ``TorchBackend`` and ``MLXBackend``
+implement it (``load_backend(model, backend=auto|torch|mlx)`` picks one, see ``select``). A
 backend holds **no per-caller state**: each caller owns its KV caches (``KVHandle``), so
 several ``Labeler`` objects can share one loaded model and interleave their passes.
 
@@ -71,6 +72,16 @@ attention, full forward, no cache) on tiny random models of every supported fami
 """
 
 from .base import Backend, KVHandle, Tokenizer
-from .torch_backend import TorchBackend, load_backend
+from .select import load_backend
 
-__all__ = ["Backend", "KVHandle", "Tokenizer", "TorchBackend", "load_backend"]
+__all__ = ["Backend", "KVHandle", "Tokenizer", "TorchBackend", "MLXBackend", "load_backend"]
+
+
+def __getattr__(name):  # the backends import their framework only when asked for
+    if name == "TorchBackend":
+        from .torch_backend import TorchBackend
+        return TorchBackend
+    if name == "MLXBackend":
+        from .mlx_backend import MLXBackend
+        return MLXBackend
+    raise AttributeError(name)
