@@ -35,7 +35,8 @@ class Labeler:
     """A schema compiled for a model, with the prompt head's KV cached.
 
     Args:
-        schema: a ``Schema`` or a path to a schema file.
+        schema: a ``Schema``, a path to a schema file, or a Pydantic model class
+            (``pcd_cli.schema_pydantic``).
         model: ``None`` (embedded SmolLM2-135M-Instruct), a ``.gguf`` file, a local model
             folder or a transformers model id.
         device: ``auto|cpu|cuda|mps``. dtype: ``auto|float32|bfloat16|float16``.
@@ -58,7 +59,14 @@ class Labeler:
                  dtype: str = "auto", scoring: str = "marginal",
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
                  pack_records: bool = True, truncate: str = "middle"):
-        self.schema = schema if isinstance(schema, Schema) else load_schema(schema)
+        if isinstance(schema, Schema):
+            self.schema = schema
+        elif isinstance(schema, type):  # a Pydantic model class
+            from .schema_pydantic import schema_from_model
+
+            self.schema = schema_from_model(schema)
+        else:
+            self.schema = load_schema(schema)
         if backend is None:
             from .backends import load_backend
 
