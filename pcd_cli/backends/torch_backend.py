@@ -93,10 +93,16 @@ def gguf_content_key(gguf: Path) -> str:
 def converted_gguf_target(gguf: Path) -> Path:
     """Where ``converted_gguf_dir`` puts (or has put) ``gguf``'s conversion; converts nothing.
 
-    The folder is named by the file's content (``gguf_content_key``), not its path, so a
-    second virtualenv or a reinstall with the same file reuses the conversion.
+    The folder is keyed by the file's content (``gguf_content_key``), not its path, so a
+    second virtualenv, a reinstall or a renamed copy of the same file reuses the
+    conversion: ``<stem>-<key>``, or an existing folder of another name with the same key.
     """
-    return cache_dir() / "models" / f"gguf-{gguf_content_key(gguf)[:20]}"
+    key = gguf_content_key(gguf)[:16]
+    models = cache_dir() / "models"
+    for done in sorted(models.glob(f"*-{key}")) if models.is_dir() else ():
+        if (done / "config.json").is_file():
+            return done
+    return models / f"{gguf.stem}-{key}"
 
 
 def converted_gguf_dir(gguf: Path) -> Path:
