@@ -318,7 +318,9 @@ def _binary(path: str | Path, compression: str | None) -> Iterator[BinaryIO]:
     and zstd magic bytes when ``--format`` names no compression."""
     if is_stdin(path):
         raw, owned = sys.stdin.buffer, None
-        if compression is None and hasattr(raw, "peek"):
+        if not hasattr(raw, "peek"):  # a stand-in for stdin (tests, embedding): make it peekable
+            raw = io.BufferedReader(raw)
+        if compression is None:
             head = raw.peek(4)[:4]
             compression = next((c for c, magic in COMPRESSIONS.items() if head.startswith(magic)), None)
     else:

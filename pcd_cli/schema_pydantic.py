@@ -72,7 +72,7 @@ def _field_type(model_name: str, name: str, annotation: object) -> dict:
                               f"({type(bad[0]).__name__}); labels must be strings")
         return {"type": "enum", "labels": labels}
     shown = getattr(annotation, "__name__", None) if inspect.isclass(annotation) else None
-    raise SchemaError(f"{where}: type {shown or annotation!r} is not supported; use bool, "
+    raise SchemaError(f"{where}: type {shown or repr(annotation)} is not supported; use bool, "
                       "Literal['a', 'b', ...] or a str Enum")
 
 

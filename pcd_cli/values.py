@@ -35,7 +35,7 @@ def type_name(value: object) -> str:
 
 
 def json_spelling(value: bool | int | float) -> str:
-    """A number or boolean as JSON writes it: ``true``, ``7``, ``7.5``, ``7.0``, ``1e+20`` -> ``1e20``.
+    """A number or boolean as JSON writes it (orjson): ``true``, ``7``, ``7.5``, ``7.0``, ``1e+20``.
 
     Raises:
         CellError: a float that is not finite (JSON has no spelling for NaN or infinity).
