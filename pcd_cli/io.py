@@ -439,7 +439,8 @@ class _Lines:
 
     def take(self) -> bytes:
         """The raw bytes of the lines taken since the last call (undecodable bytes restored)."""
-        raw = "".join(self.taken).encode("utf-8", "surrogateescape")
+        taken = self.taken
+        raw = (taken[0] if len(taken) == 1 else "".join(taken)).encode("utf-8", "surrogateescape")
         self.taken = []
         return raw
 
