@@ -23,14 +23,33 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -c "from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path; print('model cache:', converted_gguf_dir(embedded_gguf_path()))"
 	touch $@
 
+# The loop on real records: zero-shot labels on held-out tweets and SMS, scored against their human
+# labels; a calibration (and few-shot examples) fitted on separate labelled rows (*.dev.jsonl);
+# the same held-out records labelled again and scored again. Then the 28-field triage job.
 demo: install
-	$(PCD) label sample_data/airline_tweets.jsonl --schema schemas/airline_sentiment.yaml --id-field id \
-		-o $(OUT)/airline_tweets.labels.parquet --trace $(OUT)/airline_tweets.trace.jsonl
-	$(PCD) label sample_data/sms_spam.csv --schema schemas/sms_spam.yaml --id-field id -o $(OUT)/sms_spam.labels.parquet
+	@echo "== airline tweets: zero-shot on 120 held-out tweets"
+	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --all-probs -q \
+		-o $(OUT)/airline.zero.parquet --trace $(OUT)/airline.zero.trace.jsonl
+	$(PCD) eval $(OUT)/airline.zero.parquet sample_data/airline_tweets.jsonl --json $(OUT)/airline.zero.eval.json
+	@echo "== airline tweets: calibration + 4 examples, both from 280 other labelled tweets"
+	$(PCD) calibrate sample_data/airline_tweets.dev.jsonl -s schemas/airline_sentiment.yaml \
+		--examples sample_data/airline_tweets.dev.jsonl --shots 4 -o $(OUT)/airline.calibration.json
+	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --all-probs -q \
+		--examples sample_data/airline_tweets.dev.jsonl --shots 4 --calibration $(OUT)/airline.calibration.json \
+		-o $(OUT)/airline.calibrated.parquet
+	$(PCD) eval $(OUT)/airline.calibrated.parquet sample_data/airline_tweets.jsonl --json $(OUT)/airline.calibrated.eval.json \
+		--compare $(OUT)/airline.zero.parquet
+	@echo "== SMS: zero-shot on 120 held-out messages, then calibrated on 280 other labelled messages"
+	$(PCD) label sample_data/sms_spam.csv -s schemas/sms_spam.yaml --id-field id --all-probs -q -o $(OUT)/sms.zero.parquet
+	$(PCD) eval $(OUT)/sms.zero.parquet sample_data/sms_spam.jsonl --json $(OUT)/sms.zero.eval.json
+	$(PCD) calibrate sample_data/sms_spam.dev.jsonl -s schemas/sms_spam.yaml -o $(OUT)/sms.calibration.json
+	$(PCD) label sample_data/sms_spam.csv -s schemas/sms_spam.yaml --id-field id --all-probs -q \
+		--calibration $(OUT)/sms.calibration.json -o $(OUT)/sms.calibrated.parquet
+	$(PCD) eval $(OUT)/sms.calibrated.parquet sample_data/sms_spam.jsonl --json $(OUT)/sms.calibrated.eval.json \
+		--compare $(OUT)/sms.zero.parquet
+	@echo "== support tickets: the 28-field triage schema"
 	$(PCD) label sample_data/support_tickets.jsonl --schema schemas/support_triage.yaml --id-field id \
 		--template 'Subject: {subject}\n\n{body}' -o $(OUT)/support_tickets.labels.parquet
-	$(PY) benchmarks/accuracy.py $(OUT)/airline_tweets.labels.parquet sample_data/airline_tweets.jsonl sentiment
-	$(PY) benchmarks/accuracy.py $(OUT)/sms_spam.labels.parquet sample_data/sms_spam.jsonl is_spam
 
 test: install
 	$(PY) -m pytest -q

@@ -11,17 +11,25 @@ The CLI (``pcd label``) is a thin layer over this class.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import warnings
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
 from . import __version__
 from .compile import CompiledSchema
-from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, Record, RecordFailure, RecordResult
+from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, FieldResult, Record, RecordFailure, RecordResult
+from .examples import resolve_examples
 from .io import InputSpec, _row_to_record
-from .schema import Schema, load_schema
+from .schema import Example, Schema, load_schema
 from .values import RepeatedIds
+
 
 class RepeatedIdWarning(UserWarning):
     """Items given to ``Labeler.label`` repeated an id (each was labelled on its own)."""
@@ -50,15 +58,26 @@ class Labeler:
             record per pass pair (for comparisons).
         truncate: how a text too long for the model's context is cut: ``middle`` (default),
             ``head``, ``tail`` (the part removed), or ``error`` (the record fails); see ``Decoder``.
+        examples: few-shot examples put in the prompt head (``None``: the schema's own
+            ``examples:``; ``()``: none). See ``pcd_cli.examples``.
+        template: the ``--template`` used for records; examples given as ``columns`` are
+            rendered with it.
+        calibration: a calibration file (or loaded ``pcd_cli.quality.Calibration``) fitted by
+            ``pcd calibrate`` for this schema, model, prompt head and scoring mode: ``prob``
+            and ``probs`` become calibrated, the label is their argmax, ``raw_probs`` keeps
+            the decoder's; the mass is unchanged.
 
     Raises:
-        SchemaError, ModelError, CompileError: see ``pcd_cli.errors``.
+        SchemaError, ModelError, CompileError: see ``pcd_cli.errors``. A calibration made for
+        another schema, model, prompt head or scoring mode raises ``CalibrationError`` (a
+        ``SchemaError``) naming what differs, before any record is labelled.
     """
 
     def __init__(self, schema: Schema | str | Path, *, model: str | None = None, device: str = "auto",
                  dtype: str = "auto", scoring: str = "marginal",
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
-                 pack_records: bool = True, truncate: str = "middle"):
+                 pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
+                 template: str | None = None, calibration=None):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -67,13 +86,18 @@ class Labeler:
             self.schema = schema_from_model(schema)
         else:
             self.schema = load_schema(schema)
+        self.examples = tuple(self.schema.examples if examples is None else examples)
+        shots = resolve_examples(self.examples, template)
+        self.calibration = _load_calibration(calibration)
         if backend is None:
             from .backends import load_backend
 
             backend = load_backend(model, device=device, dtype=dtype)
         self.backend = backend
         self.compiled = CompiledSchema(self.schema, backend.tokenizer, scoring=scoring,
-                                       logits_width=backend.logits_width)
+                                       logits_width=backend.logits_width, examples=shots)
+        if self.calibration is not None:
+            self.calibration.check(self.metadata())
         self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace,
                                pack_records=pack_records, truncate=truncate)
 
@@ -83,19 +107,27 @@ class Labeler:
         return self.decoder.record_passes
 
     def metadata(self) -> dict[str, str]:
-        """Key-value metadata recorded in outputs: versions, model, hashes, scoring, UTC date."""
+        """Key-value metadata recorded in outputs: versions, model, hashes, scoring, UTC date.
+
+        ``pcd.schema_json`` is the compact JSON ``{field: [labels...]}`` (``pcd eval`` reads the
+        labels from it when no schema is given).
+        """
         return {
             "pcd.version": __version__,
             "pcd.model": self.backend.model_id,
             "pcd.schema_name": self.schema.name,
             "pcd.schema_sha256": self.schema.source_sha256,
+            "pcd.schema_json": json.dumps({f.name: list(f.labels) for f in self.schema.fields},
+                                          separators=(",", ":"), ensure_ascii=False),
             "pcd.prompt_head_sha256": self.compiled.prompt.head_sha256,
             "pcd.scoring": self.compiled.scoring,
             "pcd.layout": self.compiled.layout.name,
             "pcd.chat_template": str(self.compiled.prompt.chat_template).lower(),
-            "pcd.truncate": self.decoder.truncate,
+            "pcd.truncate": self.decoder.truncate if hasattr(self, "decoder") else "",
+            "pcd.examples": str(len(self.examples)),
+            "pcd.head_tokens": str(len(self.compiled.prompt.head_ids)),
             "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
+        } | ({"pcd.calibration_sha256": self.calibration.sha256} if self.calibration is not None else {})
 
     def label(self, items: Iterable[str | dict | Record | RecordFailure]) -> Iterator[RecordResult | RecordFailure]:
         """Label ``items`` lazily, in order; one result (or failure) per item.
@@ -126,7 +158,74 @@ class Labeler:
         """Label one batch eagerly; failures in the batch are passed through in place."""
         records = [r for r in batch if isinstance(r, Record)]
         decoded = iter(self.decoder.decode(records))
-        return [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
+        out = [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
+        if self.calibration is None:
+            return out
+        return [r if isinstance(r, RecordFailure) else self._calibrated(r) for r in out]
+
+    def _calibrated(self, result: RecordResult) -> RecordResult:
+        fields = []
+        for f, res in zip(self.schema.fields, result.fields):
+            cal = self.calibration.fields.get(f.name)
+            if cal is None:
+                fields.append(res)
+                continue
+            probs = np.asarray(cal.apply(np.asarray(res.probs, dtype=np.float64)), dtype=np.float64)
+            label = int(np.argmax(probs))
+            fields.append(FieldResult(label=label, value=f.value(label), prob=float(probs[label]), mass=res.mass,
+                                      probs=tuple(float(p) for p in probs), raw_probs=res.probs))
+        return replace(result, fields=tuple(fields))
+
+    def label_frame(self, df, *, text_field: str = "text", template: str | None = None,
+                    id_field: str | None = None, all_probs: bool = True):
+        """Label the rows of a pandas DataFrame; return a DataFrame with exactly the columns of
+        ``pcd label``'s Parquet output (one row per labelled input row, in input order).
+
+        Rows become records by the same rules as ``pcd label`` (``text_field`` or ``template``
+        over columns, ``id_field`` or row numbers from 0 in a ``row`` column). Rows that
+        cannot be labelled are left out of the frame and listed in ``result.attrs["errors"]``
+        (``{"row", "record", "error"}`` dicts); ``result.attrs["metadata"]`` holds the
+        Parquet key-value metadata (``metadata()``).
+
+        Raises:
+            InputError: ``template`` is malformed, or a needed column is missing from ``df``.
+        """
+        from .errors import InputError
+        from .io import InputSpec, output_schema, results_table, row_to_record
+
+        spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
+        missing = [c for c in spec.columns_needed() if c not in df.columns]
+        if missing:
+            raise InputError(f"DataFrame has no column {missing[0]!r} (columns: {', '.join(map(str, df.columns))})")
+        frame = df.astype(object).where(df.notna(), None)
+        items = [row_to_record(row, i, None, spec) for i, row in enumerate(frame.to_dict("records"))]
+        labelled, errors = [], []
+        for item, res in zip(items, self.label(items)):
+            if isinstance(res, RecordFailure):
+                errors.append({"row": item.row, "record": res.id, "error": res.error})
+            else:
+                labelled.append(res)
+        arrow_schema = output_schema(self.schema, id_field or "row", _id_type(id_field), all_probs=all_probs,
+                                     calibrated=self.calibration is not None)
+        result = results_table(labelled, self.schema, arrow_schema).to_pandas()
+        result.attrs["errors"] = errors
+        result.attrs["metadata"] = self.metadata()
+        return result
+
+
+def _id_type(id_field: str | None):
+    import pyarrow as pa
+
+    return pa.string() if id_field else pa.int64()
+
+
+def _load_calibration(calibration):
+    """``None``, a loaded calibration, or a path to a calibration file (loaded here)."""
+    if calibration is None or not isinstance(calibration, (str, Path)):
+        return calibration
+    from .quality import Calibration
+
+    return Calibration.load(calibration)
 
 
 def _as_record(index: int, item) -> Record | RecordFailure:

@@ -242,3 +242,62 @@ def render_bench(report: BenchReport, console: Console) -> None:
 def write_bench_json(report: BenchReport, path: str | Path) -> None:
     """Write ``{"schema", "model", ..., "rows": [...], "summary": {...}}`` as JSON."""
     Path(path).write_text(json.dumps(asdict(report), indent=2, default=str))
+
+
+def gold_accuracy(report: BenchReport, gold, schema: Schema, *, id_field: str = "id") -> dict:
+    """Per field and method, accuracy against human labels on the benchmarked records.
+
+    Args:
+        gold: a DataFrame with ``id_field`` and one column per field (``quality.read_gold``);
+            records are matched by id as text.
+
+    Returns:
+        ``{field: {method: {"accuracy", "n", "invalid"}}}``: a generated answer that did not
+        parse, lacks the field or gives a value that is not a label counts as wrong and as
+        ``invalid``; ``n`` counts the benchmarked records with a gold label for the field.
+    """
+    from .errors import SchemaError
+
+    gold_by_id = {str(k): row for k, row in zip(gold[id_field], gold.to_dict("records"))}
+    out: dict = {}
+    for f in schema.fields:
+        per_method: dict = {}
+        for row in report.rows:
+            expected = gold_by_id.get(row.record, {}).get(f.name)
+            if expected is None or expected != expected:  # no gold row, or null/NaN
+                continue
+            try:
+                want = f.label_index(expected)
+            except SchemaError:
+                continue
+            stats = per_method.setdefault(row.method, {"correct": 0, "n": 0, "invalid": 0})
+            stats["n"] += 1
+            try:
+                ok = row.parsed and f.name in row.values and f.label_index(row.values[f.name]) == want
+            except SchemaError:
+                ok = False
+                stats["invalid"] += 1
+            else:
+                if not row.parsed or f.name not in row.values:
+                    stats["invalid"] += 1
+            stats["correct"] += ok
+        out[f.name] = {m: {"accuracy": s["correct"] / s["n"], "n": s["n"], "invalid": s["invalid"]}
+                       for m, s in per_method.items()}
+    return out
+
+
+def render_gold_accuracy(accuracy: dict, console: Console) -> None:
+    """``gold_accuracy``'s figures as a table: one row per field, one column per method."""
+    methods = [m for m in METHODS if any(m in v for v in accuracy.values())]
+    table = Table(title="accuracy against the gold labels (invalid generated answers count as wrong)")
+    table.add_column("field")
+    for m in methods:
+        table.add_column(m, justify="right")
+    for name, per in accuracy.items():
+        cells = []
+        for m in methods:
+            s = per.get(m)
+            cells.append("-" if s is None else f"{s['accuracy']:.3f} (n={s['n']}"
+                         + (f", {s['invalid']} invalid)" if s["invalid"] else ")"))
+        table.add_row(escape(name), *cells)
+    console.print(table)

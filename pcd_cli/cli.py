@@ -23,8 +23,8 @@ from rich.markup import escape
 
 from . import __version__
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import (CompileError, InputError, Interrupted, ModelError, NothingLabelled, PcdError, SchemaError,
-                     TooManyErrors)
+from .errors import (CompileError, InputError, Interrupted, MissingExtra, ModelError, NothingLabelled, PcdError,
+                     SchemaError, TooManyErrors)
 from .job import DEFAULT_BATCH_RECORDS
 
 #: Exit code of an unexpected internal exception (a bug), apart from 1 (--max-errors).
@@ -86,7 +86,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
 
-EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3}
+EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3, MissingExtra: 3}
 
 
 class Scoring(str, Enum):
@@ -126,6 +126,24 @@ SCORING_OPT = typer.Option(Scoring.marginal, "--scoring", help="marginal: follow
                            "exact: score every label to the end of its line.")
 BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", min=16, help="Token budget of one forward pass "
                           "(bounds memory; records are packed up to it).")
+
+
+CALIBRATION_OPT = typer.Option(None, "--calibration", help="Calibration file from `pcd calibrate` for this schema, "
+                               "model, prompt head and scoring: probabilities become calibrated (the raw one is kept "
+                               "in <field>__raw_prob).")
+EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parquet with the text and one column per "
+                            "field) to draw few-shot examples from; they replace the schema's own examples.")
+SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
+SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
+
+
+def draw_shots(examples: Optional[Path], schema, spec, *, shots: int, seed: int):
+    """The examples drawn from ``--examples`` (``None`` without it: the schema's own)."""
+    if examples is None:
+        return None
+    from .examples import draw_examples
+
+    return draw_examples(examples, schema, spec, shots=shots, seed=seed)
 
 
 def _fail(exc: PcdError) -> typer.Exit:
@@ -229,6 +247,10 @@ def label(
                                          "object per line on stderr (events, warnings, errors, summary)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
                                             "(default: only on a terminal, never with --quiet or json logs)."),
+    calibration: Optional[Path] = CALIBRATION_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
+    seed: int = SEED_OPT,
 ) -> None:
     """Label every record of INPUT with SCHEMA and write a Parquet file.
 
@@ -270,9 +292,11 @@ def label(
             check_paths(input, output, errors, trace)
             if output.suffix.lower() not in (".parquet", ".pq"):
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
+            shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
                               max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None,
-                              truncate=truncate.value)
+                              truncate=truncate.value, examples=shots_drawn, template=template,
+                              calibration=calibration)
             stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -352,6 +376,10 @@ def bench(
                                                  "(default: twice a complete answer object's tokens + 32)."),
     max_tokens_per_pass: int = BUDGET_OPT,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write per-record rows and the summary as JSON."),
+    gold: Optional[Path] = typer.Option(None, "--gold", help="Human labels (id column + one column per field): "
+                                        "adds each method's accuracy per field on the same records."),
+    id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id, matched with "
+                                           "--gold's id column of the same name (default: row numbers, gold 'id')."),
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
@@ -360,15 +388,160 @@ def bench(
 
     try:
         parsed = load_schema(schema)
-        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n), model=model,
+        report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
+                                                    id_field=id_field), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
                            max_tokens_per_pass=max_tokens_per_pass)
     except PcdError as exc:
         raise _fail(exc) from None
     render_bench(report, out)
+    if gold is not None:
+        from .bench import gold_accuracy, render_gold_accuracy
+        from .quality import read_gold
+
+        try:
+            report.summary["gold_accuracy"] = gold_accuracy(report, read_gold(gold, id_field=id_field or "id"), parsed,
+                                                            id_field=id_field or "id")
+        except PcdError as exc:
+            raise _fail(exc) from None
+        render_gold_accuracy(report.summary["gold_accuracy"], out)
     if json_out:
         write_bench_json(report, json_out)
         out.print(f"wrote {escape(str(json_out))}", highlight=False)
+
+
+PLOT_OPT = typer.Option(None, "--plot", help="Write reliability diagrams (PNG) into this folder "
+                        "(needs pip install 'pcd-cli[plot]').")
+GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file (and of the predictions, "
+                           "else their 'row' column); ids are matched as strings.")
+
+
+@app.command("eval")
+def eval_(
+    predictions: Path = typer.Argument(..., help="A pcd output Parquet file."),
+    gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column and one column "
+                                "per field."),
+    id_field: str = GOLD_ID_OPT,
+    schema: Optional[Path] = typer.Option(None, "--schema", "-s", help="Schema file (default: the fields and "
+                                          "labels recorded in the predictions)."),
+    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0.0, max=1.0,
+                                                    help="Also find the probability (and mass) threshold, and "
+                                                    "its coverage, that reach this accuracy."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: README)."),
+    plot: Optional[Path] = PLOT_OPT,
+    compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
+                                           "(e.g. before calibration): print both side by side."),
+) -> None:
+    """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
+    Brier, NLL), AUROC and selective prediction, per field. Exit 2 on a bad file."""
+    from .quality import evaluate, read_gold, read_predictions
+    from .quality.plots import eval_plots, require_matplotlib
+    from .quality.render import render_eval
+    from .schema import load_schema
+
+    if target_accuracy is not None and target_accuracy <= 0:
+        raise typer.BadParameter("must be above 0 and at most 1", param_hint="--target-accuracy")
+    try:
+        if plot is not None:
+            require_matplotlib()
+        parsed = load_schema(schema) if schema else None
+        frame, _ = read_predictions(predictions)
+        report = evaluate(frame, read_gold(gold, id_field=id_field), parsed, id_field=id_field,
+                          target_accuracy=target_accuracy)
+        render_eval(report, out)
+        if compare is not None:
+            from .quality.compare import render_comparison
+
+            baseline, _ = read_predictions(compare)
+            before = evaluate(baseline, read_gold(gold, id_field=id_field), parsed, id_field=id_field)
+            render_comparison(before, report, out, before_name=compare.name, after_name=predictions.name)
+        if json_out:
+            _write_json(json_out, report.to_dict())
+            out.print(f"wrote {escape(str(json_out))}", highlight=False)
+        if plot is not None:
+            written = eval_plots(report, plot)
+            out.print(f"wrote {len(written)} reliability diagrams to {escape(str(plot))}", highlight=False)
+    except PcdError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def calibrate(
+    gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column, one column per "
+                                "field and (without --predictions) the text."),
+    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (JSON)."),
+    predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
+                                               "rows, labelled with --all-probs (then no model is loaded)."),
+    folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
+                             "pcd label the same --seed to draw the same examples)."),
+    id_field: str = GOLD_ID_OPT,
+    plot: Optional[Path] = PLOT_OPT,
+    model: Optional[str] = MODEL_OPT,
+    device: Device = DEVICE_OPT,
+    dtype: DType = DTYPE_OPT,
+    scoring: Scoring = SCORING_OPT,
+    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
+    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
+                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    max_tokens_per_pass: int = BUDGET_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
+) -> None:
+    """Fit a per-field temperature and label biases on gold rows; print cross-validated
+    before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
+    --calibration. Exit 2 on a bad gold, predictions or schema file."""
+    from .quality import fit_calibration, read_gold, read_predictions
+    from .quality.plots import calibration_plots, require_matplotlib
+    from .quality.render import render_calibration
+    from .schema import load_schema
+
+    try:
+        if plot is not None:
+            require_matplotlib()
+        if predictions is not None and examples is not None:
+            raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
+                             "label them with --examples first (pcd label --all-probs) and pass that output")
+        parsed = load_schema(schema)
+        gold_frame = read_gold(gold, id_field=id_field)
+        if predictions is not None:
+            frame, metadata = read_predictions(predictions)
+        else:
+            from .api import Labeler
+
+            from .io import InputSpec
+
+            drawn = draw_shots(examples, parsed, InputSpec(text_field=text_field, template=template,
+                                                           id_field=id_field), shots=shots, seed=seed)
+            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, scoring=scoring.value,
+                              max_tokens_per_pass=max_tokens_per_pass, template=template, examples=drawn)
+            frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
+                                        all_probs=True)
+            metadata = frame.attrs.get("metadata") or labeler.metadata()
+            failed = frame.attrs.get("errors") or []
+            if failed:
+                err.print(f"[yellow]warning:[/] {len(failed)} gold rows could not be labelled (e.g. "
+                          f"{escape(failed[0]['error'])}); they are not used", highlight=False)
+        calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
+                                              seed=seed)
+        render_calibration(report, out)
+        saved = calibration.save(output)
+        out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
+        if plot is not None:
+            written = calibration_plots(report, plot)
+            out.print(f"wrote {len(written)} before/after reliability diagrams to {escape(str(plot))}",
+                      highlight=False)
+    except PcdError as exc:
+        raise _fail(exc) from None
+
+
+def _write_json(path: Path, value: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        raise InputError(f"--json {str(path)!r}: cannot write ({exc.strerror})") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

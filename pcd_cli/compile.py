@@ -97,6 +97,8 @@ class CompiledSchema:
         scoring: ``"marginal"`` or ``"exact"``.
         logits_width: the model's logits width (label token ids must be below it).
         layout: ``None`` probes both layouts and keeps the one with the fewest moved seams.
+        examples: few-shot examples for the prompt head as ``(input text, label index per
+            field)`` (``pcd_cli.examples.resolve_examples``); rendered in the chosen layout.
 
     Raises:
         CompileError: a label needs a token the model has no logit for, or no layout keeps
@@ -104,11 +106,13 @@ class CompiledSchema:
     """
 
     def __init__(self, schema: Schema, tokenizer, *, scoring: str = "marginal",
-                 logits_width: int | None = None, layout: Layout | None = None):
+                 logits_width: int | None = None, layout: Layout | None = None,
+                 examples: tuple[tuple[str, tuple[int, ...]], ...] = ()):
         if scoring not in SCORING_MODES:
             raise CompileError(f"--scoring {scoring!r}: expected one of {', '.join(SCORING_MODES)}")
         self.schema = schema
         self.tokenizer = tokenizer
+        self.examples = tuple(examples)
         self.scoring = scoring
         self.logits_width = min(logits_width or tokenizer.vocab_size, tokenizer.vocab_size)
         self._plans: dict[tuple[int, str], WavePlan] = {}
@@ -119,14 +123,14 @@ class CompiledSchema:
         if layout is None:  # keep the first layout with the fewest moved seams, with its plans
             best = None
             for candidate in LAYOUTS:
-                self.prompt, self._plans = build_prompt(schema, tokenizer, candidate), {}
+                self.prompt, self._plans = build_prompt(schema, tokenizer, candidate, self.examples), {}
                 moves = self.seam_moves()
                 self.layout_moves[candidate.name] = moves
                 if best is None or moves < best[0]:
                     best = (moves, self.prompt, self._plans)
             _, self.prompt, self._plans = best
         else:
-            self.prompt = build_prompt(schema, tokenizer, layout)
+            self.prompt = build_prompt(schema, tokenizer, layout, self.examples)
         self.wave_plan(0, self.prompt.tail_text)
 
     @property

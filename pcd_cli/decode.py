@@ -65,6 +65,8 @@ class FieldResult:
         prob: probability of the chosen label, renormalised over the allowed labels.
         mass: candidate mass: unrenormalised probability of all allowed paths, in [0, 1].
         probs: probability of every label, in schema order; sums to 1.
+        raw_probs: with a calibration applied (``Labeler(calibration=...)``), the decoder's
+            uncalibrated ``probs``; ``None`` otherwise.
     """
 
     label: int
@@ -72,6 +74,12 @@ class FieldResult:
     prob: float
     mass: float
     probs: tuple[float, ...]
+    raw_probs: tuple[float, ...] | None = None
+
+    @property
+    def raw_prob(self) -> float:
+        """Uncalibrated probability of the chosen label (``prob`` when no calibration was applied)."""
+        return self.prob if self.raw_probs is None else self.raw_probs[self.label]
 
 
 @dataclass(frozen=True)

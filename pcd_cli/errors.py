@@ -2,7 +2,7 @@
 
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
--> 2, ``ModelError`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
+-> 2, ``CalibrationError`` -> 2, ``ModelError`` -> 3, ``MissingExtra`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
 -> 1, ``Interrupted`` -> 130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
 
@@ -17,6 +17,15 @@ class SchemaError(PcdError, ValueError):
 
 class InputError(PcdError, ValueError):
     """An input file or an option about it is unusable as a whole (wrong format, missing column)."""
+
+
+class CalibrationError(SchemaError):
+    """A calibration file is unreadable, invalid, or made for another model, schema, prompt head
+    or scoring mode; or calibration cannot be fitted on the rows given (names the key or field)."""
+
+
+class MissingExtra(PcdError, ImportError):
+    """An optional part of pcd is not installed (the message gives the ``pip install`` line)."""
 
 
 class RecordError(PcdError, ValueError):

@@ -354,6 +354,35 @@ def _damaged(path: str | Path, compression: str | None, exc: Exception) -> Input
                       "the rows before it were read")
 
 
+def read_table_rows(path: str | Path, spec: InputSpec, *,
+                    fmt: str | None = None) -> Iterator[tuple[int | None, "dict | str"]]:
+    """Every row of ``path`` as ``(line, columns)`` or ``(line, reason it is unusable)``, all
+    columns kept (gold files: the text columns and the label columns together). Compressed
+    files are read as by ``RecordReader``.
+
+    Raises:
+        InputError: as ``read_records``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{str(path)!r}: no such file")
+    kind, compression = input_kind(path, fmt)
+    if kind == "parquet":
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from exc
+        _check_columns(path, table.schema.names, spec)
+        return ((None, row) for row in table.to_pylist())
+    rows = {"jsonl": _jsonl_rows, "csv": _csv_rows}[kind](path, spec, compression)
+    return ((line, row) for line, row, _ in rows)
+
+
+def row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> Record | RecordFailure:
+    """One raw row as a ``Record`` (text from ``spec``), or a ``RecordFailure`` saying why not."""
+    return _row_to_record(row, index, line, spec)
+
+
 def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = None) -> Iterator[RawRow]:
     carry = b""  # blank lines and a byte order mark, credited to the next row's raw bytes
     with _binary(path, compression) as fh:
@@ -511,14 +540,17 @@ def _parquet_rows(path: Path, spec: InputSpec, compression: str | None = None) -
 TRUNCATED_COLUMN = "__truncated"
 
 
-def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool) -> pa.Schema:
+def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool,
+                  calibrated: bool = False) -> pa.Schema:
     """Arrow schema of the output: id, then per field ``<f>``, ``<f>__prob``, ``<f>__mass``
-    (and ``<f>__probs``), then ``__truncated``."""
+    (with a calibration, ``<f>__raw_prob``; with ``all_probs``, ``<f>__probs``), then ``__truncated``."""
     cols = [pa.field(id_column, id_type)]
     for f in schema.fields:
         cols.append(pa.field(f.name, pa.bool_() if f.is_boolean else pa.string()))
         cols.append(pa.field(f"{f.name}__prob", pa.float32()))
         cols.append(pa.field(f"{f.name}__mass", pa.float32()))
+        if calibrated:
+            cols.append(pa.field(f"{f.name}__raw_prob", pa.float32()))
         if all_probs:
             cols.append(pa.field(f"{f.name}__probs", pa.map_(pa.string(), pa.float32())))
     cols.append(pa.field(TRUNCATED_COLUMN, pa.bool_()))
@@ -529,10 +561,13 @@ def results_table(results: list[RecordResult], schema: Schema, arrow_schema: pa.
     """Results as a table of ``arrow_schema`` (from ``output_schema``), one row per result."""
     data: dict[str, list] = {arrow_schema.names[0]: [r.id for r in results]}
     all_probs = f"{schema.fields[0].name}__probs" in arrow_schema.names[1:]  # the id column may end in __probs
+    calibrated = f"{schema.fields[0].name}__raw_prob" in arrow_schema.names[1:]
     for i, f in enumerate(schema.fields):
         data[f.name] = [r.fields[i].value for r in results]
         data[f"{f.name}__prob"] = [r.fields[i].prob for r in results]
         data[f"{f.name}__mass"] = [r.fields[i].mass for r in results]
+        if calibrated:
+            data[f"{f.name}__raw_prob"] = [r.fields[i].raw_prob for r in results]
         if all_probs:
             data[f"{f.name}__probs"] = [list(zip(f.labels, r.fields[i].probs)) for r in results]
     data[TRUNCATED_COLUMN] = [r.truncated for r in results]

@@ -67,7 +67,8 @@ def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> Non
         raise SchemaError(f"--id-field {id_col!r} clashes with pcd's output column {TRUNCATED_COLUMN!r}")
     seen: dict[str, str] = {id_col: "the id column", TRUNCATED_COLUMN: "pcd's truncation column"}
     for f in schema.fields:
-        for col in (f.name, f"{f.name}__prob", f"{f.name}__mass") + ((f"{f.name}__probs",) if all_probs else ()):
+        for col in (f.name, f"{f.name}__prob", f"{f.name}__mass", f"{f.name}__raw_prob") + (
+                (f"{f.name}__probs",) if all_probs else ()):
             if col in seen:
                 raise SchemaError(f"output column {col!r} of field {f.name!r} clashes with {seen[col]}; "
                                   "rename the field" + (" or pass another --id-field" if col == id_col else ""))
@@ -122,6 +123,8 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
         "dtype": str(getattr(labeler.backend, "dtype", "")), "device": str(getattr(labeler.backend, "device", "")),
         "max_tokens_per_pass": labeler.decoder.budget, "scoring": labeler.compiled.scoring,
         "truncate": labeler.decoder.truncate, "all_probs": all_probs, "trace": trace,
+        "prompt_head_sha256": labeler.compiled.prompt.head_sha256,
+        "calibration_sha256": labeler.calibration.sha256 if labeler.calibration is not None else None,
         "libraries": {name: _version_of(name) for name in FINGERPRINT_LIBRARIES},
     }
 
@@ -181,7 +184,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     trace_path = Path(trace_path) if trace_path else None
     check_paths(input_path, output, errors_path, trace_path)
     arrow_schema = output_schema(labeler.schema, column, pa.string() if spec.id_field else pa.int64(),
-                                 all_probs=all_probs)
+                                 all_probs=all_probs, calibrated=labeler.calibration is not None)
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None)
     stats = RunStats(labeler.schema, min_mass=min_mass)

@@ -9,6 +9,12 @@ template get a plain-text fallback.
 The *head* is the longest token prefix identical for every record: the rendered text up
 to the record, cut back (if needed) to the longest common token prefix over probe texts
 that start with a letter, digit, punctuation, CJK character or quote.
+
+Few-shot examples (issue #9) are prior exchanges in the head: per example, a user turn
+``Input:\n<example text>`` and an assistant turn holding the complete answer object in
+exactly the layout and canonical spellings the decoder writes and scores
+(``answer_object``). The record's own user turn follows. Without a chat template the same
+exchanges are plain-text blocks. Being part of the head, their KV is computed once per run.
 """
 
 from __future__ import annotations
@@ -64,6 +70,18 @@ def catalog_line(field: Field) -> str:
     return text + f"Allowed: {allowed}"
 
 
+def answer_object(schema: Schema, layout: Layout, labels: tuple[int, ...]) -> str:
+    """The complete JSON answer for ``labels`` (label index per field), as the decoder writes it.
+
+    Every line is ``Layout.line`` with the label's canonical spelling, so an example's answer
+    tokenizes like the lines the decoder scores; the object is closed with ``}``.
+    """
+    n = len(schema.fields)
+    lines = "".join(layout.line(f, f.spellings(labels[i])[0], last=i == n - 1) for i, f in enumerate(schema.fields))
+    text = layout.opener + lines
+    return text if text.endswith("}") else text + "}"
+
+
 def system_text(schema: Schema) -> str:
     parts = [PREAMBLE]
     if schema.instructions:
@@ -91,6 +109,8 @@ class Prompt:
     layout: Layout
     _system: str
     _tokenizer: object
+    #: ``(input text, answer object)`` of each few-shot example, in order.
+    examples: tuple[tuple[str, str], ...] = ()
 
     @property
     def head_sha256(self) -> str:
@@ -100,7 +120,7 @@ class Prompt:
 
     def render(self, text: str) -> str:
         """The full prompt for one record, up to and including the JSON opener."""
-        return _render(self._tokenizer, self._system, text) + self.layout.opener
+        return _render(self._tokenizer, self._system, text, self.examples) + self.layout.opener
 
     def record_ids(self, record_id: object, text: str) -> tuple[str, list[int]]:
         """Tokenize one record's prompt; return (full prompt text, ids after the head).
@@ -119,11 +139,15 @@ class Prompt:
         return full, ids[len(head):]
 
 
-def _render(tokenizer, system: str, text: str) -> str:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": INPUT_LABEL + text}]
+def _render(tokenizer, system: str, text: str, examples: tuple[tuple[str, str], ...] = ()) -> str:
+    messages = [{"role": "system", "content": system}]
+    for example_text, answer in examples:
+        messages += [{"role": "user", "content": INPUT_LABEL + example_text}, {"role": "assistant", "content": answer}]
+    messages.append({"role": "user", "content": INPUT_LABEL + text})
     rendered = tokenizer.render_chat(messages)
     if rendered is None:
-        return tokenizer.bos_text + system + "\n\n" + INPUT_LABEL + text + PLAIN_ANSWER_CUE
+        shots = "".join(INPUT_LABEL + t + PLAIN_ANSWER_CUE + a + "\n\n" for t, a in examples)
+        return tokenizer.bos_text + system + "\n\n" + shots + INPUT_LABEL + text + PLAIN_ANSWER_CUE
     return rendered
 
 
@@ -137,25 +161,29 @@ def common_prefix_len(a, b) -> int:
     return n
 
 
-def build_prompt(schema: Schema, tokenizer, layout: Layout) -> Prompt:
+def build_prompt(schema: Schema, tokenizer, layout: Layout,
+                 examples: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> Prompt:
     """Render the schema's prompt through the tokenizer's chat template and find the head.
 
     Args:
         tokenizer: backend tokenizer (``encode``, ``render_chat``, ``bos_text``).
+        examples: few-shot examples as ``(input text, label index per field)``; their
+            answers are written with ``answer_object`` in ``layout``.
     """
     system = system_text(schema)
-    a, b = _render(tokenizer, system, "x"), _render(tokenizer, system, "y")
+    shots = tuple((text, answer_object(schema, layout, labels)) for text, labels in examples)
+    a, b = _render(tokenizer, system, "x", shots), _render(tokenizer, system, "y", shots)
     cut = common_prefix_len(a, b)
     head_text = a[:cut]
     tail_len = common_prefix_len(a[::-1], b[::-1])
     tail_text = a[len(a) - tail_len:] + layout.opener
     head_ids = tokenizer.encode(head_text)
     for probe in HEAD_PROBES:
-        ids = tokenizer.encode(_render(tokenizer, system, probe) + layout.opener)
+        ids = tokenizer.encode(_render(tokenizer, system, probe, shots) + layout.opener)
         n = 0
         while n < len(head_ids) and n < len(ids) and ids[n] == head_ids[n]:
             n += 1
         head_ids = head_ids[:n]
     return Prompt(head_text=head_text, head_ids=tuple(head_ids), tail_text=tail_text,
                   chat_template=tokenizer.render_chat([{"role": "user", "content": "x"}]) is not None,
-                  layout=layout, _system=system, _tokenizer=tokenizer)
+                  layout=layout, _system=system, _tokenizer=tokenizer, examples=shots)

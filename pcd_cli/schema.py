@@ -12,7 +12,14 @@ Accepted files (YAML or JSON, chosen by extension, content sniffed for ``.json``
         route:     {type: enum, labels: [...], depends_on: [urgent]}
 
   ``choices`` is accepted as a synonym of ``labels`` (the preset files use it), and
-  ``fields`` may also be a list of ``{name: ..., type: ...}`` items.
+  ``fields`` may also be a list of ``{name: ..., type: ...}`` items. An optional
+  ``examples:`` list holds few-shot examples for the prompt head (``Example``)::
+
+      examples:
+        - text: "Flight delayed 5 hours, no food vouchers."
+          labels: {sentiment: NEGATIVE}
+        - columns: {subject: "Refund", body: "..."}     # with --template
+          labels: {sentiment: NEUTRAL}
 * a JSON Schema object whose properties are ``{"type": "boolean"}`` or
   ``{"enum": [...]}`` (``description`` kept).
 
@@ -34,7 +41,7 @@ import yaml
 from .errors import SchemaError
 
 #: Suffixes pcd appends to a field name to form its output columns.
-OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs")
+OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs", "__raw_prob")
 BOOLEAN_LABELS = ("true", "false")
 FIELD_TYPES = ("boolean", "enum")
 
@@ -67,6 +74,25 @@ class Field:
             return self.labels[label_index] == "true"
         return self.labels[label_index]
 
+    def label_index(self, value: object, *, where: str = "") -> int:
+        """Index of a gold or example value: a label string, or for booleans ``True``/``False``
+        or ``"true"``/``"false"`` (any case).
+
+        Raises:
+            SchemaError: the value is not a label of this field (names ``where`` and the field).
+        """
+        key = value
+        if self.is_boolean:
+            if isinstance(value, bool):
+                key = "true" if value else "false"
+            elif isinstance(value, str):
+                key = value.strip().lower()
+        if isinstance(key, str) and key in self.labels:
+            return self.labels.index(key)
+        allowed = " | ".join(self.labels)
+        raise SchemaError(f"{where + ': ' if where else ''}field {self.name!r}: {value!r} is not one of its labels "
+                          f"({allowed})")
+
     def spellings(self, label_index: int) -> tuple[str, ...]:
         """JSON spellings of a label, canonical first (DESIGN.md §2 rule 5).
 
@@ -80,6 +106,81 @@ class Field:
 
 
 @dataclass(frozen=True)
+class Example:
+    """A few-shot example: an input and its answer, shown to the model as a prior exchange.
+
+    Attributes:
+        labels: label index per field, in schema order (every field has one).
+        text: the example's input text (``None`` when given as ``columns``).
+        columns: column values for ``--template`` (``None`` when given as ``text``).
+        source: where it came from, for messages (``examples[0]``, ``gold row 17``).
+    """
+
+    labels: tuple[int, ...]
+    text: str | None = None
+    columns: tuple[tuple[str, str], ...] | None = None
+    source: str = "example"
+
+    def render_text(self, template: str | None) -> str:
+        """The example's input as the prompt shows it: ``text``, or ``columns`` filled into ``template``.
+
+        Raises:
+            SchemaError: ``columns`` without a template, or a template column the example lacks.
+        """
+        if self.text is not None:
+            return self.text
+        if template is None:
+            raise SchemaError(f"{self.source}: gives 'columns', which need --template to become a text")
+        values = dict(self.columns or ())
+        try:
+            text = template.replace("\\n", "\n").replace("\\t", "\t").format_map(values)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise SchemaError(f"{self.source}: --template cannot be filled from its columns ({exc})") from None
+        if not text.strip():
+            raise SchemaError(f"{self.source}: its text is empty")
+        return text.strip()
+
+
+def parse_example(schema_fields: tuple["Field", ...], data: Any, source: str) -> Example:
+    """Validate one example ``{text: ..., labels: {field: value}}`` (or ``columns:`` for templates).
+
+    Booleans may be given as JSON booleans or ``"true"``/``"false"``; enum values must be
+    exact labels.
+
+    Raises:
+        SchemaError: names the example (``source``) and the field: a missing field, a value
+            that is not a label, an unknown field, or no text.
+    """
+    if not isinstance(data, dict):
+        raise SchemaError(f"{source}: expected a mapping with 'text' (or 'columns') and 'labels'")
+    text, columns, labels = data.get("text"), data.get("columns"), data.get("labels")
+    if (text is None) == (columns is None):
+        raise SchemaError(f"{source}: give exactly one of 'text' or 'columns'")
+    if text is not None and (not isinstance(text, str) or not text.strip()):
+        raise SchemaError(f"{source}: 'text' must be a non-empty string")
+    if columns is not None:
+        if not isinstance(columns, dict) or not columns:
+            raise SchemaError(f"{source}: 'columns' must be a mapping of column -> text")
+        bad = [k for k, v in columns.items() if not isinstance(v, (str, int, float)) or isinstance(v, bool)]
+        if bad:
+            raise SchemaError(f"{source}: column {bad[0]!r} must be text")
+    if not isinstance(labels, dict):
+        raise SchemaError(f"{source}: 'labels' must be a mapping of field -> value")
+    names = {f.name for f in schema_fields}
+    unknown = [k for k in labels if k not in names]
+    if unknown:
+        raise SchemaError(f"{source}: field {unknown[0]!r} is not in the schema")
+    indices = []
+    for f in schema_fields:
+        if f.name not in labels or labels[f.name] is None:
+            raise SchemaError(f"{source}: field {f.name!r} has no value; an example must answer every field")
+        indices.append(f.label_index(labels[f.name], where=source))
+    return Example(labels=tuple(indices), text=text.strip() if text is not None else None,
+                   columns=tuple((str(k), str(v)) for k, v in columns.items()) if columns is not None else None,
+                   source=source)
+
+
+@dataclass(frozen=True)
 class Schema:
     """A validated schema: ordered fields and the waves they are decided in.
 
@@ -90,6 +191,7 @@ class Schema:
         waves: tuples of field indices; wave 0 is the first field alone (DESIGN.md §2 rule 8),
             later waves follow ``depends_on`` levels.
         warnings: soft problems found while validating.
+        examples: few-shot examples from the schema's ``examples:`` key.
         source_sha256: sha256 of the canonical JSON form of the schema (for output metadata).
     """
 
@@ -99,6 +201,7 @@ class Schema:
     waves: tuple[tuple[int, ...], ...]
     warnings: tuple[str, ...] = ()
     source_sha256: str = ""
+    examples: tuple[Example, ...] = ()
 
     def field_index(self, name: str) -> int:
         for i, f in enumerate(self.fields):
@@ -190,13 +293,18 @@ def parse_schema(data: Any, *, default_name: str = "schema") -> Schema:
     instructions = data.get("instructions") or ""
     if not isinstance(name, str) or not isinstance(instructions, str):
         raise SchemaError("schema: 'name' and 'instructions' must be strings")
-    canonical = json.dumps(
-        {"name": name, "instructions": instructions,
-         "fields": [[f.name, f.type, f.description, list(f.labels), list(f.depends_on)] for f in fields]},
-        ensure_ascii=False, sort_keys=True)
+    raw_examples = data.get("examples") or []
+    if not isinstance(raw_examples, list):
+        raise SchemaError("schema: 'examples' must be a list of {text: ..., labels: {...}}")
+    examples = tuple(parse_example(tuple(fields), ex, f"examples[{i}]") for i, ex in enumerate(raw_examples))
+    canonical_data = {"name": name, "instructions": instructions,
+                      "fields": [[f.name, f.type, f.description, list(f.labels), list(f.depends_on)] for f in fields]}
+    if examples:  # schemas without examples keep the hash they had before examples existed
+        canonical_data["examples"] = [[e.text, e.columns, list(e.labels)] for e in examples]
+    canonical = json.dumps(canonical_data, ensure_ascii=False, sort_keys=True)
     return Schema(name=name, instructions=instructions.strip(), fields=tuple(fields),
                   waves=waves, warnings=tuple(warnings),
-                  source_sha256=hashlib.sha256(canonical.encode()).hexdigest())
+                  source_sha256=hashlib.sha256(canonical.encode()).hexdigest(), examples=examples)
 
 
 def _field_items(raw_fields: Any) -> list[tuple[Any, Any]]:

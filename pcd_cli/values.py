@@ -56,6 +56,8 @@ def cell_text(value: object, what: str) -> str:
         CellError: a list, object or other non-scalar value, a non-finite number, or text
             (or bytes) that is not valid UTF-8; the message starts with ``what``.
     """
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # numpy scalars (DataFrames)
+        value = value.item()
     if isinstance(value, (bytes, bytearray)):
         try:
             return bytes(value).decode("utf-8")

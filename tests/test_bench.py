@@ -58,3 +58,25 @@ def test_bench_runs_all_three_methods(embedded_backend, tmp_path):
     s = report.summary
     assert s["passes_per_record"] == 2 and s["generate_valid_rate"] == 0.0
     assert s["speedup_vs_generate"] > 0 and s["peak_rss_mb"] > 100
+
+
+def test_gold_accuracy_counts_invalid_generations_as_wrong():
+    import pandas as pd
+
+    from pcd_cli.bench import BenchReport, gold_accuracy
+
+    report = BenchReport("s", "m", "cpu", 3, 10, rows=[
+        BenchRow("a", "pcd", 0.1, 2, 0, True, True, (), 1.0, {"spam": True, "lang": "en"}),
+        BenchRow("b", "pcd", 0.1, 2, 0, True, True, (), 1.0, {"spam": False, "lang": "fr"}),
+        BenchRow("c", "pcd", 0.1, 2, 0, True, True, (), 1.0, {"spam": False, "lang": "en"}),
+        BenchRow("a", "generate", 1.0, 9, 9, True, True, (), 1.0, {"spam": True, "lang": "en"}),
+        BenchRow("b", "generate", 1.0, 9, 9, True, False, ("invalid value lang='de'",), 0.5,
+                 {"spam": False, "lang": "de"}),
+        BenchRow("c", "generate", 1.0, 9, 9, False, False, ("unparseable JSON",), 0.0, {})])
+    gold = pd.DataFrame({"id": ["a", "b", "c", "d"], "spam": ["true", False, True, True],
+                         "lang": ["en", "fr", None, "en"]})
+    acc = gold_accuracy(report, gold, SCHEMA)
+    assert acc["spam"]["pcd"] == {"accuracy": 2 / 3, "n": 3, "invalid": 0}
+    assert acc["spam"]["generate"] == {"accuracy": 2 / 3, "n": 3, "invalid": 1}
+    assert acc["lang"]["pcd"] == {"accuracy": 1.0, "n": 2, "invalid": 0}
+    assert acc["lang"]["generate"] == {"accuracy": 0.5, "n": 2, "invalid": 1}

@@ -1,0 +1,422 @@
+"""Calibration: per field a temperature T and one bias per label on the log-probabilities.
+
+    p'_j = softmax_j( log(max(p_j, 1e-12)) / T + b_j )
+
+fitted on labelled rows by minimising the mean negative log-likelihood of the gold labels
+plus ``l2 * sum_j b_j^2`` (temperature scaling, Guo et al. 2017, with per-class biases as
+in "vector scaling" restricted to a shared slope). In ``a = 1/T`` and ``b`` the objective is
+convex (a log-sum-exp of affine functions); it is minimised with scipy's L-BFGS-B and the
+analytic gradient. The biases are defined up to a common shift; the penalty makes them sum
+to zero.
+
+A probability of exactly 0 (float32 underflow) is floored at 1e-12 before the log, so it may
+become small but non-zero after calibration; the decoder never gives a structural zero.
+
+A ``Calibration`` is tied to the model, schema, prompt head and scoring mode it was fitted
+for (``check``), and is saved as JSON (shape in the README).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from .. import __version__
+from ..errors import CalibrationError
+from ..schema import Schema
+from . import metrics as M
+from .data import FieldData, field_specs, join
+
+#: Default L2 penalty on the biases (added to the mean NLL).
+DEFAULT_L2 = 1e-3
+#: ``Calibration`` attribute <- output metadata key, compared by ``Calibration.check``.
+CHECKED_KEYS = {"model": "pcd.model", "schema_sha256": "pcd.schema_sha256",
+                "prompt_head_sha256": "pcd.prompt_head_sha256", "scoring": "pcd.scoring"}
+FILE_FORMAT = "pcd-calibration"
+FILE_FORMAT_VERSION = 1
+#: Bounds of the temperature the fit may choose.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
+
+
+def calibrate_logits(probs: np.ndarray, temperature: float, biases: np.ndarray) -> np.ndarray:
+    """``log(max(p, 1e-12)) / T + b``: (..., k) calibrated logits."""
+    return np.log(np.maximum(np.asarray(probs, dtype=np.float64), M.PROB_FLOOR)) / temperature + biases
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class FieldCalibration:
+    """One field's calibration.
+
+    Attributes:
+        field: the field name. labels: its labels, in schema order (the order of ``biases``).
+        temperature: T > 0 (T > 1 softens over-confident probabilities).
+        biases: one additive bias per label on the tempered log-probabilities.
+        n: rows it was fitted on.
+        cv: cross-validated metrics: ``{"folds", "seed", "n", "before": {...}, "after": {...}}``
+            with ``accuracy``, ``macro_f1``, ``ece``, ``nll`` each (README).
+    """
+
+    field: str
+    labels: tuple[str, ...]
+    temperature: float
+    biases: tuple[float, ...]
+    n: int
+    cv: dict = dc_field(default_factory=dict, compare=False, hash=False)
+
+    def apply(self, probs: np.ndarray) -> np.ndarray:
+        """Calibrated probabilities: (k,) or (n, k) in, same shape out (float64, rows sum to 1).
+
+        Raises:
+            ValueError: the last axis is not ``len(labels)`` long.
+        """
+        probs = np.asarray(probs, dtype=np.float64)
+        if probs.ndim not in (1, 2) or probs.shape[-1] != len(self.labels):
+            raise ValueError(f"field {self.field!r}: expected probabilities of shape (k,) or (n, k) with "
+                             f"k = {len(self.labels)}, got {probs.shape}")
+        return softmax(calibrate_logits(probs, self.temperature, np.asarray(self.biases)))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Calibrations of a schema's fields for one model, prompt head and scoring mode.
+
+    Attributes:
+        pcd_version: pcd version that fitted it.
+        model, schema_sha256, prompt_head_sha256, scoring: what it is valid for (the output
+            metadata keys ``pcd.model`` ... of ``Labeler.metadata()``).
+        fields: field name -> ``FieldCalibration``; fields without gold labels are absent
+            (their probabilities stay as decoded).
+        sha256: sha256 of the file's bytes (``''`` before saving).
+    """
+
+    pcd_version: str
+    model: str
+    schema_sha256: str
+    prompt_head_sha256: str
+    scoring: str
+    fields: dict[str, FieldCalibration]
+    sha256: str = ""
+
+    def to_json(self) -> bytes:
+        """The file's bytes (indented JSON, keys in a fixed order)."""
+        doc = {
+            "format": FILE_FORMAT, "format_version": FILE_FORMAT_VERSION, "pcd_version": self.pcd_version,
+            "model": self.model, "schema_sha256": self.schema_sha256,
+            "prompt_head_sha256": self.prompt_head_sha256, "scoring": self.scoring,
+            "fields": {name: {"labels": list(fc.labels), "temperature": fc.temperature,
+                              "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n, "cv": fc.cv}
+                       for name, fc in self.fields.items()},
+        }
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
+
+    def save(self, path: str | Path) -> "Calibration":
+        """Write the file atomically (temp file, fsync, rename); returns a copy with ``sha256`` set.
+
+        Raises:
+            CalibrationError: the file cannot be written.
+        """
+        path = Path(path)
+        data = self.to_json()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise CalibrationError(f"{str(path)!r}: cannot write the calibration file ({exc.strerror})") from None
+        return Calibration(self.pcd_version, self.model, self.schema_sha256, self.prompt_head_sha256, self.scoring,
+                           self.fields, hashlib.sha256(data).hexdigest())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        """Read and validate a calibration file.
+
+        Raises:
+            CalibrationError: missing or unreadable file, not JSON, a missing or ill-typed key
+                (named), biases that do not match the labels, a temperature not > 0.
+        """
+        path = Path(path)
+        where = repr(str(path))
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CalibrationError(f"{where}: cannot read the calibration file ({exc.strerror})") from None
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise CalibrationError(f"{where}: not a calibration file (not JSON: {exc})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
+            raise CalibrationError(f"{where}: not a calibration file (no \"format\": \"{FILE_FORMAT}\"); "
+                                   "make one with pcd calibrate")
+        if doc.get("format_version") != FILE_FORMAT_VERSION:
+            raise CalibrationError(f"{where}: format_version {doc.get('format_version')!r}; this pcd reads "
+                                   f"{FILE_FORMAT_VERSION}")
+        top = {}
+        for key in ("pcd_version", *CHECKED_KEYS):
+            if not isinstance(doc.get(key), str):
+                raise CalibrationError(f"{where}: key {key!r} is missing or not a string")
+            top[key] = doc[key]
+        raw_fields = doc.get("fields")
+        if not isinstance(raw_fields, dict) or not raw_fields:
+            raise CalibrationError(f"{where}: key 'fields' is missing or empty")
+        fields = {name: _load_field(where, name, raw) for name, raw in raw_fields.items()}
+        return cls(**top, fields=fields, sha256=hashlib.sha256(data).hexdigest())
+
+    def check(self, metadata: dict[str, str]) -> None:
+        """Refuse to apply this calibration to outputs of another model, schema, prompt head or
+        scoring mode.
+
+        Args:
+            metadata: ``Labeler.metadata()`` or a Parquet output's key-value metadata.
+
+        Raises:
+            CalibrationError: names every key that differs, with both values.
+        """
+        diffs = [f"{key}: calibration has {getattr(self, attr)!r}, this run has "
+                 f"{metadata.get(key, '(missing)')!r}"
+                 for attr, key in CHECKED_KEYS.items() if metadata.get(key) != getattr(self, attr)]
+        if diffs:
+            raise CalibrationError("the calibration file was fitted for another setup (" + "; ".join(diffs) +
+                                   "); fit a new one with pcd calibrate")
+
+
+def _load_field(where: str, name: str, raw) -> FieldCalibration:
+    at = f"{where}: field {name!r}"
+    if not isinstance(raw, dict):
+        raise CalibrationError(f"{at}: expected an object")
+    labels = raw.get("labels")
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels) \
+            or len(set(labels)) != len(labels):
+        raise CalibrationError(f"{at}: 'labels' must be a list of distinct strings")
+    temperature = raw.get("temperature")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not \
+            (math.isfinite(temperature) and temperature > 0):
+        raise CalibrationError(f"{at}: 'temperature' must be a number > 0, got {temperature!r}")
+    biases = raw.get("biases")
+    if not isinstance(biases, dict) or set(biases) != set(labels):
+        raise CalibrationError(f"{at}: 'biases' must map every label ({', '.join(labels)}) to a number")
+    values = [biases[label] for label in labels]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise CalibrationError(f"{at}: 'biases' must be finite numbers")
+    n = raw.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise CalibrationError(f"{at}: 'n' must be a count")
+    cv = raw.get("cv", {})
+    if not isinstance(cv, dict):
+        raise CalibrationError(f"{at}: 'cv' must be an object")
+    return FieldCalibration(name, tuple(labels), float(temperature), tuple(float(v) for v in values), n, cv)
+
+
+# --- fitting -----------------------------------------------------------------------------------
+
+
+def fit_temperature_biases(probs: np.ndarray, gold: np.ndarray, *, l2: float = DEFAULT_L2) -> tuple[float, np.ndarray]:
+    """Fit T and b on (n, k) probabilities and (n,) gold indices.
+
+    Minimises ``mean_i -log softmax(a * log p_i + b)[gold_i] + l2 * |b|^2`` over ``a = 1/T``
+    in [1e-3, 1e3] and ``b`` with L-BFGS-B (scipy) and the analytic gradient.
+
+    Returns:
+        (T, biases (k,)).
+
+    Raises:
+        CalibrationError: no rows, or the optimiser fails.
+    """
+    from scipy.optimize import minimize
+
+    n, k = probs.shape
+    if not n:
+        raise CalibrationError("no rows to fit the calibration on")
+    logp = np.log(np.maximum(probs.astype(np.float64), M.PROB_FLOOR))
+    onehot = np.zeros((n, k))
+    onehot[np.arange(n), gold] = 1.0
+
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        a, b = theta[0], theta[1:]
+        z = a * logp + b
+        zmax = z.max(axis=1, keepdims=True)
+        e = np.exp(z - zmax)
+        s = e.sum(axis=1, keepdims=True)
+        log_norm = (zmax + np.log(s))[:, 0]
+        loss = float(np.mean(log_norm - z[np.arange(n), gold]) + l2 * b @ b)
+        dz = (e / s - onehot) / n  # d loss / d z
+        grad = np.concatenate([[np.sum(dz * logp)], dz.sum(axis=0) + 2 * l2 * b])
+        return loss, grad
+
+    theta0 = np.concatenate([[1.0], np.zeros(k)])
+    bounds = [(1 / MAX_TEMPERATURE, 1 / MIN_TEMPERATURE)] + [(None, None)] * k
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", bounds=bounds,
+                      options={"maxiter": 1000, "gtol": 1e-10, "ftol": 1e-14})
+    if not np.all(np.isfinite(result.x)):
+        raise CalibrationError(f"the calibration fit diverged ({result.message})")
+    return float(1 / result.x[0]), result.x[1:].copy()
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Accuracy, macro-F1, ECE (15 bins) and NLL of one set of probabilities on gold rows."""
+
+    accuracy: float | None
+    macro_f1: float | None
+    ece: float | None
+    nll: float | None
+
+
+@dataclass(frozen=True)
+class FieldCalibrationReport:
+    """Cross-validated effect of calibration on one field.
+
+    Attributes:
+        field, n, folds: the field, its rows with gold labels, the folds used.
+        before, after: scores of the uncalibrated ``<f>__probs`` and of the held-out
+            calibrated probabilities, pooled over the folds (each row scored by a fit that
+            did not see it).
+        before_bins, after_bins: reliability bins of the chosen label's probability (plots).
+        temperature, biases: the final fit on all rows.
+    """
+
+    field: str
+    labels: tuple[str, ...]
+    n: int
+    folds: int
+    before: Scores
+    after: Scores
+    before_bins: tuple[M.ReliabilityBin, ...]
+    after_bins: tuple[M.ReliabilityBin, ...]
+    temperature: float
+    biases: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """What ``fit_calibration`` measured: one report per calibrated field, plus row counts.
+
+    Attributes:
+        fields: per-field cross-validated scores and final fit.
+        fields_without_gold: fields left uncalibrated (no gold column).
+        gold_rows, matched, gold_without_prediction: row counts of the join.
+        skipped: per field, rows not used (null gold, gold not a label).
+    """
+
+    fields: tuple[FieldCalibrationReport, ...]
+    fields_without_gold: tuple[str, ...]
+    gold_rows: int
+    matched: int
+    gold_without_prediction: int
+    skipped: dict[str, dict[str, int]]
+
+
+def scores(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> tuple[Scores, list[M.ReliabilityBin]]:
+    """Scores of (n, k) probabilities (label = argmax, confidence = max) against gold indices."""
+    pred = probs.argmax(axis=1)
+    confidence = probs.max(axis=1)
+    correct = (pred == gold).astype(np.float64)
+    return (Scores(M.accuracy(gold, pred), M.macro_f1(M.label_scores(gold, pred, labels)),
+                   M.ece(confidence, correct), M.nll(probs, gold)),
+            M.reliability_bins(confidence, correct))
+
+
+def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None,
+                    metadata: dict[str, str], *, id_field: str = "id", folds: int = 5, seed: int = 0,
+                    l2: float = DEFAULT_L2) -> tuple[Calibration, CalibrationReport]:
+    """Fit a ``Calibration`` on labelled rows, measuring its effect by k-fold cross-validation.
+
+    For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds; each
+    fold is scored by a fit on the other folds, and the pooled held-out scores are compared
+    with the uncalibrated ones. The saved T and biases come from a final fit on all rows.
+
+    Args:
+        predictions: a pcd output with ``<f>__probs`` columns (``pcd label --all-probs``),
+            uncalibrated.
+        gold: id column and one column per field with human labels (see ``evaluate``).
+        schema: the fields and labels (``None``: from the predictions, as in ``evaluate``).
+        metadata: the predictions' key-value metadata (``pcd.model``, ``pcd.schema_sha256``,
+            ``pcd.prompt_head_sha256``, ``pcd.scoring``), recorded in the calibration.
+        folds: cross-validation folds (>= 2). seed: the shuffle's seed. l2: bias penalty.
+
+    Raises:
+        CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
+            or ``<f>__raw_prob`` columns), no ``<f>__probs``, metadata lacking a key or made
+            with another schema than ``schema``, fewer rows than folds for a field.
+        InputError: see ``evaluate``.
+    """
+    if folds < 2:
+        raise CalibrationError(f"--folds must be at least 2, got {folds}")
+    if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):
+        raise CalibrationError("these predictions were made with a calibration already; fitting needs the raw "
+                               "probabilities: label again without --calibration")
+    missing = [key for key in CHECKED_KEYS.values() if not metadata.get(key)]
+    if missing:
+        raise CalibrationError(f"the predictions' metadata lacks {', '.join(missing)}; a calibration must name the "
+                               "model, schema, prompt head and scoring it is for: use a pcd output")
+    if schema is not None and metadata["pcd.schema_sha256"] != schema.source_sha256:
+        raise CalibrationError(f"the predictions were labelled with another schema than {schema.name!r} "
+                               f"(pcd.schema_sha256 {metadata['pcd.schema_sha256'][:12]}..., the schema's "
+                               f"{schema.source_sha256[:12]}...); label the gold rows with this schema")
+    specs = field_specs(predictions, schema)
+    joined = join(predictions, gold, specs, id_field=id_field)
+    fitted, reports = {}, []
+    for data in joined.fields:
+        fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2)
+        fitted[data.spec.name] = fc
+        reports.append(report)
+    calibration = Calibration(pcd_version=__version__, model=metadata["pcd.model"],
+                              schema_sha256=metadata["pcd.schema_sha256"],
+                              prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
+                              fields=fitted)
+    report = CalibrationReport(fields=tuple(reports), fields_without_gold=joined.fields_without_gold,
+                               gold_rows=joined.gold_rows, matched=joined.matched,
+                               gold_without_prediction=joined.gold_without_prediction,
+                               skipped={d.spec.name: {"gold_null": d.gold_null, "gold_invalid": d.gold_invalid}
+                                        for d in joined.fields})
+    return calibration, report
+
+
+def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float) -> tuple[FieldCalibration, FieldCalibrationReport]:
+    name, labels, n = data.spec.name, data.spec.labels, len(data.gold)
+    if data.probs is None:
+        raise CalibrationError(f"field {name!r}: the predictions have no {name}__probs column; label with "
+                               "--all-probs (pcd calibrate without --predictions does)")
+    if n < folds:
+        raise CalibrationError(f"field {name!r}: {n} rows with gold labels, fewer than --folds {folds}; add gold "
+                               "rows or lower --folds")
+    order = np.random.default_rng(seed).permutation(n)
+    held_out = np.zeros_like(data.probs)
+    for part in np.array_split(order, folds):
+        train = np.setdiff1d(order, part, assume_unique=True)
+        t, b = fit_temperature_biases(data.probs[train], data.gold[train], l2=l2)
+        held_out[part] = softmax(calibrate_logits(data.probs[part], t, b))
+    raw = data.probs / np.maximum(data.probs.sum(axis=1, keepdims=True), M.PROB_FLOOR)
+    before, before_bins = scores(raw, data.gold, labels)
+    after, after_bins = scores(held_out, data.gold, labels)
+    t, b = fit_temperature_biases(data.probs, data.gold, l2=l2)
+    cv = {"folds": folds, "seed": seed, "n": n,
+          "before": {k: v for k, v in before.__dict__.items()}, "after": {k: v for k, v in after.__dict__.items()}}
+    fc = FieldCalibration(name, labels, t, tuple(float(x) for x in b), n, cv)
+    return fc, FieldCalibrationReport(name, labels, n, folds, before, after, tuple(before_bins), tuple(after_bins), t,
+                                      tuple(float(x) for x in b))

@@ -1,0 +1,51 @@
+"""Before/after: two evaluations of the same gold rows side by side (``pcd eval --compare``)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .evaluate import EvalReport
+
+#: The figures compared, as (FieldReport attribute, column title, higher is better).
+FIGURES = (("accuracy", "accuracy", True), ("macro_f1", "macro-F1", True), ("ece", "ECE", False),
+           ("nll", "NLL", False), ("auroc", "AUROC", True))
+
+
+def comparison_rows(before: EvalReport, after: EvalReport) -> list[dict]:
+    """One dict per field present in both reports: ``{"field", "n_before", "n_after",
+    "<figure>": (before, after)}`` for every figure of ``FIGURES`` (``None`` where unknown)."""
+    rows = []
+    after_fields = {f.field: f for f in after.fields}
+    for b in before.fields:
+        a = after_fields.get(b.field)
+        if a is None:
+            continue
+        row = {"field": b.field, "n_before": b.n, "n_after": a.n}
+        for attr, _, _ in FIGURES:
+            row[attr] = (getattr(b, attr), getattr(a, attr))
+        rows.append(row)
+    return rows
+
+
+def render_comparison(before: EvalReport, after: EvalReport, console: Console, *,
+                      before_name: str = "before", after_name: str = "after") -> None:
+    """A table per field: each figure before and after, the better one in green."""
+    table = Table(title=f"{escape(before_name)} -> {escape(after_name)} (same gold rows)")
+    table.add_column("field")
+    table.add_column("n", justify="right")
+    for _, title, _ in FIGURES:
+        table.add_column(title, justify="right")
+    for row in comparison_rows(before, after):
+        cells = []
+        for attr, _, higher in FIGURES:
+            b, a = row[attr]
+            if b is None or a is None:
+                cells.append("-")
+                continue
+            better = (a > b) if higher else (a < b)
+            cells.append(f"{b:.3f} -> " + (f"[green]{a:.3f}[/]" if better else f"{a:.3f}"))
+        n = str(row["n_after"]) if row["n_before"] == row["n_after"] else f"{row['n_before']}/{row['n_after']}"
+        table.add_row(escape(row["field"]), n, *cells)
+    console.print(table)

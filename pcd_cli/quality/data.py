@@ -1,0 +1,349 @@
+"""Gold and prediction files -> aligned arrays per field, with every dropped row counted.
+
+A *predictions* frame is a pcd output Parquet read with pandas: an id column, then per field
+``<f>``, ``<f>__prob``, ``<f>__mass``, optionally ``<f>__probs`` (a list of ``(label, prob)``
+pairs in the schema's label order) and ``<f>__raw_prob``, then ``__truncated``. A *gold*
+frame has an id column and one column per field that has human labels: booleans as JSON
+booleans or the strings ``true``/``false`` (any case), enums as the exact label strings.
+Ids are matched as strings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InputError
+from ..io import InputSpec, _csv_rows, _jsonl_rows, detect_format
+from ..schema import Schema
+
+#: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
+METADATA_ATTR = "metadata"
+#: Metadata key holding the compact JSON ``{field: [labels...]}`` (written by ``Labeler.metadata``).
+SCHEMA_JSON_KEY = "pcd.schema_json"
+#: Distinct invalid gold values quoted per field in reports.
+MAX_INVALID_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What evaluation needs of a field: its name, labels in schema order, and type."""
+
+    name: str
+    labels: tuple[str, ...]
+    is_boolean: bool
+
+
+@dataclass(frozen=True)
+class FieldData:
+    """One field's evaluated rows, aligned (``n`` rows: matched, gold not null, gold a label).
+
+    Attributes:
+        spec: the field.
+        ids: (n,) record ids as strings.
+        gold: (n,) int64 gold label indices into ``spec.labels``.
+        pred: (n,) int64 predicted label indices.
+        prob: (n,) float64 ``<f>__prob``, the chosen label's probability.
+        mass: (n,) float64 ``<f>__mass``, the candidate mass.
+        probs: (n, k) float64 ``<f>__probs`` in label order, or ``None`` without that column.
+        gold_null: matched rows whose gold value is null/empty (not evaluated).
+        gold_invalid: matched rows whose gold value is not a label (not evaluated).
+        invalid_values: up to ``MAX_INVALID_EXAMPLES`` (value, count) pairs, most frequent first.
+    """
+
+    spec: FieldSpec
+    ids: np.ndarray
+    gold: np.ndarray
+    pred: np.ndarray
+    prob: np.ndarray
+    mass: np.ndarray
+    probs: np.ndarray | None
+    gold_null: int
+    gold_invalid: int
+    invalid_values: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Predictions and gold matched by id.
+
+    Attributes:
+        fields: one ``FieldData`` per field present in both files, schema order.
+        fields_without_gold: fields of the predictions with no gold column.
+        gold_rows, prediction_rows: rows in each input.
+        matched: gold rows with a prediction.
+        gold_without_prediction, predictions_without_gold: unmatched rows of each side.
+        unmatched_gold_ids: up to 5 ids of gold rows with no prediction (for messages).
+        id_column: the predictions' id column.
+    """
+
+    fields: tuple[FieldData, ...]
+    fields_without_gold: tuple[str, ...]
+    gold_rows: int
+    prediction_rows: int
+    matched: int
+    gold_without_prediction: int
+    predictions_without_gold: int
+    unmatched_gold_ids: tuple[str, ...]
+    id_column: str
+
+
+def read_predictions(path: str | Path) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Read a pcd output Parquet: the frame (metadata also in ``df.attrs[METADATA_ATTR]``) and its
+    key-value metadata.
+
+    Raises:
+        InputError: missing or not a Parquet file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{str(path)!r}: no such predictions file")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc}); predictions must be a pcd "
+                         "output (pcd label ... -o FILE.parquet)") from None
+    metadata = {k.decode(errors="replace"): v.decode(errors="replace")
+                for k, v in (table.schema.metadata or {}).items() if not k.startswith(b"ARROW:")}
+    frame = table.to_pandas()
+    frame.attrs[METADATA_ATTR] = metadata
+    return frame, metadata
+
+
+def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None) -> pd.DataFrame:
+    """Read a gold file (JSONL, CSV or Parquet) into a frame, every column kept.
+
+    JSONL values keep their JSON types; CSV cells are strings (an empty cell is null).
+
+    Raises:
+        InputError: missing file, unknown format, an unreadable row (names its line), no
+            ``id_field`` column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{str(path)!r}: no such gold file")
+    kind = detect_format(path, fmt)
+    if kind == "parquet":
+        try:
+            frame = pq.read_table(path).to_pandas()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from None
+    else:
+        spec = InputSpec(text_field=id_field)
+        rows = []
+        for line, row in (_jsonl_rows if kind == "jsonl" else _csv_rows)(path, spec):
+            if isinstance(row, str):
+                raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
+            rows.append({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row)
+        frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
+    if id_field not in frame.columns:
+        raise InputError(f"{str(path)!r}: no id column {id_field!r} (columns: {', '.join(map(str, frame.columns))}); "
+                         "pass --id-field")
+    return frame
+
+
+def field_specs(predictions: pd.DataFrame, schema: Schema | None) -> list[FieldSpec]:
+    """The fields to evaluate: from ``schema`` if given, else from the predictions' metadata
+    (``pcd.schema_json``), else from the columns (``<f>`` next to ``<f>__prob``; labels from
+    ``<f>__probs``, or ``true``/``false`` for a boolean column).
+
+    Raises:
+        InputError: a schema field has no column in the predictions; the labels of a field
+            cannot be found (pass the schema).
+    """
+    columns = set(map(str, predictions.columns))
+    if schema is not None:
+        missing = [f.name for f in schema.fields if f.name not in columns or f"{f.name}__prob" not in columns]
+        if len(missing) == len(schema.fields):
+            raise InputError(f"the predictions have no column of schema {schema.name!r} (fields: "
+                             f"{', '.join(f.name for f in schema.fields)}); were they labelled with this schema?")
+        if missing:
+            raise InputError(f"the predictions have no column {missing[0]!r} of the schema; were they labelled "
+                             "with this schema?")
+        return [FieldSpec(f.name, tuple(f.labels), f.is_boolean) for f in schema.fields]
+    meta = predictions.attrs.get(METADATA_ATTR) or {}
+    names = [c for c in map(str, predictions.columns) if f"{c}__prob" in columns and f"{c}__mass" in columns]
+    if not names:
+        raise InputError("the predictions have no pcd field columns (<field>, <field>__prob, <field>__mass); "
+                         "is this a pcd output?")
+    declared: dict = {}
+    if SCHEMA_JSON_KEY in meta:
+        try:
+            declared = json.loads(meta[SCHEMA_JSON_KEY])
+        except ValueError:
+            declared = {}
+    specs = []
+    for name in names:
+        is_bool = pd.api.types.is_bool_dtype(predictions[name].dtype)
+        labels = declared.get(name) if isinstance(declared, dict) else None
+        if not labels and is_bool:
+            labels = ["true", "false"]
+        if not labels and f"{name}__probs" in columns:
+            first = next((cell for cell in predictions[f"{name}__probs"] if _is_present(cell)), None)
+            labels = [label for label, _ in first] if first is not None else None
+        if not labels:
+            raise InputError(f"field {name!r}: the labels are not recorded in the predictions; pass --schema")
+        specs.append(FieldSpec(name, tuple(map(str, labels)), is_bool))
+    return specs
+
+
+def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], *,
+         id_field: str = "id") -> Joined:
+    """Match gold rows to predictions by id (as strings) and align each field's arrays.
+
+    The predictions' id column is ``id_field`` if it has one, else ``row`` (outputs labelled
+    without ``--id-field``).
+
+    Raises:
+        InputError: no id column; duplicate ids on either side; no gold rows, or no gold id
+            among the predictions; no field in both files; a
+            prediction value that is not a label; ``<f>__probs`` labels that differ from the
+            field's.
+    """
+    if id_field not in gold.columns:
+        raise InputError(f"the gold rows have no id column {id_field!r}; pass --id-field")
+    pred_id = id_field if id_field in predictions.columns else "row" if "row" in predictions.columns else None
+    if pred_id is None:
+        raise InputError(f"the predictions have no id column {id_field!r} (nor 'row'); pass the --id-field "
+                         "used when labelling")
+    pred_ids = _id_strings(predictions[pred_id], "predictions", pred_id)
+    gold_ids = _id_strings(gold[id_field], "gold", id_field)
+    pred_pos = {rid: i for i, rid in enumerate(pred_ids)}
+    gold_pos = {rid: i for i, rid in enumerate(gold_ids)}
+    matched_gold = np.array([i for i, rid in enumerate(gold_ids) if rid in pred_pos], dtype=np.int64)
+    matched_pred = np.array([pred_pos[gold_ids[i]] for i in matched_gold], dtype=np.int64)
+    unmatched = [rid for rid in gold_ids if rid not in pred_pos]
+    if not gold_ids:
+        raise InputError("the gold file has no rows")
+    if not len(matched_gold):
+        seen = f"e.g. {pred_ids[0]!r} in column {pred_id!r}" if pred_ids else "none: the predictions have no rows"
+        raise InputError(f"no gold id matches a prediction id (gold ids e.g. {gold_ids[0]!r} in column {id_field!r}; "
+                         f"prediction ids {seen}); pass the --id-field used when labelling")
+    fields, without = [], []
+    for spec in specs:
+        if spec.name not in gold.columns:
+            without.append(spec.name)
+            continue
+        fields.append(_field_data(spec, predictions, gold, matched_pred, matched_gold, gold_ids))
+    if not fields:
+        raise InputError(f"no field has a gold column (fields: {', '.join(s.name for s in specs)}; gold columns: "
+                         f"{', '.join(map(str, gold.columns))})")
+    return Joined(fields=tuple(fields), fields_without_gold=tuple(without), gold_rows=len(gold_ids),
+                  prediction_rows=len(pred_ids), matched=len(matched_gold),
+                  gold_without_prediction=len(unmatched),
+                  predictions_without_gold=sum(1 for rid in pred_ids if rid not in gold_pos),
+                  unmatched_gold_ids=tuple(unmatched[:5]), id_column=pred_id)
+
+
+def _is_present(value) -> bool:
+    if value is None or value is pd.NA or value is pd.NaT:
+        return False
+    if isinstance(value, float) and math.isnan(value):
+        return False
+    return not (isinstance(value, str) and value.strip() == "")
+
+
+def _id_strings(column: pd.Series, side: str, name: str) -> list[str]:
+    ids = []
+    for i, value in enumerate(column.tolist()):
+        if not _is_present(value):
+            raise InputError(f"{side} row {i}: the id column {name!r} is empty")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # a numeric column read as float (e.g. a CSV with gaps)
+        ids.append(str(value))
+    dupes = [rid for rid, n in Counter(ids).items() if n > 1]
+    if dupes:
+        raise InputError(f"{side}: id {dupes[0]!r} occurs more than once in column {name!r}; ids must be unique")
+    return ids
+
+
+def gold_label_index(value, spec: FieldSpec) -> int | None:
+    """Index of a gold value in ``spec.labels``; ``None`` when it is not a label.
+
+    Booleans: ``True``/``False`` or the strings ``true``/``false`` in any case. Enums: the
+    exact label string.
+    """
+    if spec.is_boolean:
+        if isinstance(value, (bool, np.bool_)):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = value.strip().lower()
+        else:
+            return None
+    elif isinstance(value, str):
+        text = value
+    else:
+        return None
+    try:
+        return spec.labels.index(text)
+    except ValueError:
+        return None
+
+
+def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, matched_pred: np.ndarray,
+                matched_gold: np.ndarray, gold_ids: list[str]) -> FieldData:
+    gold_values = gold[spec.name].tolist()
+    keep_gold, keep_pred, gold_idx = [], [], []
+    null = 0
+    invalid: Counter = Counter()
+    for g, p in zip(matched_gold.tolist(), matched_pred.tolist()):
+        value = gold_values[g]
+        if not _is_present(value):
+            null += 1
+            continue
+        index = gold_label_index(value, spec)
+        if index is None:
+            invalid[repr(value) if not isinstance(value, str) else value] += 1
+            continue
+        keep_gold.append(g)
+        keep_pred.append(p)
+        gold_idx.append(index)
+    rows = np.array(keep_pred, dtype=np.int64)
+    pred_values = predictions[spec.name].to_numpy(dtype=object)[rows] if len(rows) else []
+    pred_idx = []
+    for value, r in zip(pred_values, rows.tolist()):
+        if spec.is_boolean and isinstance(value, (bool, np.bool_)):
+            value = "true" if value else "false"
+        if not isinstance(value, str) or value not in spec.labels:
+            raise InputError(f"predictions row {r}: field {spec.name!r} holds {value!r}, not one of its labels "
+                             f"({', '.join(spec.labels)}); were they labelled with this schema?")
+        pred_idx.append(spec.labels.index(value))
+    prob = _float_column(predictions, f"{spec.name}__prob", rows)
+    mass = _float_column(predictions, f"{spec.name}__mass", rows) if f"{spec.name}__mass" in predictions else \
+        np.full(len(rows), np.nan)
+    probs = None
+    if f"{spec.name}__probs" in predictions.columns:
+        cells = predictions[f"{spec.name}__probs"].to_numpy(dtype=object)[rows] if len(rows) else []
+        probs = np.zeros((len(rows), len(spec.labels)), dtype=np.float64)
+        for i, (cell, r) in enumerate(zip(cells, rows.tolist())):
+            pairs = dict(cell.items()) if isinstance(cell, dict) else dict(cell) if _has_pairs(cell) else None
+            if pairs is None or set(pairs) != set(spec.labels):
+                raise InputError(f"predictions row {r}: {spec.name}__probs has labels "
+                                 f"{sorted(pairs) if pairs else None}, the field has {list(spec.labels)}")
+            probs[i] = [pairs[label] for label in spec.labels]
+    return FieldData(spec=spec, ids=np.array([gold_ids[g] for g in keep_gold], dtype=object),
+                     gold=np.array(gold_idx, dtype=np.int64), pred=np.array(pred_idx, dtype=np.int64),
+                     prob=prob, mass=mass, probs=probs, gold_null=null, gold_invalid=sum(invalid.values()),
+                     invalid_values=tuple(invalid.most_common(MAX_INVALID_EXAMPLES)))
+
+
+def _has_pairs(cell) -> bool:
+    return cell is not None and not isinstance(cell, (str, float)) and hasattr(cell, "__iter__")
+
+
+def _float_column(frame: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
+    if name not in frame.columns:
+        raise InputError(f"the predictions have no column {name!r}; is this a pcd output?")
+    values = frame[name].to_numpy(dtype=np.float64, na_value=np.nan)[rows] if len(rows) else np.zeros(0)
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0) | (values > 1 + 1e-6))
+    if bad.size:
+        raise InputError(f"predictions row {int(rows[bad[0]])}: {name} is {values[bad[0]]!r}, not a probability")
+    return values

@@ -1,0 +1,212 @@
+"""Classification and calibration metrics on label indices and probabilities (numpy only).
+
+Conventions: ``gold`` and ``pred`` are (n,) int arrays of label indices in ``[0, k)``;
+``confidence`` is (n,) the probability of the chosen label; ``probs`` is (n, k), rows in
+label order. Undefined values (no rows, one class for AUROC) are ``None``, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Bins of the expected calibration error (Guo et al. 2017 use 15).
+ECE_BINS = 15
+#: Probabilities are floored here before taking logs (NLL, calibration).
+PROB_FLOOR = 1e-12
+
+
+@dataclass(frozen=True)
+class LabelScores:
+    """Per-label scores. precision = tp / predicted, recall = tp / support, f1 their harmonic
+    mean; 0.0 where the denominator is 0 (scikit-learn's ``zero_division=0``)."""
+
+    label: str
+    precision: float
+    recall: float
+    f1: float
+    support: int  #: gold rows with this label
+    predicted: int  #: rows predicted as this label
+
+
+@dataclass(frozen=True)
+class ReliabilityBin:
+    """One equal-width confidence bin ``(lower, upper]`` (the first also holds 0)."""
+
+    lower: float
+    upper: float
+    count: int
+    accuracy: float | None  #: share of correct rows in the bin; None when empty
+    confidence: float | None  #: mean chosen-label probability in the bin; None when empty
+
+
+@dataclass(frozen=True)
+class SelectivePoint:
+    """Accuracy on the ``n`` highest-scored rows (``n = ceil(coverage * rows)``).
+
+    Rows tied with the last one kept count by their share (expected accuracy under random
+    tie-breaking), so the figure does not depend on row order.
+    """
+
+    coverage: float
+    n: int
+    accuracy: float | None
+
+
+@dataclass(frozen=True)
+class TargetPoint:
+    """The lowest score threshold whose kept rows (score >= threshold) reach ``target`` accuracy.
+
+    ``threshold`` is ``None`` (and coverage 0) when no threshold reaches it.
+    """
+
+    target: float
+    threshold: float | None
+    coverage: float
+    n: int
+    accuracy: float | None
+
+
+def accuracy(gold: np.ndarray, pred: np.ndarray) -> float | None:
+    """Share of rows with ``pred == gold``."""
+    return float(np.mean(gold == pred)) if len(gold) else None
+
+
+def confusion_matrix(gold: np.ndarray, pred: np.ndarray, k: int) -> np.ndarray:
+    """(k, k) int64 counts; row = gold label, column = predicted label."""
+    matrix = np.zeros((k, k), dtype=np.int64)
+    np.add.at(matrix, (gold, pred), 1)
+    return matrix
+
+
+def label_scores(gold: np.ndarray, pred: np.ndarray, labels: tuple[str, ...]) -> list[LabelScores]:
+    """Precision, recall, F1, support per label, from the confusion matrix."""
+    matrix = confusion_matrix(gold, pred, len(labels))
+    out = []
+    for j, label in enumerate(labels):
+        tp, support, predicted = int(matrix[j, j]), int(matrix[j].sum()), int(matrix[:, j].sum())
+        p = tp / predicted if predicted else 0.0
+        r = tp / support if support else 0.0
+        f1 = 2 * p * r / (p + r) if p + r else 0.0
+        out.append(LabelScores(label, p, r, f1, support, predicted))
+    return out
+
+
+def macro_f1(scores: list[LabelScores]) -> float | None:
+    """Unweighted mean F1 over the labels present in the gold or the predictions (as
+    scikit-learn's ``f1_score(average="macro", zero_division=0)`` without ``labels=``):
+    a label nobody used neither helps nor hurts."""
+    used = [s.f1 for s in scores if s.support or s.predicted]
+    return float(np.mean(used)) if used else None
+
+
+def majority(gold: np.ndarray, k: int) -> tuple[int, float] | None:
+    """(label index, share) of the most frequent gold label (ties: first in label order)."""
+    if not len(gold):
+        return None
+    counts = np.bincount(gold, minlength=k)
+    best = int(np.argmax(counts))
+    return best, float(counts[best] / len(gold))
+
+
+def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> list[ReliabilityBin]:
+    """Equal-width bins ``((m-1)/M, m/M]`` of the chosen label's probability (a 0 goes in the first)."""
+    index = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
+    out = []
+    for m in range(bins):
+        mask = index == m
+        count = int(mask.sum())
+        out.append(ReliabilityBin(m / bins, (m + 1) / bins, count,
+                                  float(correct[mask].mean()) if count else None,
+                                  float(confidence[mask].mean()) if count else None))
+    return out
+
+
+def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float | None:
+    """Expected calibration error: ``sum_m |B_m|/n * |acc(B_m) - conf(B_m)|`` over equal-width
+    bins of the chosen label's probability (Guo et al. 2017, "On Calibration of Modern Neural
+    Networks", eq. 3)."""
+    n = len(confidence)
+    if not n:
+        return None
+    return float(sum(b.count / n * abs(b.accuracy - b.confidence)
+                     for b in reliability_bins(confidence, correct, bins) if b.count))
+
+
+def brier_multiclass(probs: np.ndarray, gold: np.ndarray) -> float | None:
+    """Multi-class Brier score (Brier 1950): mean over rows of ``sum_j (p_j - [j = gold])^2``;
+    0 is perfect, 2 the worst. For two labels it is twice the binary form."""
+    if not len(gold):
+        return None
+    onehot = np.zeros_like(probs)
+    onehot[np.arange(len(gold)), gold] = 1.0
+    return float(np.mean(np.sum((probs - onehot) ** 2, axis=1)))
+
+
+def brier_top_label(confidence: np.ndarray, correct: np.ndarray) -> float | None:
+    """Binary Brier score of the chosen label: mean of ``(p_chosen - [chosen is correct])^2``
+    (used when the full distribution, ``<f>__probs``, is not in the output); 0..1."""
+    return float(np.mean((confidence - correct) ** 2)) if len(correct) else None
+
+
+def nll(probs: np.ndarray, gold: np.ndarray) -> float | None:
+    """Mean negative log-likelihood ``-log p(gold)``, natural log, probabilities floored at 1e-12."""
+    if not len(gold):
+        return None
+    return float(np.mean(-np.log(np.maximum(probs[np.arange(len(gold)), gold], PROB_FLOOR))))
+
+
+def auroc(score: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve of ``score`` for ``positive`` (bool), by the Mann-Whitney U
+    statistic with average ranks for ties. ``None`` when only one class is present."""
+    positive = positive.astype(bool)
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return None
+    order = np.argsort(score, kind="mergesort")
+    sorted_scores = score[order]
+    ranks = np.empty(len(score), dtype=np.float64)
+    start = 0
+    while start < len(score):  # average ranks over runs of equal scores
+        end = start
+        while end + 1 < len(score) and sorted_scores[end + 1] == sorted_scores[start]:
+            end += 1
+        ranks[order[start:end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def selective_accuracy(score: np.ndarray, correct: np.ndarray, coverage: float) -> SelectivePoint:
+    """Accuracy on the ``ceil(coverage * n)`` rows of highest ``score`` (ties shared, see
+    ``SelectivePoint``)."""
+    n = len(score)
+    m = min(n, max(1, math.ceil(coverage * n - 1e-9))) if n else 0
+    if not m:
+        return SelectivePoint(coverage, 0, None)
+    cut = np.sort(score)[::-1][m - 1]
+    above = score > cut
+    tied = score == cut
+    a, b = int(above.sum()), int(tied.sum())
+    hits = correct[above].sum() + (m - a) * correct[tied].sum() / b
+    return SelectivePoint(coverage, m, float(hits / m))
+
+
+def threshold_for_accuracy(score: np.ndarray, correct: np.ndarray, target: float) -> TargetPoint:
+    """Lowest threshold ``t`` among the scores such that rows with ``score >= t`` have
+    accuracy >= ``target`` (the largest coverage reaching it)."""
+    n = len(score)
+    best = TargetPoint(target, None, 0.0, 0, None)
+    if not n:
+        return best
+    order = np.argsort(-score, kind="mergesort")
+    s, c = score[order], correct[order].astype(np.float64)
+    hits = np.cumsum(c)
+    ends = np.flatnonzero(np.r_[s[1:] != s[:-1], True])  # last index of each run of equal scores
+    for end in ends:
+        acc = hits[end] / (end + 1)
+        if acc >= target - 1e-12:
+            best = TargetPoint(target, float(s[end]), float((end + 1) / n), int(end + 1), float(acc))
+    return best

@@ -1,0 +1,93 @@
+"""Reliability diagrams (matplotlib, Agg backend; the optional extra ``pcd-cli[plot]``).
+
+Each diagram shows, per equal-width bin of the chosen label's probability, the share of
+correct rows as a bar against the diagonal of perfect calibration, with the bin's row
+count written above its bar.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import InputError, MissingExtra
+from .metrics import ReliabilityBin
+
+
+def require_matplotlib():
+    """Import matplotlib with the Agg backend and return ``pyplot``.
+
+    Raises:
+        MissingExtra: matplotlib is not installed (says ``pip install 'pcd-cli[plot]'``).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtra("--plot needs matplotlib: pip install 'pcd-cli[plot]'") from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw(ax, bins: tuple[ReliabilityBin, ...], title: str, ece: float | None) -> None:
+    width = bins[0].upper - bins[0].lower
+    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="perfect calibration")
+    for b in bins:
+        if not b.count:
+            continue
+        ax.bar(b.lower, b.accuracy, width=width, align="edge", color="tab:blue", edgecolor="black", linewidth=0.5)
+        ax.text(b.lower + width / 2, min(b.accuracy + 0.02, 0.97), str(b.count), ha="center", va="bottom", fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("probability of the chosen label")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title + (f" (ECE {ece:.3f})" if ece is not None else ""), fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+
+
+def _out_dir(directory: str | Path) -> Path:
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--plot {str(directory)!r}: cannot create the folder ({exc.strerror})") from None
+    return directory
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "field"
+
+
+def eval_plots(report, directory: str | Path) -> list[Path]:
+    """One reliability diagram PNG per field of an ``EvalReport``: ``<dir>/<field>.reliability.png``."""
+    plt = require_matplotlib()
+    directory = _out_dir(directory)
+    written = []
+    for f in report.fields:
+        fig, ax = plt.subplots(figsize=(5, 4.5))
+        _draw(ax, f.bins, f"{f.field}: {f.n} rows", f.ece)
+        path = directory / f"{_safe(f.field)}.reliability.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def calibration_plots(report, directory: str | Path) -> list[Path]:
+    """Before/after reliability diagrams (cross-validated) per field of a ``CalibrationReport``:
+    ``<dir>/<field>.calibration.png``."""
+    plt = require_matplotlib()
+    directory = _out_dir(directory)
+    written = []
+    for f in report.fields:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
+        _draw(left, f.before_bins, f"{f.field}: before", f.before.ece)
+        _draw(right, f.after_bins, f"{f.field}: after ({f.folds}-fold CV)", f.after.ece)
+        path = directory / f"{_safe(f.field)}.calibration.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,123 @@
+"""Rich tables for ``pcd eval`` and ``pcd calibrate`` (the CLI only calls these)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _table(title: str) -> Table:
+    """A table whose title is never wrapped (it is at least as wide as its title)."""
+    return Table(title=title, title_justify="left", min_width=len(title))
+
+
+def _f(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_eval(report, console: Console) -> None:
+    """Summary table (a column per field), then per field: labels, confusion, selective prediction."""
+    console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
+                  f"({report.prediction_rows} predictions; {report.gold_without_prediction} gold rows without "
+                  f"prediction, {report.predictions_without_gold} predictions without gold)", highlight=False)
+    summary = _table("pcd eval")
+    summary.add_column("metric")
+    for f in report.fields:
+        summary.add_column(escape(f.field), justify="right")
+    rows = [
+        ("rows evaluated", lambda f: str(f.n)),
+        ("gold null / not a label", lambda f: f"{f.gold_null} / {f.gold_invalid}"),
+        ("accuracy", lambda f: _f(f.accuracy)),
+        ("majority baseline", lambda f: f"{_f(f.majority_accuracy)} {escape(f.majority_label or '')}"),
+        ("macro-F1", lambda f: _f(f.macro_f1)),
+        ("mean probability", lambda f: _f(f.mean_prob)),
+        ("mean candidate mass", lambda f: _f(f.mean_mass)),
+        ("ECE (15 bins)", lambda f: _f(f.ece)),
+        ("Brier", lambda f: _f(f.brier) + ("" if f.brier_form == "multiclass" else " *")),
+        ("NLL", lambda f: _f(f.nll)),
+        ("AUROC (prob, correct)", lambda f: _f(f.auroc)),
+    ]
+    for name, cell in rows:
+        summary.add_row(name, *(cell(f) for f in report.fields))
+    console.print(summary)
+    if any(f.brier_form != "multiclass" for f in report.fields):
+        console.print("* Brier of the chosen label only: no <field>__probs column (label with --all-probs for the "
+                      "multi-class Brier and the NLL)", highlight=False)
+    for f in report.fields:
+        _field_tables(f, console)
+    if report.fields_without_gold:
+        console.print("fields without gold labels: " + escape(", ".join(report.fields_without_gold)), highlight=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def _field_tables(f, console: Console) -> None:
+    if not f.n:
+        console.print(f"{escape(f.field)}: no row with a gold label", highlight=False)
+        return
+    labels = _table(f"{escape(f.field)}: per label")
+    labels.add_column("label")
+    for name in ("precision", "recall", "F1", "support", "predicted"):
+        labels.add_column(name, justify="right")
+    for s in f.per_label:
+        labels.add_row(escape(s.label), _f(s.precision), _f(s.recall), _f(s.f1), str(s.support), str(s.predicted))
+    console.print(labels)
+    confusion = _table(f"{escape(f.field)}: confusion (rows: gold, columns: predicted)")
+    confusion.add_column("gold")
+    for name in f.labels:
+        confusion.add_column(escape(name), justify="right")
+    for name, row in zip(f.labels, f.confusion):
+        confusion.add_row(escape(name), *map(str, row))
+    console.print(confusion)
+    selective = _table(f"{escape(f.field)}: selective prediction (keep the highest-ranked rows)")
+    selective.add_column("ranked by")
+    for point in f.by_prob.points:
+        selective.add_column(f"acc@{point.coverage:.0%}", justify="right")
+    target = f.by_prob.target
+    if target is not None:
+        selective.add_column(f"threshold for {target.target:.0%}", justify="right")
+        selective.add_column("coverage", justify="right")
+    for sel in (f.by_prob, f.by_mass):
+        if sel is None:
+            continue
+        cells = [_f(p.accuracy) for p in sel.points]
+        if sel.target is not None:
+            t = sel.target
+            cells += ["not reached", "0%"] if t.threshold is None else [f"{t.threshold:.4f}", f"{t.coverage:.1%}"]
+        selective.add_row(f"__{sel.score}", *cells)
+    console.print(selective)
+
+
+def render_calibration(report, console: Console) -> None:
+    """Per field: the cross-validated scores before and after, then the final T and biases."""
+    from .calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
+
+    for f in report.fields:
+        table = _table(f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV)")
+        for name in ("metric", "before", "after"):
+            table.add_column(name, justify="left" if name == "metric" else "right")
+        for name, attr in (("accuracy", "accuracy"), ("macro-F1", "macro_f1"), ("ECE (15 bins)", "ece"),
+                           ("NLL", "nll")):
+            table.add_row(name, _f(getattr(f.before, attr)), _f(getattr(f.after, attr)))
+        console.print(table)
+        biases = ", ".join(f"{escape(label)} {value:+.3f}" for label, value in zip(f.labels, f.biases))
+        console.print(f"{escape(f.field)}: temperature {f.temperature:.3f}; biases {biases}", highlight=False)
+        if f.temperature >= MAX_TEMPERATURE * 0.999:
+            console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its bound: the "
+                          "model's probabilities carry no usable signal on these rows (higher probability is not "
+                          "more often right), so the calibration only sets the label priors", highlight=False)
+        elif f.temperature <= MIN_TEMPERATURE * 1.001:
+            console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its lower bound: "
+                          "the gold rows are separated perfectly and the fit sharpens the probabilities as far as "
+                          "allowed; add gold rows before trusting it", highlight=False)
+    if report.gold_without_prediction:
+        console.print(f"{report.gold_without_prediction} gold rows had no prediction and were not used",
+                      highlight=False)
+    for name, skipped in report.skipped.items():
+        if skipped["gold_null"] or skipped["gold_invalid"]:
+            console.print(f"field {escape(name)}: {skipped['gold_null']} rows with no gold value and "
+                          f"{skipped['gold_invalid']} with a value that is not a label were not used", highlight=False)
+    if report.fields_without_gold:
+        console.print("not calibrated (no gold column): " + escape(", ".join(report.fields_without_gold)),
+                      highlight=False)

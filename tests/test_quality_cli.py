@@ -1,0 +1,184 @@
+"""``pcd eval`` and ``pcd calibrate`` end to end, in process (hand-written outputs; one embedded-model run)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+import pcd_cli.backends
+import pcd_cli.backends.torch_backend
+from pcd_cli.cli import app
+from pcd_cli.io import output_schema
+from pcd_cli.quality import Calibration
+from pcd_cli.schema import load_schema, parse_schema
+
+from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def pcd(*args, code: int = 0):
+    result = runner.invoke(app, [str(a) for a in args], prog_name="pcd", env={"COLUMNS": "100"})
+    if result.exit_code != code:
+        pytest.fail(f"pcd {' '.join(map(str, args))}: exit {result.exit_code}, expected {code}\n"
+                    f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}\n{result.exception!r}")
+    return result
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(pcd_cli.backends, "load_backend", refuse)
+    monkeypatch.setattr(pcd_cli.backends.torch_backend, "load_backend", refuse)
+
+
+def write_predictions(path: Path, df, meta: dict[str, str]) -> Path:
+    """A Parquet file shaped exactly like ``pcd label --all-probs`` output (flag without __probs)."""
+    arrow = output_schema(SCHEMA, "id", pa.string(), all_probs=True)
+    arrow = arrow.remove(arrow.get_field_index("flag__probs")).with_metadata(meta)
+    cols = {name: df[name].tolist() for name in arrow.names}
+    pq.write_table(pa.Table.from_pydict(cols, schema=arrow), path)
+    return path
+
+
+@pytest.fixture
+def hand_files(tmp_path):
+    preds = write_predictions(tmp_path / "preds.parquet", hand_predictions(), metadata())
+    gold = tmp_path / "gold.jsonl"
+    rows = hand_gold().to_dict("records")
+    gold.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return preds, gold
+
+
+def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
+    preds, gold = hand_files
+    result = pcd("eval", preds, gold, "--target-accuracy", "0.8", "--json", tmp_path / "r.json",
+                 "--plot", tmp_path / "plots")
+    text = flat(result.stdout)
+    assert "6 of 8 gold rows matched a prediction (7 predictions; 2 gold rows without prediction, 1 " \
+           "predictions without gold)" in text
+    assert "│ accuracy │ 0.667 │ 1.000 │" in text
+    assert "│ majority baseline │ 0.500 A │ 0.500 true │" in text
+    assert "│ gold null / not a label │ 0 / 0 │ 1 / 1 │" in text
+    assert "│ __prob │ 1.000 │ 0.800 │ 0.667 │ 0.7100 │ 83.3% │" in text
+    assert "warning: field 'flag': 1 gold values are not labels: 'yes' (1)" in text
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert set(report) == {"id_field", "id_column", "gold_rows", "prediction_rows", "matched",
+                           "gold_without_prediction", "predictions_without_gold", "fields", "fields_without_gold",
+                           "metadata", "warnings"}
+    f = report["fields"]["f"]
+    assert f["accuracy"] == pytest.approx(4 / 6) and f["confusion"] == [[2, 1, 0], [1, 1, 0], [0, 0, 1]]
+    assert f["by_prob"]["target"] == {"target": 0.8, "threshold": pytest.approx(0.71), "coverage": pytest.approx(5 / 6),
+                                      "n": 5, "accuracy": 0.8}
+    assert report["metadata"]["pcd.model"] == "fake-model"
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["f.reliability.png", "flag.reliability.png"]
+    assert (tmp_path / "plots" / "f.reliability.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_gold_csv_and_parquet_and_schema(hand_files, tmp_path, no_model):
+    preds, _ = hand_files
+    gold = hand_gold()
+    gold["flag"] = gold["flag"].map(lambda v: "" if v is None else str(v))  # CSV: True -> 'True', None -> ''
+    gold.to_csv(tmp_path / "gold.csv", index=False)
+    assert "missing.yaml" in pcd("eval", preds, tmp_path / "gold.csv", "--schema", tmp_path / "missing.yaml",
+                                 code=2).stderr
+    result = pcd("eval", preds, tmp_path / "gold.csv", "--json", tmp_path / "csv.json")
+    csv_report = json.loads((tmp_path / "csv.json").read_text())
+    assert csv_report["fields"]["flag"]["n"] == 4 and csv_report["fields"]["flag"]["gold_null"] == 1
+    gold["flag"] = gold["flag"].astype(str)
+    gold["id"] = gold["id"].astype(str)
+    gold.to_parquet(tmp_path / "gold.parquet")
+    pcd("eval", preds, tmp_path / "gold.parquet", "--json", tmp_path / "pq.json")
+    assert json.loads((tmp_path / "pq.json").read_text())["fields"] == csv_report["fields"]
+
+
+def test_eval_bad_files_exit_2(hand_files, tmp_path, no_model):
+    preds, gold = hand_files
+    assert "no such gold file" in flat(pcd("eval", preds, tmp_path / "nope.jsonl", code=2).stderr)
+    (tmp_path / "bad.jsonl").write_text('{"id": 1, "f": "A"}\n{"id": 2, "f": \n')
+    assert "line 2: not valid JSON" in flat(pcd("eval", preds, tmp_path / "bad.jsonl", code=2).stderr)
+    assert "not a readable Parquet file" in flat(pcd("eval", gold, gold, code=2).stderr)
+    assert "no id column 'key'" in flat(pcd("eval", preds, gold, "--id-field", "key", code=2).stderr)
+    assert "--target-accuracy" in flat(pcd("eval", preds, gold, "--target-accuracy", "0", code=2).stderr)
+
+
+def test_plot_without_matplotlib_exits_3(hand_files, tmp_path, monkeypatch, no_model):
+    preds, gold = hand_files
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    result = pcd("eval", preds, gold, "--plot", tmp_path / "plots", code=3)
+    assert "--plot needs matplotlib: pip install 'pcd-cli[plot]'" in flat(result.stderr)
+    assert not (tmp_path / "plots").exists()
+
+
+def test_calibrate_from_predictions(tmp_path, no_model):
+    n = 300
+    probs, gold_idx = synthetic(n, 2.5, np.array([0.8, -0.3, -0.5]))
+    from .test_quality import frame
+
+    df = frame(range(n), f_probs=probs, flag=[True] * n, flag_prob=np.full(n, 0.7))
+    preds = write_predictions(tmp_path / "p.parquet", df, metadata())
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"id": str(i), "f": LABELS[g]}) + "\n" for i, g in enumerate(gold_idx)))
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"name": "hand", "fields": {
+        "f": {"type": "enum", "description": "a field", "labels": list(LABELS)},
+        "flag": {"type": "boolean", "description": "a flag"}}}))
+    assert load_schema(schema).source_sha256 == SCHEMA.source_sha256
+    result = pcd("calibrate", gold, "--schema", schema, "--predictions", preds, "-o", tmp_path / "cal.json",
+                 "--folds", "3", "--plot", tmp_path / "plots")
+    text = flat(result.stdout)
+    calibration = Calibration.load(tmp_path / "cal.json")
+    cv = calibration.fields["f"].cv
+    assert cv["folds"] == 3 and cv["after"]["ece"] < cv["before"]["ece"]
+    assert f"│ ECE (15 bins) │ {cv['before']['ece']:.3f} │ {cv['after']['ece']:.3f} │" in text
+    assert f"f: temperature {calibration.fields['f'].temperature:.3f}; biases A " in text
+    assert "not calibrated (no gold column): flag" in text
+    assert f"wrote {tmp_path / 'cal.json'} (sha256 {calibration.sha256[:12]}...)" in text
+    assert [p.name for p in (tmp_path / "plots").iterdir()] == ["f.calibration.png"]
+    calibration.check(metadata())
+    # predictions made with a calibration: refused, exit 2
+    write_predictions(tmp_path / "c.parquet", df, metadata(**{"pcd.calibration_sha256": calibration.sha256}))
+    result = pcd("calibrate", gold, "--schema", schema, "--predictions", tmp_path / "c.parquet", "-o",
+                 tmp_path / "cal2.json", code=2)
+    assert "made with a calibration already" in flat(result.stderr)
+    assert not (tmp_path / "cal2.json").exists()
+
+
+@pytest.mark.parametrize("command,words", [
+    ("eval", ["--id-field", "--target-accuracy", "--json", "--plot", "--schema"]),
+    ("calibrate", ["--schema", "--output", "--predictions", "--folds", "--seed", "--plot", "--id-field", "--model",
+                   "--scoring", "--text-field", "--template"]),
+])
+def test_help(command, words, no_model):
+    result = pcd(command, "--help")
+    for word in words:
+        assert word in result.stdout, word
+
+
+def test_calibrate_labels_gold_with_embedded_model(tmp_path):
+    lines = (ROOT / "sample_data" / "airline_tweets.jsonl").read_text().splitlines()[:20]
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("\n".join(lines) + "\n")
+    schema = ROOT / "schemas" / "airline_sentiment.yaml"
+    result = pcd("calibrate", gold, "--schema", schema, "-o", tmp_path / "cal.json", "--folds", "2")
+    calibration = Calibration.load(tmp_path / "cal.json")
+    assert calibration.model == "smollm2-135m-instruct"
+    assert calibration.schema_sha256 == load_schema(schema).source_sha256
+    assert calibration.scoring == "marginal"
+    fc = calibration.fields["sentiment"]
+    assert fc.n == 20 and fc.labels == ("NEGATIVE", "NEUTRAL", "POSITIVE") and fc.cv["folds"] == 2
+    assert "sentiment (20 rows, 2-fold CV)" in flat(result.stdout)
