@@ -21,7 +21,7 @@ import sys
 import typing
 from pathlib import Path
 
-from .errors import ModelError, SchemaError
+from .errors import MissingExtra, SchemaError
 from .schema import Schema, parse_schema
 
 
@@ -84,7 +84,7 @@ def load_model_schema(ref: str) -> Schema:
     Raises:
         SchemaError: no such file or model, the file fails to import, or the model is not
             a valid schema.
-        ModelError: the file needs pydantic and it is not installed (exit 3 with how to).
+        MissingExtra: the file needs pydantic and it is not installed (exit 3 with how to).
     """
     path_text, name = (ref, "") if ref.endswith(".py") else ref.rsplit(":", 1)
     path = Path(path_text)
@@ -101,7 +101,7 @@ def load_model_schema(ref: str) -> Schema:
     except ModuleNotFoundError as exc:
         sys.modules.pop(module_name, None)
         if exc.name == "pydantic":
-            raise ModelError(f"--schema {ref!r} needs pydantic: pip install 'pcd-cli[pydantic]'") from None
+            raise MissingExtra(f"--schema {ref!r} needs pydantic: pip install 'pcd-cli[pydantic]'") from None
         raise SchemaError(f"--schema {ref!r}: importing {str(path)!r} failed ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - the user's module can fail in any way; say where
         sys.modules.pop(module_name, None)

@@ -32,7 +32,7 @@ from pcd_cli.api import Labeler, RepeatedIdWarning, _as_record
 from pcd_cli.checkpoint import work_dir_for
 from pcd_cli.cli import app
 from pcd_cli.decode import Decoder, Record, RecordFailure
-from pcd_cli.errors import InputError, Interrupted, ModelError, SchemaError
+from pcd_cli.errors import InputError, Interrupted, MissingExtra, SchemaError
 from pcd_cli.io import InputSpec, RecordReader, read_records
 from pcd_cli.job import job_fingerprint, label_file
 from pcd_cli.schema import load_schema, parse_schema
@@ -544,7 +544,7 @@ def test_schema_option_loads_a_model_from_a_python_file(tmp_path, backend):
     with pytest.raises(SchemaError, match="importing .* failed"):
         load_schema(f"{tmp_path / 'needs.py'}:X")
     (tmp_path / "nopyd.py").write_text("raise ModuleNotFoundError('x', name='pydantic')\n")
-    with pytest.raises(ModelError, match="pip install 'pcd-cli\\[pydantic\\]'"):
+    with pytest.raises(MissingExtra, match="pip install 'pcd-cli\\[pydantic\\]'"):
         load_schema(f"{tmp_path / 'nopyd.py'}:X")
     (result,) = list(Labeler(Review, backend=backend).label(["Too pricey, but I love it."]))
     assert result.fields[0].value in ("negative", "neutral", "positive") and result.fields[1].value in (True, False)

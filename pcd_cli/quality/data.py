@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..io import InputSpec, _csv_rows, _jsonl_rows, detect_format
+from ..io import InputSpec, detect_format, read_table_rows
 from ..schema import Schema
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
@@ -139,7 +139,7 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None)
     else:
         spec = InputSpec(text_field=id_field)
         rows = []
-        for line, row in (_jsonl_rows if kind == "jsonl" else _csv_rows)(path, spec):
+        for line, row in read_table_rows(path, spec, fmt=fmt):  # compressed gold files too
             if isinstance(row, str):
                 raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
             rows.append({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row)
