@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import warnings
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -25,7 +26,14 @@ from . import __version__
 from .compile import CompiledSchema
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, FieldResult, Record, RecordFailure, RecordResult
 from .examples import resolve_examples
+from .io import InputSpec, _row_to_record
 from .schema import Example, Schema, load_schema
+from .values import RepeatedIds
+
+
+class RepeatedIdWarning(UserWarning):
+    """Items given to ``Labeler.label`` repeated an id (each was labelled on its own)."""
+
 
 #: Records handed to the decoder at a time (it packs them into passes by token budget).
 CHUNK_RECORDS = 64
@@ -35,7 +43,8 @@ class Labeler:
     """A schema compiled for a model, with the prompt head's KV cached.
 
     Args:
-        schema: a ``Schema`` or a path to a schema file.
+        schema: a ``Schema``, a path to a schema file, or a Pydantic model class
+            (``pcd_cli.schema_pydantic``).
         model: ``None`` (embedded SmolLM2-135M-Instruct), a ``.gguf`` file, a local model
             folder or a transformers model id.
         device: ``auto|cpu|cuda|mps``. dtype: ``auto|float32|bfloat16|float16``.
@@ -71,7 +80,14 @@ class Labeler:
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
                  template: str | None = None, calibration=None):
-        self.schema = schema if isinstance(schema, Schema) else load_schema(schema)
+        if isinstance(schema, Schema):
+            self.schema = schema
+        elif isinstance(schema, type):  # a Pydantic model class
+            from .schema_pydantic import schema_from_model
+
+            self.schema = schema_from_model(schema)
+        else:
+            self.schema = load_schema(schema)
         self.examples = tuple(self.schema.examples if examples is None else examples)
         shots = resolve_examples(self.examples, template)
         self.calibration = _load_calibration(calibration)
@@ -120,17 +136,25 @@ class Labeler:
 
         Items may be strings (ids are their positions), ``{"id": ..., "text": ...}`` dicts,
         ``Record`` values, or ``RecordFailure`` values (passed through, so that a reader's
-        failures stay in order).
+        failures stay in order). Texts and ids follow the file readers' rule
+        (``pcd_cli.values``): numbers and booleans in their JSON spelling (``7``, ``true``), a
+        list or object fails its item with a message naming it. Items that repeat an id are
+        labelled on their own; once all are done, a ``RepeatedIdWarning`` counts them.
         """
         if isinstance(items, (str, bytes)):
             raise TypeError("label() takes an iterable of texts or records, not a single string; "
                             "wrap it in a list: label([text])")
         iterator = iter(_as_record(i, item) for i, item in enumerate(items))
+        repeated = RepeatedIds()
         while True:
             chunk = list(islice(iterator, CHUNK_RECORDS))
             if not chunk:
-                return
+                break
+            for item in chunk:
+                repeated.add(item.id)
             yield from self.label_batch(chunk)
+        if repeated.count:
+            warnings.warn(repeated.message(), RepeatedIdWarning, stacklevel=2)
 
     def label_batch(self, batch: list[Record | RecordFailure]) -> list[RecordResult | RecordFailure]:
         """Label one batch eagerly; failures in the batch are passed through in place."""
@@ -207,16 +231,17 @@ def _load_calibration(calibration):
 
 
 def _as_record(index: int, item) -> Record | RecordFailure:
+    """An item of ``Labeler.label`` as a record, by the file readers' rule (``pcd_cli.values``):
+    a dict is a row with ``text`` and (optional) ``id`` columns; anything else is the text."""
     if isinstance(item, (Record, RecordFailure)):
         return item
-    if isinstance(item, (int, float)) and not isinstance(item, bool):
-        item = str(item)
-    if isinstance(item, str):
-        return Record(index, item.strip()) if item.strip() else RecordFailure(index, f"record {index}: no text")
     if isinstance(item, dict):
-        text = item.get("text")
-        rid = item.get("id", index)
-        if not isinstance(text, str) or not text.strip():
-            return RecordFailure(rid, f"record {rid!r}: no text")
-        return Record(rid, text.strip())
+        spec = _DICT_SPEC if "id" in item else _TEXT_SPEC
+        return _row_to_record(item, index, None, spec)
+    if item is None or isinstance(item, (str, bytes, bool, int, float, list, tuple)):
+        return _row_to_record({"text": item}, index, None, _TEXT_SPEC)
     raise TypeError(f"item {index}: expected str, dict or Record, got {type(item).__name__}")
+
+
+_TEXT_SPEC = InputSpec(text_field="text")
+_DICT_SPEC = InputSpec(text_field="text", id_field="id")

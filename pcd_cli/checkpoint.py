@@ -2,7 +2,8 @@
 
 A run writes into ``<output folder>/.<output name>.pcd-work/``::
 
-    manifest.json               fingerprint of the job, parts committed, counts
+    manifest.json               fingerprint of the job, parts committed, counts, and the
+                                SHA-256 of the raw input bytes of the rows committed
     part-000000.parquet         labelled rows of the first committed batch (output columns)
     part-000000.errors.jsonl    its failed rows (only when there are some)
     part-000000.trace.jsonl     its traces (only with --trace)
@@ -11,9 +12,12 @@ A run writes into ``<output folder>/.<output name>.pcd-work/``::
 A part is written under a temporary name, flushed to disk and renamed; then the manifest
 is replaced atomically (write, fsync, rename). A process killed at any moment (SIGKILL
 included) therefore leaves a manifest that counts only complete parts; files beyond it are
-deleted on resume and their batch is decoded again. The final outputs are assembled from
-the parts and renamed into place only when every input row is done; then the work
-directory is removed.
+deleted on resume and their batch is decoded again. A resumed run reads past the committed
+rows and checks their raw bytes against the manifest's hash (``pcd_cli.io.RecordReader``):
+an input edited in place (same size, mtime kept) discards the work instead of splicing old
+labels into the new output. The final outputs are assembled from the parts, flushed to
+disk, and renamed into place only when every input row is done; then the work directory is
+removed.
 """
 
 from __future__ import annotations
@@ -36,20 +40,23 @@ try:  # POSIX; elsewhere runs are not protected against a second process on the 
 except ImportError:  # pragma: no cover
     fcntl = None
 
-MANIFEST_FORMAT = 1
+#: 2: ``progress.input_sha256`` added (format 1 folders are discarded with a note).
+MANIFEST_FORMAT = 2
 #: Rows per row group of the final Parquet file (parts are small; the output is not).
 FINAL_ROW_GROUP_ROWS = 65_536
 
 
 @dataclass
 class Progress:
-    """What the committed parts hold. ``rows`` = input rows done = ``records + failures``."""
+    """What the committed parts hold. ``rows`` = input rows done = ``records + failures``;
+    ``input_sha256``: the running hash of those rows' raw bytes (``RecordReader.digest``)."""
 
     parts: int = 0
     rows: int = 0
     records: int = 0
     failures: int = 0
     truncated: int = 0
+    input_sha256: str = ""
 
 
 def work_dir_for(output: str | Path) -> Path:
@@ -147,6 +154,10 @@ class WorkDir:
         manifest = work._read_manifest()
         if manifest is None:
             work._reset()
+        elif manifest.get("format") != MANIFEST_FORMAT:
+            work.discarded = ("the unfinished run was made by another version of pcd; its work was discarded "
+                              "and the run starts over")
+            work._reset()
         elif not resume:
             work.discarded = (f"an unfinished run's {manifest['progress']['rows']} rows were discarded "
                               "(pass --resume to continue one)")
@@ -167,9 +178,15 @@ class WorkDir:
             manifest = orjson.loads((self.path / "manifest.json").read_bytes())
         except (OSError, orjson.JSONDecodeError):
             return None
-        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("progress"), dict):
             return None
         return manifest
+
+    def restart(self, reason: str) -> None:
+        """Discard the committed parts (the input they came from has changed): ``reason`` says why."""
+        self.discarded = (f"{reason}; the unfinished run's {self.progress.rows} rows were discarded and the run "
+                          "starts over")
+        self._reset()
 
     def _part_files(self) -> list[Path]:
         return [p for p in self.path.iterdir() if p.name.startswith("part-") or p.name.endswith(".tmp")]
@@ -195,10 +212,12 @@ class WorkDir:
         _write_atomic(self.path / "manifest.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
 
     # -- committing and reading back ---------------------------------------------------------
-    def commit(self, table: pa.Table, errors: list[dict], traces: list[dict], *, truncated: int) -> None:
+    def commit(self, table: pa.Table, errors: list[dict], traces: list[dict], *, truncated: int,
+               input_sha256: str = "") -> None:
         """Make one batch durable: its labelled rows, failed rows and traces, then the manifest.
 
-        ``table`` has the output columns; ``rows`` done grow by ``table.num_rows + len(errors)``.
+        ``table`` has the output columns; ``rows`` done grow by ``table.num_rows + len(errors)``;
+        ``input_sha256`` is the hash of the raw bytes of every row done, this batch's included.
         """
         index = self.progress.parts
         part = self._part(index, ".parquet")
@@ -214,7 +233,7 @@ class WorkDir:
         p = self.progress
         self.progress = Progress(parts=index + 1, rows=p.rows + table.num_rows + len(errors),
                                  records=p.records + table.num_rows, failures=p.failures + len(errors),
-                                 truncated=p.truncated + truncated)
+                                 truncated=p.truncated + truncated, input_sha256=input_sha256)
         self._write_manifest()
 
     def tables(self) -> Iterator[pa.Table]:
@@ -222,8 +241,18 @@ class WorkDir:
         for i in range(self.progress.parts):
             yield pq.read_table(self._part(i, ".parquet"), schema=self.arrow_schema)
 
+    def committed_ids(self) -> Iterator[object]:
+        """Ids of the committed rows, labelled and failed (``None`` where unreadable), part by part."""
+        for i in range(self.progress.parts):
+            yield from pq.read_table(self._part(i, ".parquet"), schema=self.arrow_schema).column(0).to_pylist()
+            errors = self._part(i, ".errors.jsonl")
+            if errors.is_file():
+                for line in errors.read_bytes().splitlines():
+                    yield orjson.loads(line).get("record")
+
     def _concat(self, ext: str, target: Path) -> bool:
-        """Concatenate the parts' ``ext`` files into ``target`` (atomically); False if there are none."""
+        """Concatenate the parts' ``ext`` files into ``target``, flushed to disk, renamed into
+        place; False if there are none."""
         sources = [p for p in (self._part(i, ext) for i in range(self.progress.parts)) if p.is_file()]
         if not sources:
             return False
@@ -233,7 +262,10 @@ class WorkDir:
             for src in sources:
                 with src.open("rb") as fh:
                     shutil.copyfileobj(fh, out)
+            out.flush()
+            os.fsync(out.fileno())  # durable before the work folder holding the parts is deleted
         os.replace(tmp, target)
+        _fsync_dir(target.parent)
         return True
 
     def write_errors(self, target: Path) -> bool:
@@ -267,6 +299,7 @@ class WorkDir:
         if trace_path is not None and not self._concat(".trace.jsonl", trace_path):
             trace_path.unlink(missing_ok=True)
         sink.close()  # the Parquet output last: its presence means the run is complete
+        _fsync_dir(output.parent)  # every rename above is durable before the parts go
         shutil.rmtree(self.path, ignore_errors=True)
         self.close()
 

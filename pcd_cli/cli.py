@@ -2,7 +2,8 @@
 
 Exit codes: 0 done; 1 more failures than --max-errors, or no record could be labelled
 (``inspect-schema --strict``: any warning); 2 bad schema, input or option; 3 model or
-compile problem; 130 interrupted (resumable).
+compile problem; 4 internal error (a bug: one line on stderr, the traceback in the
+``--log-format json`` log); 130 interrupted (resumable).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Optional
 
 import orjson
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 
@@ -25,7 +27,61 @@ from .errors import (CompileError, InputError, Interrupted, MissingExtra, ModelE
                      SchemaError, TooManyErrors)
 from .job import DEFAULT_BATCH_RECORDS
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+#: Exit code of an unexpected internal exception (a bug), apart from 1 (--max-errors).
+EXIT_INTERNAL = 4
+
+
+def _json_log_requested(args: list[str]) -> bool:
+    """Whether the command line asks for ``--log-format json`` (read raw: parsing may have failed)."""
+    return "--log-format=json" in args or any(a == "--log-format" and b == "json" for a, b in zip(args, args[1:]))
+
+
+def _log_json(level: str, event: str, fields: dict) -> None:
+    line = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "level": level,
+            "event": event, **fields}
+    sys.stderr.write(orjson.dumps(line, default=str).decode() + "\n")
+    sys.stderr.flush()
+
+
+try:  # typer >= 0.20 carries its own copy of click
+    from typer._click.exceptions import ClickException as _ClickException
+    from typer._click.exceptions import UsageError as _UsageError
+except ImportError:  # pragma: no cover - older typer on click
+    from click import ClickException as _ClickException
+    from click import UsageError as _UsageError
+
+
+class _Group(typer.core.TyperGroup):
+    """Usage errors as one JSON line when ``--log-format json`` is on the command line; an
+    unexpected exception as exit 4 with a one-line message (traceback in the JSON log)."""
+
+    def invoke(self, ctx):
+        args = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
+        as_json = _json_log_requested(args)
+        try:
+            return super().invoke(ctx)
+        except _UsageError as exc:
+            if not as_json:
+                raise
+            _log_json("error", "usage_error", {"message": exc.format_message(), "exit_code": exc.exit_code})
+            raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort, _ClickException, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, reported as one
+            import traceback
+
+            message = (f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+                       "this is a bug in pcd, please report it")
+            if as_json:
+                _log_json("error", "internal_error", {"message": message, "exit_code": EXIT_INTERNAL,
+                                                      "traceback": traceback.format_exc()})
+            else:
+                err.print(f"[bold red]error:[/] {escape(message)} (--log-format json shows the traceback)",
+                          highlight=False)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
                   help="Label records with closed schemas (booleans, enums) using parallel constrained decoding.")
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
@@ -62,6 +118,10 @@ class Format(str, Enum):
     jsonl = "jsonl"
     csv = "csv"
     parquet = "parquet"
+    jsonl_gz = "jsonl.gz"
+    jsonl_zst = "jsonl.zst"
+    csv_gz = "csv.gz"
+    csv_zst = "csv.zst"
 
 
 MODEL_OPT = typer.Option(None, "--model", "-m", help="transformers model id, local model folder or .gguf file "
@@ -138,10 +198,7 @@ class Reporter:
     def __call__(self, event: str, fields: dict, level: str = "info") -> None:
         if self.json:
             if level != "info" or not self.quiet:
-                line = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                        "level": level, "event": event, **fields}
-                sys.stderr.write(orjson.dumps(line, default=str).decode() + "\n")
-                sys.stderr.flush()
+                _log_json(level, event, fields)
             return
         if event == "resumed":
             text = f"resuming: {fields['rows']} rows were done by an earlier run ({fields['work_dir']})"
@@ -162,9 +219,11 @@ def _resume_command() -> str:
 
 @app.command()
 def label(
-    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet (--engine ray: also a folder "
-                                 "or a glob of them)."),
-    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
+    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet (.jsonl/.csv may end in .gz "
+                                 "or .zst), or - for standard input (with --format); --engine ray: also a folder "
+                                 "or a glob of them."),
+    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON), or models.py:Model "
+                                "(a Pydantic model)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output Parquet file "
                                           "(default: <input stem>.labels.parquet next to the input; --engine ray: a folder)."),
     model: Optional[str] = MODEL_OPT,
@@ -172,7 +231,9 @@ def label(
     dtype: DType = DTYPE_OPT,
     backend: BackendKind = BACKEND_OPT,
     scoring: Scoring = SCORING_OPT,
-    fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension)."),
+    fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension; "
+                                         "required for -)."),
+    csv_delimiter: str = typer.Option(",", "--csv-delimiter", help="CSV field separator, e.g. ';' or '\\t'."),
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
                                            "e.g. 'Subject: {subject}\\n\\n{body}'."),
@@ -218,10 +279,11 @@ def label(
 
     Exit codes: 0 done (some rows may be in the errors file); 1 more failures than --max-errors,
     or no row could be labelled; 2 bad option, schema or input; 3 model or compile problem;
-    130 interrupted (SIGINT/SIGTERM) after committing the current batch: rerun with --resume.
+    4 internal error (a bug); 130 interrupted (SIGINT/SIGTERM) after committing the current
+    batch: rerun with --resume.
     """
     from .api import Labeler
-    from .io import InputSpec, detect_format
+    from .io import InputSpec, detect_format, is_stdin
     from .checkpoint import work_dir_for
     from .job import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
                       stop_on_signals)
@@ -230,15 +292,21 @@ def label(
     report = Reporter(log_format, quiet)
     if quiet or report.json:
         progress = False if progress is None or report.json else progress
-    output = output or default_output(input)
-    errors = errors or default_errors(output)
+    stdin = is_stdin(input)
+    output = output or (None if stdin else default_output(input))
+    errors = errors or (default_errors(output) if output else None)
     labeler_options = dict(model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                            scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
                            template=template, calibration=calibration)
     if engine is Engine.ray:
+        if stdin or output is None:
+            report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},
+                   "error")
+            raise typer.Exit(2)
         stats = _label_ray(input, schema, output, errors, labeler_options, report, fmt=fmt.value if fmt else None,
-                           spec_args=dict(text_field=text_field, template=template, id_field=id_field, limit=limit),
+                           spec_args=dict(text_field=text_field, template=template, id_field=id_field, limit=limit,
+                                          csv_delimiter=csv_delimiter),
                            examples=examples, shots=shots, seed=seed, all_probs=all_probs, min_mass=min_mass,
                            resume=resume, trace=trace, max_errors=max_errors, batch_size=batch_size,
                            progress=bool(progress), address=ray_address, workers=workers, worker_cpus=worker_cpus,
@@ -246,14 +314,17 @@ def label(
         return _done(report, stats, input, output, errors, quiet)
     try:
         with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
+            if output is None:
+                raise InputError("reading standard input (-) needs -o: the output file")
             if (workers, worker_cpus, worker_gpus) != (1, 1.0, 0.0):
                 raise InputError("--workers, --worker-cpus and --worker-gpus apply to --engine ray only")
-            spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit)
+            spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit,
+                             csv_delimiter=csv_delimiter)
             parsed = load_schema(schema)
             check_columns(parsed, id_column(spec), all_probs=all_probs)
             for warning in parsed.warnings:
                 report("warning", {"message": warning}, "warning")
-            if not input.is_file():
+            if not stdin and not input.is_file():
                 raise InputError(f"{str(input)!r}: " + ("is a folder, not a file" if input.is_dir() else
                                                         "no such input file"))
             detect_format(input, fmt.value if fmt else None)
@@ -303,6 +374,9 @@ def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quie
         report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
     if stats.failures:
         report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
+    if stats.repeated_ids.count:
+        report("warning", {"message": stats.repeated_ids.message(), "repeated_ids": stats.repeated_ids.count},
+               "warning")
 
 
 def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,

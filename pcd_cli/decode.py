@@ -211,14 +211,22 @@ class Decoder:
     # -- preparing and grouping ------------------------------------------------------------
     def _estimate_wave_costs(self) -> tuple[list[int], int]:
         """Tokens per record fed in each wave (wave 0 without the record part), and positions
-        used after the record part (answer lines plus the deepest forest token), following
-        label 0 of each field."""
-        plans = self.compiled.default_plans()
-        prev = plans[0]
+        used after the record part (answer lines plus the deepest forest token), following in
+        each field the label whose written answer line is longest in tokens, so that the
+        estimate bounds every record's answers (it sizes the context and the passes)."""
+        compiled = self.compiled
+        encode = compiled.tokenizer.encode
+        text = compiled.prompt.tail_text
+        prev = compiled.wave_plan(0, text)
         costs = [prev.n_tokens]
         advance = 0
         positions = max(max(f.depths) + 1 for f in prev.forests)
-        for plan in plans[1:]:
+        for w in range(1, len(compiled.schema.waves)):
+            for fi in compiled.schema.waves[w - 1]:
+                n_labels = len(compiled.schema.fields[fi].labels)
+                text += max((compiled.written_line(fi, label) for label in range(n_labels)),
+                            key=lambda line: len(encode(text + line)))
+            plan = compiled.wave_plan(w, text)
             costs.append(plan.n_tokens + len(plan.context_ids) - len(prev.context_ids))
             advance += len(plan.context_ids) - len(prev.context_ids)
             positions = max(positions, advance + max(max(f.depths) + 1 for f in plan.forests))

@@ -3,7 +3,8 @@
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
 -> 2, ``CalibrationError`` -> 2, ``ModelError`` -> 3, ``MissingExtra`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
--> 1, ``EngineError`` -> 1, ``Interrupted`` -> 130. ``RecordError`` is per record: the record goes to the errors file and the run goes on.
+-> 1, ``EngineError`` -> 1, ``Interrupted`` -> 130; any other exception is a bug -> 4 (``pcd_cli.cli``).
+``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
 
 

@@ -1,22 +1,30 @@
-"""Streaming input (JSONL, CSV, Parquet) and output (Parquet, JSONL).
+"""Streaming input (JSONL, CSV, Parquet; plain, gzip or zstd; a file or standard input) and
+output (Parquet).
 
 Inputs are read row by row (orjson for JSONL, the standard ``csv`` module, pyarrow for
-Parquet), so memory does not grow with file size. Every input row ends up either as a
-``Record`` or as a ``RecordFailure`` naming its line or row and the problem. The Parquet
-output is written row group by row group into a temporary file in the target folder and
-renamed over the target at the end (atomic on POSIX).
+Parquet), so memory does not grow with file size; compressed inputs are decompressed as
+they stream, never unpacked to disk. Every input row ends up either as a ``Record`` or as a
+``RecordFailure`` naming its line or row and the problem. ``RecordReader`` keeps a running
+SHA-256 of the raw bytes of the rows it has read, so that a resumed run can check that the
+rows it reads past are those an earlier run labelled. The Parquet output is written row
+group by row group into a temporary file in the target folder and renamed over the target
+at the end (atomic on POSIX).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import itertools
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from string import Formatter
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import orjson
 import pyarrow as pa
@@ -25,10 +33,17 @@ import pyarrow.parquet as pq
 from .decode import Record, RecordFailure, RecordResult
 from .errors import InputError
 from .schema import Schema
+from .values import CellError, cell_text
 
 FORMATS = ("jsonl", "csv", "parquet")
+#: Compressions read as streams: name -> the magic bytes a stream of it starts with.
+COMPRESSIONS = {"gz": b"\x1f\x8b", "zst": b"\x28\xb5\x2f\xfd"}
+#: Everything ``--format`` accepts: a format, or a text format with its compression.
+FORMAT_CHOICES = FORMATS + tuple(f"{f}.{c}" for f in ("jsonl", "csv") for c in COMPRESSIONS)
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet",
               ".pq": "parquet"}
+#: The input path that means standard input.
+STDIN = "-"
 
 
 @dataclass(frozen=True)
@@ -41,14 +56,21 @@ class InputSpec:
             the escapes ``\\n`` and ``\\t`` typed literally on a command line are honoured.
         id_field: column holding the record id; ``None`` numbers rows from 0.
         limit: stop after this many rows (``None``: all).
+        csv_delimiter: the CSV field separator, one character (``\\t`` typed literally means tab).
     """
 
     text_field: str = "text"
     template: str | None = None
     id_field: str | None = None
     limit: int | None = None
+    csv_delimiter: str = ","
 
     def __post_init__(self) -> None:
+        delimiter = _unescape(self.csv_delimiter)
+        if len(delimiter) != 1 or delimiter in "\"\r\n":
+            raise InputError(f"--csv-delimiter {self.csv_delimiter!r}: give one character other than a quote "
+                             "or a line break, e.g. ';' or '\\t'")
+        object.__setattr__(self, "csv_delimiter", delimiter)
         if self.template is None:
             return
         try:
@@ -68,34 +90,51 @@ class InputSpec:
         return cols + ([self.id_field] if self.id_field else [])
 
 
-def detect_format(path: Path, fmt: str | None) -> str:
-    """The input format: ``fmt`` if given, else from the extension.
+def is_stdin(path: str | Path) -> bool:
+    """Whether ``path`` is ``-`` (standard input)."""
+    return str(path) == STDIN
+
+
+def input_kind(path: str | Path, fmt: str | None) -> tuple[str, str | None]:
+    """``(format, compression)`` of an input: from ``fmt`` if given (``csv``, ``jsonl.gz`` ...),
+    else from the file name (``x.csv.zst`` -> ``('csv', 'zst')``). Standard input needs ``fmt``.
+
+    Raises:
+        InputError: unknown format or extension; standard input without ``--format``.
+    """
+    if fmt:
+        if fmt not in FORMAT_CHOICES:
+            raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMAT_CHOICES)}")
+        base, _, compression = fmt.partition(".")
+        return base, compression or None
+    if is_stdin(path):
+        raise InputError(f"reading standard input needs --format ({'|'.join(FORMAT_CHOICES)})")
+    path = Path(path)
+    compression = path.suffix.lower().lstrip(".")
+    stem = path
+    if compression in COMPRESSIONS:
+        stem = path.with_suffix("")
+    else:
+        compression = None
+    found = EXTENSIONS.get(stem.suffix.lower())
+    if found is None or (compression and found == "parquet"):
+        what = "".join(path.suffixes[-2:]) if compression else path.suffix
+        raise InputError(f"{str(path)!r}: cannot tell the format from the extension {what!r}; "
+                         f"pass --format ({'|'.join(FORMAT_CHOICES)})")
+    return found, compression
+
+
+def detect_format(path: str | Path, fmt: str | None) -> str:
+    """The input format (``jsonl``, ``csv`` or ``parquet``; see ``input_kind``).
 
     Raises:
         InputError: unknown format or extension.
     """
-    if fmt:
-        if fmt not in FORMATS:
-            raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-        return fmt
-    found = EXTENSIONS.get(path.suffix.lower())
-    if found is None:
-        raise InputError(f"{str(path)!r}: cannot tell the format from the extension {path.suffix!r}; "
-                         f"pass --format ({'|'.join(FORMATS)})")
-    return found
+    return input_kind(path, fmt)[0]
 
 
 def _unescape(template: str) -> str:
     return template.replace("\\n", "\n").replace("\\t", "\t")
-
-
-def _utf8(value: object) -> str:
-    """A cell as text; bytes (and strings carrying undecodable bytes) must be valid UTF-8."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8")
-    text = value if isinstance(value, str) else str(value)
-    text.encode("utf-8")  # raises on the lone surrogates that stand for undecodable bytes
-    return text
 
 
 def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> Record | RecordFailure:
@@ -106,15 +145,16 @@ def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> 
         if rid is None or rid == "":
             return RecordFailure(None, f"{where}: id column {spec.id_field!r} is missing or empty", index, line)
         try:
-            rid = _utf8(rid)
-        except UnicodeError:
-            return RecordFailure(None, f"{where}: the id is not valid UTF-8", index, line)
+            rid = cell_text(rid, f"id column {spec.id_field!r}")
+        except CellError as exc:
+            return RecordFailure(None, f"{where}: {exc}", index, line)
     try:
         if spec.template is not None:
-            missing = [c for c in spec.columns_needed() if c != spec.id_field and row.get(c) is None]
+            needed = spec.columns_needed()
+            missing = [c for c in needed if c != spec.id_field and row.get(c) is None]
             if missing:
                 return RecordFailure(rid, f"{where}: template column {missing[0]!r} is missing or null", index, line)
-            values = {k: _utf8(v) for k, v in row.items() if k in spec.columns_needed()}
+            values = {k: cell_text(v, f"template column {k!r}") for k, v in row.items() if k in needed}
             if not any(v.strip() for k, v in values.items() if k != spec.id_field):
                 return RecordFailure(rid, f"{where}: the template's columns are all empty", index, line)
             text = _unescape(spec.template).format_map(values)
@@ -122,9 +162,12 @@ def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> 
             value = row.get(spec.text_field)
             if value is None:
                 return RecordFailure(rid, f"{where}: text field {spec.text_field!r} is missing or null", index, line)
-            text = _utf8(value)
-    except UnicodeError:
-        return RecordFailure(rid, f"{where}: the text has bytes that are not valid UTF-8", index, line)
+            text = cell_text(value, f"text field {spec.text_field!r}")
+    except CellError as exc:
+        message = str(exc)
+        if message.endswith("not valid UTF-8"):
+            message = "the text has bytes that are not valid UTF-8"
+        return RecordFailure(rid, f"{where}: {message}", index, line)
     except (KeyError, IndexError, ValueError) as exc:
         return RecordFailure(rid, f"{where}: template cannot be filled ({exc})", index, line)
     text = text.strip()
@@ -133,52 +176,219 @@ def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> 
     return Record(rid, text, index, line)
 
 
+#: A raw row: (1-based start line or None, the row's columns or the reason it is unusable,
+#: the raw bytes read for it since the previous row: blank lines and a CSV header included).
+RawRow = tuple[int | None, "dict | str", bytes]
+
+
+class RecordReader:
+    """One input, read as batches of records (or failures for unusable rows), in input order.
+
+    Every row becomes exactly one item, numbered from 0 (``Record.row``); blank lines are
+    not rows. A row that cannot be used (malformed JSON, a CSV row with the wrong number of
+    fields, a missing or empty text, a text that is a list or an object, bytes that are not
+    UTF-8) becomes a ``RecordFailure`` naming its line (JSONL, CSV) or row (Parquet) and
+    the problem; reading goes on.
+
+    ``digest`` is the SHA-256 (hex) of the raw bytes of the rows read so far: for JSONL and
+    CSV the decompressed bytes from the start of the input to the end of the last row read
+    (a CSV's byte order mark excepted), for Parquet the rows' needed columns as JSON.
+
+    Args:
+        path: a file, or ``-`` for standard input (then ``fmt`` is required).
+        fmt: format (``jsonl``, ``csv``, ``parquet``, ``jsonl.gz`` ...; default: from the name).
+        batch_size: items per batch.
+
+    Raises:
+        InputError: the input as a whole cannot be used: missing, unknown format, not
+            Parquet, or (CSV/Parquet) a needed column absent from the header. Raised when
+            the reader is made (missing file, format) or on the first read (columns).
+    """
+
+    def __init__(self, path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256):
+        self.path = path if is_stdin(path) else Path(path)
+        if not is_stdin(path) and not self.path.is_file():
+            raise InputError(f"{str(path)!r}: " + ("is a folder, not a file" if self.path.is_dir()
+                                                   else "no such input file"))
+        self.kind, self.compression = input_kind(path, fmt)
+        if self.kind == "parquet" and is_stdin(path):
+            raise InputError("Parquet cannot be read from standard input (it is read from its end); "
+                             "write it to a file and pass the file")
+        self.spec = spec
+        self.batch_size = batch_size
+        self.rows_read = 0
+        self._hash = hashlib.sha256()
+        self._rows = self._open()
+        self._replay: list[RawRow] = []  # rows read past that are read again (``skip(replay=...)``)
+        self._marks: dict[int, str] = {}  # digest after each of the last rows read
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the raw bytes of the rows read so far."""
+        return self._hash.hexdigest()
+
+    def _open(self) -> Iterator[RawRow]:
+        rows = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[self.kind]
+        return rows(self.path, self.spec, self.compression)
+
+    def digest_after(self, rows: int) -> str:
+        """SHA-256 (hex) of the raw bytes of the first ``rows`` rows, for ``rows`` among the last
+        few read (within two batches of the furthest row read).
+
+        Raises:
+            ValueError: ``rows`` is not among them.
+        """
+        if rows not in self._marks:
+            raise ValueError(f"no digest kept after row {rows} (rows read: {self.rows_read})")
+        return self._marks[rows]
+
+    def _next_raw(self) -> RawRow | None:
+        if self.spec.limit is not None and self.rows_read >= self.spec.limit:
+            return None
+        if self._replay:  # already hashed when read past
+            self.rows_read += 1
+            return self._replay.pop(0)
+        raw = next(self._rows, None)
+        if raw is not None:
+            self._hash.update(raw[2])
+            self.rows_read += 1
+            self._marks[self.rows_read] = self._hash.hexdigest()
+            self._marks.pop(self.rows_read - 2 * self.batch_size - 1, None)
+        return raw
+
+    def skip(self, rows: int, digest: str | None = None, *, replay: int = 0) -> str | None:
+        """Read past the first ``rows`` rows (resuming); check them against ``digest`` if given.
+
+        Args:
+            replay: when they match, the last ``replay`` of them are read again (the job
+                re-decodes the committed part of the chunk in flight, so that chunks keep
+                their place counted from row 0).
+
+        Returns:
+            ``None`` when they match (or ``digest`` is ``None``): reading goes on after them
+            (less ``replay``). Otherwise the reason they do not, and the reader is back at
+            row 0 (a file is opened again; standard input replays the rows read past, held
+            in memory).
+        """
+        kept: list[RawRow] | None = [] if is_stdin(self.path) else None
+        tail: list[RawRow] = []
+        reason = None
+        while self.rows_read < rows:
+            raw = self._next_raw()
+            if raw is None:
+                reason = f"the input now has {self.rows_read} rows, fewer than the {rows} rows done"
+                break
+            if kept is not None:
+                kept.append(raw)
+            if replay:
+                tail = (tail + [raw])[-replay:]
+        if reason is None and (digest is None or self.digest == digest):
+            if replay:
+                self._replay = tail
+                self.rows_read -= len(tail)
+            return None
+        if reason is None:
+            reason = f"the input's first {rows} rows are not those the unfinished run labelled (their content changed)"
+        self._hash, self.rows_read = hashlib.sha256(), 0
+        if kept is None:
+            self.close()
+            self._rows = self._open()
+        else:
+            self._rows = itertools.chain(kept, self._rows)
+        return reason
+
+    def __iter__(self) -> Iterator[list[Record | RecordFailure]]:
+        batch: list[Record | RecordFailure] = []
+        while True:
+            index = self.rows_read
+            raw = self._next_raw()
+            if raw is None:
+                break
+            line, row, _ = raw
+            if isinstance(row, str):
+                where = f"row {index}" if line is None else f"line {line}"
+                batch.append(RecordFailure(None, f"{where}: {row}", index, line))
+            else:
+                batch.append(_row_to_record(row, index, line, self.spec))
+            if len(batch) >= self.batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def close(self) -> None:
+        """Close the input (also done when it is read to its end)."""
+        close = getattr(self._rows, "close", None)
+        if close is not None:
+            close()
+
+
 def read_records(path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256,
                  skip: int = 0) -> Iterator[list[Record | RecordFailure]]:
-    """Stream ``path`` as batches of records, or failures for unusable rows, in input order.
-
-    Every row becomes exactly one item, numbered from 0 (``Record.row``); blank lines are not
-    rows. A row that cannot be used (malformed JSON, a CSV row with the wrong number of
-    fields, a missing or empty text, bytes that are not UTF-8) becomes a ``RecordFailure``
-    naming its line (JSONL, CSV) or row (Parquet) and the problem; reading goes on.
+    """Stream ``path`` as batches of records, or failures for unusable rows, in input order
+    (a ``RecordReader`` read to its end; see there).
 
     Args:
         skip: rows already done (resuming): they are read past, not returned.
 
     Raises:
-        InputError: the file as a whole cannot be used: missing, unknown format, not
-            Parquet, or (CSV/Parquet) a needed column absent from the header.
+        InputError: see ``RecordReader``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{str(path)!r}: no such input file")
-    kind = detect_format(path, fmt)
-    rows = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[kind](path, spec)
-    batch: list[Record | RecordFailure] = []
-    for index, (line, row) in enumerate(rows):
-        if spec.limit is not None and index >= spec.limit:
-            break
-        if index < skip:
-            continue
-        if isinstance(row, str):
-            where = f"row {index}" if line is None else f"line {line}"
-            batch.append(RecordFailure(None, f"{where}: {row}", index, line))
+    reader = RecordReader(path, spec, fmt=fmt, batch_size=batch_size)
+    try:
+        reader.skip(skip)
+        yield from reader
+    finally:
+        reader.close()
+
+
+@contextmanager
+def _binary(path: str | Path, compression: str | None) -> Iterator[BinaryIO]:
+    """The input's bytes, decompressed as they are read. Standard input is sniffed for gzip
+    and zstd magic bytes when ``--format`` names no compression."""
+    if is_stdin(path):
+        raw, owned = sys.stdin.buffer, None
+        if not hasattr(raw, "peek"):  # a stand-in for stdin (tests, embedding): make it peekable
+            raw = io.BufferedReader(raw)
+        if compression is None:
+            head = raw.peek(4)[:4]
+            compression = next((c for c, magic in COMPRESSIONS.items() if head.startswith(magic)), None)
+    else:
+        try:
+            raw = owned = open(path, "rb")
+        except OSError as exc:
+            raise InputError(f"{str(path)!r}: cannot read it ({exc.strerror})") from exc
+    try:
+        if compression == "gz":
+            import gzip
+
+            yield gzip.GzipFile(fileobj=raw, mode="rb")
+        elif compression == "zst":
+            try:
+                import zstandard
+            except ImportError:
+                raise InputError("reading .zst input needs the zstandard package: pip install zstandard") from None
+            yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True),
+                                    buffer_size=1 << 16)
         else:
-            batch.append(_row_to_record(row, index, line, spec))
-        if len(batch) >= batch_size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+            yield raw
+    finally:
+        if owned is not None:
+            owned.close()
 
 
-#: A raw row: (1-based start line or None, the row's columns or the reason it is unusable).
-RawRow = tuple[int | None, "dict | str"]
+def _damaged(path: str | Path, compression: str | None, exc: Exception) -> InputError:
+    name = "standard input" if is_stdin(path) else repr(str(path))
+    what = {"gz": "gzip", "zst": "zstd"}.get(compression or "", "")
+    return InputError(f"{name}: the {what + ' ' if what else ''}stream is damaged or cut short ({exc}); "
+                      "the rows before it were read")
 
 
-def read_table_rows(path: str | Path, spec: InputSpec, *, fmt: str | None = None) -> Iterator[RawRow]:
+def read_table_rows(path: str | Path, spec: InputSpec, *,
+                    fmt: str | None = None) -> Iterator[tuple[int | None, "dict | str"]]:
     """Every row of ``path`` as ``(line, columns)`` or ``(line, reason it is unusable)``, all
-    columns kept (gold files: the text columns and the label columns together).
+    columns kept (gold files: the text columns and the label columns together). Compressed
+    files are read as by ``RecordReader``.
 
     Raises:
         InputError: as ``read_records``.
@@ -186,7 +396,7 @@ def read_table_rows(path: str | Path, spec: InputSpec, *, fmt: str | None = None
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{str(path)!r}: no such file")
-    kind = detect_format(path, fmt)
+    kind, compression = input_kind(path, fmt)
     if kind == "parquet":
         try:
             table = pq.read_table(path)
@@ -194,7 +404,8 @@ def read_table_rows(path: str | Path, spec: InputSpec, *, fmt: str | None = None
             raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from exc
         _check_columns(path, table.schema.names, spec)
         return ((None, row) for row in table.to_pylist())
-    return {"jsonl": _jsonl_rows, "csv": _csv_rows}[kind](path, spec)
+    rows = {"jsonl": _jsonl_rows, "csv": _csv_rows}[kind](path, spec, compression)
+    return ((line, row) for line, row, _ in rows)
 
 
 def row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> Record | RecordFailure:
@@ -202,89 +413,145 @@ def row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> R
     return _row_to_record(row, index, line, spec)
 
 
-def _jsonl_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
-    with path.open("rb") as fh:
-        for number, line in enumerate(fh, start=1):
+def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = None) -> Iterator[RawRow]:
+    carry = b""  # blank lines and a byte order mark, credited to the next row's raw bytes
+    with _binary(path, compression) as fh:
+        lines = enumerate(fh, start=1)
+        while True:
+            try:
+                number, line = next(lines)
+            except StopIteration:
+                return
+            except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile is an OSError; zstd's ZstdError a ValueError
+                raise _damaged(path, compression, exc) from exc
+            raw = carry + line
             if number == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte order mark, as Windows tools write
             if not line.strip():
+                carry = raw
                 continue
+            carry = b""
             hint = "; NUL bytes: UTF-16 text? pcd reads UTF-8" if b"\x00" in line else ""
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as exc:
-                yield number, f"bytes that are not valid UTF-8 (at byte {exc.start}{hint})"
+                yield number, f"bytes that are not valid UTF-8 (at byte {exc.start}{hint})", raw
                 continue
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                yield number, f"not valid JSON ({exc}{hint})"
+                yield number, f"not valid JSON ({exc}{hint})", raw
                 continue
             if isinstance(row, dict):
-                yield number, row
+                yield number, row, raw
             else:
-                yield number, f"expected a JSON object, got {type(row).__name__}"
+                yield number, f"expected a JSON object, got {type(row).__name__}", raw
 
 
-def _check_columns(path: Path, names: list[str], spec: InputSpec) -> None:
+def _check_columns(path: str | Path, names: list[str], spec: InputSpec) -> None:
     missing = [c for c in spec.columns_needed() if c not in names]
-    if missing:
-        raise InputError(f"{str(path)!r}: no column {missing[0]!r} (columns: {', '.join(names)}); "
-                         "see --text-field, --template and --id-field")
+    if not missing:
+        return
+    name = "standard input" if is_stdin(path) else repr(str(path))
+    hint = ""
+    if len(names) == 1:  # one column whose name holds the others: another delimiter
+        found = next((d for d in (";", "\t", "|", ",") if d in names[0] and d != spec.csv_delimiter), None)
+        if found is not None:
+            shown = "\\t" if found == "\t" else found
+            hint = (f"; the header is one column made of {shown!r}-separated names: pass "
+                    f"--csv-delimiter '{shown}'")
+    raise InputError(f"{name}: no column {missing[0]!r} (columns: {', '.join(names)}){hint}"
+                     + ("" if hint else "; see --text-field, --template and --id-field"))
 
 
 #: Largest CSV cell accepted (characters); longer texts are cut to the model's context anyway.
 CSV_FIELD_LIMIT = 1 << 26
 
 
-def _csv_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
-    """Rows of a CSV file (RFC 4180, via the standard ``csv`` module, which keeps line numbers).
+class _Lines:
+    """Physical lines of a text stream, numbered from 1, that can be pushed back to be read again.
+
+    ``taken`` holds the lines read since the last ``take()``, for a row's raw bytes.
+    """
+
+    def __init__(self, source):
+        self._source = iter(source)
+        self._back: list[str] = []
+        self.number = 0
+        self.taken: list[str] = []
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        line = self._back.pop() if self._back else next(self._source)
+        self.number += 1
+        self.taken.append(line)
+        return line
+
+    def push_back(self, count: int) -> None:
+        """Read the last ``count`` taken lines again."""
+        if count > 0:
+            self._back.extend(reversed(self.taken[-count:]))
+            del self.taken[-count:]
+            self.number -= count
+
+    def take(self) -> bytes:
+        """The raw bytes of the lines taken since the last call (undecodable bytes restored)."""
+        taken = self.taken
+        raw = (taken[0] if len(taken) == 1 else "".join(taken)).encode("utf-8", "surrogateescape")
+        self.taken = []
+        return raw
+
+
+def _csv_rows(path: str | Path, spec: InputSpec, compression: str | None = None) -> Iterator[RawRow]:
+    """Rows of a CSV file (RFC 4180, via the standard ``csv`` module) with their start lines.
 
     Undecodable bytes are kept as lone surrogates (``surrogateescape``) so that one bad row
-    fails alone; ``_utf8`` rejects them in the cells that are used. Malformed quoting fails
-    the row (``strict``); when a stray quote made it swallow the lines after it, reading
-    starts again on the line after the row's first one, so those lines are not lost.
+    fails alone; ``cell_text`` rejects them in the cells that are used. Malformed quoting
+    fails the row (``strict``); when a stray quote made it swallow the lines after it, those
+    lines are read again from the line after the row's first one, so they are not lost
+    (they are held in memory meanwhile: at most the rest of the input, or one CSV cell limit).
     """
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
     header: list[str] | None = None
-    skip = 0  # physical lines already read
-    while skip is not None:
-        with path.open("r", encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
-            reader = csv.reader(itertools.islice(fh, skip, None), strict=True)
-            start_at, last, skip = skip, skip, None  # last: line number where the previous row ended
-            while True:
-                try:
-                    values = next(reader)
-                except StopIteration:
-                    break
-                except csv.Error as exc:
-                    if header is None:
-                        raise InputError(f"{str(path)!r}: the CSV header cannot be read ({exc})") from exc
-                    unclosed = "unexpected end of data" in str(exc)  # CPython's message for EOF inside quotes
-                    yield last + 1, ("a quoted field is never closed" if unclosed else f"not a valid CSV row ({exc})")
-                    if start_at + reader.line_num > last + 1:  # the bad quote swallowed the lines after it
-                        skip = last + 1
-                        break
-                    last += 1
-                    continue
-                start, last = last + 1, start_at + reader.line_num
-                if not values:
-                    continue  # a blank line
+    with _binary(path, compression) as binary:
+        text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        lines = _Lines(text)
+        reader = csv.reader(lines, strict=True, delimiter=spec.csv_delimiter)
+        while True:
+            start = lines.number + 1
+            try:
+                values = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
                 if header is None:
-                    try:
-                        header = [_utf8(v).strip() for v in values]
-                    except UnicodeError:
-                        raise InputError(f"{str(path)!r}: the CSV header is not valid UTF-8") from None
-                    _check_columns(path, header, spec)
-                    continue
-                if len(values) != len(header):
-                    n = len(values)
-                    yield start, f"the CSV row has {n} field{'s' * (n != 1)}; the header has {len(header)}"
-                    continue
-                yield start, dict(zip(header, values))
+                    raise InputError(f"{str(path)!r}: the CSV header cannot be read ({exc})") from exc
+                unclosed = "unexpected end of data" in str(exc)  # CPython's message for EOF inside quotes
+                lines.push_back(lines.number - start)  # a bad quote swallowed the lines after the row's first
+                yield start, ("a quoted field is never closed" if unclosed else f"not a valid CSV row ({exc})"), \
+                    lines.take()
+                continue
+            except (OSError, EOFError, ValueError) as exc:
+                raise _damaged(path, compression, exc) from exc
+            if not values:
+                continue  # a blank line: its bytes go with the next row
+            if header is None:
+                try:
+                    header = [cell_text(v, "the CSV header").strip() for v in values]
+                except CellError:
+                    raise InputError(f"{str(path)!r}: the CSV header is not valid UTF-8") from None
+                _check_columns(path, header, spec)
+                continue
+            if len(values) != len(header):
+                n = len(values)
+                yield start, f"the CSV row has {n} field{'s' * (n != 1)}; the header has {len(header)}", lines.take()
+                continue
+            yield start, dict(zip(header, values)), lines.take()
 
 
-def _parquet_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
+def _parquet_rows(path: Path, spec: InputSpec, compression: str | None = None) -> Iterator[RawRow]:
     try:
         pfile = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -294,7 +561,7 @@ def _parquet_rows(path: Path, spec: InputSpec) -> Iterator[RawRow]:
     try:
         for batch in pfile.iter_batches(batch_size=1024, columns=columns):
             for row in batch.to_pylist():
-                yield None, row
+                yield None, row, orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{str(path)!r}: the Parquet file is damaged ({exc})") from exc
 

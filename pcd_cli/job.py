@@ -7,11 +7,12 @@ loses at most the batch in flight. The outputs appear only when every input row 
 
 from __future__ import annotations
 
+import importlib.metadata
 import signal
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -23,7 +24,7 @@ from .api import Labeler
 from .checkpoint import WorkDir
 from .decode import RecordFailure, RecordResult
 from .errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
-from .io import TRUNCATED_COLUMN, InputSpec, output_schema, read_records, results_table
+from .io import TRUNCATED_COLUMN, InputSpec, RecordReader, is_stdin, output_schema, results_table
 from .schema import Schema
 from .summary import RunStats
 
@@ -82,7 +83,7 @@ def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_p
         InputError: names the option and the problem.
     """
     named = {"-o": output, "--errors": errors_path, "--trace": trace_path}
-    source = Path(input_path).resolve()
+    source = None if is_stdin(input_path) else Path(input_path).resolve()
     seen: dict[Path, str] = {}
     for option, path in named.items():
         if path is None:
@@ -109,21 +110,37 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
                     all_probs: bool, trace: bool) -> dict:
     """Everything that decides a run's output; a resumed run must match it exactly.
 
-    The token budget per pass and the batch sizes are left out: they change probabilities
-    only by float rounding (checked in tests/test_job.py), never labels.
+    The input is named by its path (``-`` for standard input), not by size or mtime: a
+    resumed run checks the content of the rows already done instead (``WorkDir`` keeps their
+    hash), so an input that only grew resumes, and one edited in place starts over. Device,
+    dtype, token budget per pass and the torch/transformers versions are included because
+    they can change probabilities (in half precision, beyond rounding); the batch sizes are not.
     """
-    path = Path(input_path)
-    stat = path.stat()
     return {
-        "pcd_version": __version__, "input": str(path.resolve()), "input_size": stat.st_size,
-        "input_mtime_ns": stat.st_mtime_ns, "format": fmt, "text_field": spec.text_field,
-        "template": spec.template, "id_field": spec.id_field, "limit": spec.limit,
+        "pcd_version": __version__, "input": STDIN_NAME if is_stdin(input_path) else str(Path(input_path).resolve()),
+        "format": fmt, "text_field": spec.text_field, "template": spec.template, "id_field": spec.id_field,
+        "limit": spec.limit, "csv_delimiter": spec.csv_delimiter,
         "schema_sha256": labeler.schema.source_sha256, "model": labeler.backend.model_id,
-        "dtype": str(getattr(labeler.backend, "dtype", "")), "scoring": labeler.compiled.scoring,
+        "dtype": str(getattr(labeler.backend, "dtype", "")), "device": str(getattr(labeler.backend, "device", "")),
+        "max_tokens_per_pass": labeler.decoder.budget, "scoring": labeler.compiled.scoring,
         "truncate": labeler.decoder.truncate, "all_probs": all_probs, "trace": trace,
         "prompt_head_sha256": labeler.compiled.prompt.head_sha256,
         "calibration_sha256": labeler.calibration.sha256 if labeler.calibration is not None else None,
+        "libraries": {name: _version_of(name) for name in FINGERPRINT_LIBRARIES},
     }
+
+
+#: Libraries whose versions can change a run's numbers (kernels, model code).
+FINGERPRINT_LIBRARIES = ("torch", "transformers")
+#: How standard input is named in fingerprints and output metadata.
+STDIN_NAME = "<stdin>"
+
+
+def _version_of(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, output: str | Path,
@@ -141,12 +158,16 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         chunk_records: rows handed to the decoder at once (records are packed into passes
             within a chunk), counted from row 0; ``should_stop`` and ``max_errors`` are
             checked between chunks.
-        resume: continue the unfinished run of the same job (same fingerprint) if there is
-            one; without it, an unfinished run's work is discarded.
+        resume: continue the unfinished run of the same job (same fingerprint, and the rows
+            it did unchanged: checked by hash while reading past them) if there is one;
+            without it, an unfinished run's work is discarded.
         max_errors: stop once more rows than this have failed (``None``: never).
         should_stop: polled between chunks; true finishes the run early (``Interrupted``).
         on_event: told ``discarded`` (reason), ``resumed`` (rows) and ``checkpoint``
             (rows, records, failures) as they happen.
+
+    ``input_path`` may be ``-`` (standard input; ``fmt`` required), and a ``.gz``/``.zst``
+    file (see ``pcd_cli.io.RecordReader``).
 
     Returns:
         The run's statistics; ``read == records + failures`` covers every input row.
@@ -170,13 +191,25 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None)
     stats = RunStats(labeler.schema, min_mass=min_mass)
-    with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work:
+    reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records)
+    repeated = stats.repeated_ids if spec.id_field else None
+    with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work, closing(reader):
         if work.discarded:
             emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
+        redo = work.progress.rows % chunk_records  # committed rows of the chunk in flight, decoded again
+        if work.progress.rows:
+            changed = reader.skip(work.progress.rows, work.progress.input_sha256, replay=redo)
+            if changed:
+                work.restart(changed)
+                redo = 0
+                emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
         if work.progress.rows:
             for table in work.tables():
                 stats.add_table(table)
             stats.failures, stats.truncated = work.progress.failures, work.progress.truncated
+            if repeated is not None:
+                for rid in work.committed_ids():
+                    repeated.add(rid)
             emit("resumed", {"rows": work.progress.rows, "work_dir": str(work.path)})
         passes_before = labeler.forward_passes
         started = time.perf_counter()
@@ -186,7 +219,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             nonlocal pending
             if pending.rows:
                 work.commit(results_table(pending.results, labeler.schema, arrow_schema), pending.errors,
-                            pending.traces, truncated=pending.truncated)
+                            pending.traces, truncated=pending.truncated,
+                            input_sha256=reader.digest_after(work.progress.rows + pending.rows))
                 pending = _Pending()
                 emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
                                     "failures": work.progress.failures})
@@ -217,11 +251,11 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             # so a record is packed with the same neighbours in every run (bit-identical on resume, even
             # in half precision, where packing moves probabilities): a resumed run re-decodes the part
             # of its first chunk that is already committed and drops it.
-            done = work.progress.rows
-            redo = done % chunk_records
-            for chunk in read_records(input_path, spec, fmt=fmt, batch_size=chunk_records, skip=done - redo):
+            for chunk in reader:
                 results = labeler.label_batch(chunk)
                 for item, res in list(zip(chunk, results))[redo:]:
+                    if repeated is not None:
+                        repeated.add(item.id)
                     pending.add(item, res)
                     if isinstance(res, RecordFailure):
                         stats.failures += 1
@@ -242,7 +276,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                           f"{errors_path}")
         timed()
         metadata = labeler.metadata() | {
-            "pcd.input": Path(input_path).name, "pcd.records_read": str(stats.read),
+            "pcd.input": STDIN_NAME if is_stdin(input_path) else Path(input_path).name, "pcd.records_read": str(stats.read),
             "pcd.records_labelled": str(stats.records), "pcd.records_failed": str(stats.failures),
             "pcd.records_truncated": str(stats.truncated)}
         work.finish(output, errors_path=errors_path, trace_path=trace_path, metadata=metadata)

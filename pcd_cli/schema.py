@@ -233,11 +233,16 @@ def json_string(text: str) -> str:
 
 
 def load_schema(path: str | Path) -> Schema:
-    """Read and validate a schema file.
+    """Read and validate a schema file (YAML, JSON, or ``models.py:Model``: a Pydantic model,
+    see ``pcd_cli.schema_pydantic``).
 
     Raises:
         SchemaError: unreadable file, or any validation problem (message names the field).
     """
+    if str(path).endswith(".py") or ".py:" in str(path):  # a Pydantic model: models.py:MyModel
+        from .schema_pydantic import load_model_schema
+
+        return load_model_schema(str(path))
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from .decode import RecordResult
 from .schema import Schema
+from .values import RepeatedIds
 
 
 @dataclass
@@ -45,6 +46,8 @@ class RunStats:
     forward_passes: int = 0
     seconds: float = 0.0
     fields: list[FieldStats] = field(default_factory=list)
+    #: rows whose id repeats an earlier row's (counted by the caller; never merged)
+    repeated_ids: RepeatedIds = field(default_factory=RepeatedIds)
     _worst: list = field(default_factory=list)  # max-heap on -mass of (neg mass, n, record, field)
 
     def __post_init__(self) -> None:
@@ -113,6 +116,7 @@ class RunStats:
                                 "mean_mass": st.mass_sum / n, f"mass_below_{self.min_mass:g}": st.low_mass}
                        for f, st in zip(self.schema.fields, self.fields)},
             "lowest_mass": [{"record": rid, "field": name, "mass": mass} for mass, rid, name in self.worst()],
+            "repeated_ids": self.repeated_ids.count, "repeated_id_examples": list(self.repeated_ids.examples),
         }
 
     def render(self, console: Console) -> None:

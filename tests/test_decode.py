@@ -173,7 +173,7 @@ def test_api_refuses_a_bare_string_and_reads_numbers_as_text(embedded_backend):
         list(labeler.label("hi there"))
     results = list(labeler.label(["ok", 123, ""]))
     assert [type(r).__name__ for r in results] == ["RecordResult", "RecordResult", "RecordFailure"]
-    assert isinstance(results[2], RecordFailure) and results[2].error == "record 2: no text"
+    assert isinstance(results[2], RecordFailure) and results[2].error == "row 2: the text is empty"
 
 
 def test_two_labelers_on_one_backend_do_not_clobber_each_other():

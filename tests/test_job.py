@@ -6,6 +6,7 @@ tests run ``pcd label`` as a real subprocess on the embedded model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -157,7 +158,9 @@ def test_stop_request_commits_and_resume_finishes_identically(backend, tmp_path)
     assert info.value.stats.read == 8 and info.value.work_dir == work_dir_for(out)
     assert not out.exists() and not out.with_suffix(".errors.jsonl").exists()
     manifest = orjson.loads((work_dir_for(out) / "manifest.json").read_bytes())
-    assert manifest["progress"] == {"parts": 2, "rows": 8, "records": 7, "failures": 1, "truncated": 0}
+    first_8_lines = b"".join(src.read_bytes().splitlines(keepends=True)[:8])
+    assert manifest["progress"] == {"parts": 2, "rows": 8, "records": 7, "failures": 1, "truncated": 0,
+                                    "input_sha256": hashlib.sha256(first_8_lines).hexdigest()}
     events = []
     stats = _run(backend, src, out, batch_records=4, chunk_records=4, resume=True,
                  on_event=lambda name, fields: events.append((name, fields.get("rows"))))
@@ -324,7 +327,7 @@ def test_schema_and_model_problems_fail_before_any_record_is_read(tmp_path, monk
     def no_reading(*args, **kwargs):
         raise AssertionError("the input was read")
 
-    monkeypatch.setattr(pcd_cli.job, "read_records", no_reading)
+    monkeypatch.setattr(pcd_cli.job, "RecordReader", no_reading)
     src = DATA / "airline_tweets.jsonl"
     out = tmp_path / "o.parquet"
     result = _cli(src, "-s", AIRLINE, "-o", out, "--model", tmp_path / "no-such-model", code=3)

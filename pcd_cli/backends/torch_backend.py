@@ -56,11 +56,50 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def converted_gguf_target(gguf: Path) -> Path:
-    """Where ``converted_gguf_dir`` puts (or has put) ``gguf``'s conversion; converts nothing."""
+def gguf_content_key(gguf: Path) -> str:
+    """SHA-256 (hex) of a GGUF file's bytes, remembered per (path, size, mtime, inode).
+
+    The full hash costs ~0.5 s for the embedded 98 MB model here (a few seconds per GB) and
+    is taken once per copy of a file: later calls find it in ``<cache>/models/.keys/`` by
+    the file's path and stat, so a copy that changes (new mtime or size) is hashed again.
+    """
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
-    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+    where = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+    index = cache_dir() / "models" / ".keys" / hashlib.sha256(where.encode()).hexdigest()[:32]
+    try:
+        key = index.read_text().strip()
+        if len(key) == 64:
+            return key
+    except OSError:
+        pass
+    digest = hashlib.sha256()
+    with gguf.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    key = digest.hexdigest()
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+        tmp.write_text(key + "\n")
+        os.replace(tmp, index)
+    except OSError:  # a read-only cache: hash again next time
+        pass
+    return key
+
+
+def converted_gguf_target(gguf: Path) -> Path:
+    """Where ``converted_gguf_dir`` puts (or has put) ``gguf``'s conversion; converts nothing.
+
+    The folder is keyed by the file's content (``gguf_content_key``), not its path, so a
+    second virtualenv, a reinstall or a renamed copy of the same file reuses the
+    conversion: ``<stem>-<key>``, or an existing folder of another name with the same key.
+    """
+    key = gguf_content_key(gguf)[:16]
+    models = cache_dir() / "models"
+    for done in sorted(models.glob(f"*-{key}")) if models.is_dir() else ():
+        if (done / "config.json").is_file():
+            return done
+    return models / f"{gguf.stem}-{key}"
 
 
 def converted_gguf_dir(gguf: Path) -> Path:

@@ -131,12 +131,19 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None)
     if not path.is_file():
         raise InputError(f"{str(path)!r}: no such gold file")
     kind = detect_format(path, fmt)
-    rows = []
-    for line, row in read_table_rows(path, InputSpec(text_field=id_field), fmt=kind):
-        if isinstance(row, str):
-            raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
-        rows.append({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row)
-    frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
+    if kind == "parquet":
+        try:
+            frame = pq.read_table(path).to_pandas()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from None
+    else:
+        spec = InputSpec(text_field=id_field)
+        rows = []
+        for line, row in read_table_rows(path, spec, fmt=fmt):  # compressed gold files too
+            if isinstance(row, str):
+                raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
+            rows.append({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row)
+        frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
     if id_field not in frame.columns:
         raise InputError(f"{str(path)!r}: no id column {id_field!r} (columns: {', '.join(map(str, frame.columns))}); "
                          "pass --id-field")

@@ -1,0 +1,119 @@
+"""Cell values -> record texts and ids: one rule for the file readers and for ``Labeler.label``.
+
+A text (the text field, or a column a ``--template`` names) must be a string; numbers and
+booleans are accepted and read in their JSON spelling (``7``, ``7.5``, ``true``), never in
+Python's (``True``); a list or an object fails its row with a message naming the column
+and the type. Ids follow the same rule: strings as they are, numbers and booleans in their
+JSON spelling, anything else fails the row. The JSON spelling of a float keeps its point,
+so ids ``7`` and ``7.0`` differ (they are the same id only if the input spells them the
+same way); JSON ``7.0`` and ``7.00`` both read as the float 7.0 and are the same id.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import math
+
+import orjson
+
+
+class CellError(ValueError):
+    """A cell cannot be used as text or id; the message names the column and the problem."""
+
+
+#: JSON type names users know, for messages ("is a list, not a string").
+_TYPE_NAMES = {dict: "an object", list: "a list", tuple: "a list", set: "a set", bytes: "bytes"}
+
+
+def type_name(value: object) -> str:
+    """``'a list'``, ``'an object'`` ... for messages (JSON's names where there is one)."""
+    for cls, name in _TYPE_NAMES.items():
+        if isinstance(value, cls):
+            return name
+    return f"a {type(value).__name__}"
+
+
+def json_spelling(value: bool | int | float) -> str:
+    """A number or boolean as JSON writes it (orjson): ``true``, ``7``, ``7.5``, ``7.0``, ``1e+20``.
+
+    Raises:
+        CellError: a float that is not finite (JSON has no spelling for NaN or infinity).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CellError(f"is {value!r}, a number JSON cannot write")
+    return orjson.dumps(value).decode()
+
+
+def cell_text(value: object, what: str) -> str:
+    """The text of one cell: strings as they are, numbers and booleans in JSON spelling.
+
+    Args:
+        value: the cell (not ``None``; callers report missing cells themselves).
+        what: the cell's name for messages, e.g. ``"text field 'text'"``.
+
+    Raises:
+        CellError: a list, object or other non-scalar value, a non-finite number, or text
+            (or bytes) that is not valid UTF-8; the message starts with ``what``.
+    """
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # numpy scalars (DataFrames)
+        value = value.item()
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CellError(f"{what} has bytes that are not valid UTF-8") from None
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")  # lone surrogates stand for undecodable bytes (surrogateescape)
+        except UnicodeError:
+            raise CellError(f"{what} has bytes that are not valid UTF-8") from None
+        return value
+    if isinstance(value, (bool, int, float)):
+        try:
+            return json_spelling(value)
+        except CellError as exc:
+            raise CellError(f"{what} {exc}") from None
+    if isinstance(value, (_dt.date, _dt.time)):  # Parquet date/time columns: ISO 8601
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal) and value.is_finite():  # Parquet decimal columns, as written
+        return str(value)
+    raise CellError(f"{what} is {type_name(value)}, not a string")
+
+
+class RepeatedIds:
+    """Counts rows whose id was already seen in the same input; they are never merged.
+
+    Memory: one hash per distinct id (about 60 bytes each in CPython), not the ids
+    themselves; two different ids are taken for one with probability ~n²/2⁶⁵ (a few in a
+    million for ten million ids), which at worst adds a false repeat to the count.
+
+    Attributes:
+        count: rows whose id had been seen before (a third ``a`` counts twice).
+        examples: the first ``keep`` distinct repeated ids, in the order they repeated.
+    """
+
+    def __init__(self, keep: int = 5):
+        self.keep = keep
+        self.count = 0
+        self.examples: list = []
+        self._seen: set[int] = set()
+
+    def add(self, record_id: object) -> None:
+        """Count ``record_id`` (``None``, an unreadable id, is not counted)."""
+        if record_id is None:
+            return
+        key = hash((type(record_id), record_id))
+        if key in self._seen:
+            self.count += 1
+            if len(self.examples) < self.keep and record_id not in self.examples:
+                self.examples.append(record_id)
+        else:
+            self._seen.add(key)
+
+    def message(self) -> str:
+        """One line for warnings: how many rows repeat an id, the first few ids."""
+        shown = ", ".join(repr(str(e)) for e in self.examples)
+        more = ", ..." if self.count > len(self.examples) else ""
+        return (f"{self.count} row{'s' * (self.count != 1)} repeat an id seen earlier ({shown}{more}); "
+                "each row was labelled on its own, none merged")
