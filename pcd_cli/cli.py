@@ -530,14 +530,14 @@ def eval_(
             require_matplotlib()
         parsed = load_schema(schema) if schema else None
         frame, _ = read_predictions(predictions)
-        report = evaluate(frame, read_gold(gold, id_field=id_field), parsed, id_field=id_field,
-                          target_accuracy=target_accuracy)
+        gold_frame = read_gold(gold, id_field=id_field)
+        report = evaluate(frame, gold_frame, parsed, id_field=id_field, target_accuracy=target_accuracy)
         render_eval(report, out)
         if compare is not None:
             from .quality.compare import render_comparison
 
             baseline, _ = read_predictions(compare)
-            before = evaluate(baseline, read_gold(gold, id_field=id_field), parsed, id_field=id_field)
+            before = evaluate(baseline, gold_frame, parsed, id_field=id_field)
             render_comparison(before, report, out, before_name=compare.name, after_name=predictions.name)
         if json_out:
             _write_json(json_out, report.to_dict())
