@@ -31,6 +31,23 @@ def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str
     Returns:
         ``(probs, mass)``: float64 ``(len(field.labels),)`` and the candidate mass.
     """
+    label_lp = oracle_label_logprobs(backend, context, field, lines, scoring)
+    log_mass = np.logaddexp.reduce(label_lp)
+    return np.exp(label_lp - log_mass), float(np.exp(log_mass))
+
+
+def oracle_label_logprobs(backend, context: str, field: Field, lines: list[tuple[int, str]], scoring: str,
+                          labels: set[int] | None = None) -> np.ndarray:
+    """Unnormalised log-probability of each label's paths after ``context`` (natural log).
+
+    One plain forward pass per path of the labels asked for (all when ``labels`` is
+    ``None``); the trunk is still found from every spelling, so a label's value is the same
+    whichever subset is asked. ``exp`` of an entry is ``probs[label] * mass`` of
+    ``oracle_field``.
+
+    Returns:
+        float64 ``(len(field.labels),)``; ``-inf`` for labels not asked for.
+    """
     encode = backend.tokenizer.encode
     seqs = [(label, tuple(encode(context + line))) for label, line in lines]
     first = seqs[0][1]
@@ -47,10 +64,10 @@ def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str
         paths[seq[:end]] = label
     label_lp = np.full(len(field.labels), -np.inf)
     for prefix, label in paths.items():
+        if labels is not None and label not in labels:
+            continue
         rows = list(range(trunk - 1, len(prefix) - 1))
         logprobs = backend.full_logprobs(prefix, rows)
         lp = sum(logprobs[j, prefix[row + 1]] for j, row in enumerate(rows))
         label_lp[label] = np.logaddexp(label_lp[label], lp)
-    log_mass = np.logaddexp.reduce(label_lp)
-    return np.exp(label_lp - log_mass), float(np.exp(log_mass))
-
+    return label_lp
