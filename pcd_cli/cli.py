@@ -129,7 +129,7 @@ MODEL_OPT = typer.Option(None, "--model", "-m", help="transformers model id, loc
 DEVICE_OPT = typer.Option(Device.auto, "--device", help="Where to run the model.")
 DTYPE_OPT = typer.Option(DType.auto, "--dtype", help="Weights dtype (auto: float32 on CPU).")
 BACKEND_OPT = typer.Option(BackendKind.auto, "--backend", help="torch (transformers) or mlx (mlx-lm: "
-                           "pip install 'pcd-cli[mlx]'); auto: mlx on Apple silicon when installed, else torch.")
+                           "pip install 'pcd-cli\\[mlx]'); auto: mlx on Apple silicon when installed, else torch.")
 SCORING_OPT = typer.Option(Scoring.marginal, "--scoring", help="marginal: follow each label until it is identified; "
                            "exact: score every label to the end of its line.")
 BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", min=16, help="Token budget of one forward pass "
@@ -268,7 +268,7 @@ def label(
     seed: int = SEED_OPT,
     engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process, checkpointed "
                                   "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files "
-                                  "(pip install 'pcd-cli[ray]'; README: Ray engine)."),
+                                  "(pip install 'pcd-cli\\[ray]'; README: Ray engine)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to "
                                                "join (default: $RAY_ADDRESS, else a local Ray for the run)."),
     workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model."),
@@ -283,7 +283,7 @@ def label(
     batch: rerun with --resume.
     """
     from .api import Labeler
-    from .io import InputSpec, detect_format, is_stdin
+    from .io import InputSpec, check_input, is_stdin
     from .checkpoint import work_dir_for
     from .job import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
                       stop_on_signals)
@@ -327,7 +327,7 @@ def label(
             if not stdin and not input.is_file():
                 raise InputError(f"{str(input)!r}: " + ("is a folder, not a file" if input.is_dir() else
                                                         "no such input file"))
-            detect_format(input, fmt.value if fmt else None)
+            check_input(input, spec, fmt.value if fmt else None)  # a bad header fails before the model loads
             if output.is_dir():
                 raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
                                  f"{str(output / default_output(input).name)!r}")
@@ -495,7 +495,7 @@ def bench(
 
 
 PLOT_OPT = typer.Option(None, "--plot", help="Write reliability diagrams (PNG) into this folder "
-                        "(needs pip install 'pcd-cli[plot]').")
+                        "(needs pip install 'pcd-cli\\[plot]').")
 GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file (and of the predictions, "
                            "else their 'row' column); ids are matched as strings.")
 
@@ -543,9 +543,7 @@ def eval_(
             _write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
-            written = eval_plots(report, plot)
-            out.print(f"wrote {len(written)} reliability diagram{'s' * (len(written) != 1)} to "
-                      f"{escape(str(plot))}", highlight=False)
+            _said_written(eval_plots(report, plot), "reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -621,11 +619,14 @@ def calibrate(
         saved = calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
-            written = calibration_plots(report, plot)
-            out.print(f"wrote {len(written)} before/after reliability diagram{'s' * (len(written) != 1)} to "
-                      f"{escape(str(plot))}", highlight=False)
+            _said_written(calibration_plots(report, plot), "before/after reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
+
+
+def _said_written(files: list, what: str, folder: Path) -> None:
+    """Say how many plot files were written into ``folder``."""
+    out.print(f"wrote {len(files)} {what}{'s' * (len(files) != 1)} to {escape(str(folder))}", highlight=False)
 
 
 def _write_json(path: Path, value: dict) -> None:

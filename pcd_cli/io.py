@@ -228,8 +228,7 @@ class RecordReader:
         return self._hash.hexdigest()
 
     def _open(self) -> Iterator[RawRow]:
-        rows = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[self.kind]
-        return rows(self.path, self.spec, self.compression)
+        return ROW_READERS[self.kind](self.path, self.spec, self.compression)
 
     def digest_after(self, rows: int) -> str:
         """SHA-256 (hex) of the raw bytes of the first ``rows`` rows, for ``rows`` among the last
@@ -448,6 +447,24 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
                 yield number, f"expected a JSON object, got {type(row).__name__}", raw
 
 
+def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> None:
+    """Read the first row of ``path`` so that an input that cannot be used at all fails before
+    a model is loaded; standard input is left unread (it can be read only once).
+
+    Raises:
+        InputError: as ``RecordReader`` does for the whole input: a missing file, an unknown
+            format (standard input without ``fmt``), a file that is not Parquet, or a CSV/Parquet header without a needed column.
+    """
+    kind, compression = input_kind(path, fmt)
+    if is_stdin(path):
+        return
+    rows = ROW_READERS[kind](Path(path), spec, compression)
+    try:
+        next(rows, None)
+    finally:
+        rows.close()
+
+
 def _check_columns(path: str | Path, names: list[str], spec: InputSpec) -> None:
     missing = [c for c in spec.columns_needed() if c not in names]
     if not missing:
@@ -564,6 +581,10 @@ def _parquet_rows(path: Path, spec: InputSpec, compression: str | None = None) -
                 yield None, row, orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{str(path)!r}: the Parquet file is damaged ({exc})") from exc
+
+
+#: The row reader of each input kind (``input_kind``).
+ROW_READERS = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
 
 
 #: Output column marking records whose text was cut to fit the model's context.

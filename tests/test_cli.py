@@ -356,6 +356,18 @@ def test_csv_without_the_text_column(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
 
 
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_a_header_without_the_text_column_fails_before_the_model_loads(tmp_path, kind):
+    """The header is read first: the error is the column (exit 2), not the missing model (3)."""
+    src = tmp_path / f"t.{kind}"
+    if kind == "csv":
+        src.write_text("id,body\n1,hello there\n")
+    else:
+        pq.write_table(pa.table({"id": [1], "body": ["hello there"]}), src)
+    result = pcd("label", src, "-s", AIRLINE, "--id-field", "id", "--model", tmp_path / "no-such-model", code=2)
+    assert "no column 'text'" in flat(result.stderr)
+
+
 def test_bad_option_values(tmp_path, no_model):
     result = pcd("label", DATA / "airline_tweets.jsonl", "-s", AIRLINE, "--limit", 0, code=2)
     assert "--limit" in result.stderr
