@@ -15,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pcd_cli.io as pio
 from pcd_cli.io import InputSpec, RecordReader
 
 

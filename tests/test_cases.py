@@ -108,7 +108,6 @@ def test_slash_and_special_characters_round_trip(embedded_backend):
 def test_non_ascii_label_lines_round_trip_through_the_tokenizer(embedded_backend, case_id):
     schema, labeler, result = _label(embedded_backend, CASES[case_id])
     tok = embedded_backend.tokenizer
-    compiled = labeler.compiled
     for trace in result.traces:
         for line in trace["lines"]:
             assert tok.decode(tok.encode(trace["context"] + line["text"])) == trace["context"] + line["text"]

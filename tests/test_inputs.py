@@ -31,7 +31,7 @@ import pcd_cli.io as pio
 from pcd_cli.api import Labeler, RepeatedIdWarning, _as_record
 from pcd_cli.checkpoint import work_dir_for
 from pcd_cli.cli import app
-from pcd_cli.decode import Decoder, Record, RecordFailure
+from pcd_cli.decode import Record, RecordFailure
 from pcd_cli.errors import InputError, Interrupted, MissingExtra, SchemaError
 from pcd_cli.io import InputSpec, RecordReader, read_records
 from pcd_cli.job import job_fingerprint, label_file

@@ -318,7 +318,7 @@ def test_more_than_255_labels_is_allowed_with_its_cost():
     (w,) = report.warnings
     f = report.fields[0]
     assert (w.kind, w.field) == ("many_labels", "item")
-    assert f"256 labels (more than 255)" in w.message and f"costs {f.forest_tokens} forest tokens" in w.message
+    assert "256 labels (more than 255)" in w.message and f"costs {f.forest_tokens} forest tokens" in w.message
     assert len(f.labels) == 256 and f.trunk_text.endswith('"item ')
 
 

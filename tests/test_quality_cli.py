@@ -97,7 +97,7 @@ def test_eval_gold_csv_and_parquet_and_schema(hand_files, tmp_path, no_model):
     gold.to_csv(tmp_path / "gold.csv", index=False)
     assert "missing.yaml" in pcd("eval", preds, tmp_path / "gold.csv", "--schema", tmp_path / "missing.yaml",
                                  code=2).stderr
-    result = pcd("eval", preds, tmp_path / "gold.csv", "--json", tmp_path / "csv.json")
+    pcd("eval", preds, tmp_path / "gold.csv", "--json", tmp_path / "csv.json")
     csv_report = json.loads((tmp_path / "csv.json").read_text())
     assert csv_report["fields"]["flag"]["n"] == 4 and csv_report["fields"]["flag"]["gold_null"] == 1
     gold["flag"] = gold["flag"].astype(str)

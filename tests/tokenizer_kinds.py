@@ -59,7 +59,7 @@ def sentencepiece(style: str, *, template: str | None = None):
 
     ``template``: a chat template (``INST_TEMPLATE``), or ``None`` for a plain prompt.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     trainer_tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
-from .tokenizer import CHAT_TEMPLATE_ARGS, PINNED_DATE, HFTokenizer  # noqa: F401 - re-exported
+from .tokenizer import HFTokenizer
 from .torch_arch import LongRope, attention_layout, takes_mask_per_layer_type
 
 #: Name users pass (or omit) to get the embedded default model (DESIGN.md §5).
