@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from .decode import Record, RecordFailure, RecordResult
 from .errors import InputError
-from .schema import Schema
+from .schema import Schema, unescape_template
 from .values import CellError, cell_text
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -66,7 +66,7 @@ class InputSpec:
     csv_delimiter: str = ","
 
     def __post_init__(self) -> None:
-        delimiter = _unescape(self.csv_delimiter)
+        delimiter = unescape_template(self.csv_delimiter)
         if len(delimiter) != 1 or delimiter in "\"\r\n":
             raise InputError(f"--csv-delimiter {self.csv_delimiter!r}: give one character other than a quote "
                              "or a line break, e.g. ';' or '\\t'")
@@ -133,10 +133,6 @@ def detect_format(path: str | Path, fmt: str | None) -> str:
     return input_kind(path, fmt)[0]
 
 
-def _unescape(template: str) -> str:
-    return template.replace("\\n", "\n").replace("\\t", "\t")
-
-
 def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> Record | RecordFailure:
     where = f"row {index}" if line is None else f"line {line}"
     rid: object = index
@@ -157,7 +153,7 @@ def _row_to_record(row: dict, index: int, line: int | None, spec: InputSpec) -> 
             values = {k: cell_text(v, f"template column {k!r}") for k, v in row.items() if k in needed}
             if not any(v.strip() for k, v in values.items() if k != spec.id_field):
                 return RecordFailure(rid, f"{where}: the template's columns are all empty", index, line)
-            text = _unescape(spec.template).format_map(values)
+            text = unescape_template(spec.template).format_map(values)
         else:
             value = row.get(spec.text_field)
             if value is None:

@@ -53,6 +53,12 @@ BOOLEAN_LABELS = ("true", "false")
 FIELD_TYPES = ("boolean", "enum")
 
 
+def unescape_template(template: str) -> str:
+    """``--template`` / ``--csv-delimiter`` as typed on a command line: the two-character
+    escapes ``\\n`` and ``\\t`` become a newline and a tab."""
+    return template.replace("\\n", "\n").replace("\\t", "\t")
+
+
 @dataclass(frozen=True)
 class Field:
     """One closed decision of the schema.
@@ -140,7 +146,7 @@ class Example:
             raise SchemaError(f"{self.source}: gives 'columns', which need --template to become a text")
         values = dict(self.columns or ())
         try:
-            text = template.replace("\\n", "\n").replace("\\t", "\t").format_map(values)
+            text = unescape_template(template).format_map(values)
         except (KeyError, IndexError, ValueError) as exc:
             raise SchemaError(f"{self.source}: --template cannot be filled from its columns ({exc})") from None
         if not text.strip():
