@@ -139,12 +139,14 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
     Raises:
         InputError: no usable record in the input. ModelError/CompileError: see ``Labeler``.
     """
+    items = [r for batch in read_records(input_path, spec) for r in batch]
+    records = [r for r in items if isinstance(r, Record)]
+    if not records:  # said before the model loads, with the first row's reason
+        why = f" (e.g. {items[0].error})" if items else " (it is empty)"
+        raise InputError(f"{str(input_path)!r}: no usable record to benchmark{why}")
     labeler = Labeler(schema, model=model, device=device, dtype=dtype, backend=backend,
                       max_tokens_per_pass=max_tokens_per_pass)
     backend = labeler.backend
-    records = [r for batch in read_records(input_path, spec) for r in batch if isinstance(r, Record)]
-    if not records:
-        raise InputError(f"{str(input_path)!r}: no usable record to benchmark")
     cap = max_new_tokens or 2 * _answer_tokens(labeler) + 32
     report = BenchReport(schema=schema.name, model=backend.model_id, device=str(backend.device),
                          records=len(records), max_new_tokens=cap)

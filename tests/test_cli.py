@@ -491,3 +491,10 @@ def test_jsonl_with_a_byte_order_mark(tmp_path):
     pcd("label", src, "-s", AIRLINE, "--id-field", "id", "-o", tmp_path / "o.parquet")
     assert pq.read_table(tmp_path / "o.parquet").column("id").to_pylist() == ["a", "b"]
     assert not (tmp_path / "o.errors.jsonl").exists()
+
+
+def test_bench_without_usable_records_says_why_before_loading_a_model(tmp_path):
+    src = tmp_path / "tickets.jsonl"
+    src.write_text('{"id": 1, "subject": "refund", "body": "charged twice"}\n')
+    result = pcd("bench", "-s", AIRLINE, "-i", src, "--model", tmp_path / "no-such-model", code=2)
+    assert "no usable record to benchmark (e.g. line 1: text field 'text' is missing or null)" in flat(result.stderr)
