@@ -42,23 +42,33 @@ def embedded_backend():
 
 def tiny_backend(chat_template: bool = True, seed: int = 0):
     """A 2-layer random-init Llama with the embedded model's tokenizer (float32, CPU)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
-    from pcd_cli.backends.torch_backend import TorchBackend, converted_gguf_dir, embedded_gguf_path
+    from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(converted_gguf_dir(embedded_gguf_path())))
     if not chat_template:
         tokenizer.chat_template = None
+    return tiny_llama_over(tokenizer, seed=seed, name="tiny-random-llama")
+
+
+def tiny_llama_over(tokenizer, *, seed: int = 0, max_positions: int = 8192, name: str = "tiny-random-llama"):
+    """A 2-layer random-init Llama (hidden 64, weights x4) over ``tokenizer``, as a float32 CPU
+    ``TorchBackend`` named ``name``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pcd_cli.backends.torch_backend import TorchBackend
+
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                          tie_word_embeddings=True)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # sharper than the default init, so probabilities differ visibly
         for p in model.parameters():
             p.mul_(4.0)
-    return TorchBackend(model.float().eval(), tokenizer, "tiny-random-llama")
+    return TorchBackend(model.float().eval(), tokenizer, name)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 
 from pcd_cli.backends.torch_backend import HFTokenizer
@@ -21,7 +20,7 @@ from pcd_cli.compile import CompiledSchema
 from pcd_cli.decode import Decoder, Record, RecordFailure, RecordResult
 from pcd_cli.errors import CompileError, SchemaError
 from pcd_cli.inspect import inspect
-from pcd_cli.oracle import oracle_field
+from pcd_cli.backends.conformance import max_oracle_diff
 from pcd_cli.prompt import INPUT_LABEL, PREAMBLE, render_turns
 from pcd_cli.schema import parse_schema
 
@@ -53,19 +52,6 @@ def backend_of(kind: str):
     return _BACKENDS[kind]
 
 
-def _oracle_diff(backend, schema, results, scoring) -> float:
-    worst = 0.0
-    for result in results:
-        for trace in result.traces:
-            fi = schema.field_index(trace["field"])
-            field = schema.fields[fi]
-            lines = [(field.labels.index(line["label"]), line["text"]) for line in trace["lines"]]
-            probs, mass = oracle_field(backend, trace["context"], field, lines, scoring)
-            res = result.fields[fi]
-            worst = max(worst, float(np.abs(np.array(res.probs) - probs).max()), abs(res.mass - mass))
-    return worst
-
-
 # -- issue 12.2 / 13.7: in-context tokenization, seams -------------------------------------------
 
 @pytest.mark.parametrize("kind,scoring", [(k, "marginal") for k in KINDS] + [("llama2_inst", "exact"),
@@ -77,7 +63,7 @@ def test_decoder_matches_oracle_on_each_tokenizer_family(kind, scoring):
     texts = TEXTS + PUNCT_TEXTS
     results = Decoder(backend, compiled, trace=True).decode([Record(i, t) for i, t in enumerate(texts)])
     assert [type(r) for r in results] == [RecordResult] * len(texts), [getattr(r, "error", "") for r in results]
-    worst = _oracle_diff(backend, schema, results, scoring)
+    worst = max_oracle_diff(backend, schema, results, scoring)
     print(f"{kind} {scoring}: largest difference from the oracle {worst:.2e}")
     assert worst < 1e-4
 
@@ -185,7 +171,7 @@ def test_inspect_reports_what_label_refuses():
     results = Decoder(backend, compiled, trace=True).decode(
         [Record("ok", "Hello"), Record("bang", "Hello!"), Record("special", "Hello <|end|> there")])
     ok, bang, special_result = results
-    assert isinstance(ok, RecordResult) and _oracle_diff(backend, schema, [ok], "marginal") < 1e-4
+    assert isinstance(ok, RecordResult) and max_oracle_diff(backend, schema, [ok], "marginal") < 1e-4
     assert isinstance(bang, RecordFailure) and seams[0].message.endswith(bang.error.split(": ", 1)[1])
     assert isinstance(special_result, RecordFailure) and "cannot tokenize it as plain text" in special_result.error
 
@@ -283,7 +269,7 @@ def test_system_text_merged_with_few_shot_examples_matches_oracle(template, plac
     assert prompt.head_text.index(PREAMBLE) < prompt.head_text.index("Call me back") < \
         prompt.head_text.index("Thanks, all good.")
     results = Decoder(backend, compiled, trace=True).decode([Record(i, t) for i, t in enumerate(TEXTS)])
-    assert _oracle_diff(backend, schema, results, "marginal") < 1e-4
+    assert max_oracle_diff(backend, schema, results, "marginal") < 1e-4
 
 
 def test_template_without_a_user_turn_for_the_system_text_is_a_compile_error():

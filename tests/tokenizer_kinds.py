@@ -113,17 +113,6 @@ def punct_bpe(*, template: str | None = None):
 
 def tiny_backend_for(tokenizer, seed: int = 0):
     """A 2-layer random-init Llama over ``tokenizer`` (float32, CPU), as ``conftest.tiny_backend``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from .conftest import tiny_llama_over
 
-    from pcd_cli.backends.torch_backend import TorchBackend
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # sharper than the default init, so probabilities differ visibly
-        for p in model.parameters():
-            p.mul_(4.0)
-    return TorchBackend(model.float().eval(), tokenizer, f"tiny-random-llama-{seed}")
+    return tiny_llama_over(tokenizer, seed=seed, max_positions=4096, name=f"tiny-random-llama-{seed}")

@@ -59,6 +59,13 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "field"
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def eval_plots(report, directory: str | Path) -> list[Path]:
     """One reliability diagram PNG per field of an ``EvalReport``: ``<dir>/<field>.reliability.png``."""
     plt = require_matplotlib()
@@ -67,11 +74,7 @@ def eval_plots(report, directory: str | Path) -> list[Path]:
     for f in report.fields:
         fig, ax = plt.subplots(figsize=(5, 4.5))
         _draw(ax, f.bins, f"{f.field}: {f.n} rows", f.ece)
-        path = directory / f"{_safe(f.field)}.reliability.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, directory / f"{_safe(f.field)}.reliability.png"))
     return written
 
 
@@ -85,9 +88,5 @@ def calibration_plots(report, directory: str | Path) -> list[Path]:
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
         _draw(left, f.before_bins, f"{f.field}: before", f.before.ece)
         _draw(right, f.after_bins, f"{f.field}: after ({f.folds}-fold CV)", f.after.ece)
-        path = directory / f"{_safe(f.field)}.calibration.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, directory / f"{_safe(f.field)}.calibration.png"))
     return written
