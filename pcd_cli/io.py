@@ -449,7 +449,8 @@ def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> No
 
     Raises:
         InputError: as ``RecordReader`` does for the whole input: a missing file, an unknown
-            format (standard input without ``fmt``), a file that is not Parquet, or a CSV/Parquet header without a needed column.
+            format (standard input without ``fmt``), a file that is not Parquet, or a
+            CSV/Parquet header without a needed column.
     """
     kind, compression = input_kind(path, fmt)
     if is_stdin(path):
