@@ -142,6 +142,7 @@ CALIBRATION_OPT = typer.Option(None, "--calibration", help="Calibration file fro
 EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parquet with the text and one column per "
                             "field) to draw few-shot examples from; they replace the schema's own examples.")
 SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
+CSV_DELIMITER_OPT = typer.Option(",", "--csv-delimiter", help="CSV field separator, e.g. ';' or '\\t'.")
 SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
 
 
@@ -233,7 +234,7 @@ def label(
     scoring: Scoring = SCORING_OPT,
     fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension; "
                                          "required for -)."),
-    csv_delimiter: str = typer.Option(",", "--csv-delimiter", help="CSV field separator, e.g. ';' or '\\t'."),
+    csv_delimiter: str = CSV_DELIMITER_OPT,
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
                                            "e.g. 'Subject: {subject}\\n\\n{body}'."),
@@ -456,6 +457,7 @@ def bench(
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
                                            "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    csv_delimiter: str = CSV_DELIMITER_OPT,
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens "
                                                  "(default: twice a complete answer object's tokens + 32)."),
     max_tokens_per_pass: int = BUDGET_OPT,
@@ -473,7 +475,7 @@ def bench(
     try:
         parsed = load_schema(schema)
         report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
-                                                    id_field=id_field), model=model,
+                                                    id_field=id_field, csv_delimiter=csv_delimiter), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
                            max_tokens_per_pass=max_tokens_per_pass, backend=backend.value)
     except PcdError as exc:
@@ -500,7 +502,7 @@ GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file 
                            "else their 'row' column); ids are matched as strings.")
 
 
-@app.command("eval")
+@app.command("eval", short_help="Measure a pcd output against human gold labels (accuracy, F1, calibration, selective prediction).")
 def eval_(
     predictions: Path = typer.Argument(..., help="A pcd output Parquet file."),
     gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column and one column "
@@ -515,6 +517,7 @@ def eval_(
     plot: Optional[Path] = PLOT_OPT,
     compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
                                            "(e.g. before calibration): print both side by side."),
+    csv_delimiter: str = CSV_DELIMITER_OPT,
 ) -> None:
     """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
     Brier, NLL), AUROC and selective prediction, per field. Exit 2 on a bad file."""
@@ -530,7 +533,7 @@ def eval_(
             require_matplotlib()
         parsed = load_schema(schema) if schema else None
         frame, _ = read_predictions(predictions)
-        gold_frame = read_gold(gold, id_field=id_field)
+        gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
         report = evaluate(frame, gold_frame, parsed, id_field=id_field, target_accuracy=target_accuracy)
         render_eval(report, out)
         if compare is not None:
@@ -548,7 +551,7 @@ def eval_(
         raise _fail(exc) from None
 
 
-@app.command()
+@app.command(short_help="Fit a per-field calibration (temperature, label biases) on gold rows for pcd label --calibration.")
 def calibrate(
     gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column, one column per "
                                 "field and (without --predictions) the text."),
@@ -569,6 +572,7 @@ def calibrate(
     text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
                                            "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    csv_delimiter: str = CSV_DELIMITER_OPT,
     max_tokens_per_pass: int = BUDGET_OPT,
     examples: Optional[Path] = EXAMPLES_OPT,
     shots: int = SHOTS_OPT,
@@ -590,15 +594,17 @@ def calibrate(
                              "label them with --examples first (pcd label --all-probs) and pass that output")
         check_output_path(output)
         parsed = load_schema(schema)
-        gold_frame = read_gold(gold, id_field=id_field)
+        gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
         if predictions is not None:
             frame, metadata = read_predictions(predictions)
         else:
             from .api import Labeler
-            from .io import InputSpec
+            from .io import InputSpec, check_frame_columns
             from .quality.data import drop_example_rows
 
-            spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
+            spec = InputSpec(text_field=text_field, template=template, id_field=id_field,
+                             csv_delimiter=csv_delimiter)
+            check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                               scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
                               examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))

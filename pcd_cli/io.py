@@ -397,7 +397,7 @@ def read_table_rows(path: str | Path, spec: InputSpec, *,
             table = pq.read_table(path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from exc
-        _check_columns(path, table.schema.names, spec)
+        check_frame_columns(path, table.schema.names, spec)
         return ((None, row) for row in table.to_pylist())
     rows = {"jsonl": _jsonl_rows, "csv": _csv_rows}[kind](path, spec, compression)
     return ((line, row) for line, row, _ in rows)
@@ -462,7 +462,13 @@ def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> No
         rows.close()
 
 
-def _check_columns(path: str | Path, names: list[str], spec: InputSpec) -> None:
+def check_frame_columns(path: str | Path, names: list[str], spec: InputSpec) -> None:
+    """Refuse a table read from ``path`` whose columns ``names`` lack one that ``spec`` needs.
+
+    Raises:
+        InputError: names the file, the missing column and the columns there are (with a
+            ``--csv-delimiter`` hint when the header looks split on another separator).
+    """
     missing = [c for c in spec.columns_needed() if c not in names]
     if not missing:
         return
@@ -472,7 +478,7 @@ def _check_columns(path: str | Path, names: list[str], spec: InputSpec) -> None:
         found = next((d for d in (";", "\t", "|", ",") if d in names[0] and d != spec.csv_delimiter), None)
         if found is not None:
             shown = "\\t" if found == "\t" else found
-            hint = (f"; the header is one column made of {shown!r}-separated names: pass "
+            hint = (f"; the header is one column made of '{shown}'-separated names: pass "
                     f"--csv-delimiter '{shown}'")
     raise InputError(f"{name}: no column {missing[0]!r} (columns: {', '.join(names)}){hint}"
                      + ("" if hint else "; see --text-field, --template and --id-field"))
@@ -556,7 +562,7 @@ def _csv_rows(path: str | Path, spec: InputSpec, compression: str | None = None)
                     header = [cell_text(v, "the CSV header").strip() for v in values]
                 except CellError:
                     raise InputError(f"{str(path)!r}: the CSV header is not valid UTF-8") from None
-                _check_columns(path, header, spec)
+                check_frame_columns(path, header, spec)
                 continue
             if len(values) != len(header):
                 n = len(values)
@@ -570,7 +576,7 @@ def _parquet_rows(path: Path, spec: InputSpec, compression: str | None = None) -
         pfile = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from exc
-    _check_columns(path, pfile.schema_arrow.names, spec)
+    check_frame_columns(path, pfile.schema_arrow.names, spec)
     columns = list(dict.fromkeys(spec.columns_needed()))
     try:
         for batch in pfile.iter_batches(batch_size=1024, columns=columns):

@@ -498,3 +498,21 @@ def test_bench_without_usable_records_says_why_before_loading_a_model(tmp_path):
     src.write_text('{"id": 1, "subject": "refund", "body": "charged twice"}\n')
     result = pcd("bench", "-s", AIRLINE, "-i", src, "--model", tmp_path / "no-such-model", code=2)
     assert "no usable record to benchmark (e.g. line 1: text field 'text' is missing or null)" in flat(result.stderr)
+
+
+def test_bench_and_calibrate_take_csv_delimiter_and_check_columns_before_the_model(tmp_path):
+    """The hint's --csv-delimiter exists on bench and calibrate too; with it the header is read
+    right and the run goes on to the model (missing here: exit 3). Calibrate without a text
+    column stops at the gold file (exit 2) before any model loads."""
+    semi = tmp_path / "semi.csv"
+    semi.write_text("id;text;sentiment\n1;great flight;POSITIVE\n")
+    nowhere = tmp_path / "no-such-model"
+    hint = pcd("bench", "-s", AIRLINE, "-i", semi, "--n", 1, "--model", nowhere, code=2)
+    assert "pass --csv-delimiter ';'" in flat(hint.stderr)
+    pcd("bench", "-s", AIRLINE, "-i", semi, "--n", 1, "--csv-delimiter", ";", "--model", nowhere, code=3)
+    pcd("calibrate", semi, "-s", AIRLINE, "-o", tmp_path / "cal.json", "--csv-delimiter", ";", "--model", nowhere,
+        code=3)
+    notext = tmp_path / "notext.csv"
+    notext.write_text("id,body,sentiment\n1,great flight,POSITIVE\n")
+    result = pcd("calibrate", notext, "-s", AIRLINE, "-o", tmp_path / "cal.json", "--model", nowhere, code=2)
+    assert "notext.csv': no column 'text' (columns: id, body, sentiment)" in flat(result.stderr)

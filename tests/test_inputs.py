@@ -233,7 +233,8 @@ def test_csv_delimiter_option_and_the_hint(tmp_path, delimiter, typed):
                                                                         Record("b", "three")]
     with pytest.raises(InputError) as info:
         flat(path, InputSpec(id_field="id"))
-    assert f"the header is one column made of {typed!r}-separated names: pass --csv-delimiter '{typed}'" \
+    # the hint shows the separator as it is typed on a command line (\t, not \\t), both times
+    assert f"the header is one column made of '{typed}'-separated names: pass --csv-delimiter '{typed}'" \
         in str(info.value)
 
 

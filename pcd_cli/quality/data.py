@@ -118,8 +118,9 @@ def read_predictions(path: str | Path) -> tuple[pd.DataFrame, dict[str, str]]:
     return frame, metadata
 
 
-def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None) -> pd.DataFrame:
-    """Read a gold file (JSONL, CSV or Parquet) into a frame, every column kept.
+def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
+              csv_delimiter: str = ",") -> pd.DataFrame:
+    """Read a gold file (JSONL, CSV with ``csv_delimiter``, or Parquet) into a frame, every column kept.
 
     JSONL values keep their JSON types; CSV cells are strings (an empty cell is null).
 
@@ -137,7 +138,7 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from None
     else:
-        spec = InputSpec(text_field=id_field)
+        spec = InputSpec(text_field=id_field, csv_delimiter=csv_delimiter)
         rows = []
         for line, row in read_table_rows(path, spec, fmt=fmt):  # compressed gold files too
             if isinstance(row, str):
