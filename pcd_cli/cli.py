@@ -143,6 +143,8 @@ EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parqu
                             "field) to draw few-shot examples from; they replace the schema's own examples.")
 SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
 CSV_DELIMITER_OPT = typer.Option(",", "--csv-delimiter", help="CSV field separator, e.g. ';' or '\\t'.")
+ADAPTER_OPT = typer.Option(None, "--adapter", help="LoRA adapter folder from `pcd tune --adapter-only`, merged "
+                           "into --model's weights at load (torch backend).")
 SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
 
 
@@ -264,6 +266,7 @@ def label(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
                                             "(default: only on a terminal, never with --quiet or json logs)."),
     calibration: Optional[Path] = CALIBRATION_OPT,
+    adapter: Optional[Path] = ADAPTER_OPT,
     examples: Optional[Path] = EXAMPLES_OPT,
     shots: int = SHOTS_OPT,
     seed: int = SEED_OPT,
@@ -299,7 +302,7 @@ def label(
     labeler_options = dict(model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                            scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
-                           template=template, calibration=calibration)
+                           template=template, calibration=calibration, adapter=adapter)
     if engine is Engine.ray:
         if stdin or output is None:
             report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},
@@ -337,6 +340,9 @@ def label(
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
             shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
             labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
+            for warning in labeler.tune_warnings:
+                report("warning", {"message": warning + " (train what you will read: pcd tune with the same "
+                                   "schema, --examples, --template and --scoring)"}, "warning")
             stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -576,6 +582,7 @@ def calibrate(
     max_tokens_per_pass: int = BUDGET_OPT,
     examples: Optional[Path] = EXAMPLES_OPT,
     shots: int = SHOTS_OPT,
+    adapter: Optional[Path] = ADAPTER_OPT,
 ) -> None:
     """Fit a per-field temperature and label biases on gold rows; print cross-validated
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
@@ -607,7 +614,7 @@ def calibrate(
             check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                               scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
-                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
+                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed), adapter=adapter)
             gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
             if dropped:
                 out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
@@ -628,6 +635,129 @@ def calibrate(
             _said_written(calibration_plots(report, plot), "before/after reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
+
+
+@app.command(short_help="Train a LoRA adapter on gold rows through the very decisions pcd label reads.")
+def tune(
+    gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column, the text and one "
+                                "column per field (a missing or null cell leaves that field out of the loss)."),
+    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write: a model folder for pcd label "
+                                "--model (weights merged), or with --adapter-only the adapter for --adapter."),
+    model: Optional[str] = MODEL_OPT,
+    device: Device = DEVICE_OPT,
+    dtype: DType = typer.Option(DType.float32, "--dtype", help="Weights dtype while training (float32 on the "
+                                "CPU; bfloat16 on a GPU)."),
+    scoring: Scoring = typer.Option(Scoring.marginal, "--scoring", help="The scoring pcd label will read: train "
+                                    "what you will read (marginal or exact)."),
+    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
+    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
+                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    id_field: str = GOLD_ID_OPT,
+    csv_delimiter: str = CSV_DELIMITER_OPT,
+    examples: Optional[Path] = EXAMPLES_OPT,
+    shots: int = SHOTS_OPT,
+    holdout: float = typer.Option(0.2, "--holdout", min=0.0, max=0.9, help="Fraction of gold rows held out "
+                                  "(stratified on the first field, never trained on) to pick the best epoch."),
+    epochs: int = typer.Option(3, "--epochs", min=1, help="Passes over the training rows."),
+    rank: int = typer.Option(8, "--rank", min=1, help="LoRA rank."),
+    lr: float = typer.Option(5e-4, "--lr", min=0.0, help="AdamW learning rate."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
+                             "initialisation and the --examples draw."),
+    max_tokens_per_pass: int = BUDGET_OPT,
+    adapter_only: bool = typer.Option(False, "--adapter-only", help="Write only the LoRA adapter (apply it with "
+                                      "pcd label --adapter DIR on its base --model)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar with the loss and ETA."),
+) -> None:
+    """Train a LoRA adapter (peft) with cross-entropy over each field's labels, scored exactly as
+    pcd label reads them (same prompt head, forest and waves); keep the epoch with the best
+    holdout NLL; write a model folder with a pcd-tune.json card. Exit 2 on a bad gold file or
+    option, 3 on a model problem or without peft, 130 if interrupted (the best adapter so far
+    is written first)."""
+    from .api import Labeler
+    from .backends.torch_tune import require_peft
+    from .io import InputSpec, check_frame_columns
+    from .quality import read_gold
+    from .quality.data import drop_example_rows
+    from .quality.render import render_tune
+    from .schema import load_schema
+    from .tune import TuneConfig, gold_records, make_card, tune as run_tune
+
+    try:
+        require_peft()
+        if output.exists() and (not output.is_dir() or (any(output.iterdir())
+                                                        and not (output / "pcd-tune.json").is_file())):
+            raise InputError(f"-o {str(output)!r} exists and is not a pcd tune folder; give a new folder")
+        parsed = load_schema(schema)
+        spec = InputSpec(text_field=text_field, template=template, id_field=id_field, csv_delimiter=csv_delimiter)
+        gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
+        check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
+        labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend="torch",
+                          scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
+                          examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
+        gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
+        if dropped:
+            out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
+                      "left out of training", highlight=False)
+        records, labels, skipped = gold_records(gold_frame, parsed, spec)
+        if skipped:
+            err.print(f"[yellow]warning:[/] {len(skipped)} gold rows are not used (e.g. {escape(skipped[0])})",
+                      highlight=False)
+        config = TuneConfig(epochs=epochs, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
+                            max_tokens_per_pass=max_tokens_per_pass)
+        bar = _TuneProgress(progress, epochs)
+        result, trainer = run_tune(labeler.backend, parsed, records, labels, config,
+                                   examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch)
+        bar.close()
+        render_tune(result, out)
+        from .backends.torch_backend import model_content_key
+
+        card = make_card(base_model=labeler.backend.model_id, base_key=model_content_key(model),
+                         metadata=labeler.metadata(), gold_path=gold, records=records, result=result, config=config,
+                         adapter_only=adapter_only)
+        try:
+            trainer.save(output, adapter_only=adapter_only, card=card)
+        except OSError as exc:
+            raise InputError(f"-o {str(output)!r}: cannot write ({exc.strerror or exc})") from None
+        use = (f"pcd label INPUT -s {schema} --adapter {output}" + (f" --model {model}" if model else "")
+               if adapter_only else f"pcd label INPUT -s {schema} --model {output}")
+        out.print(f"wrote {escape(str(output))} (best epoch {result.best_epoch}); label with: {escape(use)}",
+                  highlight=False)
+        if result.interrupted:
+            err.print("[yellow]interrupted:[/] the best adapter so far was written", highlight=False)
+            raise typer.Exit(130)
+    except PcdError as exc:
+        raise _fail(exc) from None
+
+
+class _TuneProgress:
+    """A tqdm bar per epoch (optimiser steps, loss, ETA) on stderr, and one line per epoch."""
+
+    def __init__(self, enabled: bool, epochs: int):
+        self.enabled, self.epochs, self.bar = enabled, epochs, None
+
+    def step(self, done: int, total: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="step", leave=False, file=sys.stderr, dynamic_ncols=True)
+        self.bar.set_postfix(loss=f"{loss:.3f}")
+        self.bar.update(1)
+
+    def epoch(self, log) -> None:
+        self.close()
+        scores = "  ".join(f"{name}: acc {s.accuracy:.3f} nll {s.nll:.3f}" for name, s in log.holdout.items()
+                           if s.accuracy is not None)
+        loss = f"train loss {log.train_loss:.3f}  " if log.train_loss is not None else "before training  "
+        err.print(f"epoch {log.epoch}/{self.epochs}  {loss}holdout {scores or '(none)'}  ({log.seconds:.0f} s)",
+                  highlight=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def _said_written(files: list, what: str, folder: Path) -> None:

@@ -127,6 +127,8 @@ class _Slot:
     error: str | None = None  # set when the model's log-probabilities are unusable
     results: dict[int, FieldResult] = field(default_factory=dict)
     traces: list[dict] = field(default_factory=list)
+    written: tuple[int | None, ...] = ()  # pcd tune: the gold label index to write per field (None: the argmax)
+    reads: dict[int, tuple[FieldForest, list]] = field(default_factory=dict)  # pcd tune: differentiable reads
 
 
 def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_labels: int
@@ -190,6 +192,7 @@ class Decoder:
         self.pack_records = pack_records
         self.head_len = len(compiled.prompt.head_ids)
         self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
+        self._training = False  # set by ``training_reads``: passes under autograd, gold lines written
         self.tokens_fed = 0  # tokens fed in those passes
         self._wave_cost, self._positions_after_record = self._estimate_wave_costs()
         limit = getattr(backend, "max_positions", None)
@@ -324,6 +327,56 @@ class Decoder:
                                       traces=tuple(slot.traces), truncated=slot.truncated)
         return out  # type: ignore[return-value]
 
+    def training_groups(self, records: Sequence[Record]) -> tuple[list[list[int]], list[RecordFailure]]:
+        """How ``pcd tune`` batches ``records``: the groups ``decode`` would pack (record indices,
+        bounded by the token budget), and the records that cannot be labelled at all."""
+        slots, failures, index = [], [], {}
+        for i, record in enumerate(records):
+            try:
+                slot = self._prepare(record)
+            except RecordError as exc:
+                failures.append(RecordFailure(record.id, str(exc), record.row, record.line))
+                continue
+            index[id(slot)] = i
+            slots.append(slot)
+        return [[index[id(s)] for s in group] for group in self._groups(slots)], failures
+
+    def training_reads(self, records: Sequence[Record], written: Sequence[Sequence[int | None]]
+                       ) -> list[dict[int, tuple[FieldForest, list]]]:
+        """The decoder run for training (``pcd tune``, DESIGN.md §4): exactly ``decode``'s waves,
+        stream, positions and masks for one group of ``records`` (one of ``training_groups``),
+        fed with the backend's ``forward_train`` on top of the head prefilled again with
+        ``prefill_train`` (once for the group: its weights change between steps), so that the
+        read log-probabilities keep their autograd graph back to the head.
+
+        Args:
+            written: per record, per schema field, the label index whose answer line later
+                waves see (the gold label: teacher forcing), or ``None`` to write the label the
+                decoder would pick (its argmax), as ``decode`` does.
+
+        Returns:
+            per record, ``{field index: (forest, reads)}`` where ``reads[q]`` is the backend's
+            tensor of log-probabilities of ``forest.query_ids[q]``; ``score_forest`` of their
+            values equals ``decode``'s probabilities for the same written lines.
+
+        Raises:
+            RecordError: a record cannot be labelled (too long, seams).
+        """
+        slots = []
+        for record, labels in zip(records, written):
+            slot = self._prepare(record)
+            slot.written = tuple(labels)
+            slots.append(slot)
+        if len({slot.variant for slot in slots}) > 1:
+            raise ValueError("training_reads: records of different RoPE variants in one group (use training_groups)")
+        cache = self.backend.prefill_train(self.compiled.prompt.head_ids, variant=slots[0].variant)
+        self._training = True
+        try:
+            self._decode_group(slots, cache)
+        finally:
+            self._training = False
+        return [slot.reads for slot in slots]
+
     def _decode_group(self, group: list[_Slot], cache) -> None:
         schema = self.compiled.schema
         for wave in range(len(schema.waves)):
@@ -373,14 +426,17 @@ class Decoder:
                 field_queries.append((s, forest, len(queries)))
                 queries.extend((offset + r, q) for r, q in zip(forest.query_rows, forest.query_ids))
         base = self.backend.cache_length(cache)  # kv index of the stream's first token
-        query_lp = self._feed(cache, group, base, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
-                              np.array(chain_hi), np.array(pair_rows), np.array(pair_cols), queries)
+        query_lp, query_tensors = self._feed(cache, group, base, np.array(ids), np.array(pos), np.array(owner),
+                                             np.array(chain_lo), np.array(chain_hi), np.array(pair_rows),
+                                             np.array(pair_cols), queries)
         fields = self.compiled.schema.fields
         for s, forest, first in field_queries:
             fi = forest.field_index
             n_q = len(forest.query_rows)
             read = query_lp[first:first + n_q]
             slot = group[s]
+            if query_tensors is not None:
+                slot.reads[fi] = (forest, query_tensors[first:first + n_q])
             if slot.error is None and any(np.isnan(row).any() for row in read):
                 dtype = self.backend.dtype_name
                 slot.error = (f"record {slot.record.id!r}, field {fields[fi].name!r}: the model's log-probabilities "
@@ -392,6 +448,8 @@ class Decoder:
             else:  # the record is failed; later waves still need a line to write
                 probs, mass = np.zeros(len(fields[fi].labels)), 0.0
             label = int(np.argmax(probs))
+            if self._training and slot.written[fi] is not None:
+                label = slot.written[fi]  # teacher forcing: later waves see the gold answer line
             slot.results[fi] = FieldResult(label=label, value=fields[fi].value(label), prob=float(probs[label]),
                                            mass=mass, probs=tuple(float(p) for p in probs))
             if self.trace:
@@ -402,12 +460,14 @@ class Decoder:
             slot.fed_context = plan.context_ids
 
     def _feed(self, cache, group, base, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
-              queries) -> list[np.ndarray]:
-        """Feed one wave's stream in passes of at most ``budget`` tokens; return the read log-probs."""
+              queries) -> tuple[list[np.ndarray], list | None]:
+        """Feed one wave's stream in passes of at most ``budget`` tokens; return the read log-probs
+        (float64 arrays), and when training the same reads as the backend's differentiable tensors."""
         backend = self.backend
         n = len(ids)
         q_stream = np.array([q for q, _ in queries], dtype=np.int64)
         results: list[np.ndarray | None] = [None] * len(queries)
+        tensors: list | None = [None] * len(queries) if self._training else None
         # Earlier waves' context ranges, per token: (n, max_ranges) lo/hi in kv coordinates.
         n_ranges = max(len(slot.ctx_ranges) for slot in group)
         ranges = np.zeros((len(group), max(n_ranges, 1), 2), dtype=np.int64)
@@ -437,12 +497,18 @@ class Decoder:
                 gather[r, : len(queries[i][1])] = queries[i][1]
             if len(keep) == 0:
                 keep, gather = np.array([0]), np.full((1, 1), -1, dtype=np.int64)
-            lp = backend.forward(cache, ids[a:b], pos[a:b], visible, keep, gather)
+            if self._training:
+                lp_tensor = backend.forward_train(cache, ids[a:b], pos[a:b], visible, keep, gather)
+                lp = backend.to_numpy(lp_tensor)
+            else:
+                lp = backend.forward(cache, ids[a:b], pos[a:b], visible, keep, gather)
             self.record_passes += 1
             self.tokens_fed += b - a
             for r, i in enumerate(in_chunk):
                 results[i] = lp[r, : len(queries[i][1])]
-        return results  # type: ignore[return-value]
+                if tensors is not None:
+                    tensors[i] = lp_tensor[r, : len(queries[i][1])]
+        return results, tensors  # type: ignore[return-value]
 
     def _trace(self, slot: _Slot, forest: FieldForest, probs: np.ndarray, mass: float) -> dict:
         field_ = self.compiled.schema.fields[forest.field_index]

@@ -20,6 +20,7 @@ from pcd_cli.prompt import answer_object
 from pcd_cli.schema import load_schema, parse_schema
 
 from .conftest import ORACLE_SCHEMA, TEXTS, tiny_backend
+from .oracle_sample import max_oracle_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV = ROOT / "sample_data" / "airline_tweets.dev.jsonl"
@@ -111,10 +112,7 @@ def test_answer_lines_in_the_head_are_token_identical_to_scored_lines():
         assert head.index(answer) == head.index(text + tail) + len(text + tail) - len(layout.opener)
 
 
-@pytest.mark.parametrize("scoring", ["marginal", "exact"])
-@pytest.mark.parametrize("model", ["tiny", "embedded"])
-def test_decoder_with_examples_matches_the_oracle(request, model, scoring):
-    backend = tiny_backend(seed=5) if model == "tiny" else request.getfixturevalue("embedded_backend")
+def _examples_against_oracle(backend, scoring, *, sample):
     schema = _schema_with_examples()
     before = backend.forward_passes
     labeler = Labeler(schema, backend=backend, scoring=scoring, trace=True)
@@ -123,14 +121,27 @@ def test_decoder_with_examples_matches_the_oracle(request, model, scoring):
     assert len(labeler.compiled.prompt.head_ids) > plain_head + 60
     results = list(labeler.label(TEXTS))
     assert backend.forward_passes - before == 1 + labeler.forward_passes  # every record reuses the head
-    worst = 0.0
     for result in results:
-        for field, res, trace in zip(schema.fields, result.fields, sorted(result.traces, key=lambda t: schema.field_index(t["field"]))):
-            assert "Input:\n" + EXAMPLES[1]["text"] in trace["context"]
-            lines = [(field.labels.index(l["label"]), l["text"]) for l in trace["lines"]]
-            probs, mass = oracle_field(backend, trace["context"], field, lines, scoring)
-            worst = max(worst, float(np.abs(np.array(res.probs) - probs).max()), abs(res.mass - mass))
+        assert all("Input:\n" + EXAMPLES[1]["text"] in trace["context"] for trace in result.traces)
+    worst, checked = max_oracle_diff(backend, schema, results, scoring, sample=sample)
+    assert checked == len(schema.fields) * (1 if sample else len(TEXTS))
     assert worst < 1e-4
+
+
+@pytest.mark.parametrize("scoring", ["marginal", "exact"])
+def test_decoder_with_examples_matches_the_oracle(scoring):
+    _examples_against_oracle(tiny_backend(seed=5), scoring, sample=False)
+
+
+@pytest.mark.parametrize("scoring", ["marginal", "exact"])
+def test_embedded_decoder_with_examples_matches_the_oracle_on_a_sample(embedded_backend, scoring):
+    _examples_against_oracle(embedded_backend, scoring, sample=True)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("scoring", ["marginal", "exact"])
+def test_embedded_decoder_with_examples_matches_the_oracle_everywhere(embedded_backend, scoring):
+    _examples_against_oracle(embedded_backend, scoring, sample=False)
 
 
 def test_examples_change_the_head_hash_and_metadata():

@@ -164,6 +164,30 @@ def resolve_model(spec: str | None) -> tuple[str, str]:
     return spec, spec
 
 
+def model_content_key(spec: str | None) -> str:
+    """A content key (SHA-256 hex) of the weights ``--model`` names, for provenance cards.
+
+    The embedded model or a ``.gguf`` file: ``gguf_content_key``; a local folder: the
+    SHA-256 over its ``config.json`` and weight files (``*.safetensors``, ``*.bin``) in name
+    order; a hub id (not on disk): ``"id:" + the id``.
+    """
+    if spec in (None, "", "default", DEFAULT_MODEL):
+        return gguf_content_key(embedded_gguf_path())
+    if spec.lower().endswith(".gguf"):
+        return gguf_content_key(Path(spec).expanduser())
+    folder = Path(spec).expanduser()
+    if not folder.is_dir():
+        return f"id:{spec}"
+    digest = hashlib.sha256()
+    for path in sorted([folder / "config.json", *folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0")
+            with path.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
 def pick_device(device: str) -> str:
     """``auto`` -> cuda, else mps, else cpu; an explicit device must be available."""
     if device == "auto":
@@ -259,11 +283,16 @@ class TorchBackend:
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], *, variant: Hashable = 0) -> TorchKV:
+        return self.prefill_train(ids, variant=variant)
+
+    def prefill_train(self, ids: Sequence[int], *, variant: Hashable = 0) -> TorchKV:
+        """``prefill`` without ``inference_mode``: under autograd (``pcd tune``) the cached
+        keys and values keep their graph, so a loss read after them reaches the head's weights."""
         kv = TorchKV(self._cache_cls(), np.zeros(0, dtype=np.int64), variant)
         n = len(ids)
         if n:
-            self.forward(kv, np.asarray(ids, dtype=np.int64), np.arange(n, dtype=np.int64),
-                         np.tril(np.ones((n, n), dtype=bool)), np.array([n - 1]), np.full((1, 1), -1))
+            self._logits(kv, np.asarray(ids, dtype=np.int64), np.arange(n, dtype=np.int64),
+                         np.tril(np.ones((n, n), dtype=bool)), np.array([n - 1]))
         return kv
 
     def truncate(self, cache: TorchKV, length: int) -> None:
@@ -275,6 +304,24 @@ class TorchBackend:
     @torch.inference_mode()
     def forward(self, cache: TorchKV, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
                 keep_rows: np.ndarray, gather_ids: np.ndarray) -> np.ndarray:
+        logits = self._logits(cache, ids, positions, visible, keep_rows)
+        return self._read(logits, gather_ids).cpu().numpy().astype(np.float64)
+
+    def forward_train(self, cache: TorchKV, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+                      keep_rows: np.ndarray, gather_ids: np.ndarray):
+        """``forward`` under autograd, for ``pcd tune``: the same pass (same masks, positions and
+        cache), but the read log-probabilities come back as a float32 ``torch.Tensor`` ``(r, m)``
+        on the device, differentiable with respect to the model's trainable weights."""
+        return self._read(self._logits(cache, ids, positions, visible, keep_rows), gather_ids)
+
+    @staticmethod
+    def to_numpy(tensor) -> np.ndarray:
+        """A tensor of ``forward_train`` as a float64 NumPy array (detached, on the CPU)."""
+        return tensor.detach().float().cpu().numpy().astype(np.float64)
+
+    def _logits(self, cache: TorchKV, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+                keep_rows: np.ndarray):
+        """One pass on top of ``cache`` (the contract's ``forward``); the kept rows' logits ``(r, V)``."""
         q = len(ids)
         width = self.cache_length(cache) + q
         if visible.shape != (q, width):
@@ -290,7 +337,7 @@ class TorchBackend:
                              use_cache=True, **{self._cache_kw: cache.cache},
                              logits_to_keep=torch.from_numpy(keep_rows.astype(np.int64)).to(self.device))
         cache.positions = key_positions
-        return self._gather(out.logits[0], gather_ids)
+        return out.logits[0]
 
     def _additive(self, visible: np.ndarray):
         """A bool ``(q, k)`` visibility matrix as the ``(1, 1, q, k)`` additive float mask
@@ -299,17 +346,16 @@ class TorchBackend:
         mask.masked_fill_(~torch.from_numpy(visible).to(self.device), torch.finfo(self.dtype).min)
         return mask[None, None]
 
-    def _gather(self, logits, gather_ids: np.ndarray) -> np.ndarray:
-        """Log-softmax (float32, on the device) of each kept row, the ``gather_ids`` columns read,
-        then moved to the CPU and upcast to float64 there (MPS has no float64); rows with a NaN or
-        +inf logit (half-precision overflow) come back as NaN."""
+    def _read(self, logits, gather_ids: np.ndarray):
+        """Log-softmax (float32, on the device) of each kept row, the ``gather_ids`` columns read
+        (``-inf`` at padding); rows with a NaN or +inf logit (half-precision overflow) come back
+        as NaN. The caller moves it to the CPU and upcasts it to float64 there (MPS has no float64)."""
         logits = logits[:, : self.tokenizer.vocab_size].float()
         bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)  # -inf alone is a banned token
         logprobs = torch.log_softmax(logits, dim=-1)
         gather = torch.from_numpy(gather_ids.astype(np.int64)).to(logits.device)
         picked = torch.gather(logprobs, 1, gather.clamp(min=0))
-        picked = picked.masked_fill(gather < 0, float("-inf")).masked_fill(bad[:, None], float("nan"))
-        return picked.cpu().numpy().astype(np.float64)
+        return picked.masked_fill(gather < 0, float("-inf")).masked_fill(bad[:, None], float("nan"))
 
     @torch.inference_mode()
     def full_logprobs(self, ids: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:

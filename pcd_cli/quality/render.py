@@ -121,3 +121,25 @@ def render_calibration(report, console: Console) -> None:
     if report.fields_without_gold:
         console.print("not calibrated (no gold column): " + escape(", ".join(report.fields_without_gold)),
                       highlight=False)
+
+
+def render_tune(result, console: Console) -> None:
+    """``pcd tune``'s before -> after table: per field, holdout accuracy, macro-F1, NLL and ECE of
+    the model before training (epoch 0) and of the kept epoch; then the training's cost."""
+    before, after = result.epochs[0].holdout, result.epochs[result.best_epoch].holdout
+    table = _table(f"pcd tune: holdout ({result.holdout_rows} rows, never trained on), before -> epoch "
+                   f"{result.best_epoch}")
+    table.add_column("field")
+    for metric in ("accuracy", "macro-F1", "NLL", "ECE"):
+        table.add_column(metric, justify="right")
+    for name, b in before.items():
+        a = after.get(name, b)
+        table.add_row(escape(name), *(f"{_f(getattr(b, k))} -> {_f(getattr(a, k))}"
+                                      for k in ("accuracy", "macro_f1", "nll", "ece")))
+    if before:
+        console.print(table)
+    else:
+        console.print("no holdout (--holdout 0): the last epoch is kept", highlight=False)
+    console.print(f"{result.train_rows} training rows, {result.steps} optimiser steps, "
+                  f"{result.train_seconds:.0f} s; {result.trainable_parameters:,} adapter parameters",
+                  highlight=False)

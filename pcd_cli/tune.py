@@ -1,0 +1,309 @@
+"""``pcd tune``: gold labels -> a LoRA adapter trained through the decoder's own forest.
+
+Training is the decoder run backwards (DESIGN.md §4): ``Decoder.training_reads`` feeds the
+same head (few-shot examples included), record segment, answer-line forest and waves as
+``pcd label``, in the same packed passes bounded by the same token budget, with the
+backend's autograd path; the loss is each field's cross-entropy over its allowed labels,
+each label scored as the decoder scores it (``--scoring``). Later waves see the gold answer
+line of earlier fields (teacher forcing), or the decoder's own pick where the gold row
+lacks that field. The framework half (peft, optimiser, saving) is in
+``pcd_cli.backends.torch_tune``.
+
+Per epoch: the training rows in a seeded shuffle, one optimiser step per packed group; then
+the seeded, stratified holdout (never trained on) is labelled by the plain decoder and
+scored with ``pcd eval``'s metrics; the epoch with the lowest mean holdout NLL is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import __version__
+from .compile import CompiledSchema
+from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, Record, RecordFailure
+from .errors import InputError
+from .io import InputSpec, row_to_record
+from .quality import metrics as M
+from .quality.data import FieldSpec, gold_label_index, _is_present
+from .schema import Schema
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Hyperparameters of ``pcd tune`` (recorded in the card).
+
+    Attributes:
+        epochs: passes over the training rows. rank: LoRA rank. lr: AdamW learning rate.
+        seed: seeds the holdout split, the shuffle and the adapter's initialisation.
+        holdout: fraction of gold rows held out (stratified on the first field); 0 keeps none
+            (then the last epoch is kept).
+        scoring: ``marginal`` or ``exact``, the scoring ``pcd label`` will read.
+        max_tokens_per_pass: the token budget of one packed pass, hence of one training step.
+    """
+
+    epochs: int = 3
+    rank: int = 8
+    lr: float = 5e-4
+    seed: int = 0
+    holdout: float = 0.2
+    scoring: str = "marginal"
+    max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
+
+
+@dataclass(frozen=True)
+class FieldScores:
+    """Holdout metrics of one field (``pcd eval``'s definitions, ``pcd_cli.quality.metrics``)."""
+
+    n: int
+    accuracy: float | None
+    macro_f1: float | None
+    nll: float | None
+    ece: float | None
+
+
+@dataclass
+class EpochLog:
+    """One epoch: mean training loss (nats per field decision), holdout scores per field, seconds."""
+
+    epoch: int
+    train_loss: float | None
+    holdout: dict[str, FieldScores]
+    seconds: float
+
+
+@dataclass
+class TuneResult:
+    """What ``tune`` did. ``epochs[0]`` is the model before training (epoch 0, no loss)."""
+
+    epochs: list[EpochLog]
+    best_epoch: int
+    train_rows: int
+    holdout_rows: int
+    skipped: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    steps: int = 0
+    train_seconds: float = 0.0
+    trainable_parameters: int = 0
+
+
+def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], list[list[int | None]], list[str]]:
+    """Gold rows as records and label indices, by ``pcd eval``'s rules (``gold_label_index``).
+
+    A missing or null gold cell, or a value that is not a label, leaves that field out of the
+    row's loss (``None``); a row with no usable text or no gold label at all is skipped.
+
+    Returns:
+        ``(records, labels per record per field, messages for skipped rows)``.
+
+    Raises:
+        InputError: no field of the schema has a gold column.
+    """
+    specs = [FieldSpec(f.name, f.labels, f.is_boolean) for f in schema.fields]
+    if not any(s.name in gold.columns for s in specs):
+        raise InputError(f"the gold file has no column for any field of the schema "
+                         f"({', '.join(s.name for s in specs)}); columns: {', '.join(map(str, gold.columns))}")
+    frame = gold.astype(object).where(gold.notna(), None)
+    records, labels, skipped = [], [], []
+    for i, row in enumerate(frame.to_dict("records")):
+        record = row_to_record(row, i, None, spec)
+        if isinstance(record, RecordFailure):
+            skipped.append(record.error)
+            continue
+        row_labels = [gold_label_index(row.get(s.name), s) if _is_present(row.get(s.name)) else None for s in specs]
+        if all(lab is None for lab in row_labels):
+            skipped.append(f"row {i} (id {record.id!r}): no gold label for any field")
+            continue
+        records.append(record)
+        labels.append(row_labels)
+    return records, labels, skipped
+
+
+def stratified_holdout(labels: Sequence[int | None], fraction: float, seed: int) -> np.ndarray:
+    """Indices of a seeded holdout: ``round(fraction * n)`` of each gold label's rows (at least
+    one of a label with two or more rows), rows without a label counted as one more stratum.
+
+    Returns:
+        int64 sorted indices into ``labels``.
+    """
+    if fraction <= 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    strata: dict[object, list[int]] = {}
+    for i, label in enumerate(labels):
+        strata.setdefault(label, []).append(i)
+    held: list[int] = []
+    for key in sorted(strata, key=lambda k: (k is None, k)):
+        rows = np.array(strata[key])
+        rng.shuffle(rows)
+        k = int(round(fraction * len(rows)))
+        if k == 0 and len(rows) >= 2:
+            k = 1
+        held.extend(rows[:k].tolist())
+    return np.array(sorted(held), dtype=np.int64)
+
+
+def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence[Sequence[int | None]],
+                   schema: Schema) -> dict[str, FieldScores]:
+    """Label ``records`` with ``decoder`` and score each field against ``labels``."""
+    results = decoder.decode(records)
+    out = {}
+    for fi, f in enumerate(schema.fields):
+        rows = [(r, lab[fi]) for r, lab in zip(results, labels) if lab[fi] is not None and not isinstance(r, RecordFailure)]
+        if not rows:
+            out[f.name] = FieldScores(0, None, None, None, None)
+            continue
+        probs = np.array([r.fields[fi].probs for r, _ in rows])
+        gold = np.array([g for _, g in rows])
+        pred = probs.argmax(1)
+        correct = pred == gold
+        out[f.name] = FieldScores(n=len(rows), accuracy=M.accuracy(gold, pred),
+                                  macro_f1=M.macro_f1(M.label_scores(gold, pred, f.labels)),
+                                  nll=M.nll(probs, gold), ece=M.ece(probs.max(1), correct))
+    return out
+
+
+def _mean_nll(scores: dict[str, FieldScores]) -> float:
+    values = [s.nll for s in scores.values() if s.nll is not None]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def tune(backend, schema: Schema, records: list[Record], labels: list[list[int | None]], config: TuneConfig, *,
+         examples=(), on_step: Callable[[int, int, float], None] | None = None,
+         on_epoch: Callable[[EpochLog], None] | None = None):
+    """Train a LoRA adapter on ``backend``'s model through the decoder's reads.
+
+    Args:
+        backend: a loaded ``TorchBackend`` (the adapter is injected into its model).
+        records, labels: from ``gold_records``.
+        examples: few-shot examples for the prompt head (``resolve_examples`` output), as
+            ``pcd label --examples`` will use them.
+        on_step: called after every optimiser step with ``(step, steps per epoch, loss)``.
+        on_epoch: called with each ``EpochLog`` (epoch 0: before training).
+
+    Returns:
+        ``(TuneResult, trainer)``: the trainer holds the best epoch's adapter
+        (``LoraTrainer.save`` writes it). A ``KeyboardInterrupt`` during training stops it;
+        the best adapter so far is kept and ``interrupted`` is set.
+
+    Raises:
+        ModelError: peft missing or the model cannot take an adapter. InputError: no
+        training rows are left after the holdout.
+    """
+    from .backends.torch_tune import LoraTrainer, field_loss
+
+    compiled = CompiledSchema(schema, backend.tokenizer, scoring=config.scoring,
+                              logits_width=backend.logits_width, examples=examples)
+    first = [lab[0] for lab in labels]
+    held = set(stratified_holdout(first, config.holdout, config.seed).tolist())
+    train = [i for i in range(len(records)) if i not in held]
+    if not train:
+        raise InputError(f"no gold rows left to train on ({len(records)} rows, holdout {config.holdout})")
+    hold_records = [records[i] for i in sorted(held)]
+    hold_labels = [labels[i] for i in sorted(held)]
+    trainer = LoraTrainer(backend, rank=config.rank, lr=config.lr, seed=config.seed)
+    rng = np.random.default_rng(config.seed)
+
+    def evaluate() -> dict[str, FieldScores]:
+        if not hold_records:
+            return {}
+        decoder = Decoder(backend, compiled, max_tokens_per_pass=config.max_tokens_per_pass)
+        return holdout_scores(decoder, hold_records, hold_labels, schema)
+
+    t0 = time.perf_counter()
+    log = [EpochLog(0, None, evaluate(), time.perf_counter() - t0)]
+    if on_epoch:
+        on_epoch(log[0])
+    result = TuneResult(epochs=log, best_epoch=0, train_rows=len(train), holdout_rows=len(hold_records),
+                        trainable_parameters=trainer.trainable_parameters)
+    best_state, best_nll = trainer.adapter_state(), _mean_nll(log[0].holdout)
+    decoder = Decoder(backend, compiled, max_tokens_per_pass=config.max_tokens_per_pass)
+    train_start = time.perf_counter()
+    try:
+        for epoch in range(1, config.epochs + 1):
+            start = time.perf_counter()
+            order = [train[i] for i in rng.permutation(len(train))]
+            groups, failures = decoder.training_groups([records[i] for i in order])
+            result.skipped.extend(f.error for f in failures if epoch == 1)
+            losses = []
+            for g, group in enumerate(groups):
+                rows = [order[i] for i in group]
+                reads = decoder.training_reads([records[i] for i in rows], [labels[i] for i in rows])
+                terms = [field_loss(forest, rd, len(schema.fields[fi].labels), labels[i][fi])
+                         for i, per_field in zip(rows, reads) for fi, (forest, rd) in per_field.items()
+                         if labels[i][fi] is not None]
+                if not terms:
+                    continue
+                loss = trainer.step(terms)
+                losses.append((loss, len(terms)))
+                result.steps += 1
+                if on_step:
+                    on_step(g + 1, len(groups), loss)
+            train_loss = (sum(l * n for l, n in losses) / sum(n for _, n in losses)) if losses else None
+            entry = EpochLog(epoch, train_loss, evaluate(), time.perf_counter() - start)
+            log.append(entry)
+            if on_epoch:
+                on_epoch(entry)
+            nll = _mean_nll(entry.holdout)
+            if not hold_records or not (nll >= best_nll):  # NaN-safe: a first finite value wins
+                best_state, best_nll, result.best_epoch = trainer.adapter_state(), nll, epoch
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.train_seconds = time.perf_counter() - train_start
+    trainer.load_adapter_state(best_state)
+    return result, trainer
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_path: str | Path,
+              records: Sequence[Record], result: TuneResult, config: TuneConfig, adapter_only: bool) -> dict:
+    """The provenance card ``pcd-tune.json``: base model and its content key, the schema and
+    prompt head it was trained for (``Labeler.metadata`` keys), the gold file's sha256 and the
+    ids of the rows used, the hyperparameters, and per-epoch loss and holdout metrics."""
+    return {
+        "pcd_version": __version__,
+        "kind": "adapter" if adapter_only else "merged",
+        "base_model": base_model,
+        "base_model_key": base_key,
+        "schema_name": metadata["pcd.schema_name"],
+        "schema_sha256": metadata["pcd.schema_sha256"],
+        "prompt_head_sha256": metadata["pcd.prompt_head_sha256"],
+        "scoring": metadata["pcd.scoring"],
+        "examples": int(metadata["pcd.examples"]),
+        "gold_file": str(gold_path),
+        "gold_sha256": file_sha256(gold_path),
+        "rows_used": len(records),
+        "train_rows": result.train_rows,
+        "holdout_rows": result.holdout_rows,
+        "record_ids_sha256": hashlib.sha256("\n".join(str(r.id) for r in records).encode()).hexdigest(),
+        "hyperparameters": asdict(config),
+        "trainable_parameters": result.trainable_parameters,
+        "best_epoch": result.best_epoch,
+        "interrupted": result.interrupted,
+        "train_seconds": round(result.train_seconds, 2),
+        "epochs": [{"epoch": e.epoch, "train_loss": e.train_loss, "seconds": round(e.seconds, 2),
+                    "holdout": {k: asdict(v) for k, v in e.holdout.items()}} for e in result.epochs],
+    }
+
+
+def card_mismatches(card: dict, metadata: dict[str, str]) -> list[str]:
+    """What differs between a tuned model's card and a labelling run's metadata: schema, prompt
+    head (template, examples) or scoring mode. Empty when the run reads what was trained."""
+    checks = [("schema", "schema_sha256", "pcd.schema_sha256"),
+              ("prompt head (instructions, catalog, examples)", "prompt_head_sha256", "pcd.prompt_head_sha256"),
+              ("scoring mode", "scoring", "pcd.scoring")]
+    return [f"{what}: trained for {card.get(key)!r}, labelling with {metadata.get(meta)!r}"
+            for what, key, meta in checks if card.get(key) is not None and card.get(key) != metadata.get(meta)]
