@@ -272,7 +272,7 @@ def label(
     seed: int = SEED_OPT,
     engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process, checkpointed "
                                   "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files "
-                                  "(pip install 'pcd-cli\\[ray]'; README: Ray engine)."),
+                                  "(pip install 'pcd-cli\\[ray]'; docs/ray.md)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to "
                                                "join (default: $RAY_ADDRESS, else a local Ray for the run)."),
     workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model."),
@@ -428,7 +428,7 @@ def inspect_schema(
     schema: Path = typer.Argument(..., help="Schema file (YAML or JSON)."),
     model: Optional[str] = MODEL_OPT,
     scoring: Scoring = SCORING_OPT,
-    json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object (shape: README)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object (shape: docs/inspect-schema.md)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there is any warning."),
     template: Optional[str] = typer.Option(None, "--template", help="The --template of pcd label, for the schema's "
                                            "examples given as columns."),
@@ -519,7 +519,7 @@ def eval_(
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0.0, max=1.0,
                                                     help="Also find the probability (and mass) threshold, and "
                                                     "its coverage, that reach this accuracy."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: README)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: docs/quality.md)."),
     plot: Optional[Path] = PLOT_OPT,
     compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
                                            "(e.g. before calibration): print both side by side."),

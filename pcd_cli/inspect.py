@@ -185,7 +185,7 @@ class SchemaReport:
     warnings: tuple[Finding, ...]
 
     def to_dict(self) -> dict:
-        """Plain data for ``--json`` (shape documented in README.md, "inspect-schema")."""
+        """Plain data for ``--json`` (shape documented in docs/inspect-schema.md)."""
         return asdict(self)
 
 

@@ -28,7 +28,7 @@ NEWLINE_FAMILIES = {
 
 
 def report_json(report: SchemaReport) -> str:
-    """The report as one indented JSON object (keys and types: README.md, "inspect-schema")."""
+    """The report as one indented JSON object (keys and types: docs/inspect-schema.md)."""
     return orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode()
 
 

@@ -13,7 +13,7 @@ A probability of exactly 0 (float32 underflow) is floored at 1e-12 before the lo
 become small but non-zero after calibration; the decoder never gives a structural zero.
 
 A ``Calibration`` is tied to the model, schema, prompt head and scoring mode it was fitted
-for (``check``), and is saved as JSON (shape in the README).
+for (``check``), and is saved as JSON (shape in docs/quality.md).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class FieldCalibration:
         biases: one additive bias per label on the tempered log-probabilities.
         n: rows it was fitted on.
         cv: cross-validated metrics: ``{"folds", "seed", "n", "before": {...}, "after": {...}}``
-            with ``accuracy``, ``macro_f1``, ``ece``, ``nll`` each (README).
+            with ``accuracy``, ``macro_f1``, ``ece``, ``nll`` each (docs/quality.md).
     """
 
     field: str

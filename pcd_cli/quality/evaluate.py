@@ -122,7 +122,7 @@ class EvalReport:
         return next(f for f in self.fields if f.field == name)
 
     def to_dict(self) -> dict:
-        """The ``pcd eval --json`` object (shape documented in the README); strict JSON values."""
+        """The ``pcd eval --json`` object (shape documented in docs/quality.md); strict JSON values."""
         return {
             "id_field": self.id_field, "id_column": self.id_column, "gold_rows": self.gold_rows,
             "prediction_rows": self.prediction_rows, "matched": self.matched,
