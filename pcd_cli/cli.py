@@ -61,6 +61,7 @@ class _Group(typer.core.TyperGroup):
         try:
             return super().invoke(ctx)
         except _UsageError as exc:
+            _nearest_options(exc)
             if not as_json:
                 raise
             _log_json("error", "usage_error", {"message": exc.format_message(), "exit_code": exc.exit_code})
@@ -79,6 +80,19 @@ class _Group(typer.core.TyperGroup):
                 err.print(f"[bold red]error:[/] {escape(message)} (--log-format json shows the traceback)",
                           highlight=False)
             raise typer.Exit(EXIT_INTERNAL) from None
+
+
+def _nearest_options(exc) -> None:
+    """A mistyped option suggests the real ones it starts, then the closest by spelling
+    (``--id`` -> ``--id-field``; click alone offered ``--seed``)."""
+    import difflib
+
+    name, ctx = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
+    if not name or ctx is None or not hasattr(exc, "possibilities"):
+        return
+    opts = [o for param in ctx.command.params for o in (*param.opts, *param.secondary_opts) if o.startswith("--")]
+    prefixed = [o for o in opts if o.startswith(name)]
+    exc.possibilities = prefixed[:4] or difflib.get_close_matches(name, opts, n=3, cutoff=0.6)
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
@@ -146,6 +160,26 @@ CSV_DELIMITER_OPT = typer.Option(",", "--csv-delimiter", help="CSV field separat
 ADAPTER_OPT = typer.Option(None, "--adapter", help="LoRA adapter folder from `pcd tune --adapter-only`, merged "
                            "into --model's weights at load (torch backend).")
 SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
+
+
+def _panel(option, panel: str):
+    """A copy of a shared option shown in the help panel ``panel`` of one command."""
+    import copy
+
+    option = copy.copy(option)
+    option.rich_help_panel = panel
+    return option
+
+
+_display_type_rich = typer.core.TyperOption.display_type_rich
+
+
+def _flag_without_placeholder(self, ctx):
+    """Help shows ``--all-probs``, not ``--all-probs <bool>``: flags take no value."""
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flag_without_placeholder
 
 
 def draw_shots(examples: Optional[Path], schema, spec, *, shots: int, seed: int):
@@ -228,58 +262,64 @@ def label(
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON), or models.py:Model "
                                 "(a Pydantic model)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output Parquet file "
-                                          "(default: <input stem>.labels.parquet next to the input; --engine ray: a folder)."),
-    model: Optional[str] = MODEL_OPT,
-    device: Device = DEVICE_OPT,
-    dtype: DType = DTYPE_OPT,
-    backend: BackendKind = BACKEND_OPT,
-    scoring: Scoring = SCORING_OPT,
+                                          "(default: <input stem>.labels.parquet next to the input; --engine ray: a folder).", rich_help_panel='Output'),
+    model: Optional[str] = _panel(MODEL_OPT, 'Model'),
+    device: Device = _panel(DEVICE_OPT, 'Model'),
+    dtype: DType = _panel(DTYPE_OPT, 'Model'),
+    backend: BackendKind = _panel(BACKEND_OPT, 'Model'),
+    scoring: Scoring = _panel(SCORING_OPT, 'Model'),
     fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension; "
-                                         "required for -)."),
-    csv_delimiter: str = CSV_DELIMITER_OPT,
-    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
+                                         "required for -).", rich_help_panel='Input'),
+    csv_delimiter: str = _panel(CSV_DELIMITER_OPT, 'Input'),
+    text_field: str = typer.Option("text", "--text-field", help="Column holding the text.", rich_help_panel='Input'),
     template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
-                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+                                           "e.g. 'Subject: {subject}\\n\\n{body}'.", rich_help_panel='Input'),
     id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id "
-                                           "(default: row numbers from 0, column 'row')."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Label only the first N rows."),
-    all_probs: bool = typer.Option(False, "--all-probs", help="Add <field>__probs (label -> probability) columns."),
+                                           "(default: row numbers from 0, column 'row').", rich_help_panel='Input'),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Label only the first N rows.", rich_help_panel='Input'),
+    all_probs: bool = typer.Option(False, "--all-probs", help="Add <field>__probs (label -> probability) columns.", rich_help_panel='Output'),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write one JSON line per record and field "
-                                         "with the context, lines, probabilities and mass."),
+                                         "with the context, lines, probabilities and mass.", rich_help_panel='Output'),
     errors: Optional[Path] = typer.Option(None, "--errors", help="Where failed records go "
-                                          "(default: <output stem>.errors.jsonl)."),
+                                          "(default: <output stem>.errors.jsonl).", rich_help_panel='Output'),
     min_mass: float = typer.Option(0.5, "--min-mass", min=0.0, max=1.0, help="Report fields whose candidate "
-                                   "mass is below this."),
-    max_tokens_per_pass: int = BUDGET_OPT,
+                                   "mass is below this.", rich_help_panel='Output'),
+    max_tokens_per_pass: int = _panel(BUDGET_OPT, 'Model'),
     truncate: Truncate = typer.Option(Truncate.middle, "--truncate", help="A text too long for the model's "
                                       "context loses its middle, head or tail (marked in __truncated), or fails "
-                                      "(error)."),
+                                      "(error).", rich_help_panel='Model'),
     max_errors: Optional[int] = typer.Option(None, "--max-errors", min=0, help="Stop (exit 1) once more rows "
-                                             "than this have failed (default: no limit)."),
+                                             "than this have failed (default: no limit).", rich_help_panel='Cron'),
     resume: bool = typer.Option(False, "--resume", help="Continue the unfinished run of this same job, if there "
-                                "is one (else start afresh). Safe to put in every cron line."),
+                                "is one (else start afresh). Safe to put in every cron line.", rich_help_panel='Cron'),
     batch_size: int = typer.Option(DEFAULT_BATCH_RECORDS, "--batch-size", min=1, help="Rows per checkpoint "
-                                   "(a killed run loses at most the batch in flight)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only warnings and errors."),
+                                   "(a killed run loses at most the batch in flight).", rich_help_panel='Cron'),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only warnings and errors.", rich_help_panel='Cron'),
     log_format: LogFormat = typer.Option(LogFormat.text, "--log-format", help="text, or json: one JSON "
-                                         "object per line on stderr (events, warnings, errors, summary)."),
+                                         "object per line on stderr (events, warnings, errors, summary).", rich_help_panel='Cron'),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
-                                            "(default: only on a terminal, never with --quiet or json logs)."),
-    calibration: Optional[Path] = CALIBRATION_OPT,
-    adapter: Optional[Path] = ADAPTER_OPT,
-    examples: Optional[Path] = EXAMPLES_OPT,
-    shots: int = SHOTS_OPT,
-    seed: int = SEED_OPT,
+                                            "(default: only on a terminal, never with --quiet or json logs).", rich_help_panel='Cron'),
+    calibration: Optional[Path] = _panel(CALIBRATION_OPT, 'Quality'),
+    adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Quality'),
+    examples: Optional[Path] = _panel(EXAMPLES_OPT, 'Quality'),
+    shots: int = _panel(SHOTS_OPT, 'Quality'),
+    seed: int = _panel(SEED_OPT, 'Quality'),
     engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process, checkpointed "
                                   "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files "
-                                  "(pip install 'pcd-cli\\[ray]'; docs/ray.md)."),
+                                  "(pip install 'pcd-cli\\[ray]'; docs/ray.md).", rich_help_panel='Engines'),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to "
-                                               "join (default: $RAY_ADDRESS, else a local Ray for the run)."),
-    workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model."),
-    worker_cpus: float = typer.Option(1.0, "--worker-cpus", min=0.0, help="--engine ray: CPUs per actor."),
-    worker_gpus: float = typer.Option(0.0, "--worker-gpus", min=0.0, help="--engine ray: GPUs per actor."),
+                                               "join (default: $RAY_ADDRESS, else a local Ray for the run).", rich_help_panel='Engines'),
+    workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model.", rich_help_panel='Engines'),
+    worker_cpus: float = typer.Option(1.0, "--worker-cpus", min=0.0, help="--engine ray: CPUs per actor.", rich_help_panel='Engines'),
+    worker_gpus: float = typer.Option(0.0, "--worker-gpus", min=0.0, help="--engine ray: GPUs per actor.", rich_help_panel='Engines'),
 ) -> None:
     """Label every record of INPUT with SCHEMA and write a Parquet file.
+
+    Examples:
+
+      pcd label sample_data/sms_spam.jsonl -s schemas/sms_spam.yaml --id-field id -o out/sms.parquet
+
+      zcat export.jsonl.gz | pcd label - --format jsonl -s schema.yaml -o labels.parquet --resume
 
     Exit codes: 0 done (some rows may be in the errors file); 1 more failures than --max-errors,
     or no row could be labelled; 2 bad option, schema or input; 3 model or compile problem;
