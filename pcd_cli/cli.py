@@ -581,6 +581,7 @@ def eval_(
         frame, _ = read_predictions(predictions)
         gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
         report = evaluate(frame, gold_frame, parsed, id_field=id_field, target_accuracy=target_accuracy)
+        out.print(f"scored {escape(str(predictions))} against {escape(str(gold))}", highlight=False)
         render_eval(report, out)
         if compare is not None:
             from .quality.compare import render_comparison
@@ -592,7 +593,7 @@ def eval_(
             _write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
-            _said_written(eval_plots(report, plot), "reliability diagram", plot)
+            _said_written(eval_plots(report, plot, predictions.name.split(".")[0]), "reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
 

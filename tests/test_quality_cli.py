@@ -86,8 +86,11 @@ def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
     assert f["by_prob"]["target"] == {"target": 0.8, "threshold": pytest.approx(0.71), "coverage": pytest.approx(5 / 6),
                                       "n": 5, "accuracy": 0.8}
     assert report["metadata"]["pcd.model"] == "fake-model"
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["f.reliability.png", "flag.reliability.png"]
-    assert (tmp_path / "plots" / "f.reliability.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["preds.f.reliability.png",
+                                                                        "preds.flag.reliability.png"]
+    assert (tmp_path / "plots" / "preds.f.reliability.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"scored {preds} against {gold}" in " ".join(text.split())
+    assert "field 'f': only 6 rows: the accuracy is known to about ±0.38 (95 %)" in " ".join(text.split())
 
 
 def test_eval_gold_csv_and_parquet_and_schema(hand_files, tmp_path, no_model):

@@ -134,6 +134,10 @@ class EvalReport:
         }
 
 
+#: Fewer evaluated rows than this draw a warning (the accuracy's 95 % interval is wider than ±0.1).
+SMALL_SAMPLE = 100
+
+
 def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None = None, *, id_field: str = "id",
              target_accuracy: float | None = None) -> EvalReport:
     """Score a pcd output against human gold labels, per field.
@@ -177,6 +181,15 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         if f.n and f.accuracy < f.majority_accuracy:
             warnings.append(f"field {f.field!r}: accuracy {f.accuracy:.3f} is below the majority-class baseline "
                             f"{f.majority_accuracy:.3f} (always {f.majority_label!r}); see pcd calibrate")
+        if f.n and len({c for row in f.confusion for c, v in enumerate(row) if v}) == 1:
+            only = f.labels[next(c for row in f.confusion for c, v in enumerate(row) if v)]
+            warnings.append(f"field {f.field!r}: every row was labelled {only!r}; the accuracy {f.accuracy:.3f} is "
+                            f"the share of {only!r} in the gold labels, not a sign the model tells the labels apart "
+                            f"(macro-F1 {f.macro_f1:.3f})")
+        if 0 < f.n < SMALL_SAMPLE:
+            half = 1.96 * math.sqrt(max(f.accuracy * (1 - f.accuracy), 0.25 / f.n) / f.n)
+            warnings.append(f"field {f.field!r}: only {f.n} rows: the accuracy is known to about ±{half:.2f} (95 %), "
+                            f"and ECE over {M.ECE_BINS} bins is noisy; score a few hundred rows to compare settings")
         if f.auroc is not None and f.auroc <= 0.5:
             warnings.append(f"field {f.field!r}: AUROC {f.auroc:.3f}: a higher probability is not more often right; "
                             "the probabilities carry no signal about correctness here")

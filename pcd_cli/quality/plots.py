@@ -66,15 +66,18 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def eval_plots(report, directory: str | Path) -> list[Path]:
-    """One reliability diagram PNG per field of an ``EvalReport``: ``<dir>/<field>.reliability.png``."""
+def eval_plots(report, directory: str | Path, name: str = "") -> list[Path]:
+    """One reliability diagram PNG per field of an ``EvalReport``: ``<dir>/<name>.<field>.reliability.png``
+    (``name``: the scored file's stem, so that evaluating another file does not overwrite them;
+    ``<dir>/<field>.reliability.png`` without it)."""
     plt = require_matplotlib()
     directory = _out_dir(directory)
     written = []
     for f in report.fields:
         fig, ax = plt.subplots(figsize=(5, 4.5))
         _draw(ax, f.bins, f"{f.field}: {f.n} rows", f.ece)
-        written.append(_save(plt, fig, directory / f"{_safe(f.field)}.reliability.png"))
+        prefix = f"{_safe(name)}." if name else ""
+        written.append(_save(plt, fig, directory / f"{prefix}{_safe(f.field)}.reliability.png"))
     return written
 
 
