@@ -438,6 +438,10 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
                 yield number, f"not valid JSON ({exc}{hint})", raw
                 continue
             if isinstance(row, dict):
+                repeated = _repeated_key(line, spec) if len(row) else None
+                if repeated:
+                    yield number, repeated, raw
+                    continue
                 yield number, row, raw
             else:
                 yield number, f"expected a JSON object, got {type(row).__name__}", raw
@@ -460,6 +464,46 @@ def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> No
         next(rows, None)
     finally:
         rows.close()
+
+
+def check_unique_columns(path: str | Path, names: list[str], where: str) -> None:
+    """Refuse a header that names a column twice (csv.DictReader and pyarrow's to_pylist keep
+    the last one silently: a joined export's second ``text`` would be labelled instead of the first).
+
+    Raises:
+        InputError: names the column and both 1-based positions.
+    """
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name == "":
+            continue
+        if name in seen:
+            where_ = "standard input" if is_stdin(path) else repr(str(path))
+            raise InputError(f"{where_}: column {name!r} appears twice in the {where} (columns {seen[name] + 1} "
+                             f"and {i + 1}); rename one (a name given twice is never resolved silently)")
+        seen[name] = i
+
+
+def _repeated_key(line: bytes, spec: InputSpec) -> str | None:
+    """The error of a JSONL row whose object repeats a key pcd reads (the text, template or id
+    column), else ``None``. orjson keeps the last value silently, so a line that holds a read
+    key's name more than once is parsed again, keeping every pair."""
+    needed = spec.columns_needed()
+    if not any(line.count(orjson.dumps(name)) > 1 for name in needed):
+        return None
+    import json
+
+    pairs = json.loads(line, object_pairs_hook=lambda p: p)
+    if not isinstance(pairs, list):
+        return None
+    names = [k for k, _ in pairs]
+    for name in needed:
+        if names.count(name) > 1:
+            first = names.index(name)
+            second = names.index(name, first + 1)
+            return (f"key {name!r} appears twice in the JSON object (keys {first + 1} and {second + 1}); "
+                    "a name given twice is never resolved silently: rename one")
+    return None
 
 
 def check_frame_columns(path: str | Path, names: list[str], spec: InputSpec) -> None:
@@ -562,6 +606,7 @@ def _csv_rows(path: str | Path, spec: InputSpec, compression: str | None = None)
                     header = [cell_text(v, "the CSV header").strip() for v in values]
                 except CellError:
                     raise InputError(f"{str(path)!r}: the CSV header is not valid UTF-8") from None
+                check_unique_columns(path, header, "CSV header")
                 check_frame_columns(path, header, spec)
                 continue
             if len(values) != len(header):
@@ -576,6 +621,7 @@ def _parquet_rows(path: Path, spec: InputSpec, compression: str | None = None) -
         pfile = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from exc
+    check_unique_columns(path, pfile.schema_arrow.names, "Parquet schema")
     check_frame_columns(path, pfile.schema_arrow.names, spec)
     columns = list(dict.fromkeys(spec.columns_needed()))
     try:

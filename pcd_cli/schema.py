@@ -238,6 +238,38 @@ def json_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+class _RepeatedKey(ValueError):
+    """A mapping of a schema file names a key twice."""
+
+
+def _unique_json_object(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads`` hook: a JSON object whose key repeats raises ``_RepeatedKey``."""
+    seen: dict[str, int] = {}
+    for i, (key, _) in enumerate(pairs):
+        if key in seen:
+            raise _RepeatedKey(f"key {key!r} appears twice in one JSON object (entries {seen[key] + 1} and {i + 1})")
+        seen[key] = i
+    return dict(pairs)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: PyYAML's own error follows
+                continue
+            if first is not None:
+                raise _RepeatedKey(f"key {key!r} appears twice in one YAML mapping (lines {first + 1} and "
+                                   f"{key_node.start_mark.line + 1})")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_schema(path: str | Path) -> Schema:
     """Read and validate a schema file (YAML, JSON, or ``models.py:Model``: a Pydantic model,
     see ``pcd_cli.schema_pydantic``).
@@ -260,9 +292,12 @@ def load_schema(path: str | Path) -> Schema:
         raise SchemaError(f"schema file {str(path)!r} is empty; see schemas/ for examples")
     try:
         if path.suffix.lower() == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_json_object)
         else:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _RepeatedKey as exc:
+        raise SchemaError(f"schema file {str(path)!r}: {exc}; a name given twice is never resolved silently "
+                          "(remove or rename one)") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise SchemaError(f"schema file {str(path)!r}: not valid {path.suffix.lstrip('.').upper() or 'YAML'}: {exc}") from exc
     return parse_schema(data, default_name=path.stem)

@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -143,6 +144,11 @@ def converted_gguf_dir(gguf: Path) -> Path:
     return target
 
 
+#: A model hub id as users type it: ``owner/name`` (letters, digits, ``-``, ``_``, ``.``; neither
+#: part starting with a dot), e.g. ``Qwen/Qwen2.5-0.5B-Instruct`` or ``meta-llama/Llama-3.1-8B``.
+HUB_ID = re.compile(r"[A-Za-z0-9_-][\w.-]*/[A-Za-z0-9_-][\w.-]*")
+
+
 def resolve_model(spec: str | None) -> tuple[str, str]:
     """Map ``--model`` to ``(model_id for metadata, path or hub id to load from)``.
 
@@ -159,7 +165,9 @@ def resolve_model(spec: str | None) -> tuple[str, str]:
     path = Path(spec).expanduser()
     if path.is_dir():
         return path.name, str(path)
-    if path.suffix or spec.startswith((".", "/", "~")):
+    if HUB_ID.fullmatch(spec):  # owner/name, dots and all (Qwen/Qwen2.5-0.5B-Instruct): a hub id
+        return spec, spec
+    if path.suffix or spec.startswith((".", "/", "~")) or "/" in spec or "\\" in spec:
         raise ModelError(f"--model {spec!r}: no such folder or .gguf file")
     return spec, spec
 

@@ -1,0 +1,97 @@
+"""Round-3 cases (issue #20) that this stop fixes, each as its kind: a name given twice is never
+resolved silently (CSV headers, Parquet columns, JSONL keys, YAML and JSON schema files), and
+model hub ids with dots in them are tried as hub ids. The inputs are copied from
+../shared/cases-round3/ into tests/data/cases-round3/."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from pcd_cli.backends.torch_backend import resolve_model
+from pcd_cli.cli import app
+from pcd_cli.errors import InputError, ModelError, SchemaError
+from pcd_cli.io import InputSpec, RecordReader
+from pcd_cli.schema import load_schema
+
+CASE = Path(__file__).with_name("data") / "cases-round3" / "csv-duplicate-header-columns"
+
+
+def _label(*args):
+    return CliRunner().invoke(app, ["label", *map(str, args)], prog_name="pcd")
+
+
+@pytest.mark.parametrize("name, column, positions", [("input.csv", "text", "columns 2 and 4"),
+                                                     ("input-dup-id.csv", "id", "columns 1 and 3")])
+def test_a_csv_header_naming_a_column_twice_exits_2_before_the_model_loads(tmp_path, name, column, positions):
+    started = time.perf_counter()
+    result = _label(CASE / name, "-s", CASE / "schema.yaml", "--id-field", "id", "-o", tmp_path / "o.parquet")
+    assert result.exit_code == 2
+    assert f"column {column!r} appears twice in the CSV header ({positions}); rename one" in " ".join(result.output.split())
+    assert time.perf_counter() - started < 5  # no model was loaded
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_parquet_file_with_a_repeated_column_is_refused(tmp_path):
+    table = pa.Table.from_arrays([pa.array(["a"]), pa.array(["hello"]), pa.array(["note"])], names=["id", "text", "text"])
+    pq.write_table(table, tmp_path / "dup.parquet")
+    with pytest.raises(InputError, match=r"column 'text' appears twice in the Parquet schema \(columns 2 and 3\)"):
+        list(RecordReader(tmp_path / "dup.parquet", InputSpec(id_field="id")))
+
+
+def test_a_jsonl_object_repeating_a_read_key_fails_that_row_only(tmp_path):
+    rows = (CASE / "input-dup-key.jsonl").read_text() + '{"id": "ok-1", "text": "a fine row", "note": 1}\n'
+    (tmp_path / "in.jsonl").write_text(rows)
+    items = [i for batch in RecordReader(tmp_path / "in.jsonl", InputSpec(id_field="id")) for i in batch]
+    n_dup = len((CASE / "input-dup-key.jsonl").read_text().splitlines())
+    assert [type(i).__name__ for i in items] == ["RecordFailure"] * n_dup + ["Record"]
+    assert "key 'text' appears twice in the JSON object (keys 2 and 4)" in items[0].error
+    assert items[-1].text == "a fine row"
+    # a key pcd does not read may repeat (it is not used); the row is labelled
+    (tmp_path / "other.jsonl").write_text('{"id": "x", "text": "hi", "n": 1, "n": 2}\n')
+    items = [i for b in RecordReader(tmp_path / "other.jsonl", InputSpec(id_field="id")) for i in b]
+    assert type(items[0]).__name__ == "Record"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("s.yaml", "fields:\n  a:\n    type: boolean\n  a:\n    type: boolean\n",
+     "key 'a' appears twice in one YAML mapping (lines 2 and 4)"),
+    ("s.yaml", "fields:\n  a:\n    type: enum\n    labels: [X, Y]\n    labels: [Y, Z]\n",
+     "key 'labels' appears twice in one YAML mapping (lines 4 and 5)"),
+    ("s.json", '{"fields": {"a": {"type": "boolean"}, "a": {"type": "boolean"}}}',
+     "key 'a' appears twice in one JSON object (entries 1 and 2)"),
+    ("s.yaml", "fields:\n  a:\n    type: enum\n    labels: [X, Y, X]\n", "field 'a': duplicate label 'X'"),
+])
+def test_a_schema_naming_a_key_twice_is_refused(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(SchemaError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_schema(tmp_path / name)
+
+
+@pytest.mark.parametrize("spec", ["Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-8B-Instruct",
+                                  "microsoft/Phi-3.5-mini-instruct", "mlx-community/Qwen2.5-0.5B-Instruct-4bit"])
+def test_hub_ids_with_dots_are_hub_ids(spec):
+    assert resolve_model(spec) == (spec, spec)
+
+
+@pytest.mark.parametrize("spec", ["./missing-model", "models/sub/missing", "/no/such/folder", "weights.bin"])
+def test_paths_that_do_not_exist_are_still_refused(spec):
+    with pytest.raises(ModelError, match="no such folder or .gguf file"):
+        resolve_model(spec)
+
+
+def test_an_unreachable_hub_id_exits_3_with_the_hubs_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    result = _label(tmp_path / "in.jsonl", "-s", CASE / "schema.yaml", "--model", "Qwen/Qwen2.5-0.5B-Instruct",
+                    "-o", tmp_path / "o.parquet")
+    assert result.exit_code == 3
+    flat = " ".join(result.output.split())
+    assert "--model 'Qwen/Qwen2.5-0.5B-Instruct': cannot load it" in flat
+    assert "no such folder" not in flat
