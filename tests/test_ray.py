@@ -96,7 +96,9 @@ def assert_same(local: pa.Table, remote: pa.Table, *, skip_meta=("pcd.created_ut
                 assert y[name] == value, name
 
 
-@pytest.mark.parametrize("source, workers, id_field", [("jsonl", 1, True), ("csv", 2, False), ("parts", 2, True)])
+@pytest.mark.parametrize("source, workers, id_field", [
+    pytest.param("jsonl", 1, True, marks=pytest.mark.full), pytest.param("csv", 2, False, marks=pytest.mark.full),
+    ("parts", 2, True)])
 def test_ray_matches_local(local_ray, files, tmp_path, source, workers, id_field):
     extra = ["--id-field", "id"] if id_field else []
     local = _local(files, files["jsonl"] if source == "parts" else files[source], tmp_path / "local.parquet", extra)
