@@ -268,3 +268,21 @@ def test_tune_refuses_a_gold_file_without_schema_columns(tune_files, tmp_path):
                                  "--model", tune_files["model"], "--device", "cpu", "--no-progress"])
     assert result.exit_code == 2
     assert "no column for any field of the schema (refund)" in " ".join(result.output.split())
+
+
+def test_tuned_folder_loads_on_mlx_with_the_same_labels(tune_files):
+    pytest.importorskip("mlx_lm")
+    out = tune_files["root"] / "for-mlx"
+    _tune_cli(tune_files, out, "--epochs", "1")
+    tables = {}
+    for kind in ("torch", "mlx"):
+        path = tune_files["root"] / f"{kind}.parquet"
+        run = runner.invoke(app, ["label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model", str(out),
+                                  "--backend", kind, "--device", "cpu", "--dtype", "float32", "-o", str(path),
+                                  "--all-probs", "--no-progress"])
+        assert run.exit_code == 0, run.output
+        tables[kind] = pq.read_table(path).to_pylist()
+    for a, b in zip(tables["torch"], tables["mlx"]):
+        assert a["refund"] == b["refund"]
+        assert a["refund__prob"] == pytest.approx(b["refund__prob"], abs=1e-4)
+        assert a["refund__mass"] == pytest.approx(b["refund__mass"], abs=1e-4)
