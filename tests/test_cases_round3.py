@@ -87,11 +87,18 @@ def test_paths_that_do_not_exist_are_still_refused(spec):
 
 
 def test_an_unreachable_hub_id_exits_3_with_the_hubs_reason(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    def offline(source, *args, **kwargs):  # what transformers raises with no network, at once
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load the files for {source}, and "
+                      "couldn't find them in the cached files.")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
     (tmp_path / "in.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
     result = _label(tmp_path / "in.jsonl", "-s", CASE / "schema.yaml", "--model", "Qwen/Qwen2.5-0.5B-Instruct",
                     "-o", tmp_path / "o.parquet")
     assert result.exit_code == 3
     flat = " ".join(result.output.split())
-    assert "--model 'Qwen/Qwen2.5-0.5B-Instruct': cannot load it" in flat
+    assert "--model 'Qwen/Qwen2.5-0.5B-Instruct': cannot load it (We couldn't connect to 'https://huggingface.co'" \
+        in flat
     assert "no such folder" not in flat

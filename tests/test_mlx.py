@@ -246,6 +246,7 @@ def test_forest_forward_matches_torch(mlx_backends, torch_backends, oracle_schem
     assert n == 2 and worst < TOL
 
 
+@pytest.mark.full  # make test checks embedded parity end to end (test_pcd_label_mlx_equals_torch_on_sample_data)
 @needs_mlx
 def test_forest_forward_matches_torch_on_the_embedded_model(embedded_mlx, embedded_backend, oracle_schema):
     """30 layers of float32 in two frameworks, activations up to ~650. Measured 4.9e-5 on
@@ -275,6 +276,7 @@ def test_decoder_matches_oracle_on_mlx(mlx_backends, oracle_schema, arch, scorin
     assert worst < TOL
 
 
+@pytest.mark.full  # ~3 min on mlx[cpu]; make test checks split forests on torch (test_decode) and MLX forests above
 @needs_mlx
 def test_split_255_label_forest_matches_oracle_on_mlx(mlx_backends):
     """The 255-label field split over many passes (a 64-token budget) on MLX: the same
@@ -375,7 +377,7 @@ def test_unsupported_architecture_is_a_model_error(tiny_dirs, tmp_path):
 # -- the CLI end to end on the embedded model --------------------------------------------------
 
 @needs_mlx
-@pytest.mark.parametrize("scoring", ["marginal", "exact"])
+@pytest.mark.parametrize("scoring", ["marginal", pytest.param("exact", marks=pytest.mark.full)])
 def test_pcd_label_mlx_equals_torch_on_sample_data(tmp_path, scoring):
     import pyarrow.parquet as pq
 
