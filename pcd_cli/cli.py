@@ -157,6 +157,8 @@ EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parqu
                             "field) to draw few-shot examples from; they replace the schema's own examples.")
 SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
 CSV_DELIMITER_OPT = typer.Option(",", "--csv-delimiter", help="CSV field separator, e.g. ';' or '\\t'.")
+TEXT_FIELD_OPT = typer.Option("text", "--text-field", help="Column holding the text.")
+TEMPLATE_OPT = typer.Option(None, "--template", help="Compose the text from columns, e.g. 'Subject: {subject}\\n\\n{body}'.")
 ADAPTER_OPT = typer.Option(None, "--adapter", help="LoRA adapter folder from `pcd tune --adapter-only`, merged "
                            "into --model's weights at load (torch backend).")
 SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
@@ -271,9 +273,8 @@ def label(
     fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension; "
                                          "required for -).", rich_help_panel='Input'),
     csv_delimiter: str = _panel(CSV_DELIMITER_OPT, 'Input'),
-    text_field: str = typer.Option("text", "--text-field", help="Column holding the text.", rich_help_panel='Input'),
-    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
-                                           "e.g. 'Subject: {subject}\\n\\n{body}'.", rich_help_panel='Input'),
+    text_field: str = _panel(TEXT_FIELD_OPT, 'Input'),
+    template: Optional[str] = _panel(TEMPLATE_OPT, 'Input'),
     id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id "
                                            "(default: row numbers from 0, column 'row').", rich_help_panel='Input'),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Label only the first N rows.", rich_help_panel='Input'),
@@ -500,9 +501,8 @@ def bench(
     device: Device = DEVICE_OPT,
     dtype: DType = DTYPE_OPT,
     backend: BackendKind = BACKEND_OPT,
-    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
-    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
-                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    text_field: str = TEXT_FIELD_OPT,
+    template: Optional[str] = TEMPLATE_OPT,
     csv_delimiter: str = CSV_DELIMITER_OPT,
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens "
                                                  "(default: twice a complete answer object's tokens + 32)."),
@@ -616,9 +616,8 @@ def calibrate(
     dtype: DType = DTYPE_OPT,
     backend: BackendKind = BACKEND_OPT,
     scoring: Scoring = SCORING_OPT,
-    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
-    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
-                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    text_field: str = TEXT_FIELD_OPT,
+    template: Optional[str] = TEMPLATE_OPT,
     csv_delimiter: str = CSV_DELIMITER_OPT,
     max_tokens_per_pass: int = BUDGET_OPT,
     examples: Optional[Path] = EXAMPLES_OPT,
@@ -691,9 +690,8 @@ def tune(
                                 "CPU; bfloat16 on a GPU)."),
     scoring: Scoring = typer.Option(Scoring.marginal, "--scoring", help="The scoring pcd label will read: train "
                                     "what you will read (marginal or exact)."),
-    text_field: str = typer.Option("text", "--text-field", help="Column holding the text."),
-    template: Optional[str] = typer.Option(None, "--template", help="Compose the text from columns, "
-                                           "e.g. 'Subject: {subject}\\n\\n{body}'."),
+    text_field: str = TEXT_FIELD_OPT,
+    template: Optional[str] = TEMPLATE_OPT,
     id_field: str = GOLD_ID_OPT,
     csv_delimiter: str = CSV_DELIMITER_OPT,
     examples: Optional[Path] = EXAMPLES_OPT,
