@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -93,7 +94,9 @@ class LoraTrainer:
         config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS,
                                  bias="none", task_type="CAUSAL_LM")
         try:
-            self.peft_model = peft.get_peft_model(backend.model, config)
+            with warnings.catch_warnings():  # peft asks transformers a deprecated question (FutureWarning)
+                warnings.simplefilter("ignore", FutureWarning)
+                self.peft_model = peft.get_peft_model(backend.model, config)
         except ValueError as exc:
             raise ModelError(f"cannot attach a LoRA adapter to {backend.model_id!r} ({exc})") from exc
         self.peft_model.eval()
