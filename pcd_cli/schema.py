@@ -303,6 +303,27 @@ def load_schema(path: str | Path) -> Schema:
     return parse_schema(data, default_name=path.stem)
 
 
+#: Keys a schema in pcd's own format may have at the top level, and in each field.
+TOP_KEYS = ("name", "instructions", "fields", "examples")
+FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on")
+
+
+def _check_keys(mapping: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a key pcd does not know (a typo like ``descripton`` would otherwise be ignored
+    silently), naming it and the nearest known key.
+
+    Raises:
+        SchemaError: ``<where>: unknown key 'descripton' (did you mean 'description'?)``.
+    """
+    import difflib
+
+    for key in mapping:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}?" if near else f"known keys: {', '.join(known)}"
+            raise SchemaError(f"{where}: unknown key {key!r} ({hint})")
+
+
 def parse_schema(data: Any, *, default_name: str = "schema") -> Schema:
     """Validate a schema given as plain Python data (the parsed file).
 
@@ -315,6 +336,7 @@ def parse_schema(data: Any, *, default_name: str = "schema") -> Schema:
         data = _from_json_schema(data)
     if "schema" in data and "fields" not in data and isinstance(data["schema"], dict):
         data = {"name": data.get("id", default_name), "fields": data["schema"]}  # preset files
+    _check_keys(data, TOP_KEYS, "schema")
     raw_fields = data.get("fields")
     if raw_fields is None or (hasattr(raw_fields, "__len__") and len(raw_fields) == 0):
         raise SchemaError("schema: no fields; add at least one field under 'fields'")
@@ -374,6 +396,7 @@ def _parse_field(name: Any, spec: Any) -> tuple[Field, list[str]]:
         raise SchemaError(f"field {name!r}: a field name must be a non-empty string{hint}")
     if not isinstance(spec, dict):
         raise SchemaError(f"field {name!r}: expected a mapping with 'type' (boolean or enum)")
+    _check_keys(spec, FIELD_KEYS, f"field {name!r}")
     ftype = spec.get("type")
     if ftype in ("bool",):
         ftype = "boolean"

@@ -102,3 +102,17 @@ def test_an_unreachable_hub_id_exits_3_with_the_hubs_reason(tmp_path, monkeypatc
     assert "--model 'Qwen/Qwen2.5-0.5B-Instruct': cannot load it (We couldn't connect to 'https://huggingface.co'" \
         in flat
     assert "no such folder" not in flat
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fields:\n  a:\n    type: enum\n    descripton: x\n    labels: [A, B]\n",
+     "field 'a': unknown key 'descripton' (did you mean 'description'?)"),
+    ("fields:\n  a:\n    type: enum\n    label: [A, B]\n", "field 'a': unknown key 'label' (did you mean 'labels'?)"),
+    ("name: x\nfield:\n  a: {type: boolean}\n", "schema: unknown key 'field' (did you mean 'fields'?)"),
+    ("fields:\n  a: {type: boolean, colour: red}\n", "field 'a': unknown key 'colour' (known keys: type, description"),
+])
+def test_an_unknown_schema_key_is_an_error_naming_the_nearest_known_one(tmp_path, text, message):
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(SchemaError) as exc:
+        load_schema(tmp_path / "s.yaml")
+    assert message in str(exc.value)
