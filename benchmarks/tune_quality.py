@@ -45,13 +45,11 @@ from pcd_cli.quality import metrics as M  # noqa: E402
 from pcd_cli.schema import load_schema  # noqa: E402
 from pcd_cli.tune import TuneConfig, gold_records, stratified_holdout, tune  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
-SETS = {
-    "sms_spam": ("sms_spam.dev.jsonl", "sms_spam.yaml", "is_spam"),
-    "airline_tweets": ("airline_tweets.dev.jsonl", "airline_sentiment.yaml", "sentiment"),
-    "intents": ("intents.dev.jsonl", "intents.yaml", "intent"),
-    "trec_questions": ("trec_questions.dev.jsonl", "trec_questions.yaml", "answer_type"),
-}
+from quality import DATA  # noqa: E402  (benchmarks/quality.py: the same data folder and set table)
+from quality import SETS as QUALITY_SETS  # noqa: E402
+
+#: The sets of benchmarks/quality.py that the tune benchmark runs (file, schema, field).
+SETS = {name: QUALITY_SETS[name] for name in ("sms_spam", "airline_tweets", "intents", "trec_questions")}
 
 
 def scores(probs: np.ndarray, gold: np.ndarray, labels) -> dict:
