@@ -34,6 +34,7 @@ from rich.table import Table
 from .api import Labeler
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Record, RecordResult
 from .errors import InputError
+from .files import write_atomic
 from .io import InputSpec, read_records
 from .schema import Schema
 
@@ -246,8 +247,9 @@ def render_bench(report: BenchReport, console: Console) -> None:
 
 
 def write_bench_json(report: BenchReport, path: str | Path) -> None:
-    """Write ``{"schema", "model", ..., "rows": [...], "summary": {...}}`` as JSON."""
-    Path(path).write_text(json.dumps(asdict(report), indent=2, default=str))
+    """Write ``{"schema", "model", ..., "rows": [...], "summary": {...}}`` as JSON (atomically:
+    ``pcd_cli.files.write_atomic``)."""
+    write_atomic(path, json.dumps(asdict(report), indent=2, default=str).encode())
 
 
 def gold_accuracy(report: BenchReport, gold, schema: Schema, *, id_field: str = "id") -> dict:

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import InputError
+from .files import AtomicFile, atomic_writer, clear_stale, machine_errors, write_atomic, write_target
 from .io import ParquetSink
 
 try:  # POSIX; elsewhere runs are not protected against a second process on the same output
@@ -65,32 +66,33 @@ def work_dir_for(output: str | Path) -> Path:
     return output.with_name(f".{output.name}.pcd-work")
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (POSIX; a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _jsonl(rows: list[dict]) -> bytes:
     return b"".join(orjson.dumps(row, default=str) + b"\n" for row in rows)
+
+
+def check_unlocked(output: str | Path) -> None:
+    """Refuse at once, before a model loads, to start while another run holds ``output``'s work
+    folder. ``WorkDir.open`` checks again when it takes the lock (the race between the two is
+    harmless: the later check refuses). A lock left by a killed run is not held: the kernel
+    releases ``flock`` locks when their process dies.
+
+    Raises:
+        InputError: another process holds the lock.
+    """
+    lock = work_dir_for(output) / "lock"
+    if fcntl is None or not lock.is_file():
+        return
+    try:
+        fh = lock.open("a+")
+    except OSError:
+        return
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise InputError(f"another pcd run is writing {str(output)!r} (its work folder "
+                             f"{str(lock.parent)!r} is locked); wait for it to finish") from None
+        fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class WorkDir:
@@ -148,7 +150,8 @@ class WorkDir:
         if not same:  # the run that held it finished and removed the folder meanwhile
             lock_fh.close()
             raise InputError(f"another pcd run was writing {str(output)!r} just now; run again")
-        for stray in Path(output).parent.glob(f".{Path(output).name}.*.tmp"):
+        final = write_target(output)
+        for stray in final.parent.glob(f".{final.name}.*.tmp"):
             stray.unlink(missing_ok=True)  # the final Parquet of a run killed while writing it
         work = cls(path, fingerprint, arrow_schema, lock_fh)
         manifest = work._read_manifest()
@@ -209,7 +212,7 @@ class WorkDir:
 
     def _write_manifest(self) -> None:
         data = {"format": MANIFEST_FORMAT, "fingerprint": self.fingerprint, "progress": asdict(self.progress)}
-        _write_atomic(self.path / "manifest.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        write_atomic(self.path / "manifest.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
 
     # -- committing and reading back ---------------------------------------------------------
     def commit(self, table: pa.Table, errors: list[dict], traces: list[dict], *, truncated: int,
@@ -220,16 +223,18 @@ class WorkDir:
         ``input_sha256`` is the hash of the raw bytes of every row done, this batch's included.
         """
         index = self.progress.parts
-        part = self._part(index, ".parquet")
-        tmp = part.with_name(part.name + ".tmp")
-        pq.write_table(table, tmp)
-        with tmp.open("rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, part)
+        part = AtomicFile(self._part(index, ".parquet"))
+        try:
+            with machine_errors(part.path):
+                pq.write_table(table, part.tmp)
+        except BaseException:
+            part.abort()
+            raise
+        part.commit()
         if errors:
-            _write_atomic(self._part(index, ".errors.jsonl"), _jsonl(errors))
+            write_atomic(self._part(index, ".errors.jsonl"), _jsonl(errors))
         if traces:
-            _write_atomic(self._part(index, ".trace.jsonl"), _jsonl(traces))
+            write_atomic(self._part(index, ".trace.jsonl"), _jsonl(traces))
         p = self.progress
         self.progress = Progress(parts=index + 1, rows=p.rows + table.num_rows + len(errors),
                                  records=p.records + table.num_rows, failures=p.failures + len(errors),
@@ -256,16 +261,10 @@ class WorkDir:
         sources = [p for p in (self._part(i, ext) for i in range(self.progress.parts)) if p.is_file()]
         if not sources:
             return False
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        with tmp.open("wb") as out:
+        with atomic_writer(target) as out:  # flushed to disk before the folder holding the parts goes
             for src in sources:
                 with src.open("rb") as fh:
                     shutil.copyfileobj(fh, out)
-            out.flush()
-            os.fsync(out.fileno())  # durable before the work folder holding the parts is deleted
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
         return True
 
     def write_errors(self, target: Path) -> bool:
@@ -275,8 +274,12 @@ class WorkDir:
     def finish(self, output: Path, *, errors_path: Path, trace_path: Path | None, metadata: dict[str, str]) -> None:
         """Assemble the final outputs from the parts, rename them into place, remove the folder.
 
+        Each file is written whole or not at all, through a symlink to its target
+        (``pcd_cli.files``); an errors or trace file of an earlier run is cleared when this run
+        has none (``clear_stale``).
+
         Raises:
-            InputError: the output's folder cannot be created.
+            MachineError: a file cannot be written (the parts stay, for ``--resume``).
         """
         schema = self.arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
         sink = ParquetSink(output, schema)
@@ -291,15 +294,14 @@ class WorkDir:
                     pending, rows = [], 0
             if pending:
                 sink.write_table(pa.concat_tables(pending))
+            if not self.write_errors(errors_path):
+                clear_stale(errors_path)  # an earlier run's errors would mislead
+            if trace_path is not None and not self._concat(".trace.jsonl", trace_path):
+                clear_stale(trace_path)
         except BaseException:
             sink.abort()
             raise
-        if not self.write_errors(errors_path):
-            errors_path.unlink(missing_ok=True)  # an earlier run's errors would mislead
-        if trace_path is not None and not self._concat(".trace.jsonl", trace_path):
-            trace_path.unlink(missing_ok=True)
         sink.close()  # the Parquet output last: its presence means the run is complete
-        _fsync_dir(output.parent)  # every rename above is durable before the parts go
         shutil.rmtree(self.path, ignore_errors=True)
         self.close()
 

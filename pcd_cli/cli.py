@@ -3,7 +3,9 @@
 Exit codes: 0 done; 1 more failures than --max-errors, or no record could be labelled
 (``inspect-schema --strict``: any warning); 2 bad schema, input or option; 3 model or
 compile problem; 4 internal error (a bug: one line on stderr, the traceback in the
-``--log-format json`` log); 130 interrupted (resumable).
+``--log-format json`` log); 5 the machine could not do it (no space, read-only folder,
+permission, I/O error; names the path); 130 interrupted (resumable); 141 stdout or stderr
+closed by its reader (``| head``), quietly.
 """
 
 from __future__ import annotations
@@ -23,12 +25,31 @@ from rich.markup import escape
 
 from . import __version__
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import (CompileError, InputError, Interrupted, MissingExtra, ModelError, NothingLabelled, PcdError,
-                     SchemaError, TooManyErrors)
+from .errors import (CompileError, InputError, Interrupted, MachineError, MissingExtra, ModelError, NothingLabelled,
+                     PcdError, SchemaError, TooManyErrors)
 from .job import DEFAULT_BATCH_RECORDS
 
 #: Exit code of an unexpected internal exception (a bug), apart from 1 (--max-errors).
 EXIT_INTERNAL = 4
+#: Exit code when the machine could not do it (no space left, read-only folder, permission
+#: denied, I/O error, file too large): not a bug, and not a bad option either.
+EXIT_MACHINE = 5
+#: Exit code when standard output or error was closed by its reader (128 + SIGPIPE, as the
+#: shell reports a tool killed by SIGPIPE).
+EXIT_BROKEN_PIPE = 141
+
+
+def _quiet_after_broken_pipe() -> None:
+    """Point stdout and stderr at /dev/null so that Python's flush at exit does not complain
+    again (the recipe in the ``signal`` module's docs, "Note on SIGPIPE")."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
 
 
 def _json_log_requested(args: list[str]) -> bool:
@@ -68,6 +89,18 @@ class _Group(typer.core.TyperGroup):
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, _ClickException, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # `pcd ... | head`: the reader left; end quietly, as Unix tools do
+            _quiet_after_broken_pipe()
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
+        except OSError as exc:  # the machine, not pcd: no space, read-only folder, permission, I/O
+            from .files import machine_error
+
+            message = str(exc if isinstance(exc, MachineError) else machine_error(exc, None, "cannot do it"))
+            if as_json:
+                _log_json("error", "machine_error", {"message": message, "exit_code": EXIT_MACHINE})
+            else:
+                err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+            raise typer.Exit(EXIT_MACHINE) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, reported as one
             import traceback
 
@@ -100,7 +133,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
 
-EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3, MissingExtra: 3}
+EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3, MissingExtra: 3,
+              MachineError: EXIT_MACHINE}
 
 
 class Scoring(str, Enum):
@@ -324,14 +358,15 @@ def label(
 
     Exit codes: 0 done (some rows may be in the errors file); 1 more failures than --max-errors,
     or no row could be labelled; 2 bad option, schema or input; 3 model or compile problem;
-    4 internal error (a bug); 130 interrupted (SIGINT/SIGTERM) after committing the current
-    batch: rerun with --resume.
+    4 internal error (a bug); 5 the machine could not do it (no space left, read-only folder,
+    permission, I/O error): free it and rerun with --resume; 130 interrupted (SIGINT/SIGTERM)
+    after committing the current batch: rerun with --resume.
     """
     from .api import Labeler
     from .io import InputSpec, check_input, is_stdin
     from .checkpoint import work_dir_for
     from .job import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
-                      stop_on_signals)
+                      stop_on_signals, write_empty_output)
     from .schema import load_schema
 
     report = Reporter(log_format, quiet)
@@ -372,22 +407,28 @@ def label(
             if not stdin and not input.is_file():
                 raise InputError(f"{str(input)!r}: " + ("is a folder, not a file" if input.is_dir() else
                                                         "no such input file"))
-            check_input(input, spec, fmt.value if fmt else None)  # a bad header fails before the model loads
+            has_rows = check_input(input, spec, fmt.value if fmt else None)  # header, encoding: before the model
             if output.is_dir():
                 raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
                                  f"{str(output / default_output(input).name)!r}")
-            check_paths(input, output, errors, trace)
+            for folder in check_paths(input, output, errors, trace):  # writable, not locked by another run
+                report("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
+                                          "folder": str(folder)})
             if output.suffix.lower() not in (".parquet", ".pq"):
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
-            shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
-            labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
-            for warning in labeler.tune_warnings:
-                report("warning", {"message": warning + " (train what you will read: pcd tune with the same "
-                                   "schema, --examples, --template and --scoring)"}, "warning")
-            stats = label_file(labeler, input, spec, output=output, errors_path=errors,
-                               fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
-                               min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
-                               max_errors=max_errors, should_stop=should_stop, on_event=report)
+            if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
+                stats = write_empty_output(parsed, input, spec, output=output, errors_path=errors, trace_path=trace,
+                                           all_probs=all_probs, calibrated=calibration is not None, model=model)
+            else:
+                shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
+                labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
+                for warning in labeler.tune_warnings:
+                    report("warning", {"message": warning + " (train what you will read: pcd tune with the same "
+                                       "schema, --examples, --template and --scoring)"}, "warning")
+                stats = label_file(labeler, input, spec, output=output, errors_path=errors,
+                                   fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
+                                   min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
+                                   max_errors=max_errors, should_stop=should_stop, on_event=report)
     except Interrupted as exc:
         report("interrupted", {"message": f"{exc}; the finished batches are kept in {exc.work_dir}. "
                                f"Resume with: {_resume_command()}", "rows": exc.stats.read}, "error")
@@ -473,14 +514,20 @@ def inspect_schema(
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there is any warning."),
     template: Optional[str] = typer.Option(None, "--template", help="The --template of pcd label, for the schema's "
                                            "examples given as columns."),
+    id_field: Optional[str] = typer.Option(None, "--id-field", help="The --id-field of pcd label: a field whose "
+                                           "output column clashes with the id column (default 'row') is refused "
+                                           "here as label refuses it."),
 ) -> None:
     """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
     from .inspect import inspect
     from .inspect_render import render_inspection, report_json
+    from .io import InputSpec
+    from .job import check_columns, id_column
     from .schema import load_schema
 
     try:
         parsed = load_schema(schema)
+        check_columns(parsed, id_column(InputSpec(id_field=id_field)), all_probs=True)  # what label refuses
         report = inspect(parsed, model=model, scoring=scoring.value, template=template)
     except PcdError as exc:
         raise _fail(exc) from None
@@ -805,11 +852,9 @@ def _said_written(files: list, what: str, folder: Path) -> None:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
-    except OSError as exc:
-        raise InputError(f"--json {str(path)!r}: cannot write ({exc.strerror})") from None
+    from .files import write_atomic
+
+    write_atomic(path, orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,7 +3,8 @@
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
 -> 2, ``CalibrationError`` -> 2, ``ModelError`` -> 3, ``MissingExtra`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
--> 1, ``EngineError`` -> 1, ``Interrupted`` -> 130; any other exception is a bug -> 4 (``pcd_cli.cli``).
+-> 1, ``EngineError`` -> 1, ``MachineError`` (and any other ``OSError``) -> 5, ``Interrupted`` -> 130;
+any other exception is a bug -> 4 (``pcd_cli.cli``).
 ``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
 
@@ -44,6 +45,12 @@ class CompileError(PcdError, RuntimeError):
 class EngineError(PcdError, RuntimeError):
     """The engine running the job failed as a whole: the Ray cluster cannot be reached, or a
     worker died more often than its retries allow. Nothing was written."""
+
+
+class MachineError(PcdError, OSError):
+    """The machine could not do it: no space left, a read-only or vanished folder, permission
+    denied, an I/O error, a file too large. Names the path and the system's reason; nothing
+    half-written is left behind (``pcd_cli.files``). Not a bug in pcd: exit 5, not 4."""
 
 
 class RunStopped(PcdError):

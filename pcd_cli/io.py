@@ -17,9 +17,7 @@ import csv
 import hashlib
 import io
 import itertools
-import os
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ import pyarrow.parquet as pq
 
 from .decode import Record, RecordFailure, RecordResult
 from .errors import InputError
+from .files import AtomicFile, machine_errors
 from .schema import Schema, unescape_template
 from .values import CellError, cell_text
 
@@ -422,7 +421,7 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
             raw = carry + line
             if number == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte order mark, as Windows tools write
-            if not line.strip():
+            if not line.strip(BLANK_BYTES):  # NUL padding (a preallocated file, a crash) is blank too
                 carry = raw
                 continue
             carry = b""
@@ -435,8 +434,10 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                yield number, f"not valid JSON ({exc}{hint})", raw
-                continue
+                row = _loads_non_finite(line)
+                if row is None:
+                    yield number, f"not valid JSON ({exc}{hint})", raw
+                    continue
             if isinstance(row, dict):
                 repeated = _repeated_key(line, spec) if len(row) else None
                 if repeated:
@@ -447,23 +448,66 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
                 yield number, f"expected a JSON object, got {type(row).__name__}", raw
 
 
-def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> None:
-    """Read the first row of ``path`` so that an input that cannot be used at all fails before
-    a model is loaded; standard input is left unread (it can be read only once).
+def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> bool:
+    """Check what can be checked of ``path`` before a model is loaded: its encoding and its
+    first row; standard input is left unread (it can be read only once).
+
+    Returns:
+        Whether the input has a row (``True`` for standard input, which is not read).
 
     Raises:
         InputError: as ``RecordReader`` does for the whole input: a missing file, an unknown
-            format (standard input without ``fmt``), a file that is not Parquet, or a
-            CSV/Parquet header without a needed column.
+            format (standard input without ``fmt``), a file that is not Parquet, a
+            CSV/Parquet header without a needed column; and a JSONL/CSV file in UTF-16 or
+            UTF-32 (``check_encoding``).
     """
     kind, compression = input_kind(path, fmt)
     if is_stdin(path):
-        return
+        return True
+    if kind != "parquet":
+        check_encoding(path, compression)
     rows = ROW_READERS[kind](Path(path), spec, compression)
     try:
-        next(rows, None)
+        return next(rows, None) is not None
     finally:
         rows.close()
+
+
+#: Bytes that make a line blank (not a row): whitespace, and NUL padding.
+BLANK_BYTES = b" \t\r\n\x00\x0b\x0c"
+
+#: Byte order marks of the encodings pcd does not read, longest first (Unicode 15, section 23.8).
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian)", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)", "UTF-32"),
+         (b"\xff\xfe", "UTF-16 (little-endian)", "UTF-16"), (b"\xfe\xff", "UTF-16 (big-endian)", "UTF-16"))
+
+
+def check_encoding(path: str | Path, compression: str | None = None) -> None:
+    """Refuse a JSONL/CSV file written in UTF-16 or UTF-32 (Excel's "Unicode text", PowerShell's
+    ``>``): every row would fail as undecodable bytes. Found by its byte order mark, or, without
+    one, by NUL bytes in every other (or every fourth) byte of its first 4 KiB of text.
+
+    Raises:
+        InputError: names the encoding and gives the ``iconv`` line that converts the file.
+    """
+    with _binary(path, compression) as fh:
+        try:
+            head = fh.read(4096)
+        except (OSError, EOFError, ValueError) as exc:
+            raise _damaged(path, compression, exc) from exc
+    found = next(((name, codec) for bom, name, codec in _BOMS if head.startswith(bom)), None)
+    body = head.rstrip(b"\x00")  # NUL padding after UTF-8 text is blank lines, not an encoding
+    if found is None and len(body) >= 16 and 0 in body:
+        odd, even, half = body[1::2].count(0), body[0::2].count(0), len(body) // 2
+        if body.count(0) >= 0.7 * len(body):
+            found = ("UTF-32 without a byte order mark", "UTF-32LE" if body[0] else "UTF-32BE")
+        elif odd >= 0.8 * half and even < 0.2 * half:
+            found = ("UTF-16 (little-endian) without a byte order mark", "UTF-16LE")
+        elif even >= 0.8 * half and odd < 0.2 * half:
+            found = ("UTF-16 (big-endian) without a byte order mark", "UTF-16BE")
+    if found:
+        name, codec = found
+        raise InputError(f"{str(path)!r} is {name}; pcd reads UTF-8: convert it first, e.g. "
+                         f"iconv -f {codec} -t UTF-8 {path} > converted{Path(str(path)).suffix}")
 
 
 def check_unique_columns(path: str | Path, names: list[str], where: str) -> None:
@@ -482,6 +526,21 @@ def check_unique_columns(path: str | Path, names: list[str], where: str) -> None
             raise InputError(f"{where_}: column {name!r} appears twice in the {where} (columns {seen[name] + 1} "
                              f"and {i + 1}); rename one (a name given twice is never resolved silently)")
         seen[name] = i
+
+
+def _loads_non_finite(line: bytes) -> object | None:
+    """A JSON line that is valid but for ``NaN``/``Infinity``/``-Infinity`` literals (Python's
+    ``json.dumps`` and pandas write them), read by the standard library as floats; ``None`` if
+    it holds none or is invalid anyway. Such values are harmless in columns pcd does not read;
+    in the text, a template column or the id, ``cell_text`` fails the row naming them."""
+    if b"NaN" not in line and b"Infinity" not in line:
+        return None
+    import json
+
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _repeated_key(line: bytes, spec: InputSpec) -> str | None:
@@ -599,8 +658,9 @@ def _csv_rows(path: str | Path, spec: InputSpec, compression: str | None = None)
                 continue
             except (OSError, EOFError, ValueError) as exc:
                 raise _damaged(path, compression, exc) from exc
-            if not values:
-                continue  # a blank line: its bytes go with the next row
+            if not values or (header is not None and len(header) > 1 and len(values) == 1
+                              and not values[0].strip(BLANK_BYTES.decode())):
+                continue  # a blank (or NUL-padded) line: its bytes go with the next row
             if header is None:
                 try:
                     header = [cell_text(v, "the CSV header").strip() for v in values]
@@ -675,44 +735,49 @@ def results_table(results: list[RecordResult], schema: Schema, arrow_schema: pa.
 
 
 class ParquetSink:
-    """Writes tables row group by row group; ``close()`` renames the finished file into place.
+    """Writes tables row group by row group; ``close()`` renames the finished file into place
+    (through a symlink to its target: ``pcd_cli.files.AtomicFile``).
 
     Args:
         path: final output path. arrow_schema: its columns and key-value metadata.
 
     Raises:
-        InputError: the output's folder cannot be created.
+        MachineError: the file cannot be created, written or renamed; the temporary file is
+            removed and an earlier output stays as it was.
     """
 
     def __init__(self, path: str | Path, arrow_schema: pa.Schema):
         self.path = Path(path)
         self.arrow_schema = arrow_schema
+        self._file = AtomicFile(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(f"-o {str(self.path)!r}: cannot create its folder ({exc.strerror})") from exc
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.close(fd)
-        self._tmp = Path(tmp)
-        self._writer = pq.ParquetWriter(self._tmp, self.arrow_schema)
+            with machine_errors(self.path):
+                self._writer = pq.ParquetWriter(self._file.tmp, self.arrow_schema)
+        except BaseException:
+            self._file.abort()
+            raise
         self.rows = 0
 
     def write_table(self, table: pa.Table) -> None:
         if table.num_rows:
-            self._writer.write_table(table.replace_schema_metadata(self.arrow_schema.metadata))
+            with machine_errors(self.path):
+                self._writer.write_table(table.replace_schema_metadata(self.arrow_schema.metadata))
             self.rows += table.num_rows
 
     def close(self) -> None:
-        self._writer.close()
-        with self._tmp.open("rb") as fh:
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self._tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the output a normal file's mode
-        os.replace(self._tmp, self.path)
+        """Finish the file and rename it over the output (its symlink's target, if it is one)."""
+        try:
+            with machine_errors(self.path):
+                self._writer.close()
+        except BaseException:
+            self._file.abort()
+            raise
+        self._file.commit()
 
     def abort(self) -> None:
         try:
             self._writer.close()
+        except OSError:
+            pass
         finally:
-            self._tmp.unlink(missing_ok=True)
+            self._file.abort()

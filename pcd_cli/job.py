@@ -7,9 +7,10 @@ loses at most the batch in flight. The outputs appear only when every input row 
 
 from __future__ import annotations
 
+import datetime as _dt
 import importlib.metadata
+import json
 import signal
-import tempfile
 import threading
 import time
 from contextlib import closing, contextmanager
@@ -21,10 +22,11 @@ from tqdm import tqdm
 
 from . import __version__
 from .api import Labeler
-from .checkpoint import WorkDir
+from .checkpoint import WorkDir, check_unlocked
 from .decode import RecordFailure, RecordResult
 from .errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
-from .io import TRUNCATED_COLUMN, InputSpec, RecordReader, is_stdin, output_schema, results_table
+from .files import check_writable, clear_stale
+from .io import TRUNCATED_COLUMN, InputSpec, ParquetSink, RecordReader, check_input, is_stdin, output_schema, results_table
 from .schema import Schema
 from .summary import RunStats
 
@@ -76,8 +78,14 @@ def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> Non
             seen[col] = f"a column of field {f.name!r}"
 
 
-def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_path: Path | None) -> None:
+def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_path: Path | None) -> list[Path]:
     """Refuse, before any record is read, output paths that cannot be written or would overwrite the input.
+
+    A missing folder is created (``pcd_cli.files.check_writable``); a symlink is checked at
+    its target, where the file will be written.
+
+    Returns:
+        The folders created, to be reported.
 
     Raises:
         InputError: names the option and the problem.
@@ -85,6 +93,7 @@ def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_p
     named = {"-o": output, "--errors": errors_path, "--trace": trace_path}
     source = None if is_stdin(input_path) else Path(input_path).resolve()
     seen: dict[Path, str] = {}
+    created: list[Path] = []
     for option, path in named.items():
         if path is None:
             continue
@@ -94,16 +103,46 @@ def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_p
         if resolved in seen:
             raise InputError(f"{option} and {seen[resolved]} are the same file {str(path)!r}")
         seen[resolved] = option
-        if path.is_dir():
-            raise InputError(f"{option} {str(path)!r} is a folder; give a file name")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(f"{option} {str(path)!r}: cannot create its folder ({exc.strerror})") from None
-        try:  # try it for real: permission bits say nothing to root, and /sys or /proc refuse anyway
-            tempfile.TemporaryFile(dir=path.parent).close()
-        except OSError as exc:
-            raise InputError(f"{option} {str(path)!r}: cannot write in its folder ({exc.strerror})") from None
+        folder = check_writable(option, path)
+        if folder is not None:
+            created.append(folder)
+    check_unlocked(output)
+    return created
+
+
+def write_empty_output(schema: Schema, input_path: str | Path, spec: InputSpec, *, output: Path, errors_path: Path,
+                       trace_path: Path | None, all_probs: bool, calibrated: bool, model: str | None) -> RunStats:
+    """The whole run for an input without a row, written without loading a model: an empty
+    Parquet output with the columns a run would write, and an earlier errors or trace file
+    cleared. A nightly export that happens to be empty answers in well under a second.
+
+    Call it only when no work folder exists for ``output`` (else a normal run decides what to
+    do with the unfinished one). Metadata says no model was loaded (``pcd.model``).
+
+    Raises:
+        MachineError: a file cannot be written.
+    """
+    column = id_column(spec)
+    arrow_schema = output_schema(schema, column, pa.string() if spec.id_field else pa.int64(),
+                                 all_probs=all_probs, calibrated=calibrated)
+    metadata = {
+        "pcd.version": __version__, "pcd.model": f"{model or 'default'} (not loaded: the input has no rows)",
+        "pcd.schema_name": schema.name, "pcd.schema_sha256": schema.source_sha256,
+        "pcd.schema_json": json.dumps({f.name: list(f.labels) for f in schema.fields}, separators=(",", ":"),
+                                      ensure_ascii=False),
+        "pcd.input": STDIN_NAME if is_stdin(input_path) else Path(input_path).name, "pcd.records_read": "0",
+        "pcd.records_labelled": "0", "pcd.records_failed": "0", "pcd.records_truncated": "0",
+        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    sink = ParquetSink(output, arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()}))
+    try:
+        clear_stale(errors_path)
+        if trace_path is not None:
+            clear_stale(trace_path)
+    except BaseException:
+        sink.abort()
+        raise
+    sink.close()
+    return RunStats(schema)
 
 
 def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,
@@ -186,6 +225,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     output, errors_path = Path(output), Path(errors_path)
     trace_path = Path(trace_path) if trace_path else None
     check_paths(input_path, output, errors_path, trace_path)
+    check_input(input_path, spec, fmt)  # encoding and header, before a row is decoded
     arrow_schema = output_schema(labeler.schema, column, pa.string() if spec.id_field else pa.int64(),
                                  all_probs=all_probs, calibrated=labeler.calibration is not None)
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,

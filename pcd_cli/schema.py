@@ -20,12 +20,19 @@ Accepted files (YAML or JSON, chosen by extension, content sniffed for ``.json``
           labels: {sentiment: NEGATIVE}
         - columns: {subject: "Refund", body: "..."}     # with --template
           labels: {sentiment: NEUTRAL}
-* a JSON Schema object whose properties are ``{"type": "boolean"}`` or
-  ``{"enum": [...]}`` (``description`` kept).
+* a JSON Schema object (as ``Model.model_json_schema()`` writes it) whose properties are
+  ``{"type": "boolean"}``, ``{"enum": [...]}`` or an ``anyOf``/``oneOf`` of ``const`` parts,
+  directly or through local ``$ref`` (``#/$defs/...``, ``#/definitions/...``) and a
+  single-part ``allOf``; ``description`` (else a ``title`` that says more than the name) is
+  kept. Anything else (free text, numbers, lists, objects, ``Optional`` / a ``null`` branch,
+  a ``$ref`` to another file) is a problem naming the field and the construct.
 
-Everything is validated before any record is read; the first problem raises
-``SchemaError`` naming the field and the problem. Soft problems (labels that differ only by
-case, a label with surrounding whitespace) are collected in ``Schema.warnings``.
+Everything is validated before any record is read, and every problem of the schema is
+reported at once: one ``SchemaError`` whose message is the problem itself, or
+``<file> has N problems:`` and one line per problem, each naming the field. A label that
+YAML turned into a boolean, number or date (``NO``, ``007``) is named as written in the
+file, with the quoted spelling to use. Soft problems (labels that differ only by case, a
+label with surrounding whitespace) are collected in ``Schema.warnings``.
 
 Whitespace in labels: a label that is only whitespace, and labels that differ only by
 surrounding whitespace (``"yes"``/``"yes "``), are errors: to the model they read as the
@@ -275,7 +282,7 @@ def load_schema(path: str | Path) -> Schema:
     see ``pcd_cli.schema_pydantic``).
 
     Raises:
-        SchemaError: unreadable file, or any validation problem (message names the field).
+        SchemaError: unreadable file, or every validation problem at once (see ``parse_schema``).
     """
     if str(path).endswith(".py") or ".py:" in str(path):  # a Pydantic model: models.py:MyModel
         from .schema_pydantic import load_model_schema
@@ -290,8 +297,9 @@ def load_schema(path: str | Path) -> Schema:
         raise SchemaError(f"schema file {str(path)!r}: not UTF-8 text (byte {exc.start})") from exc
     if not text.strip():
         raise SchemaError(f"schema file {str(path)!r} is empty; see schemas/ for examples")
+    is_json = path.suffix.lower() == ".json"
     try:
-        if path.suffix.lower() == ".json":
+        if is_json:
             data = json.loads(text, object_pairs_hook=_unique_json_object)
         else:
             data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
@@ -300,73 +308,137 @@ def load_schema(path: str | Path) -> Schema:
                           "(remove or rename one)") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise SchemaError(f"schema file {str(path)!r}: not valid {path.suffix.lstrip('.').upper() or 'YAML'}: {exc}") from exc
-    return parse_schema(data, default_name=path.stem)
+    written: Any = _JSON_TEXT
+    if not is_json:
+        try:
+            written = yaml.load(text, Loader=yaml.BaseLoader)  # noqa: S506 - every scalar as the text written
+        except yaml.YAMLError:  # only for messages: without it they show the values as read
+            written = None
+    return parse_schema(data, default_name=path.stem, source=str(path), written=written)
 
 
 #: Keys a schema in pcd's own format may have at the top level, and in each field.
 TOP_KEYS = ("name", "instructions", "fields", "examples")
 FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on")
+#: ``written`` for a JSON file: a value's text is its JSON spelling (JSON converts nothing).
+_JSON_TEXT = object()
 
 
-def _check_keys(mapping: dict, known: tuple[str, ...], where: str) -> None:
+class Unparsed:
+    """A field a converter (JSON Schema, Pydantic) could not turn into pcd's format: it holds
+    the problems found, reported in the field's place with the rest of the schema's."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+
+
+def _check_keys(mapping: dict, known: tuple[str, ...], where: str, problems: list[str] | None = None) -> None:
     """Refuse a key pcd does not know (a typo like ``descripton`` would otherwise be ignored
-    silently), naming it and the nearest known key.
+    silently), naming it and the nearest known key; every unknown key is one problem.
 
     Raises:
-        SchemaError: ``<where>: unknown key 'descripton' (did you mean 'description'?)``.
+        SchemaError: ``<where>: unknown key 'descripton' (did you mean 'description'?)``, when
+            ``problems`` is not given (else the messages are appended to it).
     """
     import difflib
 
+    found = []
     for key in mapping:
         if key not in known:
             near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
             hint = f"did you mean {near[0]!r}?" if near else f"known keys: {', '.join(known)}"
-            raise SchemaError(f"{where}: unknown key {key!r} ({hint})")
+            found.append(f"{where}: unknown key {key!r} ({hint})")
+    if problems is None:
+        _raise_all(found, "schema")
+    else:
+        problems.extend(found)
 
 
-def parse_schema(data: Any, *, default_name: str = "schema") -> Schema:
+def _raise_all(problems: list[str], source: str) -> None:
+    """Raise one ``SchemaError`` for ``problems``: the message itself when there is one, else
+    ``<source> has N problems:`` and one indented line each."""
+    if len(problems) == 1:
+        raise SchemaError(problems[0])
+    if problems:
+        raise SchemaError(f"{source} has {len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def parse_schema(data: Any, *, default_name: str = "schema", source: str = "schema", written: Any = None) -> Schema:
     """Validate a schema given as plain Python data (the parsed file).
 
+    Every problem of the schema is found before raising: fields that cannot be read, unknown
+    keys, bad or duplicate labels, clashing names, bad ``depends_on``, then (when the fields
+    are sound) the examples.
+
+    Args:
+        data: the parsed file.
+        default_name: the schema's name when ``data`` has none.
+        source: how the messages name the schema (the file's path) when there are several problems.
+        written: the same file loaded with every scalar as the text written (YAML's
+            ``BaseLoader``), so a label that YAML turned into a boolean or number is named as
+            written (``NO``, ``007``); ``_JSON_TEXT`` for a JSON file; ``None``: plain data.
+
     Raises:
-        SchemaError: the first problem found, naming the field.
+        SchemaError: the one problem found, or ``<source> has N problems:`` and one line each.
     """
+    problems: list[str] = []
     if not isinstance(data, dict):
         raise SchemaError("schema: expected a mapping with a 'fields' key at the top level")
+    warnings: list[str] = []
     if "properties" in data and "fields" not in data:
-        data = _from_json_schema(data)
+        from .schema_jsonschema import from_json_schema
+
+        data = from_json_schema(data, problems, warnings)
+        written = _JSON_TEXT if written is _JSON_TEXT else None  # a JSON Schema in YAML: plain messages
+    raw_fields_written = written.get("fields") if isinstance(written, dict) else None
     if "schema" in data and "fields" not in data and isinstance(data["schema"], dict):
         data = {"name": data.get("id", default_name), "fields": data["schema"]}  # preset files
-    _check_keys(data, TOP_KEYS, "schema")
+        raw_fields_written = written.get("schema") if isinstance(written, dict) else None
+    _check_keys(data, TOP_KEYS, "schema", problems)
     raw_fields = data.get("fields")
     if raw_fields is None or (hasattr(raw_fields, "__len__") and len(raw_fields) == 0):
-        raise SchemaError("schema: no fields; add at least one field under 'fields'")
-    items = _field_items(raw_fields)
+        if not any("(did you mean 'fields'?)" in p for p in problems):  # else that says it already
+            problems.append("schema: no fields; add at least one field under 'fields'")
+        _raise_all(problems, source)
+    items = _field_items(raw_fields, problems)
     fields: list[Field] = []
-    warnings: list[str] = []
+    all_names = {name for name, _ in items if isinstance(name, str)}  # read or not (for depends_on)
     seen: set[str] = set()
-    for name, spec in items:
-        f, warns = _parse_field(name, spec)
-        if f.name in seen:
-            raise SchemaError(f"field {f.name!r}: defined twice")
-        seen.add(f.name)
-        fields.append(f)
-        warnings.extend(warns)
-    names = {f.name for f in fields}
+    for i, (name, spec) in enumerate(items):
+        spec_written, name_written = _written_field(written, raw_fields, raw_fields_written, i, name)
+        f, warns = _parse_field(name, spec, problems, spec_written, name_written=name_written,
+                                all_names=all_names, first=i == 0)
+        if isinstance(name, str) and name in seen:
+            problems.append(f"field {name!r}: defined twice")
+            continue
+        if isinstance(name, str):
+            seen.add(name)
+        if f is not None:
+            fields.append(f)
+            warnings.extend(warns)
     for f in fields:
         for suffix in OUTPUT_SUFFIXES:
-            if f.name.endswith(suffix) and f.name[: -len(suffix)] in names:
-                raise SchemaError(
-                    f"field {f.name!r}: clashes with the output column {f.name!r} of field "
-                    f"{f.name[: -len(suffix)]!r}; rename it")
-    waves = _waves(fields)
+            if f.name.endswith(suffix) and f.name[: -len(suffix)] in seen:
+                problems.append(f"field {f.name!r}: clashes with the output column {f.name!r} of field "
+                                f"{f.name[: -len(suffix)]!r}; rename it")
+                break
+    first_read = bool(fields) and bool(items) and fields[0].name == items[0][0]
+    waves = _waves(fields, problems, checked=True, first_read=first_read) if fields else ()
     name = data.get("name", default_name)
     instructions = data.get("instructions") or ""
     if not isinstance(name, str) or not isinstance(instructions, str):
-        raise SchemaError("schema: 'name' and 'instructions' must be strings")
+        problems.append("schema: 'name' and 'instructions' must be strings")
     raw_examples = data.get("examples") or []
     if not isinstance(raw_examples, list):
-        raise SchemaError("schema: 'examples' must be a list of {text: ..., labels: {...}}")
-    examples = tuple(parse_example(tuple(fields), ex, f"examples[{i}]") for i, ex in enumerate(raw_examples))
+        problems.append("schema: 'examples' must be a list of {text: ..., labels: {...}}")
+    _raise_all(problems, source)
+    examples = []  # checked against sound fields only: an example of a broken field says nothing
+    for i, ex in enumerate(raw_examples):
+        try:
+            examples.append(parse_example(tuple(fields), ex, f"examples[{i}]"))
+        except SchemaError as exc:
+            problems.append(str(exc))
+    _raise_all(problems, source)
     canonical_data = {"name": name, "instructions": instructions,
                       "fields": [[f.name, f.type, f.description, list(f.labels), list(f.depends_on)] for f in fields]}
     if examples:  # schemas without examples keep the hash they had before examples existed
@@ -374,111 +446,221 @@ def parse_schema(data: Any, *, default_name: str = "schema") -> Schema:
     canonical = json.dumps(canonical_data, ensure_ascii=False, sort_keys=True)
     return Schema(name=name, instructions=instructions.strip(), fields=tuple(fields),
                   waves=waves, warnings=tuple(warnings),
-                  source_sha256=hashlib.sha256(canonical.encode()).hexdigest(), examples=examples)
+                  source_sha256=hashlib.sha256(canonical.encode()).hexdigest(), examples=tuple(examples))
 
 
-def _field_items(raw_fields: Any) -> list[tuple[Any, Any]]:
+def _written_field(written: Any, raw_fields: Any, raw_written: Any, i: int, name: Any) -> tuple[Any, Any]:
+    """The field's spec and name as written in the file (``BaseLoader``), found at the same
+    place; ``_JSON_TEXT`` / ``None`` as ``written`` says when there is no such text."""
+    if written is None or written is _JSON_TEXT:
+        return written, written
+    if isinstance(raw_fields, dict) and isinstance(raw_written, dict):
+        if isinstance(name, str):
+            return raw_written.get(name), name
+        keys = list(raw_written)  # a name YAML converted: same position (when nothing was merged in)
+        if len(keys) == len(raw_fields):
+            return raw_written[keys[i]], keys[i]
+        return None, None
+    if isinstance(raw_fields, list) and isinstance(raw_written, list) and len(raw_written) == len(raw_fields):
+        item = raw_written[i]
+        if isinstance(item, dict):
+            return {k: v for k, v in item.items() if k != "name"}, item.get("name")
+    return None, None
+
+
+def _field_items(raw_fields: Any, problems: list[str]) -> list[tuple[Any, Any]]:
     if isinstance(raw_fields, dict):
         return list(raw_fields.items())
     if isinstance(raw_fields, list):
         items = []
         for i, spec in enumerate(raw_fields):
             if not isinstance(spec, dict) or "name" not in spec:
-                raise SchemaError(f"fields[{i}]: a list item needs a 'name' key")
+                problems.append(f"fields[{i}]: a list item needs a 'name' key")
+                continue
             items.append((spec["name"], {k: v for k, v in spec.items() if k != "name"}))
         return items
-    raise SchemaError("schema: 'fields' must be a mapping (name -> spec) or a list")
+    problems.append("schema: 'fields' must be a mapping (name -> spec) or a list")
+    return []
 
 
-def _parse_field(name: Any, spec: Any) -> tuple[Field, list[str]]:
+def _as_read(value: Any) -> str:
+    """What YAML (or JSON) made of a scalar: ``the boolean False``, ``the number 7``."""
+    import datetime
+
+    if isinstance(value, bool):
+        return f"the boolean {value}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if value is None:
+        return "null (no value)"
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return f"the date {value}"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _not_text_label(name: str, number: int, label: Any, written: Any) -> str:
+    """The message for label #``number`` of field ``name`` that is not a string."""
+    if written is _JSON_TEXT and (label is None or isinstance(label, (bool, int, float))):
+        text = json.dumps(label)
+        return f"field {name!r}: label #{number} is {_as_read(label)}, not a string; quote it: {json_string(text)}"
+    if isinstance(written, str) and not isinstance(label, (list, dict)):
+        if not written.strip():
+            return f"field {name!r}: label #{number} is empty"
+        return (f"field {name!r}: label #{number} is written {written}, which YAML reads as {_as_read(label)}, "
+                f"not as text; quote it: {json_string(written)}")
+    return (f"field {name!r}: label #{number} is {label!r} ({type(label).__name__}), not a string; "
+            "quote it in the schema file")
+
+
+def _parse_field(name: Any, spec: Any, problems: list[str], written: Any = None, *, name_written: Any = None,
+                 all_names: set[str] | None = None, first: bool = False) -> tuple[Field | None, list[str]]:
+    """One field, or ``None`` with its problems (all of them) appended to ``problems``.
+
+    ``written``/``name_written``: the spec and name as written (see ``parse_schema``);
+    ``all_names``: every field's name, for ``depends_on``; ``first``: it is the first field.
+    """
+    if isinstance(spec, Unparsed):
+        problems.extend(spec.problems)
+        return None, []
     if not isinstance(name, str) or not name.strip():
+        if isinstance(name_written, str) and name_written.strip() and name is not None \
+                and not isinstance(name, (list, dict)):
+            problems.append(f"field name {name_written} is read by YAML as {_as_read(name)}, not as text; "
+                            f"quote it: {json_string(name_written)}")
+            return None, []
         hint = "; quote it in the schema file" if isinstance(name, (bool, int, float)) else ""
-        raise SchemaError(f"field {name!r}: a field name must be a non-empty string{hint}")
+        problems.append(f"field {name!r}: a field name must be a non-empty string{hint}")
+        return None, []
     if not isinstance(spec, dict):
-        raise SchemaError(f"field {name!r}: expected a mapping with 'type' (boolean or enum)")
-    _check_keys(spec, FIELD_KEYS, f"field {name!r}")
+        problems.append(f"field {name!r}: expected a mapping with 'type' (boolean or enum)")
+        return None, []
+    found: list[str] = []
+    _check_keys(spec, FIELD_KEYS, f"field {name!r}", found)
     ftype = spec.get("type")
     if ftype in ("bool",):
         ftype = "boolean"
     if ftype not in FIELD_TYPES:
-        raise SchemaError(f"field {name!r}: unknown type {ftype!r}; expected one of {', '.join(FIELD_TYPES)}")
+        found.append(f"field {name!r}: unknown type {ftype!r}; expected one of {', '.join(FIELD_TYPES)}")
     description = spec.get("description") or ""
     if not isinstance(description, str):
-        raise SchemaError(f"field {name!r}: 'description' must be a string")
+        found.append(f"field {name!r}: 'description' must be a string")
     depends_on = spec.get("depends_on") or []
     if isinstance(depends_on, str):
         depends_on = [depends_on]
     if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
-        raise SchemaError(f"field {name!r}: 'depends_on' must be a list of field names")
+        found.append(f"field {name!r}: 'depends_on' must be a list of field names")
+    else:
+        found.extend(_depends_problems(name, depends_on, all_names if all_names is not None else {name}, first))
     raw_labels = spec.get("labels", spec.get("choices"))
     warnings: list[str] = []
+    labels: tuple[str, ...] = BOOLEAN_LABELS
     if ftype == "boolean":
         if raw_labels is not None:
-            raise SchemaError(f"field {name!r}: a boolean takes no labels (its values are true and false); "
-                              "use type: enum for named labels")
-        labels: tuple[str, ...] = BOOLEAN_LABELS
-    else:
+            found.append(f"field {name!r}: a boolean takes no labels (its values are true and false); "
+                         "use type: enum for named labels")
+    elif ftype == "enum":
         if not isinstance(raw_labels, list) or not raw_labels:
-            raise SchemaError(f"field {name!r}: an enum needs a non-empty list of 'labels'")
-        for i, label in enumerate(raw_labels):
-            if not isinstance(label, str):
-                raise SchemaError(
-                    f"field {name!r}: label #{i + 1} is {label!r} ({type(label).__name__}), not a string; "
-                    "quote it in the schema file")
-            if label == "":
-                raise SchemaError(f"field {name!r}: label #{i + 1} is empty")
-            if not label.strip():
-                raise SchemaError(f"field {name!r}: label #{i + 1} is only whitespace ({label!r}); the model cannot "
-                                  "write it in a way that means anything; give it a name")
-        if len(raw_labels) < 2:
-            raise SchemaError(f"field {name!r}: an enum needs at least two labels, got {raw_labels!r}")
-        exact: set[str] = set()
-        folded: dict[str, str] = {}
-        stripped: dict[str, str] = {}
-        for label in raw_labels:
-            if label in exact:
-                raise SchemaError(f"field {name!r}: duplicate label {label!r}")
-            exact.add(label)
-            if stripped.setdefault(label.strip(), label) != label:
-                raise SchemaError(f"field {name!r}: labels {stripped[label.strip()]!r} and {label!r} differ only by "
-                                  "surrounding whitespace; the catalog shows them as the same word to the model, "
-                                  "so keep one (or rename one)")
-            if label != label.strip():
-                warnings.append(f"field {name!r}: label {label!r} has surrounding whitespace; the model must write "
-                                "it inside the quotes to pick this label (it is returned exactly as written); "
-                                "remove it unless the downstream system needs it")
-            key = label.casefold()
-            if key in folded:
-                warnings.append(f"field {name!r}: labels {folded[key]!r} and {label!r} differ only by case")
-            folded.setdefault(key, label)
-        labels = tuple(raw_labels)
+            found.append(f"field {name!r}: an enum needs a non-empty list of 'labels'")
+        else:
+            written_labels = None
+            if isinstance(written, dict):
+                written_labels = written.get("labels", written.get("choices"))
+            elif written is _JSON_TEXT:
+                written_labels = [_JSON_TEXT] * len(raw_labels)
+            if not isinstance(written_labels, list) or len(written_labels) != len(raw_labels):
+                written_labels = [None] * len(raw_labels)
+            labels = tuple(raw_labels)
+            found.extend(_label_problems(name, raw_labels, written_labels, warnings))
+    if found:
+        problems.extend(found)
+        return None, []
     return Field(name=name, type=ftype, description=description.strip(), labels=labels,
                  depends_on=tuple(depends_on)), warnings
 
 
-def _waves(fields: list[Field]) -> tuple[tuple[int, ...], ...]:
-    """Decision waves: the first field alone, then ``depends_on`` levels (DESIGN.md §2 rule 8)."""
+def _label_problems(name: str, raw_labels: list, written_labels: list, warnings: list[str]) -> list[str]:
+    """Every problem of an enum's labels (non-string, empty, whitespace, duplicates); soft ones go to ``warnings``."""
+    found = []
+    for i, label in enumerate(raw_labels):
+        if not isinstance(label, str):
+            found.append(_not_text_label(name, i + 1, label, written_labels[i]))
+        elif label == "":
+            found.append(f"field {name!r}: label #{i + 1} is empty")
+        elif not label.strip():
+            found.append(f"field {name!r}: label #{i + 1} is only whitespace ({label!r}); the model cannot "
+                         "write it in a way that means anything; give it a name")
+    if len(raw_labels) < 2:
+        found.append(f"field {name!r}: an enum needs at least two labels, got {raw_labels!r}")
+    exact: set[str] = set()
+    folded: dict[str, str] = {}
+    stripped: dict[str, str] = {}
+    for label in raw_labels:
+        if not isinstance(label, str) or not label.strip():
+            continue
+        if label in exact:
+            found.append(f"field {name!r}: duplicate label {label!r}")
+            continue
+        exact.add(label)
+        if stripped.setdefault(label.strip(), label) != label:
+            found.append(f"field {name!r}: labels {stripped[label.strip()]!r} and {label!r} differ only by "
+                         "surrounding whitespace; the catalog shows them as the same word to the model, "
+                         "so keep one (or rename one)")
+            continue
+        if label != label.strip():
+            warnings.append(f"field {name!r}: label {label!r} has surrounding whitespace; the model must write "
+                            "it inside the quotes to pick this label (it is returned exactly as written); "
+                            "remove it unless the downstream system needs it")
+        key = label.casefold()
+        if key in folded:
+            warnings.append(f"field {name!r}: labels {folded[key]!r} and {label!r} differ only by case")
+        folded.setdefault(key, label)
+    return found
+
+
+def _depends_problems(name: str, depends_on: list[str], all_names: set[str], first: bool) -> list[str]:
+    """What is wrong with a field's ``depends_on`` on its own: unknown names, its own name, the first field."""
+    found = []
+    for dep in depends_on:
+        if dep not in all_names:
+            found.append(f"field {name!r}: depends_on names an unknown field {dep!r}")
+        elif dep == name:
+            found.append(f"field {name!r}: depends_on names the field itself")
+    if first and depends_on:
+        found.append(f"field {name!r}: the first field is decided first and cannot depend on others")
+    return found
+
+
+def _waves(fields: list[Field], problems: list[str], *, checked: bool = False,
+           first_read: bool = True) -> tuple[tuple[int, ...], ...]:
+    """Decision waves: the first field alone, then ``depends_on`` levels (DESIGN.md §2 rule 8).
+
+    Cycles are appended to ``problems`` (each once); so are unknown names, a field naming
+    itself and a first field that depends, unless ``checked`` (``_parse_field`` did). A
+    dependency on a field not in ``fields`` (one that could not be read) is skipped;
+    ``first_read``: ``fields[0]`` is the schema's first field (else it is walked like the rest).
+    """
     index = {f.name: i for i, f in enumerate(fields)}
-    for f in fields:
-        for dep in f.depends_on:
-            if dep not in index:
-                raise SchemaError(f"field {f.name!r}: depends_on names an unknown field {dep!r}")
-            if dep == f.name:
-                raise SchemaError(f"field {f.name!r}: depends_on names the field itself")
-    if fields[0].depends_on:
-        raise SchemaError(f"field {fields[0].name!r}: the first field is decided first and cannot depend on others")
-    level: dict[int, int] = {0: 0}
+    deps: dict[int, list[int]] = {}
+    for i, f in enumerate(fields):
+        if not checked:
+            problems.extend(_depends_problems(f.name, list(f.depends_on), set(index), i == 0))
+        deps[i] = [index[d] for d in f.depends_on if d in index and d != f.name]
+    if not fields:
+        return ()
+    level: dict[int, int] = {0: 0} if first_read else {}
     visiting: set[int] = set()
 
     def level_of(i: int) -> int:
         if i in level:
             return level[i]
         if i in visiting:
-            raise SchemaError(f"field {fields[i].name!r}: depends_on forms a cycle")
+            problems.append(f"field {fields[i].name!r}: depends_on forms a cycle")
+            level[i] = 0  # placeholder: reported once, the walk goes on
+            return 0
         visiting.add(i)
-        deps = [level_of(index[d]) for d in fields[i].depends_on]
+        below = [level_of(d) for d in deps[i]]
         visiting.discard(i)
-        level[i] = 1 + max(deps, default=0)
+        level[i] = max(level.get(i, 0), 1 + max(below, default=0))
         return level[i]
 
     for i in range(len(fields)):
@@ -486,21 +668,3 @@ def _waves(fields: list[Field]) -> tuple[tuple[int, ...], ...]:
     n_waves = max(level.values()) + 1
     return tuple(tuple(i for i in range(len(fields)) if level[i] == w) for w in range(n_waves)
                  if any(level[i] == w for i in range(len(fields))))
-
-
-def _from_json_schema(data: dict) -> dict:
-    """Convert a JSON Schema object (properties of type boolean or with enum) to pcd's format."""
-    fields: dict[str, dict] = {}
-    for name, prop in (data.get("properties") or {}).items():
-        if not isinstance(prop, dict):
-            raise SchemaError(f"field {name!r}: JSON Schema property must be an object")
-        spec: dict[str, Any] = {"description": prop.get("description", "")}
-        if "enum" in prop:
-            spec.update(type="enum", labels=prop["enum"])
-        elif prop.get("type") == "boolean":
-            spec["type"] = "boolean"
-        else:
-            raise SchemaError(f"field {name!r}: only boolean properties and enum properties are supported, "
-                              f"got {prop.get('type')!r}")
-        fields[name] = spec
-    return {"name": data.get("title", "schema"), "instructions": data.get("description", ""), "fields": fields}

@@ -41,7 +41,9 @@ def json_spelling(value: bool | int | float) -> str:
         CellError: a float that is not finite (JSON has no spelling for NaN or infinity).
     """
     if isinstance(value, float) and not math.isfinite(value):
-        raise CellError(f"is {value!r}, a number JSON cannot write")
+        name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        raise CellError(f"is {name} (a NaN or Infinity literal, or an empty numeric cell), not a value pcd can "
+                        "read as text; write a string or null")
     return orjson.dumps(value).decode()
 
 

@@ -1,6 +1,7 @@
 """Round-3 cases (issue #20) that this stop fixes, each as its kind: a name given twice is never
-resolved silently (CSV headers, Parquet columns, JSONL keys, YAML and JSON schema files), and
-model hub ids with dots in them are tried as hub ids. The inputs are copied from
+resolved silently (CSV headers, Parquet columns, JSONL keys, YAML and JSON schema files);
+model hub ids with dots in them are tried as hub ids; a GGUF that is a web page or a cut
+download is refused naming the cause. The inputs are copied from
 ../shared/cases-round3/ into tests/data/cases-round3/."""
 
 from __future__ import annotations
@@ -116,3 +117,66 @@ def test_an_unknown_schema_key_is_an_error_naming_the_nearest_known_one(tmp_path
     with pytest.raises(SchemaError) as exc:
         load_schema(tmp_path / "s.yaml")
     assert message in str(exc.value)
+
+
+GGUF_CASE = CASE.with_name("gguf-html-page-or-truncated-download")
+
+
+@pytest.mark.parametrize("command", ["label", "inspect-schema"])
+@pytest.mark.parametrize("model, message", [
+    ("not-a-model.gguf", "'not-a-model.gguf': not a GGUF file (it starts with b'<!DOCTYP'; a GGUF file starts with "
+                         "b'GGUF'): it looks like an HTML page: download with the /resolve/ URL, not /blob/"),
+    ("truncated.gguf", "'truncated.gguf': the file is incomplete: 20,000,000 of 98,362,432 bytes "
+                       "(an interrupted download? download it again)"),
+])
+def test_a_gguf_that_is_a_web_page_or_a_cut_download_exits_3_naming_the_cause(tmp_path, monkeypatch, command,
+                                                                               model, message):
+    from pcd_cli.backends.torch_backend import embedded_gguf_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # relative names, as the case runs them
+    for name in ("input.jsonl", "schema.yaml", "not-a-model.gguf"):
+        (tmp_path / name).write_bytes((GGUF_CASE / name).read_bytes())
+    with embedded_gguf_path().open("rb") as fh:
+        (tmp_path / "truncated.gguf").write_bytes(fh.read(20_000_000))
+    args = (["label", "input.jsonl", "-s", "schema.yaml", "--id-field", "id", "-o", "out.parquet", "--quiet"]
+            if command == "label" else ["inspect-schema", "schema.yaml"])
+    result = CliRunner().invoke(app, [*args, "--model", model], prog_name="pcd")
+    assert result.exit_code == 3, result.output
+    assert f"error: {message}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and "reshape" not in result.output
+    assert not (tmp_path / "cache").exists()  # no half-converted entry, not even a content key
+    assert not (tmp_path / "out.parquet").exists()
+
+
+REFS_CASE = CASE.with_name("jsonschema-pydantic-enum-refs")
+NO_NULL = "is not supported yet: pcd has no null label; make the field required"
+
+
+def test_pydantics_own_json_schema_gives_the_fields_of_the_model(monkeypatch):
+    monkeypatch.chdir(REFS_CASE)  # the case names models.py relative to its folder
+    from_json = load_schema("review.schema.json")
+    assert from_json == load_schema("models.py:Review")  # fields, descriptions, name, instructions, hash
+    assert [(f.name, f.type, f.labels, f.description) for f in from_json.fields] == [
+        ("sentiment", "enum", ("negative", "neutral", "positive"), "Overall opinion of the product"),
+        ("mentions_price", "boolean", ("true", "false"), "The review talks about the price"),
+        ("channel", "enum", ("web", "store"), "Where it was bought")]
+
+
+@pytest.mark.parametrize("schema, message", [
+    ("review_optional.schema.json", f"field 'sentiment': anyOf with a null branch (Optional[...]) {NO_NULL}"),
+    ("models.py:ReviewOptional", f"field 'sentiment' of ReviewOptional: type Optional[Sentiment] (it allows None) "
+                                 f"{NO_NULL}"),
+])
+def test_an_optional_field_exits_2_naming_the_field_and_the_construct(monkeypatch, schema, message):
+    monkeypatch.chdir(REFS_CASE)
+    result = CliRunner().invoke(app, ["inspect-schema", schema], prog_name="pcd")
+    assert result.exit_code == 2
+    assert result.output == f"error: {message}\n"
+    assert "None" not in message.replace("allows None", "")  # never "got None"
+
+
+def test_the_case_json_schema_passes_inspection(monkeypatch):
+    monkeypatch.chdir(REFS_CASE)
+    result = CliRunner().invoke(app, ["inspect-schema", "review.schema.json"], prog_name="pcd")
+    assert result.exit_code == 0, result.output

@@ -289,7 +289,8 @@ BAD_SCHEMAS = {
     "duplicate-label": ("fields:\n  sentiment: {type: enum, labels: [GOOD, BAD, GOOD]}\n", [],
                         ["'sentiment'", "duplicate label 'GOOD'"]),
     "non-string-label": ("fields:\n  rating: {type: enum, labels: [1, 2]}\n", [],
-                         ["'rating'", "label #1 is 1", "not a string"]),
+                         ["'rating'", "label #1 is written 1, which YAML reads as the number 1", 'quote it: "1"',
+                          "label #2 is written 2"]),
     "empty-label": ("fields:\n  sentiment: {type: enum, labels: ['', BAD]}\n", [],
                     ["'sentiment'", "label #1 is empty"]),
     "output-column-clash": ("fields:\n  sentiment: {type: enum, labels: [A, B]}\n"

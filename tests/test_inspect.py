@@ -475,3 +475,27 @@ def test_render_names_colliding_labels_and_escapes_control_characters():
     assert f"starts {len(goose.labels)} labels ({', '.join(goose.labels)}; followed" in text
     rows = text[text.index("token paths after the trunk"):]
     assert "Goose" in rows and "Moose" in rows  # colliding labels are listed before the others
+
+
+@pytest.mark.parametrize("fields, id_args, message", [
+    ({"row": {"type": "boolean"}}, [],
+     "field 'row': clashes with the id column 'row'; rename the field or pass another --id-field"),
+    ({"ok": {"type": "boolean"}, "id": {"type": "boolean"}}, ["--id-field", "id"],
+     "field 'id': clashes with the id column 'id'; rename the field or pass another --id-field"),
+    ({"ok": {"type": "boolean"}}, ["--id-field", "ok__prob"],
+     "output column 'ok__prob' of field 'ok' clashes with the id column; rename the field or pass another --id-field"),
+])
+def test_cli_refuses_what_label_refuses_with_the_same_message(tmp_path, fields, id_args, message):
+    schema = write(tmp_path, {"fields": fields})
+    inspected = pcd(schema, *id_args)
+    labelled = runner.invoke(app, ["label", str(tmp_path / "in.jsonl"), "-s", str(schema), *id_args,
+                                   "-o", str(tmp_path / "out.parquet")], prog_name="pcd")
+    assert (inspected.exit_code, labelled.exit_code) == (2, 2)
+    assert inspected.output == f"error: {message}\n"
+    assert message in labelled.output
+
+
+def test_cli_id_field_moves_the_id_column(tmp_path):
+    result = pcd(write(tmp_path, {"fields": {"row": {"type": "boolean"}}}), "--id-field", "id", "--json")
+    assert result.exit_code == 0, result.output
+    assert [f["name"] for f in json.loads(result.stdout)["fields"]] == ["row"]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 import json
+from typing import Literal, Optional
 
 import pytest
+from pydantic import BaseModel, Field
 
 from pcd_cli.errors import SchemaError
 from pcd_cli.prompt import LAYOUTS, catalog_line
 from pcd_cli.schema import load_schema, parse_schema
+from pcd_cli.schema_pydantic import schema_from_model
 
 
 def _schema(**fields):
@@ -119,3 +123,307 @@ def test_boolean_has_quoted_and_bare_spellings():
     assert field.spellings(0) == ("true", '"true"')
     assert field.spellings(1) == ("false", '"false"')
     assert field.value(0) is True and field.value(1) is False
+
+
+# -- JSON Schema as tools write it (issue #20 item 4) ------------------------------------------
+
+def _load_json(tmp_path, data, name="s.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return load_schema(path)
+
+
+def _json_problem(tmp_path, prop, defs=None):
+    """The message for a JSON Schema with the one property ``x``."""
+    data = {"type": "object", "properties": {"x": prop}}
+    if defs:
+        data["$defs"] = defs
+    with pytest.raises(SchemaError) as info:
+        _load_json(tmp_path, data)
+    return str(info.value)
+
+
+class Colour(str, enum.Enum):
+    """The main colour of the product"""
+    red = "red"
+    green = "green"
+
+
+class Size(str, enum.Enum):
+    small = "small"
+    large = "large"
+
+
+class Product(BaseModel):
+    """The input is a product listing."""
+    colour: Colour
+    size: Size = Field(description="How big it is")
+    fragile: bool = Field(description="Breaks easily")
+    channel: Literal["web", "store"]
+    grade: Literal["A", "B", "C"] = Field(description="Quality grade", title="Grade given")
+
+
+def test_a_pydantic_json_schema_gives_the_same_schema_as_the_model(tmp_path):
+    schema = _load_json(tmp_path, Product.model_json_schema())
+    assert schema == schema_from_model(Product)  # fields, descriptions, name, instructions, hash
+    assert [(f.name, f.type, f.labels, f.description) for f in schema.fields] == [
+        ("colour", "enum", ("red", "green"), "The main colour of the product"),  # the $defs target's description
+        ("size", "enum", ("small", "large"), "How big it is"),  # the property's, over the target's title
+        ("fragile", "boolean", ("true", "false"), "Breaks easily"),
+        ("channel", "enum", ("web", "store"), ""),  # pydantic's title 'Channel' only re-spells the name
+        ("grade", "enum", ("A", "B", "C"), "Quality grade")]
+    assert (schema.name, schema.instructions) == ("Product", "The input is a product listing.")
+
+
+def test_refs_to_refs_definitions_and_single_part_allof_are_followed(tmp_path):
+    schema = _load_json(tmp_path, {
+        "type": "object",
+        "definitions": {"Tone": {"$ref": "#/definitions/Inner"},  # draft-07 and pydantic 1 spell it so
+                        "Inner": {"enum": ["calm", "angry"], "title": "Inner", "description": "How it sounds"}},
+        "$defs": {"Level": {"allOf": [{"$ref": "#/$defs/Scale"}]},
+                  "Scale": {"$defs": {"Deep": {"type": "string", "enum": ["low", "high"]}},
+                            "$ref": "#/$defs/Scale/$defs/Deep", "title": "Urgency level"},
+                  "Flag": {"type": "boolean"}},
+        "properties": {
+            "tone": {"$ref": "#/definitions/Tone"},
+            "level": {"allOf": [{"$ref": "#/$defs/Level"}], "description": "How urgent"},
+            "level2": {"$ref": "#/$defs/Level"},
+            "flag": {"allOf": [{"$ref": "#/$defs/Flag"}], "title": "Needs a reply"},
+        }})
+    assert [(f.name, f.type, f.labels, f.description) for f in schema.fields] == [
+        ("tone", "enum", ("calm", "angry"), "How it sounds"),
+        ("level", "enum", ("low", "high"), "How urgent"),
+        ("level2", "enum", ("low", "high"), "Urgency level"),  # a title that says more than the name
+        ("flag", "boolean", ("true", "false"), "Needs a reply")]
+    assert schema.warnings == ()
+
+
+def test_anyof_and_oneof_of_consts_are_an_enum_and_label_titles_warn(tmp_path):
+    schema = _load_json(tmp_path, {"type": "object", "properties": {
+        "plan": {"description": "Plan bought",
+                 "oneOf": [{"const": "free", "title": "Free tier"}, {"const": "pro", "description": "Paid"}]},
+        "tier": {"anyOf": [{"const": "gold", "title": "Gold"}, {"enum": ["silver", "bronze"]}]}}})
+    assert [(f.name, f.labels, f.description) for f in schema.fields] == [
+        ("plan", ("free", "pro"), "Plan bought"), ("tier", ("gold", "silver", "bronze"), "")]
+    assert schema.warnings == ("field 'plan': the titles and descriptions of its oneOf labels are not shown to the "
+                               "model (pcd's catalog lists the labels only); put what matters in the field's "
+                               "description",)  # 'Gold' only re-spells its label: nothing is lost
+
+
+NULL = "is not supported yet: pcd has no null label; make the field required"
+
+
+@pytest.mark.parametrize("prop, defs, message", [
+    ({"type": "string"}, None, "field 'x': type 'string' without enum (free text) is not supported; pcd fields are "
+                               "boolean or enum: list the labels with enum"),
+    ({"type": "integer"}, None, "field 'x': type 'integer' (a number) is not supported; pcd fields are boolean or enum"),
+    ({"type": "number"}, None, "field 'x': type 'number' (a number) is not supported; pcd fields are boolean or enum"),
+    ({"type": "array", "items": {"enum": ["a", "b"]}}, None,
+     "field 'x': type 'array' (a list) is not supported; pcd fields are boolean or enum"),
+    ({"$ref": "#/$defs/Sub"}, {"Sub": {"type": "object", "properties": {"y": {"type": "boolean"}}}},
+     "field 'x': type 'object' (a nested object) is not supported; pcd fields are boolean or enum"),
+    ({"type": "date"}, None, "field 'x': unknown JSON Schema type 'date'; pcd fields are boolean or enum"),
+    ({}, None, "field 'x': a property with no type, enum or $ref (any value) is not supported; "
+               "pcd fields are boolean or enum"),
+    ({"const": "a"}, None, "field 'x': const 'a' (one fixed value) is not a decision; give at least two labels "
+                           "with enum, or drop the field"),
+    ({"$ref": "other.json#/$defs/A"}, None, "field 'x': $ref 'other.json#/$defs/A' is not a local reference; pcd "
+                                            "follows only references into the same file ('#/$defs/...', "
+                                            "'#/definitions/...'): inline the definition"),
+    ({"$ref": "https://example.com/s.json"}, None, "field 'x': $ref 'https://example.com/s.json' is not a local "
+                                                   "reference; pcd follows only references into the same file "
+                                                   "('#/$defs/...', '#/definitions/...'): inline the definition"),
+    ({"$ref": "#/$defs/Nope"}, {"A": {"enum": ["a", "b"]}}, "field 'x': $ref '#/$defs/Nope' points to nothing in "
+                                                            "this file"),
+    ({"$ref": "#/$defs/A"}, {"A": {"$ref": "#/$defs/B"}, "B": {"allOf": [{"$ref": "#/$defs/A"}]}},
+     "field 'x': $ref '#/$defs/A' forms a cycle ('#/$defs/A' -> '#/$defs/B' -> '#/$defs/A')"),
+    ({"allOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]}, None,
+     "field 'x': allOf with 2 parts is not supported; pcd follows allOf only with a single part (as pydantic "
+     "writes a described $ref)"),
+    ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, None,
+     "field 'x': anyOf with a 'string' part (a union of types) is not supported; pcd reads anyOf/oneOf only when "
+     "every part is a const or an enum"),
+    ({"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}, {"A": {"enum": ["a", "b"]}},
+     f"field 'x': anyOf with a null branch (Optional[...]) {NULL}"),
+    ({"oneOf": [{"type": "null"}, {"const": "a"}, {"const": "b"}]}, None,
+     f"field 'x': oneOf with a null branch (Optional[...]) {NULL}"),
+    ({"type": ["string", "null"], "enum": ["a", "b"]}, None,
+     f"field 'x': type ['string', 'null'] with 'null' (Optional[...]) {NULL}"),
+    ({"enum": ["a", "b", None]}, None, f"field 'x': enum with a null value (Optional[...]) {NULL}"),
+    ({"enum": [1, 2]}, None, "s.json has 2 problems:\n"
+                             "  field 'x': label #1 is the number 1, not a string; quote it: \"1\"\n"
+                             "  field 'x': label #2 is the number 2, not a string; quote it: \"2\""),
+    ({"enum": ["yes", True]}, None, "field 'x': label #2 is the boolean True, not a string; quote it: \"true\""),
+])
+def test_json_schema_constructs_pcd_cannot_express_name_the_field_and_the_construct(tmp_path, prop, defs, message):
+    assert _json_problem(tmp_path, prop, defs).replace(str(tmp_path / "s.json"), "s.json") == message
+
+
+class Maybe(BaseModel):
+    colour: Optional[Colour] = None
+    fragile: Optional[bool] = None
+    channel: Literal["web", "store"] | None = Field(default=None, description="Where")
+
+
+def test_optional_fields_fail_the_same_way_from_the_model_and_from_its_json_schema(tmp_path):
+    with pytest.raises(SchemaError) as from_json:
+        _load_json(tmp_path, Maybe.model_json_schema(), "maybe.json")
+    assert str(from_json.value) == (
+        f"{tmp_path / 'maybe.json'} has 3 problems:\n"
+        f"  field 'colour': anyOf with a null branch (Optional[...]) {NULL}\n"
+        f"  field 'fragile': anyOf with a null branch (Optional[...]) {NULL}\n"
+        f"  field 'channel': anyOf with a null branch (Optional[...]) {NULL}")
+    with pytest.raises(SchemaError) as from_model:
+        schema_from_model(Maybe)
+    assert str(from_model.value) == (
+        "Maybe has 3 problems:\n"
+        f"  field 'colour' of Maybe: type Optional[Colour] (it allows None) {NULL}\n"
+        f"  field 'fragile' of Maybe: type Optional[bool] (it allows None) {NULL}\n"
+        f"  field 'channel' of Maybe: type Optional[Literal['web', 'store']] (it allows None) {NULL}")
+
+
+def test_every_problem_of_a_model_is_listed():
+    bad = type("Bad", (BaseModel,), {"__annotations__": {"ok": bool, "n": int, "one": Literal["only"],
+                                                           "m": Optional[bool]}})
+    with pytest.raises(SchemaError) as info:
+        schema_from_model(bad)
+    assert str(info.value) == (
+        "Bad has 3 problems:\n"
+        "  field 'n' of Bad: type int is not supported; use bool, Literal['a', 'b', ...] or a str Enum\n"
+        "  field 'one': an enum needs at least two labels, got ['only']\n"
+        f"  field 'm' of Bad: type Optional[bool] (it allows None) {NULL}")
+
+
+# -- all problems of a schema in one run (issue #20 item 9) ------------------------------------
+
+def _problems(tmp_path, text, name="schema.yaml"):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(SchemaError) as info:
+        load_schema(tmp_path / name)
+    return str(info.value).replace(str(tmp_path / name), name)
+
+
+def test_every_problem_of_a_yaml_schema_is_listed_once(tmp_path):
+    text = """\
+name: triage
+colour: red
+fields:
+  sentiment:
+    type: enum
+    descripton: How the customer feels
+    labels: [POSITIVE, NEGATIVE, POSITIVE, " "]
+  urgent:
+    type: bool
+    labels: [y, n]
+  route:
+    type: enumm
+    depends_on: [urgent, nowhere]
+  team:
+    type: enum
+    labels: [A, B]
+    depends_on: [team]
+  sentiment__prob: {type: boolean}
+  loop_a: {type: boolean, depends_on: [loop_b]}
+  loop_b: {type: boolean, depends_on: [loop_a]}
+"""
+    assert _problems(tmp_path, text) == """schema.yaml has 10 problems:
+  schema: unknown key 'colour' (known keys: name, instructions, fields, examples)
+  field 'sentiment': unknown key 'descripton' (did you mean 'description'?)
+  field 'sentiment': label #4 is only whitespace (' '); the model cannot write it in a way that means anything; give it a name
+  field 'sentiment': duplicate label 'POSITIVE'
+  field 'urgent': a boolean takes no labels (its values are true and false); use type: enum for named labels
+  field 'route': unknown type 'enumm'; expected one of boolean, enum
+  field 'route': depends_on names an unknown field 'nowhere'
+  field 'team': depends_on names the field itself
+  field 'sentiment__prob': clashes with the output column 'sentiment__prob' of field 'sentiment'; rename it
+  field 'loop_a': depends_on forms a cycle"""
+
+
+def test_every_problem_of_a_json_schema_is_listed(tmp_path):
+    data = {"title": "Review", "type": "object", "$defs": {"S": {"enum": ["neg", "pos", "neg"]}},
+            "properties": {"sentiment": {"$ref": "#/$defs/S"}, "note": {"type": "string"},
+                           "ok": {"type": "boolean"}, "stars": {"enum": [1, 2, 3]},
+                           "maybe": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}}}
+    (tmp_path / "review.json").write_text(json.dumps(data))
+    with pytest.raises(SchemaError) as info:
+        load_schema(tmp_path / "review.json")
+    assert str(info.value) == f"""{tmp_path / 'review.json'} has 6 problems:
+  field 'sentiment': duplicate label 'neg'
+  field 'note': type 'string' without enum (free text) is not supported; pcd fields are boolean or enum: list the labels with enum
+  field 'stars': label #1 is the number 1, not a string; quote it: "1"
+  field 'stars': label #2 is the number 2, not a string; quote it: "2"
+  field 'stars': label #3 is the number 3, not a string; quote it: "3"
+  field 'maybe': anyOf with a null branch (Optional[...]) {NULL}"""
+
+
+def test_examples_are_checked_once_the_fields_are_sound_and_all_listed(tmp_path):
+    text = """\
+fields:
+  urgent: {type: boolean}
+  team: {type: enum, labels: [A, B]}
+examples:
+  - text: "Server down"
+    labels: {urgent: yes, team: C}
+  - text: "Invoice question"
+    labels: {urgent: no}
+  - text: "Fine"
+    labels: {urgent: no, team: B}
+"""
+    assert _problems(tmp_path, text) == (
+        "schema.yaml has 2 problems:\n"
+        "  examples[0]: field 'team': 'C' is not one of its labels (A | B)\n"
+        "  examples[1]: field 'team' has no value; an example must answer every field")
+    # YAML booleans stay booleans where they are values of a boolean field
+    schema = load_schema(_write(tmp_path, text.replace("team: C", "team: A").replace("{urgent: no}",
+                                                                                     "{urgent: no, team: B}")))
+    assert [e.labels for e in schema.examples] == [(0, 0), (1, 1), (1, 1)]
+
+
+def _write(tmp_path, text, name="ok.yaml"):
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
+# -- labels YAML turned into booleans, numbers or dates (issue #20 item 11b) -------------------
+
+def test_every_label_yaml_converted_is_named_as_written(tmp_path):
+    text = """\
+fields:
+  answer: {type: enum, labels: [YES, NO, MAYBE]}
+  code:
+    type: enum
+    choices:
+      - 007
+      - "12"
+      - 1.50
+      - 2024-01-01
+      - ~
+  on: {type: boolean}
+  reply: {type: boolean, description: yes}
+"""
+    assert _problems(tmp_path, text) == """schema.yaml has 8 problems:
+  field 'answer': label #1 is written YES, which YAML reads as the boolean True, not as text; quote it: "YES"
+  field 'answer': label #2 is written NO, which YAML reads as the boolean False, not as text; quote it: "NO"
+  field 'code': label #1 is written 007, which YAML reads as the number 7, not as text; quote it: "007"
+  field 'code': label #3 is written 1.50, which YAML reads as the number 1.5, not as text; quote it: "1.50"
+  field 'code': label #4 is written 2024-01-01, which YAML reads as the date 2024-01-01, not as text; quote it: "2024-01-01"
+  field 'code': label #5 is written ~, which YAML reads as null (no value), not as text; quote it: "~"
+  field name on is read by YAML as the boolean True, not as text; quote it: "on"
+  field 'reply': 'description' must be a string"""
+
+
+def test_one_converted_label_keeps_a_one_line_message_and_quoting_fixes_it(tmp_path):
+    text = "fields:\n  answer:\n    type: enum\n    labels:\n      - YES\n      - 'NO'\n"
+    assert _problems(tmp_path, text) == ("field 'answer': label #1 is written YES, which YAML reads as the boolean "
+                                         "True, not as text; quote it: \"YES\"")
+    schema = load_schema(_write(tmp_path, text.replace("- YES", '- "YES"')))
+    assert schema.fields[0].labels == ("YES", "NO")
+
+
+def test_list_form_and_preset_files_name_converted_labels_as_written(tmp_path):
+    listed = "fields:\n  - name: answer\n    type: enum\n    labels: [Off, 'on']\n"
+    assert _problems(tmp_path, listed) == ("field 'answer': label #1 is written Off, which YAML reads as the "
+                                           "boolean False, not as text; quote it: \"Off\"")
+    preset = "id: p\nschema:\n  tier: {type: enum, choices: [0x1F, B]}\n"
+    assert _problems(tmp_path, preset) == ("field 'tier': label #1 is written 0x1F, which YAML reads as the number "
+                                           "31, not as text; quote it: \"0x1F\"")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from .model_files import check_gguf, check_model_folder
 from .tokenizer import HFTokenizer
 from .torch_arch import LongRope, attention_layout, takes_mask_per_layer_type
 
@@ -94,7 +95,14 @@ def converted_gguf_target(gguf: Path) -> Path:
     The folder is keyed by the file's content (``gguf_content_key``), not its path, so a
     second virtualenv, a reinstall or a renamed copy of the same file reuses the
     conversion: ``<stem>-<key>``, or an existing folder of another name with the same key.
+
+    The file is checked first (``model_files.check_gguf``: a GGUF, and whole), so a web page
+    or a cut download is refused by name before anything is hashed or written to the cache.
+
+    Raises:
+        ModelError: not a GGUF file, or an incomplete or damaged one.
     """
+    check_gguf(gguf)
     key = gguf_content_key(gguf)[:16]
     models = cache_dir() / "models"
     for done in sorted(models.glob(f"*-{key}")) if models.is_dir() else ():
@@ -108,7 +116,13 @@ def converted_gguf_dir(gguf: Path) -> Path:
 
     transformers dequantises GGUF on every load (~25 s here); the converted folder loads in
     well under a second. A GGUF-loaded model refuses ``save_pretrained``, so its state dict
-    and config (minus ``quantization_config``) are written by hand, atomically.
+    and config (minus ``quantization_config``) are written by hand, atomically: into a
+    ``.convert-*`` folder next to the target, renamed to it when complete; on any failure or
+    interruption the temporary folder is removed, so the cache never holds half a conversion.
+
+    Raises:
+        ModelError: the file is not a whole GGUF file (``converted_gguf_target``), or
+            transformers cannot read it.
     """
     target = converted_gguf_target(gguf)
     if (target / "config.json").is_file():
@@ -136,9 +150,9 @@ def converted_gguf_dir(gguf: Path) -> Path:
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
-    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file fails in many ways inside the readers
+    except BaseException as exc:  # noqa: BLE001 - a damaged or foreign file fails in many ways inside the readers
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+        if not isinstance(exc, Exception) or isinstance(exc, MemoryError):  # Ctrl-C, SystemExit: no half entry either
             raise
         raise ModelError(f"{str(gguf)!r}: not a GGUF model transformers can read ({str(exc).splitlines()[0]})") from exc
     return target
@@ -154,6 +168,11 @@ def resolve_model(spec: str | None) -> tuple[str, str]:
 
     ``None``/``'default'``/``DEFAULT_MODEL``: the embedded SmolLM2 (converted once);
     ``*.gguf``: that file (converted once); an existing folder; else a transformers model id.
+    A GGUF file is checked before it is converted, a folder's ``*.safetensors`` files before
+    they load (``model_files``: a web page, a git-lfs pointer or a cut download is named).
+
+    Raises:
+        ModelError: no such file or folder, or a model file that is not whole or not one.
     """
     if spec in (None, "", "default", DEFAULT_MODEL):
         return DEFAULT_MODEL, str(converted_gguf_dir(embedded_gguf_path()))
@@ -164,6 +183,7 @@ def resolve_model(spec: str | None) -> tuple[str, str]:
         return path.name, str(converted_gguf_dir(path))
     path = Path(spec).expanduser()
     if path.is_dir():
+        check_model_folder(path)
         return path.name, str(path)
     if HUB_ID.fullmatch(spec):  # owner/name, dots and all (Qwen/Qwen2.5-0.5B-Instruct): a hub id
         return spec, spec

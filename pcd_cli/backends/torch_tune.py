@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError
+from ..files import machine_error, machine_errors, write_target
 
 #: peft's name for every linear layer of the transformer blocks (the LM head excluded).
 LORA_TARGETS = "all-linear"
@@ -139,12 +140,16 @@ class LoraTrainer:
         tokenizer (with its chat template) and the card ``pcd-tune.json``. The live model keeps
         its adapter unmerged.
 
+        A symlinked ``directory`` is replaced at its target; the link stays (``pcd_cli.files``).
+
         Raises:
-            OSError: the folder cannot be written.
+            MachineError: the folder cannot be written (nothing half-written is left).
         """
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        given = Path(directory)
+        directory = write_target(given)
+        with machine_errors(given):
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
         try:
             if adapter_only:
                 self.peft_model.save_pretrained(str(tmp))
@@ -156,6 +161,9 @@ class LoraTrainer:
             if directory.exists():
                 shutil.rmtree(directory)
             os.replace(tmp, directory)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise machine_error(exc, given) from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 import warnings
@@ -50,6 +49,7 @@ import pyarrow.parquet as pq
 
 from ..decode import Record, RecordFailure, RecordResult
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
+from ..files import check_writable, clear_stale, write_atomic, write_target
 from ..io import EXTENSIONS, InputSpec, detect_format, output_schema, read_records, results_table, row_to_record
 from ..schema import Schema
 from ..summary import RunStats
@@ -394,11 +394,7 @@ def check_outputs(files: list[Path], input_path: Path, output: Path, errors_path
     if out == err or out in err.parents:
         raise InputError(f"--errors {str(errors_path)!r} is inside the output folder; choose another path")
     for option, path in (("-o", output), ("--errors", errors_path)):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=path.parent).close()
-        except OSError as exc:
-            raise InputError(f"{option} {str(path)!r}: cannot write in its folder ({exc.strerror})") from None
+        check_writable(option, path, folder_ok=option == "-o")
 
 
 def _publish(tmp: Path, target: Path) -> None:
@@ -466,7 +462,8 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler
     ctx.enable_progress_bars = progress
     ctx.max_consecutive_actor_init_deaths = max_retries  # a model that cannot load fails the run, not a loop
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    tmp_dir = output.with_name(f".{output.name}.pcd-ray-{uuid.uuid4().hex[:8]}")
+    final = write_target(output)  # a symlinked output folder is replaced at its target; the link stays
+    tmp_dir = final.with_name(f".{final.name}.pcd-ray-{uuid.uuid4().hex[:8]}")
     try:
         return _job(ray, files, kind, input_path, schema, spec, labeler_options, output=output,
                     errors_path=errors_path, tmp_dir=tmp_dir, all_probs=all_probs, min_mass=min_mass,
@@ -554,17 +551,11 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
     if errors:
         _write_errors(errors, errors_path)
     else:
-        errors_path.unlink(missing_ok=True)  # an earlier run's errors would mislead
-    _publish(tmp_dir, output)  # the output last: its presence means the run is complete
+        clear_stale(errors_path)  # an earlier run's errors would mislead
+    _publish(tmp_dir, write_target(output))  # the output last: its presence means the run is complete
     return run
 
 
 def _write_errors(errors: list[dict], path: Path) -> None:
-    """The errors JSONL, as the local engine writes it (temporary name, then renamed)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with tmp.open("wb") as fh:
-        for row in errors:
-            fh.write(orjson.dumps(row, default=str) + b"\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """The errors JSONL, as the local engine writes it (whole or not at all: ``pcd_cli.files``)."""
+    write_atomic(path, b"".join(orjson.dumps(row, default=str) + b"\n" for row in errors))

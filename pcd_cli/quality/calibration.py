@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -31,7 +29,8 @@ import orjson
 import pandas as pd
 
 from .. import __version__
-from ..errors import CalibrationError
+from ..errors import CalibrationError, InputError
+from ..files import check_writable, write_atomic
 from ..schema import Schema
 from . import metrics as M
 from .data import FieldData, field_specs, join
@@ -125,30 +124,14 @@ class Calibration:
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
 
     def save(self, path: str | Path) -> "Calibration":
-        """Write the file atomically (temp file, fsync, rename); returns a copy with ``sha256`` set.
+        """Write the file atomically (temp file, fsync, rename; through a symlink to its target:
+        ``pcd_cli.files``); returns a copy with ``sha256`` set.
 
         Raises:
-            CalibrationError: the file cannot be written.
+            MachineError: the file cannot be written (exit 5); an earlier file stays as it was.
         """
-        path = Path(path)
         data = self.to_json()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(tmp, 0o666 & ~umask)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        except OSError as exc:
-            raise CalibrationError(f"{str(path)!r}: cannot write the calibration file ({exc.strerror})") from None
+        write_atomic(path, data)
         return Calibration(self.pcd_version, self.model, self.schema_sha256, self.prompt_head_sha256, self.scoring,
                            self.fields, hashlib.sha256(data).hexdigest())
 
@@ -242,10 +225,9 @@ def check_output_path(path: str | Path) -> None:
     if path.is_dir():
         raise CalibrationError(f"-o {str(path)!r} is a folder; give a file name, e.g. {str(path / 'calibration.json')!r}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path.parent).close()
-    except OSError as exc:
-        raise CalibrationError(f"-o {str(path)!r}: cannot write in its folder ({exc.strerror})") from None
+        check_writable("-o", path)
+    except InputError as exc:
+        raise CalibrationError(str(exc)) from None
 
 
 # --- fitting -----------------------------------------------------------------------------------

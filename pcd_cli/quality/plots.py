@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from ..errors import InputError, MissingExtra
+from ..files import atomic_writer
 from .metrics import ReliabilityBin
 
 
@@ -61,8 +62,11 @@ def _safe(name: str) -> str:
 
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_writer(path) as fh:  # whole or not at all, through a symlink (pcd_cli.files)
+            fig.savefig(fh, dpi=100, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
