@@ -204,3 +204,33 @@ def test_glob_input_needs_an_output_folder(files):
     result = _label([str(files["parts"] / "*.parquet"), "--schema", files["schema"], "--engine", "ray"])
     assert result.exit_code == 2
     assert "with a glob INPUT, name the output folder" in result.output
+
+
+def _ray_processes() -> dict[int, str]:
+    import psutil
+
+    found = {}
+    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+        line = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
+        if "ray::" in line or "raylet" in line or "gcs_server" in line or "default_worker.py" in line:
+            found[p.info["pid"]] = line[:100]
+    return found
+
+
+@pytest.mark.parametrize("outcome", ["finished", pytest.param("failed", marks=pytest.mark.full)])
+def test_a_run_leaves_no_ray_process_behind(files, tmp_path, outcome):
+    """The local Ray that ``pcd label --engine ray`` starts itself, and every worker, is gone
+    when the command returns (issue #20: an orphaned MapWorker held 1.3 GB after exit 0)."""
+    import subprocess
+
+    before = _ray_processes()
+    model = files["model"] if outcome == "finished" else tmp_path / "not-a-model"
+    if outcome == "failed":
+        model.mkdir()
+        (model / "config.json").write_text("{}")  # a folder the workers cannot load: the run fails
+    result = subprocess.run([sys.executable, "-m", "pcd_cli.cli", "label", str(files["jsonl"]), "--schema",
+                             str(files["schema"]), "--model", str(model), "-o", str(tmp_path / "out"),
+                             "--engine", "ray", "--workers", "1", "-q"], capture_output=True, text=True, timeout=300)
+    assert (result.returncode == 0) == (outcome == "finished"), result.stderr[-2000:]
+    left = {pid: line for pid, line in _ray_processes().items() if pid not in before}
+    assert left == {}

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 import uuid
 import warnings
@@ -318,6 +319,8 @@ def connect(address: str | None) -> tuple[bool, float]:
     if ray.is_initialized():
         return False, 0.0
     started = time.perf_counter()
+    if not address:
+        _become_subreaper()
     try:
         ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False, configure_logging=True)
@@ -325,6 +328,52 @@ def connect(address: str | None) -> tuple[bool, float]:
         raise EngineError(f"--ray-address {address!r}: cannot join the Ray cluster ({str(exc).splitlines()[0]})"
                           if address else f"cannot start a local Ray ({str(exc).splitlines()[0]})") from exc
     return True, time.perf_counter() - started
+
+
+def _become_subreaper() -> None:
+    """Make this process the Linux "child subreaper" of what it starts (``prctl(2)``,
+    ``PR_SET_CHILD_SUBREAPER``): a Ray worker orphaned when its raylet exits is reparented here,
+    not to init, so ``stop_local_ray`` can wait for it, kill it and reap it. Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36: PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_local_ray(ray, grace_s: float = 10.0) -> list[int]:
+    """Shut down the local Ray this process started, and everything it started with it.
+
+    ``ray.shutdown()`` stops the head's processes, but a worker busy at that moment (loading
+    a model) outlived it here, orphaned, holding its memory: a nightly cron job would pile them
+    up. So the processes below this one are listed first; after the shutdown, each still alive
+    gets ``grace_s`` seconds, then SIGTERM, then SIGKILL, and is reaped (this process is their
+    subreaper: ``_become_subreaper``).
+
+    Returns:
+        The ids of the processes that had to be terminated or killed (empty when Ray stopped
+        them all itself).
+    """
+    import psutil
+
+    try:
+        below = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        below = []
+    ray.shutdown()
+    _gone, alive = psutil.wait_procs(below, timeout=grace_s)
+    forced = [p.pid for p in alive]
+    for signal_them in (psutil.Process.terminate, psutil.Process.kill):
+        for p in alive:
+            try:
+                signal_them(p)
+            except psutil.Error:
+                pass
+        _gone, alive = psutil.wait_procs(alive, timeout=3.0)
+    return forced
 
 
 def _pcd_cause(exc: BaseException) -> PcdError | None:
@@ -473,7 +522,7 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if started_here:
-            ray.shutdown()
+            stop_local_ray(ray)
 
 
 def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output, errors_path, tmp_dir, all_probs,
