@@ -310,7 +310,10 @@ def label(
     text_field: str = _panel(TEXT_FIELD_OPT, 'Input'),
     template: Optional[str] = _panel(TEMPLATE_OPT, 'Input'),
     id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id "
-                                           "(default: row numbers from 0, column 'row').", rich_help_panel='Input'),
+                                           "(default: the input's 'id' column if it has one, else row numbers "
+                                           "from 0 in a column 'row').", rich_help_panel='Input'),
+    row_ids: bool = typer.Option(False, "--row-ids", help="Number the rows (column 'row') even when the input "
+                                 "has an 'id' column.", rich_help_panel='Input'),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Label only the first N rows.", rich_help_panel='Input'),
     all_probs: bool = typer.Option(False, "--all-probs", help="Add <field>__probs (label -> probability) columns.", rich_help_panel='Output'),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write one JSON line per record and field "
@@ -363,7 +366,7 @@ def label(
     after committing the current batch: rerun with --resume.
     """
     from .api import Labeler
-    from .io import InputSpec, check_input, is_stdin
+    from .io import DEFAULT_ID_COLUMN, InputSpec, check_input, is_stdin
     from .checkpoint import work_dir_for
     from .job import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
                       stop_on_signals, write_empty_output)
@@ -375,6 +378,12 @@ def label(
     stdin = is_stdin(input)
     output = output or (None if stdin else default_output(input))
     errors = errors or (default_errors(output) if output else None)
+    if row_ids and id_field:
+        report("error", {"message": "--row-ids and --id-field exclude each other: choose one"}, "error")
+        raise typer.Exit(2)
+    if id_field is None and not row_ids and input.is_file() and _has_id_column(input, text_field, template,
+                                                                               csv_delimiter, fmt):
+        id_field = DEFAULT_ID_COLUMN  # said with the result (_done), not before a possible error
     labeler_options = dict(model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                            scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
@@ -391,7 +400,7 @@ def label(
                            resume=resume, trace=trace, max_errors=max_errors, batch_size=batch_size,
                            progress=bool(progress), address=ray_address, workers=workers, worker_cpus=worker_cpus,
                            worker_gpus=worker_gpus)
-        return _done(report, stats, input, output, errors, quiet)
+        return _done(report, stats, input, output, errors, quiet, id_field=id_field, row_ids=row_ids)
     try:
         with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
             if output is None:
@@ -448,17 +457,32 @@ def label(
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
         raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
-    _done(report, stats, input, output, errors, quiet)
+    _done(report, stats, input, output, errors, quiet, id_field=id_field, row_ids=row_ids)
 
 
-def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool) -> None:
-    """The end of a finished ``pcd label`` run: the summary and the warnings."""
+def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, fmt) -> bool:
+    """Whether ``pcd label`` takes the input's ``id`` column as the id (``io.has_id_column``);
+    a bad option here is left for the checks that report it."""
+    from .io import InputSpec, has_id_column
+
+    try:
+        spec = InputSpec(text_field=text_field, template=template, csv_delimiter=csv_delimiter)
+    except PcdError:
+        return False
+    return has_id_column(input, spec, fmt.value if fmt else None)
+
+
+def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool, *,
+          id_field: str | None, row_ids: bool) -> None:
+    """The end of a finished ``pcd label`` run: the summary, where the ids came from, the warnings."""
+    ids = (f"ids from the {id_field!r} column" if id_field else "ids are row numbers (column 'row')") + (
+        "; --row-ids numbers the rows instead" if id_field == "id" and not row_ids else "")
     if report.json:
         report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
-                        **stats.to_dict()})
+                        "id_column": id_field or "row", **stats.to_dict()})
     elif not quiet:
         stats.render(out)
-        out.print(f"wrote {stats.records} rows to {escape(str(output))}", highlight=False)
+        out.print(f"wrote {stats.records} rows to {escape(str(output))} ({ids})", highlight=False)
     if stats.read == 0:
         report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
     if stats.failures:

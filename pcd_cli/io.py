@@ -473,6 +473,32 @@ def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> bo
         rows.close()
 
 
+#: The column ``pcd label`` takes as the record id when ``--id-field`` is not given.
+DEFAULT_ID_COLUMN = "id"
+
+
+def has_id_column(path: str | Path, spec: InputSpec, fmt: str | None = None, *, rows: int = 16) -> bool:
+    """Whether the input has a ``DEFAULT_ID_COLUMN`` column: in the CSV header or Parquet schema,
+    or as a key of the first JSONL object among the first ``rows`` rows. ``False`` for standard
+    input (it can be read only once) and for an input that cannot be read (its reader reports
+    that later, in full).
+    """
+    if is_stdin(path):
+        return False
+    try:
+        kind, compression = input_kind(path, fmt)
+        reader = ROW_READERS[kind](Path(path), spec, compression)
+        try:
+            for _line, row, _raw in itertools.islice(reader, rows):
+                if isinstance(row, dict):
+                    return DEFAULT_ID_COLUMN in row
+        finally:
+            reader.close()
+    except (InputError, OSError, ValueError):
+        return False
+    return False
+
+
 #: Bytes that make a line blank (not a row): whitespace, and NUL padding.
 BLANK_BYTES = b" \t\r\n\x00\x0b\x0c"
 

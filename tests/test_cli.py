@@ -219,17 +219,26 @@ def test_template_with_support_triage(tmp_path):
 
 def test_default_ids_and_output_path(tmp_path, format_runs):
     src = tmp_path / "airline_tweets.jsonl"
-    src.write_text("".join((DATA / "airline_tweets.jsonl").read_text().splitlines(keepends=True)[:3]))
+    lines = (DATA / "airline_tweets.jsonl").read_text().splitlines(keepends=True)[:3]
+    src.write_text("".join(lines))
     result = pcd("label", src, "-s", AIRLINE)
     target = tmp_path / "airline_tweets.labels.parquet"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["airline_tweets.jsonl", "airline_tweets.labels.parquet"]
-    assert "wrote 3 rows" in flat(result.stdout)
+    # the input has an 'id' column: it is the record id without --id-field, and the run says so
+    assert "wrote 3 rows" in flat(result.stdout) and "ids from the 'id' column; --row-ids numbers" in flat(result.stdout)
     table = pq.read_table(target)
-    assert table.schema.names == ["row", "sentiment", "sentiment__prob", "sentiment__mass", "__truncated"]
-    assert table.schema.field("row").type == pa.int64()
-    check_label_table(table, [0, 1, 2], AIRLINE_LABELS)
+    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "__truncated"]
+    check_label_table(table, [json.loads(line)["id"] for line in lines], AIRLINE_LABELS)
     plain = pq.read_table(format_runs[1]["jsonl"][1]).to_pydict()
     assert table.column("sentiment").to_pylist() == plain["sentiment"][:3]
+    # --row-ids, or an input without an 'id' column: row numbers from 0
+    src.write_text("".join(json.dumps({"text": json.loads(line)["text"]}) + "\n" for line in lines))
+    result = pcd("label", src, "-s", AIRLINE, "-o", tmp_path / "rows.parquet")
+    assert "ids are row numbers (column 'row')" in flat(result.stdout)
+    table = pq.read_table(tmp_path / "rows.parquet")
+    assert table.schema.names[0] == "row" and table.schema.field("row").type == pa.int64()
+    check_label_table(table, [0, 1, 2], AIRLINE_LABELS)
+    assert pcd("label", src, "-s", AIRLINE, "--row-ids", "--id-field", "id", code=2)
 
 
 # -- nothing is lost --------------------------------------------------------------------------
@@ -298,7 +307,7 @@ BAD_SCHEMAS = {
                             ["'sentiment__prob'", "clashes with the output column"]),
     "id-clash": ("fields:\n  id: {type: boolean}\n", ["--id-field", "id"],
                  ["'id'", "clashes with the id column"]),
-    "row-clash": ("fields:\n  row: {type: boolean}\n", [], ["'row'", "clashes with the id column"]),
+    "row-clash": ("fields:\n  row: {type: boolean}\n", ["--row-ids"], ["'row'", "clashes with the id column"]),
     "not-yaml": ("fields: [unclosed\n", [], ["not valid YAML"]),
 }
 

@@ -259,7 +259,7 @@ def uninterrupted(tmp_path_factory):
     return src, out
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("how", ["SIGKILL", pytest.param("SIGTERM", marks=pytest.mark.full)])
 def test_killed_run_resumes_to_exactly_the_uninterrupted_output(tmp_path, uninterrupted, how):
     src, reference = uninterrupted
     out = tmp_path / "o.parquet"

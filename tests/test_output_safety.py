@@ -190,6 +190,24 @@ def test_a_disk_that_really_fills_up_exits_5_and_resume_completes(tmp_path):
         subprocess.run(["umount", str(disk)])
 
 
+@needs_mount
+@pytest.mark.parametrize("option", ["-o", "--errors", "--trace"])
+def test_a_read_only_folder_is_refused_before_the_model_loads(tmp_path, option):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(ro)]).returncode:
+        pytest.skip("this machine refuses a tmpfs mount")
+    try:
+        paths = {"-o": tmp_path / "o.parquet", "--errors": tmp_path / "o.errors.jsonl", "--trace": None}
+        paths[option] = ro / "file"
+        extra = [a for k, v in paths.items() if v is not None for a in (k, v)]
+        code, out, seconds = _quick_label(_input(tmp_path / "in.jsonl", 2), "-s", SCHEMA_FILE, *extra)
+        assert code == 2 and f"{option} '{ro / 'file'}': cannot write in its folder (Read-only file system)" in out
+        assert seconds < 5 and not work_dir_for(tmp_path / "o.parquet").exists()
+    finally:
+        subprocess.run(["umount", str(ro)])
+
+
 # --- every check that needs no model, before the model loads ----------------------------------------------
 
 

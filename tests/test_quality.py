@@ -417,3 +417,54 @@ def test_warns_below_majority_and_without_signal():
     assert (f.auroc, f.accuracy, f.majority_accuracy) == (0.0, pytest.approx(4 / 6), pytest.approx(4 / 6))
     assert any(w.startswith("field 'f': AUROC 0.000: a higher probability is not more often right")
                for w in evaluate(hand_predictions(), gold, SCHEMA).warnings)
+
+
+# -- honest numbers: intervals and the paired test (issue #18 item 5) -----------------------------------------
+
+def test_wilson_interval_against_hand_computed_values():
+    from pcd_cli.quality.metrics import wilson_interval
+
+    # Brown, Cai and DasGupta (2001), and by hand: 4 of 6 -> centre 0.6016, half-width 0.3016
+    low, high = wilson_interval(4, 6)
+    assert low == pytest.approx(0.29999, abs=1e-4) and high == pytest.approx(0.90323, abs=1e-4)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(0, 10)[1] == pytest.approx(0.27754, abs=1e-4)
+    assert wilson_interval(10, 10)[1] == 1.0
+    assert wilson_interval(0, 0) is None
+
+
+def test_wilson_coverage_on_synthetic_draws():
+    from pcd_cli.quality.metrics import wilson_interval
+
+    rng = np.random.default_rng(1)
+    hits = [low <= 0.3 <= high for low, high in (wilson_interval(int(k), 50) for k in rng.binomial(50, 0.3, 2000))]
+    assert 0.93 <= np.mean(hits) <= 0.97  # 95 % nominal; Wilson stays close at n = 50
+
+
+def test_mcnemar_exact_and_chi_square():
+    from pcd_cli.quality.metrics import mcnemar
+
+    before = np.array([True] * 10 + [False] * 5 + [True] * 1 + [False] * 4)
+    after = np.array([True] * 10 + [True] * 5 + [False] * 1 + [False] * 4)
+    test = mcnemar(before, after)  # 1 right only before, 5 right only after: exact, 2 * P(X <= 1 | 6, 1/2)
+    assert (test.only_before, test.only_after, test.method) == (1, 5, "exact")
+    assert test.p_value == pytest.approx(2 * 7 / 64)
+    big_b = np.array([True] * 10 + [False] * 30)
+    big_a = np.array([False] * 10 + [True] * 30)
+    test = mcnemar(big_b, big_a)  # 10 vs 30: chi2 = (|10 - 30| - 1)^2 / 40 = 9.025
+    assert test.method == "chi2"
+    from scipy.stats import chi2
+
+    assert test.p_value == pytest.approx(chi2.sf(9.025, 1))
+    assert mcnemar(big_b, big_b).p_value == 1.0
+
+
+def test_bootstrap_interval_is_seeded_and_covers_the_statistic():
+    from pcd_cli.quality.metrics import accuracy, bootstrap_interval
+
+    rng = np.random.default_rng(0)
+    gold = rng.integers(0, 3, 400)
+    pred = np.where(rng.random(400) < 0.7, gold, (gold + 1) % 3)
+    first = bootstrap_interval(accuracy, (gold, pred))
+    assert first == bootstrap_interval(accuracy, (gold, pred))
+    assert first[0] < accuracy(gold, pred) < first[1]
+    assert 0.06 < first[1] - first[0] < 0.12  # about 2 * 1.96 * sqrt(0.7 * 0.3 / 400) = 0.090

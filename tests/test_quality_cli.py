@@ -72,7 +72,9 @@ def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
     text = flat(result.stdout)
     assert "6 of 8 gold rows matched a prediction (7 predictions; 2 gold rows without prediction, 1 " \
            "predictions without gold)" in text
-    assert "│ accuracy │ 0.667 │ 1.000 │" in text
+    # 4 of 6 and 4 of 4 right: Wilson 95 % intervals (hand-computed: centre (p + z²/2n) / (1 + z²/n))
+    assert "│ accuracy │ 0.667 [0.300, 0.903] │ 1.000 [0.510, 1.000] │" in text
+    assert "[low, high]: 95 % intervals (Wilson for the accuracy; a percentile bootstrap" in text
     assert "│ majority baseline │ 0.500 A │ 0.500 true │" in text
     assert "│ gold null / not a label │ 0 / 0 │ 1 / 1 │" in text
     assert "│ __prob │ 1.000 │ 0.800 │ 0.667 │ 0.7100 │ 83.3% │" in text
@@ -90,7 +92,7 @@ def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
                                                                         "preds.flag.reliability.png"]
     assert (tmp_path / "plots" / "preds.f.reliability.png").read_bytes()[:4] == b"\x89PNG"
     assert f"scored {preds} against {gold}" in " ".join(text.split())
-    assert "field 'f': only 6 rows: the accuracy is known to about ±0.38 (95 %)" in " ".join(text.split())
+    assert "field 'f': only 6 rows: the accuracy is somewhere in [0.30, 0.90] (95 %, Wilson)" in " ".join(text.split())
 
 
 def test_eval_gold_csv_and_parquet_and_schema(hand_files, tmp_path, no_model):

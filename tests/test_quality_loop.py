@@ -67,6 +67,13 @@ def test_calibrate_with_examples_then_label_with_both(files):
     assert np.abs(frame["sentiment__raw_prob"].to_numpy() - raw_probs[np.arange(HELD_OUT), chosen]).max() < 1e-5
     result = pcd("eval", out, held, "--compare", raw)
     assert "raw.parquet -> calibrated.parquet" in result.stdout
+    # McNemar's paired test on the same rows, counted here by hand
+    gold = {r["id"]: r["sentiment"] for r in map(json.loads, held.read_text().splitlines())}
+    right_raw = raw_frame["sentiment"].to_numpy() == raw_frame["id"].map(gold).to_numpy()
+    right_cal = frame["sentiment"].to_numpy() == frame["id"].map(gold).to_numpy()
+    only_raw, only_cal = int(np.sum(right_raw & ~right_cal)), int(np.sum(~right_raw & right_cal))
+    text = " ".join(result.stdout.split())
+    assert f"{only_raw} / {only_cal}" in text and "McNemar p" in text
 
 
 def test_a_calibration_for_another_head_is_refused_before_any_row(files):

@@ -6,7 +6,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .evaluate import EvalReport
+import numpy as np
+
+from . import metrics as M
+from .evaluate import EvalReport, FieldReport
 
 #: The figures compared, as (FieldReport attribute, column title, higher is better).
 FIGURES = (("accuracy", "accuracy", True), ("macro_f1", "macro-F1", True), ("ece", "ECE", False),
@@ -22,21 +25,34 @@ def comparison_rows(before: EvalReport, after: EvalReport) -> list[dict]:
         a = after_fields.get(b.field)
         if a is None:
             continue
-        row = {"field": b.field, "n_before": b.n, "n_after": a.n}
+        row = {"field": b.field, "n_before": b.n, "n_after": a.n, "mcnemar": paired_test(b, a)}
         for attr, _, _ in FIGURES:
             row[attr] = (getattr(b, attr), getattr(a, attr))
         rows.append(row)
     return rows
 
 
+def paired_test(before: FieldReport, after: FieldReport) -> M.McNemar | None:
+    """McNemar's test on the rows both reports evaluated (matched by id); ``None`` if none."""
+    right_after = dict(zip(after.ids, after.correct))
+    both = [(c, right_after[i]) for i, c in zip(before.ids, before.correct) if i in right_after]
+    if not both:
+        return None
+    pairs = np.array(both, dtype=bool)
+    return M.mcnemar(pairs[:, 0], pairs[:, 1])
+
+
 def render_comparison(before: EvalReport, after: EvalReport, console: Console, *,
                       before_name: str = "before", after_name: str = "after") -> None:
-    """A table per field: each figure before and after, the better one in green."""
+    """A table per field: each figure before and after, the better one in green, and McNemar's
+    paired test of the accuracy change (rows right only before / only after, two-sided p)."""
     table = Table(title=f"{escape(before_name)} -> {escape(after_name)} (same gold rows)")
     table.add_column("field")
     table.add_column("n", justify="right")
     for _, title, _ in FIGURES:
         table.add_column(title, justify="right")
+    table.add_column("right only before / after", justify="right")
+    table.add_column("McNemar p", justify="right")
     for row in comparison_rows(before, after):
         cells = []
         for attr, _, higher in FIGURES:
@@ -47,5 +63,11 @@ def render_comparison(before: EvalReport, after: EvalReport, console: Console, *
             better = (a > b) if higher else (a < b)
             cells.append(f"{b:.3f} -> " + (f"[green]{a:.3f}[/]" if better else f"{a:.3f}"))
         n = str(row["n_after"]) if row["n_before"] == row["n_after"] else f"{row['n_before']}/{row['n_after']}"
+        test = row["mcnemar"]
+        cells += ["-", "-"] if test is None else [f"{test.only_before} / {test.only_after}",
+                                                  f"{test.p_value:.3g} ({test.method})"]
         table.add_row(escape(row["field"]), n, *cells)
     console.print(table)
+    console.print("McNemar p: the chance of a change in accuracy at least this large if both were equally "
+                  "right (two-sided; exact below 25 discordant rows, else chi-square with continuity "
+                  "correction); below 0.05 the change is unlikely to be chance", highlight=False)

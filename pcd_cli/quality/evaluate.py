@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field as dc_field
 
 import numpy as np
 import pandas as pd
@@ -57,6 +57,12 @@ class FieldReport:
         auroc: AUROC of ``<f>__prob`` for "the label is correct" (``None``: one class only).
         per_label: precision/recall/F1/support per label; confusion: (k, k) counts, row = gold.
         by_prob, by_mass: selective prediction ranked by probability and by candidate mass.
+        intervals: ``{"accuracy", "macro_f1", "ece", "auroc"} -> (low, high)`` at
+            ``interval_level`` (95 %): Wilson for the accuracy, the percentile bootstrap
+            (``metrics.BOOTSTRAP_RESAMPLES`` resamples of the rows, seeded) for the others;
+            ``None`` where undefined.
+        ids, correct: the evaluated rows' ids and whether each was right (for the paired
+            test of ``pcd eval --compare``; not in ``to_dict``).
     """
 
     field: str
@@ -81,9 +87,15 @@ class FieldReport:
     confusion: tuple[tuple[int, ...], ...]
     by_prob: Selective
     by_mass: Selective | None
+    intervals: dict = dc_field(default_factory=dict)
+    interval_level: float = M.INTERVAL_LEVEL
+    ids: tuple = dc_field(default=(), repr=False, compare=False)
+    correct: tuple = dc_field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["ids"], d["correct"]
+        d["intervals"] = {k: (list(v) if v is not None else None) for k, v in self.intervals.items()}
         d["labels"] = list(self.labels)
         d["invalid_values"] = [{"value": v, "count": c} for v, c in self.invalid_values]
         d["per_label"] = {s.label: {k: v for k, v in asdict(s).items() if k != "label"} for s in self.per_label}
@@ -187,8 +199,9 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
                             f"the share of {only!r} in the gold labels, not a sign the model tells the labels apart "
                             f"(macro-F1 {f.macro_f1:.3f})")
         if 0 < f.n < SMALL_SAMPLE:
-            half = 1.96 * math.sqrt(max(f.accuracy * (1 - f.accuracy), 0.25 / f.n) / f.n)
-            warnings.append(f"field {f.field!r}: only {f.n} rows: the accuracy is known to about ±{half:.2f} (95 %), "
+            low, high = f.intervals["accuracy"]
+            warnings.append(f"field {f.field!r}: only {f.n} rows: the accuracy is somewhere in [{low:.2f}, {high:.2f}] "
+                            f"(95 %, Wilson), "
                             f"and ECE over {M.ECE_BINS} bins is noisy; score a few hundred rows to compare settings")
         if f.auroc is not None and f.auroc <= 0.5:
             warnings.append(f"field {f.field!r}: AUROC {f.auroc:.3f}: a higher probability is not more often right; "
@@ -223,7 +236,21 @@ def field_report(data: FieldData, target_accuracy: float | None = None) -> Field
         brier=brier, brier_form=form, nll=nll, auroc=M.auroc(data.prob, correct.astype(bool)),
         per_label=tuple(scores), confusion=tuple(map(tuple, M.confusion_matrix(data.gold, data.pred, k).tolist())),
         by_prob=selective("prob", data.prob, correct, target_accuracy),
-        by_mass=selective("mass", data.mass, correct, target_accuracy) if has_mass else None)
+        by_mass=selective("mass", data.mass, correct, target_accuracy) if has_mass else None,
+        intervals=intervals(data, correct), ids=tuple(data.ids.tolist()), correct=tuple(correct.astype(bool).tolist()))
+
+
+def intervals(data: FieldData, correct: np.ndarray) -> dict:
+    """95 % intervals of one field's accuracy (Wilson), macro-F1, ECE and AUROC (percentile
+    bootstrap over rows; ``metrics.bootstrap_interval``)."""
+    labels = data.spec.labels
+    hit = correct.astype(bool)
+    return {
+        "accuracy": M.wilson_interval(int(hit.sum()), len(hit)),
+        "macro_f1": M.bootstrap_interval(lambda g, p: M.macro_f1(M.label_scores(g, p, labels)), (data.gold, data.pred)),
+        "ece": M.bootstrap_interval(M.ece, (data.prob, correct)),
+        "auroc": M.bootstrap_interval(lambda s, c: M.auroc(s, c), (data.prob, hit)),
+    }
 
 
 def selective(name: str, score: np.ndarray, correct: np.ndarray, target_accuracy: float | None) -> Selective:

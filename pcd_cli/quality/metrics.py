@@ -166,16 +166,9 @@ def auroc(score: np.ndarray, positive: np.ndarray) -> float | None:
     n_neg = len(positive) - n_pos
     if not n_pos or not n_neg:
         return None
-    order = np.argsort(score, kind="mergesort")
-    sorted_scores = score[order]
-    ranks = np.empty(len(score), dtype=np.float64)
-    start = 0
-    while start < len(score):  # average ranks over runs of equal scores
-        end = start
-        while end + 1 < len(score) and sorted_scores[end + 1] == sorted_scores[start]:
-            end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
+    from scipy.stats import rankdata
+
+    ranks = rankdata(score, method="average")
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
@@ -210,3 +203,92 @@ def threshold_for_accuracy(score: np.ndarray, correct: np.ndarray, target: float
         if acc >= target - 1e-12:
             best = TargetPoint(target, float(s[end]), float((end + 1) / n), int(end + 1), float(acc))
     return best
+
+
+# --- intervals and paired tests -----------------------------------------------------------------
+
+#: Level of every interval ``pcd eval`` reports.
+INTERVAL_LEVEL = 0.95
+#: Resamples of the percentile bootstrap (Efron and Tibshirani 1993, ch. 13); seeded, so the
+#: same rows give the same interval.
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
+def wilson_interval(successes: int, n: int, level: float = INTERVAL_LEVEL) -> tuple[float, float] | None:
+    """Wilson score interval of a proportion (Wilson 1927; Brown, Cai and DasGupta 2001 advise
+    it over the normal approximation for small ``n`` and rates near 0 or 1). ``None`` when n = 0.
+
+    ``(p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)`` with ``z`` the normal quantile.
+    """
+    if n <= 0:
+        return None
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + level / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
+
+
+def bootstrap_interval(statistic, arrays: tuple[np.ndarray, ...], *, level: float = INTERVAL_LEVEL,
+                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of ``statistic(*arrays)`` over rows resampled with
+    replacement (the same row indices for every array). Resamples where the statistic is
+    undefined (``None``, e.g. AUROC with one class) are left out; ``None`` if fewer than half
+    remain or there are no rows.
+    """
+    n = len(arrays[0])
+    if not n:
+        return None
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(resamples):
+        idx = rng.integers(0, n, n)
+        v = statistic(*(a[idx] for a in arrays))
+        if v is not None:
+            values.append(v)
+    if len(values) < resamples / 2:
+        return None
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """McNemar's test of two labelings of the same rows (McNemar 1947).
+
+    Attributes:
+        n: rows in both. only_before: right before, wrong after. only_after: wrong before,
+            right after. p_value: two-sided; exact (binomial, p = 1/2, on the discordant rows)
+            when they are fewer than ``MCNEMAR_EXACT_BELOW``, else the chi-square form with
+            continuity correction (Edwards 1948). method: ``exact`` or ``chi2``.
+    """
+
+    n: int
+    only_before: int
+    only_after: int
+    p_value: float
+    method: str
+
+
+#: Below this many discordant rows McNemar's test is exact (the chi-square form is poor there).
+MCNEMAR_EXACT_BELOW = 25
+
+
+def mcnemar(correct_before: np.ndarray, correct_after: np.ndarray) -> McNemar:
+    """McNemar's test on (n,) booleans "row right" before and after (same rows, same order)."""
+    from scipy.stats import binom, chi2
+
+    b = int(np.sum(correct_before & ~correct_after))
+    c = int(np.sum(~correct_before & correct_after))
+    if b + c == 0:
+        return McNemar(len(correct_before), b, c, 1.0, "exact")
+    if b + c < MCNEMAR_EXACT_BELOW:
+        p = min(1.0, 2 * float(binom.cdf(min(b, c), b + c, 0.5)))
+        return McNemar(len(correct_before), b, c, p, "exact")
+    stat = (abs(b - c) - 1) ** 2 / (b + c)
+    return McNemar(len(correct_before), b, c, float(chi2.sf(stat, 1)), "chi2")

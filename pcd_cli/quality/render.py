@@ -16,6 +16,12 @@ def _f(value, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _ci(f, name: str) -> str:
+    """`` [0.731, 0.868]``: the figure's 95 % interval, or nothing where it is undefined."""
+    ci = f.intervals.get(name)
+    return "" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def render_eval(report, console: Console) -> None:
     """Summary table (a column per field), then per field: labels, confusion, selective prediction."""
     console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
@@ -28,19 +34,21 @@ def render_eval(report, console: Console) -> None:
     rows = [
         ("rows evaluated", lambda f: str(f.n)),
         ("gold null / not a label", lambda f: f"{f.gold_null} / {f.gold_invalid}"),
-        ("accuracy", lambda f: _f(f.accuracy)),
+        ("accuracy", lambda f: _f(f.accuracy) + _ci(f, "accuracy")),
         ("majority baseline", lambda f: f"{_f(f.majority_accuracy)} {escape(f.majority_label or '')}"),
-        ("macro-F1", lambda f: _f(f.macro_f1)),
+        ("macro-F1", lambda f: _f(f.macro_f1) + _ci(f, "macro_f1")),
         ("mean probability", lambda f: _f(f.mean_prob)),
         ("mean candidate mass", lambda f: _f(f.mean_mass)),
-        ("ECE (15 bins)", lambda f: _f(f.ece)),
+        ("ECE (15 bins)", lambda f: _f(f.ece) + _ci(f, "ece")),
         ("Brier", lambda f: _f(f.brier) + ("" if f.brier_form == "multiclass" else " *")),
         ("NLL", lambda f: _f(f.nll)),
-        ("AUROC (prob, correct)", lambda f: _f(f.auroc)),
+        ("AUROC (prob, correct)", lambda f: _f(f.auroc) + _ci(f, "auroc")),
     ]
     for name, cell in rows:
         summary.add_row(name, *(cell(f) for f in report.fields))
     console.print(summary)
+    console.print("\\[low, high]: 95 % intervals (Wilson for the accuracy; a percentile bootstrap of the rows, "
+                  "1000 resamples, for macro-F1, ECE and AUROC)", highlight=False)
     if any(f.brier_form != "multiclass" for f in report.fields):
         console.print("* Brier of the chosen label only: no <field>__probs column (label with --all-probs for the "
                       "multi-class Brier and the NLL)", highlight=False)
