@@ -381,9 +381,10 @@ def label(
     if row_ids and id_field:
         report("error", {"message": "--row-ids and --id-field exclude each other: choose one"}, "error")
         raise typer.Exit(2)
+    id_detected = False
     if id_field is None and not row_ids and input.is_file() and _has_id_column(input, text_field, template,
                                                                                csv_delimiter, fmt):
-        id_field = DEFAULT_ID_COLUMN  # said with the result (_done), not before a possible error
+        id_field, id_detected = DEFAULT_ID_COLUMN, True  # said with the result (_done), not before an error
     labeler_options = dict(model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                            scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
@@ -400,7 +401,7 @@ def label(
                            resume=resume, trace=trace, max_errors=max_errors, batch_size=batch_size,
                            progress=bool(progress), address=ray_address, workers=workers, worker_cpus=worker_cpus,
                            worker_gpus=worker_gpus)
-        return _done(report, stats, input, output, errors, quiet, id_field=id_field, row_ids=row_ids)
+        return _done(report, stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
     try:
         with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
             if output is None:
@@ -457,7 +458,7 @@ def label(
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
         raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
-    _done(report, stats, input, output, errors, quiet, id_field=id_field, row_ids=row_ids)
+    _done(report, stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
 
 
 def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, fmt) -> bool:
@@ -473,10 +474,10 @@ def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, f
 
 
 def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool, *,
-          id_field: str | None, row_ids: bool) -> None:
+          id_field: str | None, id_detected: bool) -> None:
     """The end of a finished ``pcd label`` run: the summary, where the ids came from, the warnings."""
     ids = (f"ids from the {id_field!r} column" if id_field else "ids are row numbers (column 'row')") + (
-        "; --row-ids numbers the rows instead" if id_field == "id" and not row_ids else "")
+        "; --row-ids numbers the rows instead" if id_detected else "")
     if report.json:
         report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
                         "id_column": id_field or "row", **stats.to_dict()})
