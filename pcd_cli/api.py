@@ -69,7 +69,11 @@ class Labeler:
         calibration: a calibration file (or loaded ``pcd_cli.quality.Calibration``) fitted by
             ``pcd calibrate`` for this schema, model, prompt head and scoring mode: ``prob``
             and ``probs`` become calibrated, the label is their argmax, ``raw_probs`` keeps
-            the decoder's; the mass is unchanged.
+            the decoder's; the mass is unchanged. A calibration fitted with ``--coverage``
+            also gives each field's conformal label set (``FieldResult.label_set``).
+        abstain_unless_single: with such a calibration, a field whose label set is not a
+            single label gets ``value = None`` (``FieldResult.abstained``; ``pcd label
+            --abstain-unless-single``).
 
     Raises:
         SchemaError, ModelError, CompileError: see ``pcd_cli.errors``. A calibration made for
@@ -81,7 +85,8 @@ class Labeler:
                  dtype: str = "auto", scoring: str = "marginal",
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
-                 template: str | None = None, calibration=None, adapter: str | Path | None = None):
+                 template: str | None = None, calibration=None, adapter: str | Path | None = None,
+                 abstain_unless_single: bool = False):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -93,6 +98,12 @@ class Labeler:
         self.examples = tuple(self.schema.examples if examples is None else examples)
         shots = resolve_examples(self.examples, template)
         self.calibration = _load_calibration(calibration)
+        self.abstain_unless_single = abstain_unless_single
+        if abstain_unless_single and not self.set_fields:
+            from .errors import CalibrationError
+
+            raise CalibrationError("--abstain-unless-single needs label sets: a --calibration fitted with "
+                                   "pcd calibrate --coverage")
         if backend is None or isinstance(backend, str):
             from .backends import load_backend
 
@@ -116,6 +127,14 @@ class Labeler:
                                   card_mismatches(self.tune_card, self.metadata())]
         self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace,
                                pack_records=pack_records, truncate=truncate)
+
+    @property
+    def set_fields(self) -> tuple[str, ...]:
+        """Fields that get a conformal label set (``<f>__set``): those whose calibration has one."""
+        if self.calibration is None:
+            return ()
+        return tuple(f.name for f in self.schema.fields
+                     if (c := self.calibration.fields.get(f.name)) is not None and c.conformal is not None)
 
     @property
     def forward_passes(self) -> int:
@@ -144,6 +163,9 @@ class Labeler:
             "pcd.head_tokens": str(len(self.compiled.prompt.head_ids)),
             "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         } | ({"pcd.calibration_sha256": self.calibration.sha256} if self.calibration is not None else {}) \
+          | ({"pcd.label_sets": json.dumps({name: self.calibration.fields[name].conformal.coverage
+                                            for name in self.set_fields}),
+              "pcd.abstain_unless_single": str(self.abstain_unless_single).lower()} if self.set_fields else {}) \
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
              if getattr(self, "tune_card", None) is not None else {})
 
@@ -196,8 +218,11 @@ class Labeler:
                 continue
             probs = np.asarray(cal.apply(np.asarray(res.probs, dtype=np.float64)), dtype=np.float64)
             label = int(np.argmax(probs))
-            fields.append(FieldResult(label=label, value=f.value(label), prob=float(probs[label]), mass=res.mass,
-                                      probs=tuple(float(p) for p in probs), raw_probs=res.probs))
+            label_set = cal.conformal.label_set(probs) if cal.conformal is not None else None
+            abstained = self.abstain_unless_single and label_set is not None and len(label_set) != 1
+            fields.append(FieldResult(label=label, value=None if abstained else f.value(label),
+                                      prob=float(probs[label]), mass=res.mass, probs=tuple(float(p) for p in probs),
+                                      raw_probs=res.probs, label_set=label_set, abstained=abstained))
         return replace(result, fields=tuple(fields))
 
     def label_frame(self, df, *, text_field: str = "text", template: str | None = None,
@@ -230,7 +255,7 @@ class Labeler:
             else:
                 labelled.append(res)
         arrow_schema = output_schema(self.schema, id_field or "row", _id_type(id_field), all_probs=all_probs,
-                                     calibrated=self.calibration is not None)
+                                     calibrated=self.calibration is not None, sets=self.set_fields)
         result = results_table(labelled, self.schema, arrow_schema).to_pandas()
         result.attrs["errors"] = errors
         result.attrs["metadata"] = self.metadata()

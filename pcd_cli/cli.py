@@ -338,6 +338,9 @@ def label(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
                                             "(default: only on a terminal, never with --quiet or json logs).", rich_help_panel='Cron'),
     calibration: Optional[Path] = _panel(CALIBRATION_OPT, 'Quality'),
+    abstain_unless_single: bool = typer.Option(False, "--abstain-unless-single", help="With a --calibration "
+                                               "fitted with --coverage: write a null label where the field's "
+                                               "label set is not a single label.", rich_help_panel='Quality'),
     adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Quality'),
     examples: Optional[Path] = _panel(EXAMPLES_OPT, 'Quality'),
     shots: int = _panel(SHOTS_OPT, 'Quality'),
@@ -388,7 +391,8 @@ def label(
     labeler_options = dict(model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                            scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
-                           template=template, calibration=calibration, adapter=adapter)
+                           template=template, calibration=calibration, adapter=adapter,
+                           abstain_unless_single=abstain_unless_single)
     if engine is Engine.ray:
         if stdin or output is None:
             report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},
@@ -679,6 +683,10 @@ def calibrate(
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
                                                "rows, labelled with --all-probs (then no model is loaded)."),
     folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
+    coverage: Optional[float] = typer.Option(None, "--coverage", min=0.5, max=0.999, help="Also fit conformal "
+                                             "label sets holding the gold label with at least this probability "
+                                             "(e.g. 0.9); half of the gold rows then set the threshold instead of "
+                                             "the calibration. pcd label writes <field>__set."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
                              "pcd label the same --seed to draw the same examples)."),
     id_field: str = GOLD_ID_OPT,
@@ -739,7 +747,7 @@ def calibrate(
                 err.print(f"[yellow]warning:[/] {len(failed)} gold rows could not be labelled (e.g. "
                           f"{escape(failed[0]['error'])}); they are not used", highlight=False)
         calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
-                                              seed=seed)
+                                              seed=seed, coverage=coverage)
         render_calibration(report, out)
         saved = calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)

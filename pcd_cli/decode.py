@@ -71,14 +71,20 @@ class FieldResult:
         probs: probability of every label, in schema order; sums to 1.
         raw_probs: with a calibration applied (``Labeler(calibration=...)``), the decoder's
             uncalibrated ``probs``; ``None`` otherwise.
+        label_set: with a calibration that has a conformal threshold, the indices of the
+            labels in the field's label set, most probable first; ``None`` otherwise.
+        abstained: the label set was not a single label and ``abstain_unless_single`` was
+            asked: ``value`` is ``None`` (``label`` still holds the most probable label).
     """
 
     label: int
-    value: bool | str
+    value: bool | str | None
     prob: float
     mass: float
     probs: tuple[float, ...]
     raw_probs: tuple[float, ...] | None = None
+    label_set: tuple[int, ...] | None = None
+    abstained: bool = False
 
     @property
     def raw_prob(self) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from dataclasses import field as dc_field
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from ..errors import CalibrationError, InputError
 from ..files import check_writable, write_atomic
 from ..schema import Schema
 from . import metrics as M
+from .conformal import ConformalSet, conformal_split, fit_conformal
 from .data import FieldData, field_specs, join
 
 #: Default L2 penalty on the biases (added to the mean NLL).
@@ -68,6 +69,7 @@ class FieldCalibration:
         n: rows it was fitted on.
         cv: cross-validated metrics: ``{"folds", "seed", "n", "before": {...}, "after": {...}}``
             with ``accuracy``, ``macro_f1``, ``ece``, ``nll`` each (docs/quality.md).
+        conformal: the label-set threshold (``pcd calibrate --coverage``), or ``None``.
     """
 
     field: str
@@ -76,6 +78,7 @@ class FieldCalibration:
     biases: tuple[float, ...]
     n: int
     cv: dict = dc_field(default_factory=dict, compare=False, hash=False)
+    conformal: ConformalSet | None = None
 
     def apply(self, probs: np.ndarray) -> np.ndarray:
         """Calibrated probabilities: (k,) or (n, k) in, same shape out (float64, rows sum to 1).
@@ -119,6 +122,7 @@ class Calibration:
             "prompt_head_sha256": self.prompt_head_sha256, "scoring": self.scoring,
             "fields": {name: {"labels": list(fc.labels), "temperature": fc.temperature,
                               "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n, "cv": fc.cv}
+                       | ({"conformal": fc.conformal.to_dict()} if fc.conformal is not None else {})
                        for name, fc in self.fields.items()},
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
@@ -212,7 +216,12 @@ def _load_field(where: str, name: str, raw) -> FieldCalibration:
     cv = raw.get("cv", {})
     if not isinstance(cv, dict):
         raise CalibrationError(f"{at}: 'cv' must be an object")
-    return FieldCalibration(name, tuple(labels), float(temperature), tuple(float(v) for v in values), n, cv)
+    try:
+        conformal = ConformalSet.from_dict(raw["conformal"], at) if "conformal" in raw else None
+    except ValueError as exc:
+        raise CalibrationError(str(exc)) from None
+    return FieldCalibration(name, tuple(labels), float(temperature), tuple(float(v) for v in values), n, cv,
+                            conformal)
 
 
 def check_output_path(path: str | Path) -> None:
@@ -295,7 +304,9 @@ class FieldCalibrationReport:
             calibrated probabilities, pooled over the folds (each row scored by a fit that
             did not see it).
         before_bins, after_bins: reliability bins of the chosen label's probability (plots).
-        temperature, biases: the final fit on all rows.
+        temperature, biases: the final fit on all rows (with ``--coverage``: on the rows not
+            held for the conformal threshold).
+        conformal: the label-set threshold, or ``None`` without ``--coverage``.
     """
 
     field: str
@@ -308,6 +319,7 @@ class FieldCalibrationReport:
     after_bins: tuple[M.ReliabilityBin, ...]
     temperature: float
     biases: tuple[float, ...]
+    conformal: ConformalSet | None = None
 
 
 @dataclass(frozen=True)
@@ -333,7 +345,8 @@ class CalibrationReport:
         and the row counts (reliability bins left out)."""
         return {
             "fields": {f.field: {"n": f.n, "folds": f.folds, "before": asdict(f.before), "after": asdict(f.after),
-                                 "temperature": f.temperature, "biases": dict(zip(f.labels, f.biases))}
+                                 "temperature": f.temperature, "biases": dict(zip(f.labels, f.biases)),
+                                 "conformal": f.conformal.to_dict() if f.conformal is not None else None}
                        for f in self.fields},
             "fields_without_gold": list(self.fields_without_gold), "gold_rows": self.gold_rows,
             "matched": self.matched, "gold_without_prediction": self.gold_without_prediction,
@@ -353,7 +366,7 @@ def scores(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> tupl
 
 def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None,
                     metadata: dict[str, str], *, id_field: str = "id", folds: int = 5, seed: int = 0,
-                    l2: float = DEFAULT_L2) -> tuple[Calibration, CalibrationReport]:
+                    l2: float = DEFAULT_L2, coverage: float | None = None) -> tuple[Calibration, CalibrationReport]:
     """Fit a ``Calibration`` on labelled rows, measuring its effect by k-fold cross-validation.
 
     For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds; each
@@ -368,6 +381,10 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
         metadata: the predictions' key-value metadata (``pcd.model``, ``pcd.schema_sha256``,
             ``pcd.prompt_head_sha256``, ``pcd.scoring``), recorded in the calibration.
         folds: cross-validation folds (>= 2). seed: the shuffle's seed. l2: bias penalty.
+        coverage: also fit a split-conformal label-set threshold per field for this coverage
+            (``pcd_cli.quality.conformal``): a seeded ``CONFORMAL_SHARE`` of each field's rows
+            is held out of the calibration fit (and its cross-validation) and scores the
+            threshold, so the coverage guarantee holds for the calibration that is saved.
 
     Raises:
         CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
@@ -392,7 +409,7 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     joined = join(predictions, gold, specs, id_field=id_field)
     fitted, reports = {}, []
     for data in joined.fields:
-        fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2)
+        fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2, coverage=coverage)
         fitted[data.spec.name] = fc
         reports.append(report)
     calibration = Calibration(pcd_version=__version__, model=metadata["pcd.model"],
@@ -407,11 +424,28 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     return calibration, report
 
 
-def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float) -> tuple[FieldCalibration, FieldCalibrationReport]:
-    name, labels, n = data.spec.name, data.spec.labels, len(data.gold)
+def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float,
+               coverage: float | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
+    name = data.spec.name
     if data.probs is None:
         raise CalibrationError(f"field {name!r}: the predictions have no {name}__probs column; label with "
                                "--all-probs (pcd calibrate without --predictions does)")
+    if coverage is None:
+        return _fit_temperature_field(data, folds=folds, seed=seed, l2=l2)
+    fit_rows, held_rows = conformal_split(len(data.gold), seed)
+    fc, report = _fit_temperature_field(_rows(data, fit_rows), folds=folds, seed=seed, l2=l2)
+    conformal = fit_conformal(fc.apply(data.probs[held_rows]), data.gold[held_rows], coverage)
+    return replace(fc, conformal=conformal), replace(report, conformal=conformal)
+
+
+def _rows(data: FieldData, rows: np.ndarray) -> FieldData:
+    return replace(data, ids=data.ids[rows], gold=data.gold[rows], pred=data.pred[rows], prob=data.prob[rows],
+                   mass=data.mass[rows], probs=None if data.probs is None else data.probs[rows])
+
+
+def _fit_temperature_field(data: FieldData, *, folds: int, seed: int,
+                           l2: float) -> tuple[FieldCalibration, FieldCalibrationReport]:
+    name, labels, n = data.spec.name, data.spec.labels, len(data.gold)
     if n < folds:
         raise CalibrationError(f"field {name!r}: {n} rows with gold labels, fewer than --folds {folds}; add gold "
                                "rows or lower --folds")

@@ -57,6 +57,10 @@ class FieldData:
         gold_null: matched rows whose gold value is null/empty (not evaluated).
         gold_invalid: matched rows whose gold value is not a label (not evaluated).
         invalid_values: up to ``MAX_INVALID_EXAMPLES`` (value, count) pairs, most frequent first.
+        abstained: matched rows with a gold label whose predicted label is null (``pcd label
+            --abstain-unless-single``): not in ``gold``/``pred``, counted here.
+        set_gold, sets: with a ``<f>__set`` column, the gold label and the label set of every
+            matched row with a gold label (abstained ones included); ``None`` otherwise.
     """
 
     spec: FieldSpec
@@ -69,6 +73,9 @@ class FieldData:
     gold_null: int
     gold_invalid: int
     invalid_values: tuple[tuple[str, int], ...]
+    abstained: int = 0
+    set_gold: tuple[str, ...] | None = None
+    sets: tuple[tuple[str, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -325,8 +332,18 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
         keep_gold.append(g)
         keep_pred.append(p)
         gold_idx.append(index)
-    rows = np.array(keep_pred, dtype=np.int64)
-    pred_values = predictions[spec.name].to_numpy(dtype=object)[rows] if len(rows) else []
+    all_rows = np.array(keep_pred, dtype=np.int64)
+    sets = set_gold = None
+    if f"{spec.name}__set" in predictions.columns:
+        cells = predictions[f"{spec.name}__set"].to_numpy(dtype=object)[all_rows] if len(all_rows) else []
+        sets = tuple(tuple(c) if c is not None and not (isinstance(c, float) and math.isnan(c)) else () for c in cells)
+        set_gold = tuple(spec.labels[i] for i in gold_idx)
+    values = predictions[spec.name].to_numpy(dtype=object)[all_rows] if len(all_rows) else []
+    decided = [i for i, v in enumerate(values) if _is_present(v)]  # a null label: abstained
+    abstained = len(all_rows) - len(decided)
+    rows = all_rows[decided]
+    keep_gold, gold_idx = [keep_gold[i] for i in decided], [gold_idx[i] for i in decided]
+    pred_values = [values[i] for i in decided]
     pred_idx = []
     for value, r in zip(pred_values, rows.tolist()):
         if spec.is_boolean and isinstance(value, (bool, np.bool_)):
@@ -351,7 +368,8 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
     return FieldData(spec=spec, ids=np.array([gold_ids[g] for g in keep_gold], dtype=object),
                      gold=np.array(gold_idx, dtype=np.int64), pred=np.array(pred_idx, dtype=np.int64),
                      prob=prob, mass=mass, probs=probs, gold_null=null, gold_invalid=sum(invalid.values()),
-                     invalid_values=tuple(invalid.most_common(MAX_INVALID_EXAMPLES)))
+                     invalid_values=tuple(invalid.most_common(MAX_INVALID_EXAMPLES)), abstained=abstained,
+                     set_gold=set_gold, sets=sets)
 
 
 def _has_pairs(cell) -> bool:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field as dc_field
 
@@ -63,6 +64,12 @@ class FieldReport:
             ``None`` where undefined.
         ids, correct: the evaluated rows' ids and whether each was right (for the paired
             test of ``pcd eval --compare``; not in ``to_dict``).
+        abstained: rows whose label is null (``--abstain-unless-single``); the figures above
+            are on the decided rows only, ``n`` of ``n + abstained``.
+        label_sets: with ``<f>__set`` columns: ``{"rows", "covered", "coverage",
+            "coverage_interval", "mean_size", "asked", "per_label": {label: {"rows",
+            "coverage"}}}`` (``coverage``: share of rows whose set holds the gold label, with
+            its Wilson interval; ``asked``: the coverage the calibration was fitted for).
     """
 
     field: str
@@ -89,6 +96,8 @@ class FieldReport:
     by_mass: Selective | None
     intervals: dict = dc_field(default_factory=dict)
     interval_level: float = M.INTERVAL_LEVEL
+    abstained: int = 0
+    label_sets: dict | None = None
     ids: tuple = dc_field(default=(), repr=False, compare=False)
     correct: tuple = dc_field(default=(), repr=False, compare=False)
 
@@ -188,7 +197,8 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         if data.gold_invalid:
             examples = ", ".join(f"{v!r} ({c})" for v, c in data.invalid_values)
             warnings.append(f"field {data.spec.name!r}: {data.gold_invalid} gold values are not labels: {examples}")
-    fields = tuple(field_report(d, target_accuracy) for d in joined.fields)
+    asked = json.loads(metadata.get("pcd.label_sets", "{}") or "{}")
+    fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name)) for d in joined.fields)
     for f in fields:
         if f.n and f.accuracy < f.majority_accuracy:
             warnings.append(f"field {f.field!r}: accuracy {f.accuracy:.3f} is below the majority-class baseline "
@@ -203,6 +213,12 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
             warnings.append(f"field {f.field!r}: only {f.n} rows: the accuracy is somewhere in [{low:.2f}, {high:.2f}] "
                             f"(95 %, Wilson), "
                             f"and ECE over {M.ECE_BINS} bins is noisy; score a few hundred rows to compare settings")
+        sets = f.label_sets
+        if sets and sets["asked"] and sets["coverage_interval"][1] < sets["asked"]:
+            warnings.append(f"field {f.field!r}: the label sets hold the gold label on {sets['coverage']:.3f} of the "
+                            f"rows, below the {sets['asked']:.2f} asked beyond sampling error (95 % interval "
+                            f"[{sets['coverage_interval'][0]:.3f}, {sets['coverage_interval'][1]:.3f}]): these rows "
+                            "are not drawn like the calibration's gold rows")
         if f.auroc is not None and f.auroc <= 0.5:
             warnings.append(f"field {f.field!r}: AUROC {f.auroc:.3f}: a higher probability is not more often right; "
                             "the probabilities carry no signal about correctness here")
@@ -214,8 +230,10 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         fields=fields, fields_without_gold=joined.fields_without_gold, metadata=metadata, warnings=tuple(warnings))
 
 
-def field_report(data: FieldData, target_accuracy: float | None = None) -> FieldReport:
-    """Every figure of ``FieldReport`` from one field's aligned rows."""
+def field_report(data: FieldData, target_accuracy: float | None = None, *,
+                 asked: float | None = None) -> FieldReport:
+    """Every figure of ``FieldReport`` from one field's aligned rows (``asked``: the coverage
+    the label sets were fitted for, from the output's ``pcd.label_sets`` metadata)."""
     labels, k = data.spec.labels, len(data.spec.labels)
     correct = (data.gold == data.pred).astype(np.float64)
     scores = M.label_scores(data.gold, data.pred, labels)
@@ -237,7 +255,24 @@ def field_report(data: FieldData, target_accuracy: float | None = None) -> Field
         per_label=tuple(scores), confusion=tuple(map(tuple, M.confusion_matrix(data.gold, data.pred, k).tolist())),
         by_prob=selective("prob", data.prob, correct, target_accuracy),
         by_mass=selective("mass", data.mass, correct, target_accuracy) if has_mass else None,
-        intervals=intervals(data, correct), ids=tuple(data.ids.tolist()), correct=tuple(correct.astype(bool).tolist()))
+        intervals=intervals(data, correct), abstained=data.abstained, label_sets=label_set_report(data, asked),
+        ids=tuple(data.ids.tolist()), correct=tuple(correct.astype(bool).tolist()))
+
+
+def label_set_report(data: FieldData, asked: float | None) -> dict | None:
+    """Empirical coverage and mean size of the ``<f>__set`` label sets, overall (with a Wilson
+    interval) and per gold label; ``None`` without sets."""
+    if data.sets is None or not data.sets:
+        return None
+    covered = [g in s for g, s in zip(data.set_gold, data.sets)]
+    per_label = {}
+    for label in data.spec.labels:
+        hits = [c for c, g in zip(covered, data.set_gold) if g == label]
+        if hits:
+            per_label[label] = {"rows": len(hits), "coverage": float(np.mean(hits))}
+    return {"rows": len(covered), "covered": int(sum(covered)), "coverage": float(np.mean(covered)),
+            "coverage_interval": list(M.wilson_interval(int(sum(covered)), len(covered))),
+            "mean_size": float(np.mean([len(s) for s in data.sets])), "asked": asked, "per_label": per_label}
 
 
 def intervals(data: FieldData, correct: np.ndarray) -> dict:

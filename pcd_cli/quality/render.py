@@ -22,6 +22,16 @@ def _ci(f, name: str) -> str:
     return "" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
+def _set_coverage(f) -> str:
+    """``0.917 [0.861, 0.952] (asked 0.90)``, or ``-`` without label sets."""
+    sets = f.label_sets
+    if not sets:
+        return "-"
+    low, high = sets["coverage_interval"]
+    asked = f" (asked {sets['asked']:.2f})" if sets.get("asked") else ""
+    return f"{sets['coverage']:.3f} [{low:.3f}, {high:.3f}]{asked}"
+
+
 def render_eval(report, console: Console) -> None:
     """Summary table (a column per field), then per field: labels, confusion, selective prediction."""
     console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
@@ -44,6 +54,11 @@ def render_eval(report, console: Console) -> None:
         ("NLL", lambda f: _f(f.nll)),
         ("AUROC (prob, correct)", lambda f: _f(f.auroc) + _ci(f, "auroc")),
     ]
+    if any(f.abstained for f in report.fields):
+        rows.insert(1, ("abstained (no label)", lambda f: str(f.abstained)))
+    if any(f.label_sets for f in report.fields):
+        rows += [("label-set coverage", lambda f: _set_coverage(f)),
+                 ("mean label-set size", lambda f: _f((f.label_sets or {}).get("mean_size"), 2))]
     for name, cell in rows:
         summary.add_row(name, *(cell(f) for f in report.fields))
     console.print(summary)
@@ -64,6 +79,10 @@ def _field_tables(f, console: Console) -> None:
     if not f.n:
         console.print(f"{escape(f.field)}: no row with a gold label", highlight=False)
         return
+    if f.label_sets:
+        per = ", ".join(f"{escape(label)} {v['coverage']:.3f} ({v['rows']})" for label, v in
+                        f.label_sets["per_label"].items())
+        console.print(f"{escape(f.field)}: label-set coverage by gold label (rows): {per}", highlight=False)
     labels = _table(f"{escape(f.field)}: per label")
     labels.add_column("label")
     for name in ("precision", "recall", "F1", "support", "predicted"):
@@ -111,6 +130,11 @@ def render_calibration(report, console: Console) -> None:
         console.print(table)
         biases = ", ".join(f"{escape(label)} {value:+.3f}" for label, value in zip(f.labels, f.biases))
         console.print(f"{escape(f.field)}: temperature {f.temperature:.3f}; biases {biases}", highlight=False)
+        if f.conformal is not None:
+            c = f.conformal
+            console.print(f"{escape(f.field)}: label sets for coverage {c.coverage:.2f}: a label is in the set when "
+                          f"its calibrated probability is at least {1 - c.score_threshold:.3f} (split conformal on "
+                          f"{c.n} held gold rows; the calibration was fitted on the other {f.n})", highlight=False)
         if f.temperature >= MAX_TEMPERATURE * 0.999:
             console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its bound: the "
                           "model's probabilities carry no usable signal on these rows (higher probability is not "
