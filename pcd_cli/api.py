@@ -74,6 +74,9 @@ class Labeler:
         abstain_unless_single: with such a calibration, a field whose label set is not a
             single label gets ``value = None`` (``FieldResult.abstained``; ``pcd label
             --abstain-unless-single``).
+        abstain_below: leave a field without a label (``value = None``, ``abstained``) when its
+            chosen label's probability (calibrated, if a calibration is given) is below this;
+            a field's own ``abstain_below`` in the schema wins. ``None``: always decide.
 
     Raises:
         SchemaError, ModelError, CompileError: see ``pcd_cli.errors``. A calibration made for
@@ -86,7 +89,7 @@ class Labeler:
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
                  template: str | None = None, calibration=None, adapter: str | Path | None = None,
-                 abstain_unless_single: bool = False):
+                 abstain_unless_single: bool = False, abstain_below: float | None = None):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -99,6 +102,10 @@ class Labeler:
         shots = resolve_examples(self.examples, template)
         self.calibration = _load_calibration(calibration)
         self.abstain_unless_single = abstain_unless_single
+        #: field name -> probability below which it is left without a label (the schema's own first)
+        self.abstain_thresholds = {f.name: f.abstain_below if f.abstain_below is not None else abstain_below
+                               for f in self.schema.fields
+                               if f.abstain_below is not None or abstain_below is not None}
         if abstain_unless_single and not self.set_fields:
             from .errors import CalibrationError
 
@@ -166,6 +173,8 @@ class Labeler:
           | ({"pcd.label_sets": json.dumps({name: self.calibration.fields[name].conformal.coverage
                                             for name in self.set_fields}),
               "pcd.abstain_unless_single": str(self.abstain_unless_single).lower()} if self.set_fields else {}) \
+          | ({"pcd.abstain_below": json.dumps(self.abstain_thresholds),
+              "pcd.abstain_fields": json.dumps(list(self.abstain_fields))} if self.abstain_fields else {}) \
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
              if getattr(self, "tune_card", None) is not None else {})
 
@@ -205,9 +214,25 @@ class Labeler:
         records = [r for r in batch if isinstance(r, Record)]
         decoded = iter(self.decoder.decode(records))
         out = [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
-        if self.calibration is None:
-            return out
-        return [r if isinstance(r, RecordFailure) else self._calibrated(r) for r in out]
+        if self.calibration is not None:
+            out = [r if isinstance(r, RecordFailure) else self._calibrated(r) for r in out]
+        if self.abstain_thresholds:
+            out = [r if isinstance(r, RecordFailure) else self._abstain_low(r) for r in out]
+        return out
+
+    @property
+    def abstain_fields(self) -> tuple[str, ...]:
+        """Fields that may be left without a label, and get an ``<f>__abstained`` column: those
+        with an ``abstain_below`` threshold, and with ``abstain_unless_single`` those with label sets."""
+        sets = set(self.set_fields) if self.abstain_unless_single else set()
+        return tuple(f.name for f in self.schema.fields if f.name in self.abstain_thresholds or f.name in sets)
+
+    def _abstain_low(self, result: RecordResult) -> RecordResult:
+        """Null the label of each field whose (calibrated) probability is below its threshold."""
+        fields = tuple(replace(res, value=None, abstained=True)
+                       if f.name in self.abstain_thresholds and res.prob < self.abstain_thresholds[f.name] else res
+                       for f, res in zip(self.schema.fields, result.fields))
+        return replace(result, fields=fields)
 
     def _calibrated(self, result: RecordResult) -> RecordResult:
         fields = []
@@ -255,7 +280,8 @@ class Labeler:
             else:
                 labelled.append(res)
         arrow_schema = output_schema(self.schema, id_field or "row", _id_type(id_field), all_probs=all_probs,
-                                     calibrated=self.calibration is not None, sets=self.set_fields)
+                                     calibrated=self.calibration is not None, sets=self.set_fields,
+                                     abstain=self.abstain_fields)
         result = results_table(labelled, self.schema, arrow_schema).to_pandas()
         result.attrs["errors"] = errors
         result.attrs["metadata"] = self.metadata()

@@ -341,6 +341,10 @@ def label(
     abstain_unless_single: bool = typer.Option(False, "--abstain-unless-single", help="With a --calibration "
                                                "fitted with --coverage: write a null label where the field's "
                                                "label set is not a single label.", rich_help_panel='Quality'),
+    abstain_below: Optional[float] = typer.Option(None, "--abstain-below", min=0.0, max=1.0, help="Leave a "
+                                                  "field without a label (null, <field>__abstained true) when its "
+                                                  "probability is below P; a field's own abstain_below wins.",
+                                                  rich_help_panel='Quality'),
     adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Quality'),
     examples: Optional[Path] = _panel(EXAMPLES_OPT, 'Quality'),
     shots: int = _panel(SHOTS_OPT, 'Quality'),
@@ -392,7 +396,7 @@ def label(
                            scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
                            template=template, calibration=calibration, adapter=adapter,
-                           abstain_unless_single=abstain_unless_single)
+                           abstain_unless_single=abstain_unless_single, abstain_below=abstain_below)
     if engine is Engine.ray:
         if stdin or output is None:
             report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},

@@ -727,11 +727,11 @@ TRUNCATED_COLUMN = "__truncated"
 
 
 def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool,
-                  calibrated: bool = False, sets: tuple[str, ...] = ()) -> pa.Schema:
+                  calibrated: bool = False, sets: tuple[str, ...] = (), abstain: tuple[str, ...] = ()) -> pa.Schema:
     """Arrow schema of the output: id, then per field ``<f>``, ``<f>__prob``, ``<f>__mass``
     (with a calibration, ``<f>__raw_prob``; with ``all_probs``, ``<f>__probs``; for the fields
-    named in ``sets``, ``<f>__set``, the conformal label set as a list of labels), then
-    ``__truncated``."""
+    named in ``sets``, ``<f>__set``, the conformal label set as a list of labels; for those in
+    ``abstain``, ``<f>__abstained``, true where the label was left null), then ``__truncated``."""
     cols = [pa.field(id_column, id_type)]
     for f in schema.fields:
         cols.append(pa.field(f.name, pa.bool_() if f.is_boolean else pa.string()))
@@ -743,6 +743,8 @@ def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_p
             cols.append(pa.field(f"{f.name}__probs", pa.map_(pa.string(), pa.float32())))
         if f.name in sets:
             cols.append(pa.field(f"{f.name}__set", pa.list_(pa.string())))
+        if f.name in abstain:
+            cols.append(pa.field(f"{f.name}__abstained", pa.bool_()))
     cols.append(pa.field(TRUNCATED_COLUMN, pa.bool_()))
     return pa.schema(cols)
 
@@ -763,6 +765,8 @@ def results_table(results: list[RecordResult], schema: Schema, arrow_schema: pa.
         if f"{f.name}__set" in arrow_schema.names[1:]:
             data[f"{f.name}__set"] = [None if r.fields[i].label_set is None else
                                       [f.labels[j] for j in r.fields[i].label_set] for r in results]
+        if f"{f.name}__abstained" in arrow_schema.names[1:]:
+            data[f"{f.name}__abstained"] = [r.fields[i].abstained for r in results]
     data[TRUNCATED_COLUMN] = [r.truncated for r in results]
     return pa.Table.from_pydict(data, schema=arrow_schema)
 

@@ -163,7 +163,7 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
         "dtype": str(getattr(labeler.backend, "dtype", "")), "device": str(getattr(labeler.backend, "device", "")),
         "max_tokens_per_pass": labeler.decoder.budget, "scoring": labeler.compiled.scoring,
         "truncate": labeler.decoder.truncate, "all_probs": all_probs, "trace": trace,
-        "abstain_unless_single": labeler.abstain_unless_single,
+        "abstain_unless_single": labeler.abstain_unless_single, "abstain_below": labeler.abstain_thresholds,
         "prompt_head_sha256": labeler.compiled.prompt.head_sha256,
         "calibration_sha256": labeler.calibration.sha256 if labeler.calibration is not None else None,
         "libraries": {name: _version_of(name) for name in FINGERPRINT_LIBRARIES},
@@ -229,7 +229,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     check_input(input_path, spec, fmt)  # encoding and header, before a row is decoded
     arrow_schema = output_schema(labeler.schema, column, pa.string() if spec.id_field else pa.int64(),
                                  all_probs=all_probs, calibrated=labeler.calibration is not None,
-                                 sets=labeler.set_fields)
+                                 sets=labeler.set_fields, abstain=labeler.abstain_fields)
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None)
     stats = RunStats(labeler.schema, min_mass=min_mass)

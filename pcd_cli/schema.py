@@ -55,7 +55,7 @@ import yaml
 from .errors import SchemaError
 
 #: Suffixes pcd appends to a field name to form its output columns.
-OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs", "__raw_prob")
+OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs", "__raw_prob", "__set", "__abstained")
 BOOLEAN_LABELS = ("true", "false")
 FIELD_TYPES = ("boolean", "enum")
 
@@ -76,6 +76,8 @@ class Field:
         description: shown in the prompt's catalog.
         labels: allowed values as schema strings; ``("true", "false")`` for booleans.
         depends_on: names of fields whose written answers this field must see.
+        abstain_below: leave the field without a label (null, ``<f>__abstained``) when the
+            chosen label's probability is below this, in (0, 1); ``None``: always decide.
     """
 
     name: str
@@ -83,6 +85,7 @@ class Field:
     description: str
     labels: tuple[str, ...]
     depends_on: tuple[str, ...] = ()
+    abstain_below: float | None = None
 
     @property
     def is_boolean(self) -> bool:
@@ -319,7 +322,7 @@ def load_schema(path: str | Path) -> Schema:
 
 #: Keys a schema in pcd's own format may have at the top level, and in each field.
 TOP_KEYS = ("name", "instructions", "fields", "examples")
-FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on")
+FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on", "abstain_below")
 #: ``written`` for a JSON file: a value's text is its JSON spelling (JSON converts nothing).
 _JSON_TEXT = object()
 
@@ -551,6 +554,11 @@ def _parse_field(name: Any, spec: Any, problems: list[str], written: Any = None,
         found.append(f"field {name!r}: 'depends_on' must be a list of field names")
     else:
         found.extend(_depends_problems(name, depends_on, all_names if all_names is not None else {name}, first))
+    abstain_below = spec.get("abstain_below")
+    if abstain_below is not None and (isinstance(abstain_below, bool) or not isinstance(abstain_below, (int, float))
+                                      or not 0 < abstain_below < 1):
+        found.append(f"field {name!r}: 'abstain_below' must be a probability between 0 and 1 (exclusive), "
+                     f"got {abstain_below!r}")
     raw_labels = spec.get("labels", spec.get("choices"))
     warnings: list[str] = []
     labels: tuple[str, ...] = BOOLEAN_LABELS
@@ -575,7 +583,8 @@ def _parse_field(name: Any, spec: Any, problems: list[str], written: Any = None,
         problems.extend(found)
         return None, []
     return Field(name=name, type=ftype, description=description.strip(), labels=labels,
-                 depends_on=tuple(depends_on)), warnings
+                 depends_on=tuple(depends_on),
+                 abstain_below=float(abstain_below) if abstain_below is not None else None), warnings
 
 
 def _label_problems(name: str, raw_labels: list, written_labels: list, warnings: list[str]) -> list[str]:

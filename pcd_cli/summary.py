@@ -27,6 +27,10 @@ class FieldStats:
     low_mass: int = 0
 
 
+#: How a field left without a label (``abstain_below``, ``--abstain-unless-single``) is counted.
+ABSTAINED = "(abstained)"
+
+
 @dataclass
 class RunStats:
     """Accumulates results as they stream by.
@@ -57,7 +61,7 @@ class RunStats:
         """Count one labelled record."""
         self.truncated += result.truncated
         self.decoded += 1
-        self._add(result.id, [(f.labels[res.label], res.prob, res.mass)
+        self._add(result.id, [(ABSTAINED if res.value is None else f.labels[res.label], res.prob, res.mass)
                               for f, res in zip(self.schema.fields, result.fields)])
 
     def add_table(self, table) -> None:
@@ -69,7 +73,7 @@ class RunStats:
         columns = []
         for f in self.schema.fields:
             names = {f.value(i): label for i, label in enumerate(f.labels)}
-            columns.append(([names[v] for v in table.column(f.name).to_pylist()],
+            columns.append(([ABSTAINED if v is None else names[v] for v in table.column(f.name).to_pylist()],
                             table.column(f"{f.name}__prob").to_pylist(), table.column(f"{f.name}__mass").to_pylist()))
         for row, rid in enumerate(ids):
             self._add(rid, [(labels[row], probs[row], masses[row]) for labels, probs, masses in columns])

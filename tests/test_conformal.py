@@ -138,3 +138,39 @@ def test_labeler_writes_sets_and_abstains_unless_single(tmp_path):
         assert report.field("tone").abstained == (int(table["tone"].isna().sum()) if abstain else 0)
     with pytest.raises(CalibrationError, match="--abstain-unless-single needs label sets"):
         Labeler(schema, backend=backend, abstain_unless_single=True)
+
+
+def test_abstain_below_leaves_low_probability_fields_without_a_label(tmp_path):
+    from pcd_cli.summary import ABSTAINED
+
+    backend = tiny_backend(chat_template=True, seed=2)
+    schema = parse_schema({"name": "s", "fields": {
+        "tone": {"type": "enum", "labels": ["calm", "angry", "sad"], "abstain_below": 0.5},
+        "urgent": {"type": "boolean"}}})
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "text": f"message {i} " * (i % 5 + 1)}) + "\n" for i in range(24)))
+    plain_schema = parse_schema({"name": "s", "fields": {"tone": {"type": "enum", "labels": ["calm", "angry", "sad"]},
+                                                         "urgent": {"type": "boolean"}}})
+    plain = Labeler(plain_schema, backend=backend)  # the same prompt: abstain_below is not shown to the model
+    decided = label_file(plain, src, InputSpec(id_field="id"), output=tmp_path / "plain.parquet",
+                         errors_path=tmp_path / "e.jsonl")
+    assert "tone__abstained" not in pq.read_schema(tmp_path / "plain.parquet").names
+    plain = pq.read_table(tmp_path / "plain.parquet").to_pandas()
+    labeler = Labeler(schema, backend=backend, abstain_below=0.9)  # urgent: 0.9 from the option; tone: its own 0.5
+    assert labeler.abstain_thresholds == {"tone": 0.5, "urgent": 0.9}
+    stats = label_file(labeler, src, InputSpec(id_field="id"), output=tmp_path / "o.parquet",
+                       errors_path=tmp_path / "e.jsonl")
+    table = pq.read_table(tmp_path / "o.parquet").to_pandas()
+    for name, threshold in (("tone", 0.5), ("urgent", 0.9)):
+        low = table[f"{name}__prob"] < threshold
+        assert list(table[f"{name}__abstained"]) == list(low)
+        assert table[name][low].isna().all() and (table[name][~low] == plain[name][~low]).all()
+        assert stats.fields[schema.field_index(name)].labels[ABSTAINED] == int(low.sum())
+    assert decided.records == 24 and 0 < int(table["tone__abstained"].sum() + table["urgent__abstained"].sum()) < 48
+    gold = pd.DataFrame({"id": table["id"], "tone": plain["tone"], "urgent": plain["urgent"]})
+    report = evaluate(read_predictions(tmp_path / "o.parquet")[0], gold, schema)
+    tone = report.field("tone")
+    assert tone.abstained == int(table["tone__abstained"].sum()) and tone.n == 24 - tone.abstained
+    assert tone.accuracy == 1.0  # the decided rows are the plain run's labels
+    with pytest.raises(Exception, match="'abstain_below' must be a probability between 0 and 1"):
+        parse_schema({"fields": {"x": {"type": "boolean", "abstain_below": 1.5}}})
