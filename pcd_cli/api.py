@@ -77,6 +77,10 @@ class Labeler:
         abstain_below: leave a field without a label (``value = None``, ``abstained``) when its
             chosen label's probability (calibrated, if a calibration is given) is below this;
             a field's own ``abstain_below`` in the schema wins. ``None``: always decide.
+        prior_correction: divide each field's probabilities by those of content-free records
+            and renormalise ("calibrate before use", ``pcd_cli.prior``); measured once here, on
+            this prompt head. Not with ``calibration`` (its per-label biases do the same job,
+            fitted on gold rows).
 
     Raises:
         SchemaError, ModelError, CompileError: see ``pcd_cli.errors``. A calibration made for
@@ -89,7 +93,8 @@ class Labeler:
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
                  template: str | None = None, calibration=None, adapter: str | Path | None = None,
-                 abstain_unless_single: bool = False, abstain_below: float | None = None):
+                 abstain_unless_single: bool = False, abstain_below: float | None = None,
+                 prior_correction: bool = False):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -101,6 +106,11 @@ class Labeler:
         self.examples = tuple(self.schema.examples if examples is None else examples)
         shots = resolve_examples(self.examples, template)
         self.calibration = _load_calibration(calibration)
+        if prior_correction and self.calibration is not None:
+            from .errors import CalibrationError
+
+            raise CalibrationError("--prior-correction and --calibration: a calibration already fits per-label "
+                                   "biases on gold rows; use one of them")
         self.abstain_unless_single = abstain_unless_single
         #: field name -> probability below which it is left without a label (the schema's own first)
         self.abstain_thresholds = {f.name: f.abstain_below if f.abstain_below is not None else abstain_below
@@ -134,6 +144,14 @@ class Labeler:
                                   card_mismatches(self.tune_card, self.metadata())]
         self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace,
                                pack_records=pack_records, truncate=truncate)
+        #: field name -> (k,) mean probabilities on content-free records (``prior_correction``)
+        self.priors: dict[str, np.ndarray] | None = None
+        if prior_correction:
+            from .prior import content_free_priors
+
+            passes = self.decoder.record_passes
+            self.priors = content_free_priors(self.decoder, self.schema)
+            self.decoder.record_passes = passes  # the content-free records are not the input's
 
     @property
     def set_fields(self) -> tuple[str, ...]:
@@ -173,6 +191,9 @@ class Labeler:
           | ({"pcd.label_sets": json.dumps({name: self.calibration.fields[name].conformal.coverage
                                             for name in self.set_fields}),
               "pcd.abstain_unless_single": str(self.abstain_unless_single).lower()} if self.set_fields else {}) \
+          | ({"pcd.prior_correction": json.dumps({name: [round(float(p), 6) for p in prior]
+                                                   for name, prior in self.priors.items()})}
+             if getattr(self, "priors", None) is not None else {}) \
           | ({"pcd.abstain_below": json.dumps(self.abstain_thresholds),
               "pcd.abstain_fields": json.dumps(list(self.abstain_fields))} if self.abstain_fields else {}) \
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
@@ -214,6 +235,8 @@ class Labeler:
         records = [r for r in batch if isinstance(r, Record)]
         decoded = iter(self.decoder.decode(records))
         out = [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
+        if self.priors is not None:
+            out = [r if isinstance(r, RecordFailure) else self._prior_corrected(r) for r in out]
         if self.calibration is not None:
             out = [r if isinstance(r, RecordFailure) else self._calibrated(r) for r in out]
         if self.abstain_thresholds:
@@ -226,6 +249,18 @@ class Labeler:
         with an ``abstain_below`` threshold, and with ``abstain_unless_single`` those with label sets."""
         sets = set(self.set_fields) if self.abstain_unless_single else set()
         return tuple(f.name for f in self.schema.fields if f.name in self.abstain_thresholds or f.name in sets)
+
+    def _prior_corrected(self, result: RecordResult) -> RecordResult:
+        """Probabilities divided by the content-free priors and renormalised; the label their argmax."""
+        from .prior import correct
+
+        fields = []
+        for f, res in zip(self.schema.fields, result.fields):
+            probs = correct(res.probs, self.priors[f.name])
+            label = int(np.argmax(probs))
+            fields.append(FieldResult(label=label, value=f.value(label), prob=float(probs[label]), mass=res.mass,
+                                      probs=tuple(float(p) for p in probs), raw_probs=res.probs))
+        return replace(result, fields=tuple(fields))
 
     def _abstain_low(self, result: RecordResult) -> RecordResult:
         """Null the label of each field whose (calibrated) probability is below its threshold."""

@@ -341,6 +341,10 @@ def label(
     abstain_unless_single: bool = typer.Option(False, "--abstain-unless-single", help="With a --calibration "
                                                "fitted with --coverage: write a null label where the field's "
                                                "label set is not a single label.", rich_help_panel='Quality'),
+    prior_correction: bool = typer.Option(False, "--prior-correction", help="Divide each field's probabilities "
+                                          "by those of content-free records ('N/A', '[MASK]', '(empty)'), measured once: "
+                                          "less lean toward the labels a small model prefers anyway.",
+                                          rich_help_panel='Quality'),
     abstain_below: Optional[float] = typer.Option(None, "--abstain-below", min=0.0, max=1.0, help="Leave a "
                                                   "field without a label (null, <field>__abstained true) when its "
                                                   "probability is below P; a field's own abstain_below wins.",
@@ -396,7 +400,8 @@ def label(
                            scoring=scoring.value,
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
                            template=template, calibration=calibration, adapter=adapter,
-                           abstain_unless_single=abstain_unless_single, abstain_below=abstain_below)
+                           abstain_unless_single=abstain_unless_single, abstain_below=abstain_below,
+                           prior_correction=prior_correction)
     if engine is Engine.ray:
         if stdin or output is None:
             report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},

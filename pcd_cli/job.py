@@ -164,6 +164,7 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
         "max_tokens_per_pass": labeler.decoder.budget, "scoring": labeler.compiled.scoring,
         "truncate": labeler.decoder.truncate, "all_probs": all_probs, "trace": trace,
         "abstain_unless_single": labeler.abstain_unless_single, "abstain_below": labeler.abstain_thresholds,
+        "prior_correction": labeler.priors is not None,
         "prompt_head_sha256": labeler.compiled.prompt.head_sha256,
         "calibration_sha256": labeler.calibration.sha256 if labeler.calibration is not None else None,
         "libraries": {name: _version_of(name) for name in FINGERPRINT_LIBRARIES},
