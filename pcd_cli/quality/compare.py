@@ -51,8 +51,6 @@ def render_comparison(before: EvalReport, after: EvalReport, console: Console, *
     table.add_column("n", justify="right")
     for _, title, _ in FIGURES:
         table.add_column(title, justify="right")
-    table.add_column("right only before / after", justify="right")
-    table.add_column("McNemar p", justify="right")
     for row in comparison_rows(before, after):
         cells = []
         for attr, _, higher in FIGURES:
@@ -63,11 +61,14 @@ def render_comparison(before: EvalReport, after: EvalReport, console: Console, *
             better = (a > b) if higher else (a < b)
             cells.append(f"{b:.3f} -> " + (f"[green]{a:.3f}[/]" if better else f"{a:.3f}"))
         n = str(row["n_after"]) if row["n_before"] == row["n_after"] else f"{row['n_before']}/{row['n_after']}"
-        test = row["mcnemar"]
-        cells += ["-", "-"] if test is None else [f"{test.only_before} / {test.only_after}",
-                                                  f"{test.p_value:.3g} ({test.method})"]
         table.add_row(escape(row["field"]), n, *cells)
     console.print(table)
+    for row in comparison_rows(before, after):
+        test = row["mcnemar"]
+        if test is not None:
+            method = "exact" if test.method == "exact" else "chi-square"
+            console.print(f"{escape(row['field'])}: {test.only_before} / {test.only_after} rows right only before / "
+                          f"only after; McNemar p = {test.p_value:.3g} ({method})", highlight=False)
     console.print("McNemar p: the chance of a change in accuracy at least this large if both were equally "
                   "right (two-sided; exact below 25 discordant rows, else chi-square with continuity "
                   "correction); below 0.05 the change is unlikely to be chance", highlight=False)
