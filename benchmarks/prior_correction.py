@@ -22,21 +22,17 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
 from pcd_cli.quality import evaluate  # noqa: E402
 from pcd_cli.schema import load_schema, parse_schema  # noqa: E402
+from quality import DATA  # noqa: E402  (benchmarks/quality.py: the same data folder and set table)
+from quality import SETS as QUALITY_SETS  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
-SETS = {
-    "sms_spam": ("sms_spam.dev.jsonl", "sms_spam.yaml", "is_spam"),
-    "airline_tweets": ("airline_tweets.dev.jsonl", "airline_sentiment.yaml", "sentiment"),
-    "trec_questions": ("trec_questions.dev.jsonl", "trec_questions.yaml", "answer_type"),
-    "intents": ("intents.dev.jsonl", "intents.yaml", "intent"),
-    "bbc_news": ("bbc_news.dev.jsonl", "bbc_news.yaml", "topic"),
-    "drug_reviews": ("drug_reviews.dev.jsonl", "drug_reviews.yaml", "sentiment"),
-}
+#: Every labelled set of ../shared/data: quality.py's, and the drug reviews' sentiment.
+SETS = {**QUALITY_SETS, "drug_reviews": ("drug_reviews.dev.jsonl", "drug_reviews.yaml", "sentiment")}
 
 
 def reversed_schema(schema):
