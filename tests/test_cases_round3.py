@@ -135,8 +135,10 @@ def test_a_gguf_that_is_a_web_page_or_a_cut_download_exits_3_naming_the_cause(tm
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)  # relative names, as the case runs them
-    for name in ("input.jsonl", "schema.yaml", "not-a-model.gguf"):
+    for name in ("input.jsonl", "schema.yaml"):
         (tmp_path / name).write_bytes((GGUF_CASE / name).read_bytes())
+    # the page is kept as .html in the repository (no model file is tracked by git) and named as the case names it
+    (tmp_path / "not-a-model.gguf").write_bytes((GGUF_CASE / "not-a-model.html").read_bytes())
     with embedded_gguf_path().open("rb") as fh:
         (tmp_path / "truncated.gguf").write_bytes(fh.read(20_000_000))
     args = (["label", "input.jsonl", "-s", "schema.yaml", "--id-field", "id", "-o", "out.parquet", "--quiet"]

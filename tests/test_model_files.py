@@ -19,6 +19,8 @@ from pcd_cli.cli import app
 from pcd_cli.errors import ModelError
 
 CASE = Path(__file__).with_name("data") / "cases-round3" / "gguf-html-page-or-truncated-download"
+#: The case's HTML page saved under a model's name; tests copy it to a ``.gguf`` name.
+HTML_PAGE = CASE / "not-a-model.html"
 EMBEDDED_SIZE = 98_362_432
 AGAIN = "(an interrupted download? download it again)"
 LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
@@ -72,9 +74,11 @@ def test_a_gguf_one_byte_short_is_incomplete(tmp_path):
 
 
 def test_an_html_page_named_gguf_is_not_a_gguf_file_and_says_it_looks_like_html(tmp_path):
+    page = tmp_path / "not-a-model.gguf"  # kept as .html in the repository: no model file is tracked by git
+    page.write_bytes(HTML_PAGE.read_bytes())
     with pytest.raises(ModelError) as exc:
-        check_gguf(CASE / "not-a-model.gguf")
-    assert _message(exc) == (f"{str(CASE / 'not-a-model.gguf')!r}: not a GGUF file (it starts with b'<!DOCTYP'; "
+        check_gguf(page)
+    assert _message(exc) == (f"{str(page)!r}: not a GGUF file (it starts with b'<!DOCTYP'; "
                              "a GGUF file starts with b'GGUF'): it looks like an HTML page: download with the "
                              "/resolve/ URL, not /blob/")
     (tmp_path / "x.gguf").write_text("\n  <html><body>Service unavailable</body></html>")
@@ -189,7 +193,7 @@ def test_a_git_lfs_pointer_or_html_page_as_safetensors_says_what_it_is(tmp_path)
                              "b'version '; a safetensors file is a header length and a JSON header): it is a "
                              "git-lfs pointer file, not the weights: run 'git lfs pull' in the clone, or download "
                              "the file with the /resolve/ URL")
-    (tmp_path / "model.safetensors").write_bytes((CASE / "not-a-model.gguf").read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(HTML_PAGE.read_bytes())
     with pytest.raises(ModelError, match=r"not a safetensors file \(it starts with b'<!DOCTYP'; .*\): it looks "
                                          r"like an HTML page: download with the /resolve/ URL, not /blob/"):
         check_safetensors(tmp_path / "model.safetensors")
