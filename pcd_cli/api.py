@@ -254,13 +254,8 @@ class Labeler:
         """Probabilities divided by the content-free priors and renormalised; the label their argmax."""
         from .prior import correct
 
-        fields = []
-        for f, res in zip(self.schema.fields, result.fields):
-            probs = correct(res.probs, self.priors[f.name])
-            label = int(np.argmax(probs))
-            fields.append(FieldResult(label=label, value=f.value(label), prob=float(probs[label]), mass=res.mass,
-                                      probs=tuple(float(p) for p in probs), raw_probs=res.probs))
-        return replace(result, fields=tuple(fields))
+        return replace(result, fields=tuple(_reweighted(f, res, correct(res.probs, self.priors[f.name]))
+                                            for f, res in zip(self.schema.fields, result.fields)))
 
     def _abstain_low(self, result: RecordResult) -> RecordResult:
         """Null the label of each field whose (calibrated) probability is below its threshold."""
@@ -277,12 +272,9 @@ class Labeler:
                 fields.append(res)
                 continue
             probs = np.asarray(cal.apply(np.asarray(res.probs, dtype=np.float64)), dtype=np.float64)
-            label = int(np.argmax(probs))
             label_set = cal.conformal.label_set(probs) if cal.conformal is not None else None
             abstained = self.abstain_unless_single and label_set is not None and len(label_set) != 1
-            fields.append(FieldResult(label=label, value=None if abstained else f.value(label),
-                                      prob=float(probs[label]), mass=res.mass, probs=tuple(float(p) for p in probs),
-                                      raw_probs=res.probs, label_set=label_set, abstained=abstained))
+            fields.append(_reweighted(f, res, probs, label_set=label_set, abstained=abstained))
         return replace(result, fields=tuple(fields))
 
     def label_frame(self, df, *, text_field: str = "text", template: str | None = None,
@@ -356,6 +348,17 @@ def _id_type(id_field: str | None):
     import pyarrow as pa
 
     return pa.string() if id_field else pa.int64()
+
+
+def _reweighted(f, res: FieldResult, probs: np.ndarray, *, label_set: tuple[int, ...] | None = None,
+                abstained: bool = False) -> FieldResult:
+    """``res`` with new (k,) probabilities (calibrated or prior-corrected): the label is their
+    argmax, the decoder's own probabilities are kept in ``raw_probs``, the mass is unchanged;
+    ``abstained`` leaves the value null."""
+    label = int(np.argmax(probs))
+    return FieldResult(label=label, value=None if abstained else f.value(label), prob=float(probs[label]),
+                       mass=res.mass, probs=tuple(float(p) for p in probs), raw_probs=res.probs,
+                       label_set=label_set, abstained=abstained)
 
 
 def _load_calibration(calibration):

@@ -70,6 +70,11 @@ def _jsonl(rows: list[dict]) -> bytes:
     return b"".join(orjson.dumps(row, default=str) + b"\n" for row in rows)
 
 
+def _held_by_another(output: str | Path, work: Path) -> InputError:
+    return InputError(f"another pcd run is writing {str(output)!r} (its work folder {str(work)!r} is locked); "
+                      "wait for it to finish")
+
+
 def check_unlocked(output: str | Path) -> None:
     """Refuse at once, before a model loads, to start while another run holds ``output``'s work
     folder. ``WorkDir.open`` checks again when it takes the lock (the race between the two is
@@ -90,8 +95,7 @@ def check_unlocked(output: str | Path) -> None:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise InputError(f"another pcd run is writing {str(output)!r} (its work folder "
-                             f"{str(lock.parent)!r} is locked); wait for it to finish") from None
+            raise _held_by_another(output, lock.parent) from None
         fcntl.flock(fh, fcntl.LOCK_UN)
 
 
@@ -141,8 +145,7 @@ class WorkDir:
                 fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 lock_fh.close()
-                raise InputError(f"another pcd run is writing {str(output)!r} (its work folder {str(path)!r} "
-                                 "is locked); wait for it to finish") from None
+                raise _held_by_another(output, path) from None
         try:
             same = os.fstat(lock_fh.fileno()).st_ino == (path / "lock").stat().st_ino
         except FileNotFoundError:

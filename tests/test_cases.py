@@ -54,7 +54,8 @@ def _case_labels_validly_and_matches_oracle(backend, case_id, *, sample):
     print(f"{case_id}: picked {picked}, case expects {case['expected'].get('label', case['expected'].get('labels'))}")
 
 
-@pytest.mark.parametrize("case_id", sorted(CASES))
+@pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.full) if c == "large-enum-parser-blowup" else c
+                                     for c in sorted(CASES)])  # its 255 labels stay in make test (below)
 def test_case_labels_validly_and_matches_oracle(embedded_backend, case_id):
     _case_labels_validly_and_matches_oracle(embedded_backend, case_id, sample=True)
 

@@ -133,7 +133,7 @@ def test_decoder_with_examples_matches_the_oracle(scoring):
     _examples_against_oracle(tiny_backend(seed=5), scoring, sample=False)
 
 
-@pytest.mark.parametrize("scoring", ["marginal", "exact"])
+@pytest.mark.parametrize("scoring", ["marginal", pytest.param("exact", marks=pytest.mark.full)])
 def test_embedded_decoder_with_examples_matches_the_oracle_on_a_sample(embedded_backend, scoring):
     _examples_against_oracle(embedded_backend, scoring, sample=True)
 

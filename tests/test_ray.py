@@ -129,6 +129,7 @@ def test_bad_rows_same_errors_as_local(local_ray, files, tmp_path):
     assert [orjson.loads(e)["line"] for e in ray_errors] == [2, 4, 5, 6, 8]
 
 
+@pytest.mark.full  # 24 s; a worker past its retries stays in make test
 def test_actor_killed_once_output_complete(local_ray, files, tmp_path, monkeypatch):
     marker = tmp_path / "killed-once"
     monkeypatch.setenv(EXIT_ONCE_ENV, str(marker))  # the first batch's actor calls os._exit(1)

@@ -51,7 +51,8 @@ def render_comparison(before: EvalReport, after: EvalReport, console: Console, *
     table.add_column("n", justify="right")
     for _, title, _ in FIGURES:
         table.add_column(title, justify="right")
-    for row in comparison_rows(before, after):
+    rows = comparison_rows(before, after)
+    for row in rows:
         cells = []
         for attr, _, higher in FIGURES:
             b, a = row[attr]
@@ -63,7 +64,7 @@ def render_comparison(before: EvalReport, after: EvalReport, console: Console, *
         n = str(row["n_after"]) if row["n_before"] == row["n_after"] else f"{row['n_before']}/{row['n_after']}"
         table.add_row(escape(row["field"]), n, *cells)
     console.print(table)
-    for row in comparison_rows(before, after):
+    for row in rows:
         test = row["mcnemar"]
         if test is not None:
             method = "exact" if test.method == "exact" else "chi-square"

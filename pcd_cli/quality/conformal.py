@@ -106,9 +106,3 @@ def conformal_split(n: int, seed: int, share: float = CONFORMAL_SHARE) -> tuple[
     held = int(round(share * n))
     return np.sort(order[held:]), np.sort(order[:held])
 
-
-def set_coverage(sets: list[tuple[str, ...] | None], gold: list[str]) -> tuple[int, int, float]:
-    """(rows covered, rows with a set, mean set size) over rows whose set is known."""
-    known = [(s, g) for s, g in zip(sets, gold) if s is not None]
-    covered = sum(g in s for s, g in known)
-    return covered, len(known), float(np.mean([len(s) for s, _ in known])) if known else 0.0
