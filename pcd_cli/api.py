@@ -27,7 +27,8 @@ from .compile import CompiledSchema
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, FieldResult, Record, RecordFailure, RecordResult
 from .examples import resolve_examples
 from .io import InputSpec, _row_to_record
-from .schema import Example, Schema, load_schema
+from .rules import rules_metadata
+from .schema import Example, Schema, load_schema, schema_metadata
 from .values import RepeatedIds
 
 
@@ -77,10 +78,18 @@ class Labeler:
         abstain_below: leave a field without a label (``value = None``, ``abstained``) when its
             chosen label's probability (calibrated, if a calibration is given) is below this;
             a field's own ``abstain_below`` in the schema wins. ``None``: always decide.
+        permutations: ``K >= 2``: combine each field's probabilities over K orderings of the
+            booleans' and enums' labels, listed after the record (``pcd_cli.permute``); the
+            record is fed once, each ordering is a branch; ``FieldResult.order_spread`` says
+            how far they disagree. 1: the plain prompt (values in the system catalog).
         prior_correction: divide each field's probabilities by those of content-free records
             and renormalise ("calibrate before use", ``pcd_cli.prior``); measured once here, on
             this prompt head. Not with ``calibration`` (its per-label biases do the same job,
             fitted on gold rows).
+
+    A schema's rules between fields (``pcd_cli.rules``) are applied to every record after
+    calibration or prior correction and before abstaining: a field a rule moves gets
+    ``changed_by_rules`` and the record its ``joint_prob``.
 
     Raises:
         SchemaError, ModelError, CompileError: see ``pcd_cli.errors``. A calibration made for
@@ -94,7 +103,7 @@ class Labeler:
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
                  template: str | None = None, calibration=None, adapter: str | Path | None = None,
                  abstain_unless_single: bool = False, abstain_below: float | None = None,
-                 prior_correction: bool = False):
+                 prior_correction: bool = False, permutations: int = 1):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -130,8 +139,15 @@ class Labeler:
         self.backend = backend
         #: the ``pcd-tune.json`` card of a tuned model folder or adapter (``None`` otherwise)
         self.tune_card, self._tune_source = _tune_card(adapter if adapter is not None else model)
-        self.compiled = CompiledSchema(self.schema, backend.tokenizer, scoring=scoring,
-                                       logits_width=backend.logits_width, examples=shots)
+        self.permutations = permutations
+        orderings: list[CompiledSchema] = []
+        if permutations > 1:
+            from .permute import compile_orderings
+
+            orderings = compile_orderings(self.schema, backend.tokenizer, permutations, scoring=scoring,
+                                          logits_width=backend.logits_width, examples=shots)
+        self.compiled = orderings[0] if orderings else CompiledSchema(
+            self.schema, backend.tokenizer, scoring=scoring, logits_width=backend.logits_width, examples=shots)
         if self.calibration is not None:
             self.calibration.check(self.metadata())
         #: what differs between the tuned model's card and this run (schema, prompt head,
@@ -142,7 +158,8 @@ class Labeler:
 
             self.tune_warnings = [f"{self._tune_source} was tuned for another {m}" for m in
                                   card_mismatches(self.tune_card, self.metadata())]
-        self.decoder = Decoder(backend, self.compiled, max_tokens_per_pass=max_tokens_per_pass, trace=trace,
+        self.decoder = Decoder(backend, self.compiled, orderings=orderings, max_tokens_per_pass=max_tokens_per_pass,
+                               trace=trace,
                                pack_records=pack_records, truncate=truncate)
         #: field name -> (k,) mean probabilities on content-free records (``prior_correction``)
         self.priors: dict[str, np.ndarray] | None = None
@@ -152,6 +169,12 @@ class Labeler:
             passes = self.decoder.record_passes
             self.priors = content_free_priors(self.decoder, self.schema)
             self.decoder.record_passes = passes  # the content-free records are not the input's
+        #: the schema's rules between fields, ready to apply (``None`` without rules)
+        self.rules = None
+        if self.schema.rules:
+            from .rules import RuleSolver
+
+            self.rules = RuleSolver(self.schema)
 
     @property
     def set_fields(self) -> tuple[str, ...]:
@@ -175,10 +198,7 @@ class Labeler:
         return {
             "pcd.version": __version__,
             "pcd.model": self.backend.model_id,
-            "pcd.schema_name": self.schema.name,
-            "pcd.schema_sha256": self.schema.source_sha256,
-            "pcd.schema_json": json.dumps({f.name: list(f.labels) for f in self.schema.fields},
-                                          separators=(",", ":"), ensure_ascii=False),
+            **schema_metadata(self.schema),
             "pcd.prompt_head_sha256": self.compiled.prompt.head_sha256,
             "pcd.scoring": self.compiled.scoring,
             "pcd.layout": self.compiled.layout.name,
@@ -197,7 +217,26 @@ class Labeler:
           | ({"pcd.abstain_below": json.dumps(self.abstain_thresholds),
               "pcd.abstain_fields": json.dumps(list(self.abstain_fields))} if self.abstain_fields else {}) \
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
-             if getattr(self, "tune_card", None) is not None else {})
+             if getattr(self, "tune_card", None) is not None else {}) \
+          | rules_metadata(self.schema) \
+          | (self._permutations_metadata() if hasattr(self, "decoder") else {})
+
+    def output_schema(self, id_column: str, id_type, *, all_probs: bool):
+        """The Arrow schema of this labeler's output (``pcd_cli.io.output_schema`` with its
+        calibration, label sets, abstention and ``--permutations`` columns)."""
+        from .io import output_schema
+
+        return output_schema(self.schema, id_column, id_type, all_probs=all_probs,
+                             calibrated=self.calibration is not None, sets=self.set_fields,
+                             abstain=self.abstain_fields, spread=self.permutations > 1)
+
+    def _permutations_metadata(self) -> dict[str, str]:
+        """``pcd.permutations``: K and, per permuted field, its label lists in each ordering."""
+        if self.permutations < 2:
+            return {}
+        orders = {f.name: [[f.labels[i] for i in c.label_orders[f.name]] for c in self.decoder.orderings]
+                  for f in self.schema.declared if f.name in self.compiled.label_orders}
+        return {"pcd.permutations": json.dumps({"k": self.permutations, "orders": orders}, ensure_ascii=False)}
 
     @property
     def _tune_card_sha(self) -> str:
@@ -239,6 +278,8 @@ class Labeler:
             out = [r if isinstance(r, RecordFailure) else self._prior_corrected(r) for r in out]
         if self.calibration is not None:
             out = [r if isinstance(r, RecordFailure) else self._calibrated(r) for r in out]
+        if self.rules is not None:  # on the final distributions, before abstaining
+            out = [r if isinstance(r, RecordFailure) else self.rules.apply(r) for r in out]
         if self.abstain_thresholds:
             out = [r if isinstance(r, RecordFailure) else self._abstain_low(r) for r in out]
         return out
@@ -292,7 +333,7 @@ class Labeler:
             InputError: ``template`` is malformed, or a needed column is missing from ``df``.
         """
         from .errors import InputError
-        from .io import InputSpec, output_schema, results_table, row_to_record
+        from .io import InputSpec, results_table, row_to_record
 
         spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
         missing = [c for c in spec.columns_needed() if c not in df.columns]
@@ -306,9 +347,7 @@ class Labeler:
                 errors.append({"row": item.row, "record": res.id, "error": res.error})
             else:
                 labelled.append(res)
-        arrow_schema = output_schema(self.schema, id_field or "row", _id_type(id_field), all_probs=all_probs,
-                                     calibrated=self.calibration is not None, sets=self.set_fields,
-                                     abstain=self.abstain_fields)
+        arrow_schema = self.output_schema(id_field or "row", _id_type(id_field), all_probs=all_probs)
         result = results_table(labelled, self.schema, arrow_schema).to_pandas()
         result.attrs["errors"] = errors
         result.attrs["metadata"] = self.metadata()

@@ -35,7 +35,8 @@ from .api import Labeler
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Record, RecordResult
 from .errors import InputError
 from .files import write_atomic
-from .io import InputSpec, read_records
+from .io import InputSpec, declared_values, read_records
+from .prompt import answer_object
 from .schema import Schema
 
 METHODS = ("generate", "generate_cached", "pcd")
@@ -102,31 +103,45 @@ def check_generated(schema: Schema, text: str, hit_cap: bool) -> tuple[bool, dic
     if not isinstance(obj, dict):
         return False, {}, ["not a JSON object"]
     problems, values = [], {}
-    names = {f.name for f in schema.fields}
-    for f in schema.fields:
+    names = {f.name for f in schema.declared}
+    for f in schema.declared:
         if f.name not in obj:
             problems.append(f"missing key {f.name}")
             continue
-        value = obj[f.name]
-        if f.is_boolean:
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                problems.append(f"quoted boolean {f.name}")
-                value = value.lower() == "true"
-            elif not isinstance(value, bool):
-                problems.append(f"invalid value {f.name}={value!r}")
-        elif value not in f.labels:
-            problems.append(f"invalid value {f.name}={value!r}")
-        values[f.name] = value
+        values[f.name] = _check_value(f, obj[f.name], problems)
     problems += [f"unexpected key {k}" for k in obj if k not in names]
     return True, values, problems
+
+
+def _check_value(f, value, problems: list[str]):
+    """A generated value of field ``f`` as pcd would write it, its problems appended
+    (quoted booleans and numbers are read, and reported)."""
+    if value is None and f.nullable:
+        return None
+    if f.is_multi:
+        if not isinstance(value, dict) or set(value) - set(f.labels) \
+                or not all(isinstance(v, bool) for v in value.values()):
+            problems.append(f"invalid value {f.name}={value!r}")
+            return value
+        return [o for o in f.labels if value.get(o)]
+    if f.is_boolean or f.type == "integer":
+        unquoted = isinstance(value, bool) if f.is_boolean else isinstance(value, int) and not isinstance(value, bool)
+        if unquoted and (f.is_boolean or str(value) in f.labels):
+            return value
+        if isinstance(value, str) and value.strip().lower() in f.labels:
+            problems.append(f"quoted {f.type} {f.name}")
+            return f.value(f.labels.index(value.strip().lower()))
+        problems.append(f"invalid value {f.name}={value!r}")
+        return value
+    if value not in f.labels or (f.nullable and value == f.labels[-1]):
+        problems.append(f"invalid value {f.name}={value!r}")
+    return value
 
 
 def _answer_tokens(labeler: Labeler) -> int:
     """Token length of a complete answer object (label 0 everywhere), for the generation cap."""
     compiled = labeler.compiled
-    n = len(compiled.schema.fields)
-    text = compiled.layout.opener + "".join(
-        compiled.layout.line(f, f.spellings(0)[0], last=i == n - 1) for i, f in enumerate(compiled.schema.fields))
+    text = answer_object(compiled.schema, compiled.layout, (0,) * len(compiled.schema.fields))
     return len(labeler.backend.tokenizer.encode(text))
 
 
@@ -164,7 +179,7 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
         if not isinstance(result, RecordResult):
             report.summary.setdefault("skipped", []).append(result.error)
             continue
-        pcd_values = {f.name: r.value for f, r in zip(schema.fields, result.fields)}
+        pcd_values = declared_values(schema, result)
         report.rows.append(BenchRow(str(record.id), "pcd", latency, labeler.forward_passes - passes, 0, True, True,
                                     (), 1.0, pcd_values))
         ids = head + prompt.record_ids(record.id, record.text)[1]
@@ -268,7 +283,9 @@ def gold_accuracy(report: BenchReport, gold, schema: Schema, *, id_field: str = 
 
     gold_by_id = {str(k): row for k, row in zip(gold[id_field], gold.to_dict("records"))}
     out: dict = {}
-    for f in schema.fields:
+    for f in schema.declared:
+        if f.is_multi:  # its options are compared through the row's values; no single label to score
+            continue
         per_method: dict = {}
         for row in report.rows:
             expected = gold_by_id.get(row.record, {}).get(f.name)

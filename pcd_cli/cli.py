@@ -187,8 +187,14 @@ BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", 
 CALIBRATION_OPT = typer.Option(None, "--calibration", help="Calibration file from `pcd calibrate` for this schema, "
                                "model, prompt head and scoring: probabilities become calibrated (the raw one is kept "
                                "in <field>__raw_prob).")
+PERMUTATIONS_OPT = typer.Option(1, "--permutations", min=1, help="K >= 2: combine each field's probabilities over "
+                                "K orderings of the booleans' and enums' labels (cyclic shifts and their "
+                                "reversals), listed after the record; the record is fed once, each ordering is a "
+                                "branch; writes <field>__order_spread. Less lean toward a label for its place in "
+                                "the list.")
 EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parquet with the text and one column per "
-                            "field) to draw few-shot examples from; they replace the schema's own examples.")
+                            "field, or a Label Studio / Argilla export) to draw few-shot examples from; they replace "
+                            "the schema's own examples.")
 SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
 CSV_DELIMITER_OPT = typer.Option(",", "--csv-delimiter", help="CSV field separator, e.g. ';' or '\\t'.")
 TEXT_FIELD_OPT = typer.Option("text", "--text-field", help="Column holding the text.")
@@ -345,6 +351,7 @@ def label(
                                           "by those of content-free records ('N/A', '[MASK]', '(empty)'), measured once: "
                                           "less lean toward the labels a small model prefers anyway.",
                                           rich_help_panel='Quality'),
+    permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
     abstain_below: Optional[float] = typer.Option(None, "--abstain-below", min=0.0, max=1.0, help="Leave a "
                                                   "field without a label (null, <field>__abstained true) when its "
                                                   "probability is below P; a field's own abstain_below wins.",
@@ -401,7 +408,7 @@ def label(
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
                            template=template, calibration=calibration, adapter=adapter,
                            abstain_unless_single=abstain_unless_single, abstain_below=abstain_below,
-                           prior_correction=prior_correction)
+                           prior_correction=prior_correction, permutations=permutations)
     if engine is Engine.ray:
         if stdin or output is None:
             report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},
@@ -637,7 +644,7 @@ GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file 
 def eval_(
     predictions: Path = typer.Argument(..., help="A pcd output Parquet file."),
     gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column and one column "
-                                "per field."),
+                                "per field, or a Label Studio / Argilla export (pcd review)."),
     id_field: str = GOLD_ID_OPT,
     schema: Optional[Path] = typer.Option(None, "--schema", "-s", help="Schema file (default: the fields and "
                                           "labels recorded in the predictions)."),
@@ -686,12 +693,14 @@ def eval_(
 @app.command(short_help="Fit a per-field calibration (temperature, label biases) on gold rows for pcd label --calibration.")
 def calibrate(
     gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column, one column per "
-                                "field and (without --predictions) the text."),
+                                "field and (without --predictions) the text; or a Label Studio / Argilla export "
+                                "(pcd review)."),
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON)."),
     output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (JSON)."),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="An existing pcd output of the gold "
                                                "rows, labelled with --all-probs (then no model is loaded)."),
     folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
+    permutations: int = _panel(PERMUTATIONS_OPT, 'Model'),
     coverage: Optional[float] = typer.Option(None, "--coverage", min=0.5, max=0.999, help="Also fit conformal "
                                              "label sets holding the gold label with at least this probability "
                                              "(e.g. 0.9); half of the gold rows then set the threshold instead of "
@@ -743,7 +752,8 @@ def calibrate(
             check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                               scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
-                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed), adapter=adapter)
+                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed), adapter=adapter,
+                              permutations=permutations)
             gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
             if dropped:
                 out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
@@ -886,6 +896,67 @@ class _TuneProgress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class ReviewTarget(str, Enum):
+    label_studio = "label-studio"
+    argilla = "argilla"
+    csv = "csv"
+
+
+@app.command(short_help="Write the rows a person should check, most uncertain first, for Label Studio, Argilla or "
+             "a spreadsheet.")
+def review(
+    predictions: Path = typer.Argument(..., help="A pcd output Parquet file."),
+    input: Path = typer.Argument(..., help="The records it was labelled from (for their text)."),
+    to: ReviewTarget = typer.Option(..., "--to", help="label-studio: tasks with pre-annotations (JSON) and "
+                                    "<name>.label_config.xml beside them; argilla: a folder in Dataset.to_disk's "
+                                    "layout (rg.Dataset.from_disk imports it); csv: a spreadsheet with empty "
+                                    "<field>__gold columns to fill."),
+    output: Path = typer.Option(..., "--output", "-o", help="File to write (--to argilla: a folder)."),
+    below: Optional[float] = typer.Option(None, "--below", min=0.0, max=1.0, help="Only rows where some field's "
+                                          "probability is below P."),
+    sets: bool = typer.Option(False, "--sets", help="Only rows where some field's label set (<field>__set: pcd "
+                              "label --calibration, fitted with --coverage) holds more than one label."),
+    sample: Optional[int] = typer.Option(None, "--sample", min=1, help="A random sample of N rows (seeded by "
+                                         "--seed), still most uncertain first: rows like the ones a calibration "
+                                         "fitted on their answers will be applied to."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --sample."),
+    top: Optional[int] = typer.Option(None, "--top", min=1, help="At most N rows, the most uncertain."),
+    id_field: str = typer.Option("id", "--id-field", help="Id column of the output and the input (an output "
+                                 "without it: its 'row' column, input rows by position)."),
+    schema: Optional[Path] = typer.Option(None, "--schema", "-s", help="Schema file (default: the fields and "
+                                          "labels recorded in the output)."),
+    text_field: str = TEXT_FIELD_OPT,
+    template: Optional[str] = TEMPLATE_OPT,
+    csv_delimiter: str = CSV_DELIMITER_OPT,
+    fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension)."),
+    check: Optional[bool] = typer.Option(None, "--check/--no-check", help="Check the files with label-studio-sdk "
+                                         "or argilla's own classes (default: when installed; --check: exit 3 "
+                                         "without them; pip install 'pcd-cli\\[review]')."),
+) -> None:
+    """Write the rows of a pcd output a person should check, most uncertain first (the lowest
+    probability over the fields), with the model's labels and probabilities as pre-annotations.
+    pcd eval, pcd calibrate and --examples read the tool's export back as gold. Exit 2 on a
+    bad file or option (--sets on an output without label sets)."""
+    from .quality.review import select_for_review, write_review
+    from .schema import load_schema
+
+    try:
+        parsed = load_schema(schema) if schema else None
+        selection = select_for_review(predictions, input, schema=parsed, id_field=id_field, text_field=text_field,
+                                      template=template, csv_delimiter=csv_delimiter,
+                                      fmt=fmt.value if fmt else None, below=below, sets=sets, sample=sample,
+                                      seed=seed, top=top)
+        written, checked = write_review(selection, to.value, output, check=check)
+    except PcdError as exc:
+        raise _fail(exc) from None
+    shown = " and ".join(escape(str(p)) for p in written[:2]) if to is not ReviewTarget.argilla else \
+        escape(str(output))
+    note = f" (checked with {checked})" if checked else \
+        "" if to is ReviewTarget.csv or check is False else " (not checked: pip install 'pcd-cli\\[review]')"
+    out.print(f"wrote {len(selection.rows)} of {selection.total} rows, most uncertain first, to {shown}{note}",
+              highlight=False)
 
 
 def _said_written(files: list, what: str, folder: Path) -> None:

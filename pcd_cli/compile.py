@@ -102,6 +102,8 @@ class CompiledSchema:
         layout: ``None`` probes both layouts and keeps the one with the fewest moved seams.
         examples: few-shot examples for the prompt head as ``(input text, label index per
             field)`` (``pcd_cli.examples.resolve_examples``); rendered in the chosen layout.
+        label_orders: ``--permutations``: list the booleans' and enums' allowed values after the
+            record in these orders (``prompt.build_prompt``); ``None``: in the system catalog.
 
     Raises:
         CompileError: a label needs a token the model has no logit for, or no layout keeps
@@ -110,12 +112,14 @@ class CompiledSchema:
 
     def __init__(self, schema: Schema, tokenizer, *, scoring: str = "marginal",
                  logits_width: int | None = None, layout: Layout | None = None,
-                 examples: tuple[tuple[str, tuple[int, ...]], ...] = ()):
+                 examples: tuple[tuple[str, tuple[int, ...]], ...] = (),
+                 label_orders: dict[str, tuple[int, ...]] | None = None):
         if scoring not in SCORING_MODES:
             raise CompileError(f"--scoring {scoring!r}: expected one of {', '.join(SCORING_MODES)}")
         self.schema = schema
         self.tokenizer = tokenizer
         self.examples = tuple(examples)
+        self.label_orders = label_orders
         self.scoring = scoring
         self.logits_width = min(logits_width or tokenizer.vocab_size, tokenizer.vocab_size)
         self._plans: dict[tuple[int, str], WavePlan] = {}
@@ -128,14 +132,14 @@ class CompiledSchema:
         if layout is None:  # keep the first layout with the fewest moved seams, with its plans
             best = None
             for candidate in LAYOUTS:
-                self.prompt, self._plans = build_prompt(schema, tokenizer, candidate, self.examples), {}
+                self.prompt, self._plans = build_prompt(schema, tokenizer, candidate, self.examples, label_orders), {}
                 moves = self.seam_moves()
                 self.layout_moves[candidate.name] = moves
                 if best is None or moves < best[0]:
                     best = (moves, self.prompt, self._plans)
             _, self.prompt, self._plans = best
         else:
-            self.prompt = build_prompt(schema, tokenizer, layout, self.examples)
+            self.prompt = build_prompt(schema, tokenizer, layout, self.examples, label_orders)
         self.wave_plan(0, self.prompt.tail_text)
 
     @property
@@ -147,15 +151,22 @@ class CompiledSchema:
         field = self.schema.fields[field_index]
         return self.layout.line(field, field.spellings(label)[0], last=False)
 
+    def written_text(self, labels: dict[int, int]) -> str:
+        """The answer lines written into the context once the decisions ``labels`` (decision
+        index -> label index, one wave's) are decided, canonical spellings; a multi field's
+        options are written together as its one line (``Layout.answer_lines``)."""
+        return self.layout.answer_lines(self.schema.fields, labels)
+
     def seam_moves(self) -> int:
         """Tokens cut from the end of wave contexts over wave 0 and every wave-1 context;
         1000 per written line that would have to be un-fed (the layout is then unusable)."""
         plan0 = self.wave_plan(0, self.prompt.tail_text)
         moves = len(self.encode_context(plan0.context_text)) - len(plan0.context_ids)
         if len(self.schema.waves) > 1:
-            first = self.schema.waves[0][0]
-            for label in range(len(self.schema.fields[first].labels)):
-                text = plan0.context_text + self.written_line(first, label)
+            first = self.schema.waves[0]
+            for label in range(max(len(self.schema.fields[fi].labels) for fi in first)):
+                text = plan0.context_text + self.written_text(
+                    {fi: min(label, len(self.schema.fields[fi].labels) - 1) for fi in first})
                 plan1 = self.wave_plan(1, text)
                 moves += len(self.encode_context(text)) - len(plan1.context_ids)
                 if plan1.context_ids[: len(plan0.context_ids)] != plan0.context_ids:
@@ -167,7 +178,7 @@ class CompiledSchema:
         text = self.prompt.tail_text
         plans = [self.wave_plan(0, text)]
         for w in range(1, len(self.schema.waves)):
-            text += "".join(self.written_line(fi, 0) for fi in self.schema.waves[w - 1])
+            text += self.written_text({fi: 0 for fi in self.schema.waves[w - 1]})
             plans.append(self.wave_plan(w, text))
         return plans
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from .compile import CompiledSchema, FieldForest, WavePlan
 from .errors import CompileError, RecordError
+from .prompt import common_prefix_len
 
 #: Default token budget of one pass. Packed records attend over each other's (masked) keys,
 #: so a pass's attention grows with the square of its size: on CPU, ~512 tokens balances
@@ -64,9 +65,10 @@ class FieldResult:
     """One decided field.
 
     Attributes:
-        label: index of the chosen label in ``Field.labels`` (argmax of ``probs``).
+        label: index of the chosen label in ``Field.labels`` (argmax of ``probs``, unless a
+            rule between fields moved it: ``changed_by_rules``).
         value: the typed value (bool for booleans, the exact schema string for enums).
-        prob: probability of the chosen label, renormalised over the allowed labels.
+        prob: probability of the chosen label, renormalised over the allowed labels (``probs[label]``).
         mass: candidate mass: unrenormalised probability of all allowed paths, in [0, 1].
         probs: probability of every label, in schema order; sums to 1.
         raw_probs: with a calibration applied (``Labeler(calibration=...)``), the decoder's
@@ -75,6 +77,11 @@ class FieldResult:
             labels in the field's label set, most probable first; ``None`` otherwise.
         abstained: the label set was not a single label and ``abstain_unless_single`` was
             asked: ``value`` is ``None`` (``label`` still holds the most probable label).
+        order_spread: with ``--permutations``, how far the label orderings disagree on the
+            chosen label: the largest minus the smallest of its probabilities over the
+            orderings, in [0, 1] (``pcd_cli.permute.combine``); ``None`` otherwise.
+        changed_by_rules: the schema's rules moved the label off the argmax of ``probs``
+            (``pcd_cli.rules``); ``probs`` are the field's own, unchanged.
     """
 
     label: int
@@ -85,6 +92,8 @@ class FieldResult:
     raw_probs: tuple[float, ...] | None = None
     label_set: tuple[int, ...] | None = None
     abstained: bool = False
+    changed_by_rules: bool = False
+    order_spread: float | None = None
 
     @property
     def raw_prob(self) -> float:
@@ -97,12 +106,15 @@ class RecordResult:
     """All fields of one record, in schema order, and (with tracing on) one trace per field.
 
     ``truncated`` is true when the text was cut to fit the model's context (``Decoder.truncate``).
+    ``joint_prob``: with rules between fields, the product of the written labels' probabilities
+    over the fields the rules name (``pcd_cli.rules``); ``None`` without rules.
     """
 
     id: object
     fields: tuple[FieldResult, ...]
     traces: tuple[dict, ...] = ()
     truncated: bool = False
+    joint_prob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,13 @@ class _Slot:
     traces: list[dict] = field(default_factory=list)
     written: tuple[int | None, ...] = ()  # pcd tune: the gold label index to write per field (None: the argmax)
     reads: dict[int, tuple[FieldForest, list]] = field(default_factory=dict)  # pcd tune: differentiable reads
+    text: str = ""  # the record text the chain was built from (cut when truncated)
+    compiled: CompiledSchema | None = None  # the ordering this slot decodes (--permutations); None: the decoder's
+    #: --permutations: on the record's shared slot, one slot per label ordering; its chain holds
+    #: the tokens every ordering's prompt shares (the record), fed once; it reads nothing.
+    branches: list["_Slot"] = field(default_factory=list)
+    base: "_Slot | None" = None  # on an ordering's slot: the shared slot
+    stream: tuple[int, int] = (0, 0)  # where the slot's chain lies in the wave-0 stream (kv coordinates)
 
 
 def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_labels: int
@@ -162,6 +181,10 @@ def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_la
     return probs, float(min(1.0, np.exp(log_mass)))
 
 
+#: The wave-0 plan of a record's shared slot (``orderings``): its chain only, nothing read.
+_SHARED_PLAN = WavePlan(context_text="", context_ids=(), forests=())
+
+
 class Decoder:
     """Decodes records on a backend whose KV cache holds the compiled prompt's head.
 
@@ -171,6 +194,10 @@ class Decoder:
         max_tokens_per_pass: most tokens fed in one forward pass (bounds memory and the
             size of packed groups); at least 16.
         trace: keep, per record and field, the context, lines, probabilities and mass.
+        orderings: ``--permutations``: the schema compiled for each label ordering
+            (``pcd_cli.permute.compile_orderings``, ``compiled`` first). Each record's tokens
+            shared by every ordering's prompt are fed once; each ordering's tail and fields
+            are a branch attending to them; the results are combined (``permute.combine``).
         pack_records: pack several records into one pass (block-diagonal mask); ``False``
             decodes one record per group (for comparison; results agree to float rounding).
         truncate: a text too long for the model's context (with the prompt and the deepest
@@ -185,7 +212,8 @@ class Decoder:
 
     def __init__(self, backend, compiled: CompiledSchema, *,
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False,
-                 pack_records: bool = True, truncate: str = "middle"):
+                 pack_records: bool = True, truncate: str = "middle",
+                 orderings: Sequence[CompiledSchema] = ()):
         if max_tokens_per_pass < 16:
             raise ValueError(f"max_tokens_per_pass must be at least 16, got {max_tokens_per_pass}")
         if truncate not in TRUNCATE_SIDES:
@@ -193,6 +221,11 @@ class Decoder:
         self.truncate = truncate
         self.backend = backend
         self.compiled = compiled
+        #: ``--permutations``: the schema compiled once per label ordering (``pcd_cli.permute``),
+        #: ``compiled`` first; the same head, the values listed after the record in each order.
+        self.orderings = tuple(orderings) or (compiled,)
+        if any(c.prompt.head_ids != compiled.prompt.head_ids for c in self.orderings):
+            raise CompileError("the label orderings' prompts do not share their head")
         self.budget = max_tokens_per_pass
         self.trace = trace
         self.pack_records = pack_records
@@ -231,10 +264,10 @@ class Decoder:
         advance = 0
         positions = max(max(f.depths) + 1 for f in prev.forests)
         for w in range(1, len(compiled.schema.waves)):
-            for fi in compiled.schema.waves[w - 1]:
-                n_labels = len(compiled.schema.fields[fi].labels)
-                text += max((compiled.written_line(fi, label) for label in range(n_labels)),
-                            key=lambda line: len(encode(text + line)))
+            longest = {fi: max(range(len(compiled.schema.fields[fi].labels)),
+                               key=lambda label, fi=fi: len(encode(text + compiled.written_text({fi: label}))))
+                       for fi in compiled.schema.waves[w - 1]}
+            text += compiled.written_text(longest)
             plan = compiled.wave_plan(w, text)
             costs.append(plan.n_tokens + len(plan.context_ids) - len(prev.context_ids))
             advance += len(plan.context_ids) - len(prev.context_ids)
@@ -243,6 +276,33 @@ class Decoder:
         return costs, positions
 
     def _prepare(self, record: Record) -> _Slot:
+        slot = self._prepare_one(record)
+        if len(self.orderings) == 1:
+            return slot
+        return self._branch(slot)
+
+    def _branch(self, first: _Slot) -> _Slot:
+        """The shared slot of one record and its ordering branches (``orderings``): the longest
+        token prefix of every ordering's chain is fed once (the record and the text before the
+        orderings differ); each branch feeds the rest of its chain, attending to that prefix.
+
+        Raises:
+            RecordError: a seam breaks for one of the orderings (``record_chain``).
+        """
+        record, text = first.record, first.text
+        chains = [(first.prompt_text, first.chain)] + [c.record_chain(record.id, text) for c in self.orderings[1:]]
+        shared = min(common_prefix_len(chains[0][1], chain) for _, chain in chains[1:])
+        shared = min(shared, min(len(chain) for _, chain in chains) - 1)
+        base = _Slot(record=record, prompt_text=first.prompt_text, chain=list(first.chain[:shared]),
+                     truncated=first.truncated, text=text, variant=first.variant, needed=first.needed)
+        for compiled, (full, chain) in zip(self.orderings, chains):
+            base.branches.append(_Slot(record=record, prompt_text=full, chain=list(chain[shared:]),
+                                       context_text=compiled.prompt.tail_text, truncated=first.truncated, text=text,
+                                       variant=first.variant, compiled=compiled, base=base,
+                                       needed=first.needed))
+        return base
+
+    def _prepare_one(self, record: Record) -> _Slot:
         slot, needed = self._slot(record, record.text)
         limit = getattr(self.backend, "max_positions", None)
         if not limit or needed <= limit:
@@ -282,7 +342,8 @@ class Decoder:
         full, chain = self.compiled.record_chain(record.id, text)  # in context, seams checked (pcd_cli.seams)
         needed = self.head_len + len(chain) + self._positions_after_record
         return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=self.compiled.prompt.tail_text,
-                     needed=needed, variant=self.backend.rope_variant(needed)), needed
+                     needed=needed, variant=self.backend.rope_variant(needed), text=text,
+                     compiled=self.compiled), needed
 
     def _groups(self, slots: list[_Slot]) -> list[list[_Slot]]:
         """Records packed greedily, in order, up to the token budget; records of different
@@ -292,7 +353,9 @@ class Decoder:
             totals: list[int] = []
             first = len(groups)
             for slot in (s for s in slots if s.variant == variant):
-                cost = [len(slot.chain) + self._wave_cost[0]] + self._wave_cost[1:]
+                k = max(1, len(slot.branches))
+                cost = ([len(slot.chain) + sum(len(b.chain) for b in slot.branches) + k * self._wave_cost[0]]
+                        + [k * c for c in self._wave_cost[1:]])
                 if (len(groups) > first and self.pack_records
                         and all(t + c <= self.budget for t, c in zip(totals, cost))):
                     groups[-1].append(slot)
@@ -320,18 +383,25 @@ class Decoder:
         for group in self._groups([s for _, s in slots]):
             cache = self._head_cache(group[0].variant)
             try:
-                self._decode_group(group, cache)
+                self._decode_group([t for slot in group for t in [slot, *slot.branches]], cache)
             finally:
                 self.backend.truncate(cache, self.head_len)
-        fields = self.compiled.schema.fields
         for index, slot in slots:
-            if slot.error:
-                out[index] = RecordFailure(slot.record.id, slot.error)
+            results = [self._result(b) for b in slot.branches] if slot.branches else [self._result(slot)]
+            failed = next((r for r in results if isinstance(r, RecordFailure)), None)
+            if failed is not None or len(results) == 1:
+                out[index] = failed or results[0]
                 continue
-            out[index] = RecordResult(id=slot.record.id,
-                                      fields=tuple(slot.results[i] for i in range(len(fields))),
-                                      traces=tuple(slot.traces), truncated=slot.truncated)
+            from .permute import combine
+
+            out[index] = combine(results, self.compiled.schema)
         return out  # type: ignore[return-value]
+
+    def _result(self, slot: _Slot) -> RecordResult | RecordFailure:
+        if slot.error:
+            return RecordFailure(slot.record.id, slot.error)
+        return RecordResult(id=slot.record.id, fields=tuple(slot.results[i] for i in range(len(self.compiled.schema.fields))),
+                            traces=tuple(slot.traces), truncated=slot.truncated)
 
     def training_groups(self, records: Sequence[Record]) -> tuple[list[list[int]], list[RecordFailure]]:
         """How ``pcd tune`` batches ``records``: the groups ``decode`` would pack (record indices,
@@ -384,13 +454,18 @@ class Decoder:
         return [slot.reads for slot in slots]
 
     def _decode_group(self, group: list[_Slot], cache) -> None:
+        """Decode ``group``'s slots wave by wave (a record's shared slot, when ``orderings``
+        branch it, comes right before its branches and is fed in wave 0 only)."""
         schema = self.compiled.schema
         for wave in range(len(schema.waves)):
-            plans = [self.compiled.wave_plan(wave, slot.context_text) for slot in group]
+            if wave == 1:
+                group = [slot for slot in group if not slot.branches]
+            plans = [_SHARED_PLAN if slot.branches else (slot.compiled or self.compiled).wave_plan(wave, slot.context_text)
+                     for slot in group]
             self._run_wave(wave, group, plans, cache)
             for slot, plan in zip(group, plans):
-                slot.context_text += "".join(self.compiled.written_line(f.field_index, slot.results[f.field_index].label)
-                                             for f in plan.forests)
+                slot.context_text += (slot.compiled or self.compiled).written_text(
+                    {f.field_index: slot.results[f.field_index].label for f in plan.forests})
 
     def _run_wave(self, wave: int, group: list[_Slot], plans: list[WavePlan], cache) -> None:
         H = self.head_len
@@ -404,7 +479,11 @@ class Decoder:
         queries: list[tuple[int, tuple[int, ...]]] = []  # (stream index, ids to read)
         field_queries: list[tuple[int, FieldForest, int]] = []  # (slot, forest, first query number)
         chains: list[tuple[int, int]] = []
+        base = self.backend.cache_length(cache)  # kv index of the stream's first token
         for s, (slot, plan) in enumerate(zip(group, plans)):
+            if wave == 0 and slot.base is not None:  # an ordering's branch: sees the record's shared tokens
+                slot.ctx_ranges = [slot.base.stream]
+                slot.ctx_len = len(slot.base.chain)
             if wave == 0:
                 chain = slot.chain
             else:
@@ -418,6 +497,7 @@ class Decoder:
                 chain_lo.append(start), chain_hi.append(start + j + 1)
             end = len(ids)
             chains.append((start, end))
+            slot.stream = (base + start, base + end)
             ctx_end = H + slot.ctx_len + len(chain)
             for forest in plan.forests:
                 offset = len(ids)
@@ -431,7 +511,6 @@ class Decoder:
                     pair_cols.extend(offset + p for p in path)
                 field_queries.append((s, forest, len(queries)))
                 queries.extend((offset + r, q) for r, q in zip(forest.query_rows, forest.query_ids))
-        base = self.backend.cache_length(cache)  # kv index of the stream's first token
         query_lp, query_tensors = self._feed(cache, group, base, np.array(ids), np.array(pos), np.array(owner),
                                              np.array(chain_lo), np.array(chain_hi), np.array(pair_rows),
                                              np.array(pair_cols), queries)
@@ -518,7 +597,7 @@ class Decoder:
 
     def _trace(self, slot: _Slot, forest: FieldForest, probs: np.ndarray, mass: float) -> dict:
         field_ = self.compiled.schema.fields[forest.field_index]
-        tail = self.compiled.prompt.tail_text
+        tail = (slot.compiled or self.compiled).prompt.tail_text
         context = slot.prompt_text[: len(slot.prompt_text) - len(tail)] + slot.context_text
         return {"record": slot.record.id, "field": field_.name, "scoring": self.compiled.scoring,
                 "context": context,

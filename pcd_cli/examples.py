@@ -16,8 +16,8 @@ import random
 from pathlib import Path
 
 from .errors import InputError, SchemaError
-from .io import InputSpec, read_table_rows, row_to_record
-from .schema import Example, Schema
+from .io import InputSpec, row_to_record
+from .schema import Example, Schema, decision_labels
 
 
 def resolve_examples(examples: tuple[Example, ...], template: str | None = None) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -44,9 +44,11 @@ def draw_examples(gold_path: str | Path, schema: Schema, spec: InputSpec, *, sho
     """
     if shots < 1:
         raise InputError(f"--shots {shots}: give at least 1")
+    from .quality.annotations import gold_rows  # a Label Studio / Argilla export, a filled review sheet
+
     candidates: list[tuple[str, tuple[int, ...], str]] = []
     skipped: dict[str, int] = {}
-    for index, (line, row) in enumerate(read_table_rows(gold_path, spec, fmt=fmt)):
+    for index, (line, row) in enumerate(gold_rows(gold_path, spec, fmt=fmt)):
         if isinstance(row, str):
             skipped["unreadable"] = skipped.get("unreadable", 0) + 1
             continue
@@ -55,7 +57,7 @@ def draw_examples(gold_path: str | Path, schema: Schema, spec: InputSpec, *, sho
             skipped["no text"] = skipped.get("no text", 0) + 1
             continue
         try:
-            labels = tuple(f.label_index(row.get(f.name)) for f in schema.fields)
+            labels = decision_labels(schema.declared, row)
         except SchemaError:
             skipped["a field without a valid label"] = skipped.get("a field without a valid label", 0) + 1
             continue

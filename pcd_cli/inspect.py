@@ -9,9 +9,12 @@ the schema exactly as ``pcd label`` does (``CompiledSchema``) and reports:
 * the chat template: whether there is one, the arguments it is rendered with, those it reads
   (each rendered again with another value), whether it prints a date and the date pinned;
 * the prompt head: its tokens and the size of its KV cache, from the model's config;
-* per field: the trunk (known text where the decision starts), each spelling's token path
-  after it and the depth at which it is identified, first-token collisions, labels that are
-  a prefix of another, the field's forest size;
+* per declared field: its type and options (ordinal order, integer range, nullable,
+  ``none_label``, a multi field's options, threshold and item bounds, and the decisions it
+  is read as); for an integer field, how its values tokenize (``NumberReport``);
+* per decision (a multi field has one per option): the trunk (known text where the
+  decision starts), each spelling's token path after it and the depth at which it is
+  identified, first-token collisions, labels that are a prefix of another, the forest size;
 * warnings (``Finding``), one ``kind`` each, listed in ``WARNING_KINDS``.
 
 Rules:
@@ -49,6 +52,7 @@ from dataclasses import asdict, dataclass, replace
 from .compile import CompiledSchema, FieldForest, WavePlan
 from .errors import CompileError, RecordError
 from .prompt import HEAD_PROBES, INPUT_LABEL, Layout, catalog_line, common_prefix_len, render_turns, system_text
+from .rules import rule_components
 from .schema import Schema, json_string
 from .seams import TAIL_PROBES
 
@@ -172,6 +176,40 @@ class FieldReport:
 
 
 @dataclass(frozen=True)
+class NumberReport:
+    """How an integer field's values tokenize: their canonical (unquoted) spellings, the null
+    option left out. A range like 1..100 is a collision-heavy trie (``1`` starts ``1``,
+    ``10``..``19``, ``100``); the trie runs to the end of the line, so a value that is a
+    prefix of another is told apart by the token after its digits, and every value is read exactly."""
+
+    values: int
+    digit_tokens: tuple[int, int]  #: fewest and most tokens holding a digit, per value
+    first_tokens: int  #: distinct first digit tokens
+    colliding: int  #: values whose first digit token starts another value too
+    line_end: int  #: values identified only by the token after their digits (a prefix of another value)
+    depth: int  #: tokens read after the trunk to identify the deepest value
+    exact: bool  #: every value has its own path, line end included, and is read until it is identified
+
+
+@dataclass(frozen=True)
+class DeclaredReport:
+    """A field as declared (``Schema.declared``); ``SchemaReport.fields`` has its decisions."""
+
+    name: str
+    type: str
+    labels: tuple[str, ...]  #: ``Field.labels``: a multi field's options; a nullable field's last label is ``null``
+    nullable: bool
+    none_label: str | None
+    minimum: int | None  #: integer fields: the range
+    maximum: int | None
+    threshold: float | None  #: multi fields: P(yes) at which an option is chosen, and the item bounds
+    min_items: int | None
+    max_items: int | None
+    decisions: tuple[str, ...]  #: its rows in ``SchemaReport.fields`` (a multi field: one per option)
+    numbers: NumberReport | None  #: integer fields: how the values tokenize
+
+
+@dataclass(frozen=True)
 class SchemaReport:
     schema: str
     model: str
@@ -183,6 +221,12 @@ class SchemaReport:
     head: HeadReport
     fields: tuple[FieldReport, ...]
     warnings: tuple[Finding, ...]
+    #: rules between fields: ``{"index", "text", "rule"}`` (``rule``: as in ``pcd.rules``)
+    rules: tuple[dict, ...] = ()
+    #: per group of linked rules: ``{"fields", "rules", "joint_space"}`` (``rules.rule_components``)
+    rule_groups: tuple[dict, ...] = ()
+    #: the fields as declared, with their types and options (``DeclaredReport``)
+    declared: tuple[DeclaredReport, ...] = ()
 
     def to_dict(self) -> dict:
         """Plain data for ``--json`` (shape documented in docs/inspect-schema.md)."""
@@ -237,7 +281,9 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
     template = probe_template(schema, tokenizer)
     report = SchemaReport(schema=schema.name, model=model_id, scoring=scoring, tokenizer_size=tokenizer.vocab_size,
                           logits_width=width, layout=layout, chat_template=template, head=head,
-                          fields=tuple(fields), warnings=())
+                          fields=tuple(fields), warnings=(),
+                          rules=tuple({"index": r.index, "text": r.text, "rule": r.to_dict()} for r in schema.rules),
+                          rule_groups=tuple(rule_components(schema)), declared=declared_reports(schema, fields))
     warnings = _schema_warnings(report) + _record_warnings(compiled) + [w for i in sorted(found) for w in found[i]]
     context = getattr(text_config, "max_position_embeddings", None)
     if context and n_head + max(f.deepest for f in fields) + len(fields) >= context:
@@ -247,12 +293,56 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
     return replace(report, warnings=tuple(warnings))
 
 
+def declared_reports(schema: Schema, fields: list[FieldReport]) -> tuple[DeclaredReport, ...]:
+    """Each declared field with its type, options and decisions; an integer field with how its
+    values tokenize (from its decision's ``FieldReport``)."""
+    by_name = {f.name: f for f in fields}
+    out = []
+    for f, parts in schema.declared_parts():
+        multi, integer = f.is_multi, f.type == "integer"
+        out.append(DeclaredReport(
+            name=f.name, type=f.type, labels=f.labels, nullable=f.nullable, none_label=f.none_label,
+            minimum=int(f.labels[0]) if integer else None,
+            maximum=int(f.labels[-2 if f.nullable else -1]) if integer else None,
+            threshold=f.threshold if multi else None, min_items=f.min_items if multi else None,
+            max_items=f.max_items if multi else None,
+            decisions=tuple(schema.fields[i].name for i in parts),
+            numbers=number_report(by_name[f.name], f.nullable) if integer and f.name in by_name else None))
+    return tuple(out)
+
+
+def number_report(fr: FieldReport, nullable: bool) -> NumberReport:
+    """``NumberReport`` of an integer field's decision (the null option, the last label, left out)."""
+    values = [lab.spellings[0] for lab in (fr.labels[:-1] if nullable else fr.labels)]
+
+    def digits(s: SpellingReport) -> list[int]:
+        return [t for t, p in zip(s.ids, s.pieces) if any(ch.isdigit() for ch in p)]
+
+    counts = [len(digits(s)) for s in values]
+    starts = defaultdict(int)
+    for s in values:
+        starts[digits(s)[0] if digits(s) else None] += 1
+    return NumberReport(
+        values=len(values), digit_tokens=(min(counts), max(counts)), first_tokens=len(starts),
+        colliding=sum(n for n in starts.values() if n > 1),
+        line_end=sum(1 for s in values if not any(ch.isdigit() for ch in s.pieces[s.identified_at - 1])),
+        depth=max(s.identified_at for s in values),
+        exact=len({s.ids for s in values}) == len(values)
+        and all(s.identified_at <= len(s.ids) and s.scored_tokens >= s.identified_at for s in values))
+
+
 def probe_newline(schema: Schema, tokenizer) -> NewlineProbe:
     """Tokenize two answer lines of ``schema`` and see where the newline between them goes."""
     layout = Layout("newline_last")
-    first, second = schema.fields[0], schema.fields[min(1, len(schema.fields) - 1)]
-    line = layout.line(first, first.spellings(0)[0], last=False)  # '  "k": v,\n'
-    sample = line + layout.line(second, second.spellings(0)[0], last=True)[:-1]
+
+    def written(f, last: bool) -> str:  # a declared field's answer line (a multi field's whole line)
+        if f.is_multi:
+            return layout.group_line(f.name, [(option, "true") for option in f.labels], last=last)
+        return layout.line(f, f.spellings(0)[0], last=last)
+
+    first, second = schema.declared[0], schema.declared[min(1, len(schema.declared) - 1)]
+    line = written(first, False)  # '  "k": v,\n'
+    sample = line + written(second, True)[:-1]
     ids = tokenizer.encode(sample)
     bare, with_newline = tokenizer.encode(line[:-1]), tokenizer.encode(line)
     before = common_prefix_len(bare, ids) < len(bare)

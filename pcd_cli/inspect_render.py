@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .inspect import FieldReport, SchemaReport
+from .rules import MAX_JOINT_SPACE
 
 #: Label rows shown per field in the path table (``--json`` has them all).
 PATH_ROWS = 8
@@ -82,6 +83,11 @@ def render_inspection(report: SchemaReport, console: Console) -> None:
     say(f"head: {head.tokens} tokens{shots}{cut}; {memory}")
     say(f"vocabulary: tokenizer {report.tokenizer_size} tokens, logits width "
         f"{report.logits_width if report.logits_width is not None else 'unknown'}")
+    if any(d.type not in ("boolean", "enum") or d.nullable or d.none_label is not None for d in report.declared):
+        console.print(_declared_table(report))  # plain schemas: the fields table says it all
+        for d in report.declared:
+            if d.numbers is not None:
+                say(_numbers_line(d))
     console.print(_fields_table(report, wide=console.width >= 120))
     say("trunk: its token count and last tokens (the decision starts after them); forest: tokens the field adds "
         "to its forward pass; colliding: labels sharing their first decision token; deepest: tokens read to "
@@ -89,6 +95,12 @@ def render_inspection(report: SchemaReport, console: Console) -> None:
     for f in report.fields:
         if f.collisions or f.prefixes:
             _render_paths(f, console, say)
+    for rule in report.rules:
+        say(f"rules[{rule['index']}]: {rule['text']}")
+    for group in report.rule_groups:
+        rules = ", ".join(f"rules[{i}]" for i in group["rules"])
+        say(f"{rules} link{'s' * (len(group['rules']) == 1)} {', '.join(group['fields'])}: joint space "
+            f"{group['joint_space']:,} assignments, searched exactly per record (limit {MAX_JOINT_SPACE:,})")
     for w in report.warnings:
         say(f"warning [{w.kind}]: {w.message}")
     say(f"{len(report.warnings)} warning{'s' * (len(report.warnings) != 1)}")
@@ -104,14 +116,63 @@ def _fields_table(report: SchemaReport, *, wide: bool) -> Table:
     widths = {"field": 14, "type": 7, "trunk": 12}  # the rest are numbers
     for col in columns:
         table.add_column(col, justify="left" if col in widths else "right", overflow="fold", min_width=widths.get(col))
+    options = {name for d in report.declared if d.type == "multi" for name in d.decisions}
     for f in report.fields:
         tail = ("…|" if len(f.trunk_pieces) > TRUNK_TAIL else "") + _path(f.trunk_pieces[-TRUNK_TAIL:])
-        cells = {"field": Text(_show(f.name)), "type": f.type, "wave": str(f.wave), "labels": str(len(f.labels)),
+        cells = {"field": Text(_show(f.name)), "type": "option" if f.name in options else f.type, "wave": str(f.wave), "labels": str(len(f.labels)),
                  "trunk": Text(f"{len(f.trunk_ids)}: {tail}"), "forest": str(f.forest_tokens),
                  "decisions": str(f.decision_points), "colliding": str(sum(len(c.labels) for c in f.collisions)),
                  "prefixes": str(len(f.prefixes)), "deepest": str(f.deepest)}
         table.add_row(*(cells[col] for col in columns))
     return table
+
+
+def _declared_table(report: SchemaReport) -> Table:
+    """One row per field as declared: its type, its values (options) and the decisions it is read as."""
+    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, title="declared fields", title_justify="left")
+    for col in ("field", "type", "values", "decisions"):
+        table.add_column(col, overflow="fold", justify="right" if col == "decisions" else "left")
+    for d in report.declared:
+        table.add_row(Text(_show(d.name)), d.type + (", nullable" if d.nullable else ""), Text(_values(d)),
+                      f"{len(d.decisions)} yes/no" if d.type == "multi" else "1")
+    return table
+
+
+def _values(d) -> str:
+    """A declared field's values in words: ``LOW < MEDIUM < HIGH``, ``1..5``, options and their bounds."""
+    labels = list(d.labels[:-1] if d.nullable else d.labels)
+    if d.none_label is not None:
+        labels.remove(d.none_label)
+    if d.type == "integer":
+        text = f"{d.minimum}..{d.maximum} ({len(labels)} values)"
+    elif d.type == "ordinal":
+        text = " < ".join(_show(label) for label in labels[:12]) + (f" (+{len(labels) - 12} more)" if len(labels) > 12 else "")
+    else:
+        text = _names(labels, most=12)
+    if d.none_label is not None:
+        text += f"; none_label {_show(d.none_label)}"
+    if d.nullable:
+        text += "; or null"
+    if d.type == "multi":
+        bounds = [f"P(yes) >= {d.threshold:g}"] + ([f"at least {d.min_items}"] if d.min_items else []) \
+            + ([f"at most {d.max_items}"] if d.max_items is not None else [])
+        text += f"; an option is chosen at {', '.join(bounds)}"
+    return text
+
+
+def _numbers_line(d) -> str:
+    """How an integer field's values tokenize, in words (``inspect.NumberReport``)."""
+    n = d.numbers
+    low, high = n.digit_tokens
+    per = f"{low} digit token{'s' * (low != 1)}" if low == high else f"{low} to {high} digit tokens"
+    exact = ("exact: every value has its own token path to the end of its line and is read until it is identified"
+             if n.exact else "NOT exact: some values share a whole path or are not read until identified")
+    shared = (f"{n.colliding} share their first digit token with another ({n.first_tokens} distinct first tokens)"
+              if n.colliding else "each starts with a digit token of its own")
+    prefixes = (f"; {n.line_end} are a prefix of another value, told apart by the token after their digits"
+                if n.line_end else "")
+    return (f"{_show(d.name)}: {n.values} values {d.minimum}..{d.maximum}, {per} each; {shared}{prefixes}; "
+            f"trie depth {n.depth} tokens; {exact}")
 
 
 def _render_paths(f: FieldReport, console: Console, say) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import json
 import signal
 import threading
 import time
@@ -27,7 +26,8 @@ from .decode import RecordFailure, RecordResult
 from .errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
 from .files import check_writable, clear_stale
 from .io import TRUNCATED_COLUMN, InputSpec, ParquetSink, RecordReader, check_input, is_stdin, output_schema, results_table
-from .schema import Schema
+from .rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields, rules_metadata
+from .schema import Schema, schema_metadata
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -68,6 +68,8 @@ def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> Non
     schema.check_output_columns(id_col)
     if id_col == TRUNCATED_COLUMN:
         raise SchemaError(f"--id-field {id_col!r} clashes with pcd's output column {TRUNCATED_COLUMN!r}")
+    if schema.rules and id_col in (JOINT_COLUMN, *(f"{n}{CHANGED_SUFFIX}" for n in rule_fields(schema))):
+        raise SchemaError(f"--id-field {id_col!r} clashes with an output column the schema's rules add")
     seen: dict[str, str] = {id_col: "the id column", TRUNCATED_COLUMN: "pcd's truncation column"}
     for f in schema.fields:
         for col in (f.name, f"{f.name}__prob", f"{f.name}__mass", f"{f.name}__raw_prob") + (
@@ -127,12 +129,10 @@ def write_empty_output(schema: Schema, input_path: str | Path, spec: InputSpec, 
                                  all_probs=all_probs, calibrated=calibrated)
     metadata = {
         "pcd.version": __version__, "pcd.model": f"{model or 'default'} (not loaded: the input has no rows)",
-        "pcd.schema_name": schema.name, "pcd.schema_sha256": schema.source_sha256,
-        "pcd.schema_json": json.dumps({f.name: list(f.labels) for f in schema.fields}, separators=(",", ":"),
-                                      ensure_ascii=False),
+        **schema_metadata(schema),
         "pcd.input": STDIN_NAME if is_stdin(input_path) else Path(input_path).name, "pcd.records_read": "0",
         "pcd.records_labelled": "0", "pcd.records_failed": "0", "pcd.records_truncated": "0",
-        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} | rules_metadata(schema)
     sink = ParquetSink(output, arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()}))
     try:
         clear_stale(errors_path)
@@ -165,6 +165,7 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
         "truncate": labeler.decoder.truncate, "all_probs": all_probs, "trace": trace,
         "abstain_unless_single": labeler.abstain_unless_single, "abstain_below": labeler.abstain_thresholds,
         "prior_correction": labeler.priors is not None,
+        **({"permutations": labeler.permutations} if labeler.permutations > 1 else {}),
         "prompt_head_sha256": labeler.compiled.prompt.head_sha256,
         "calibration_sha256": labeler.calibration.sha256 if labeler.calibration is not None else None,
         "libraries": {name: _version_of(name) for name in FINGERPRINT_LIBRARIES},
@@ -228,9 +229,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     trace_path = Path(trace_path) if trace_path else None
     check_paths(input_path, output, errors_path, trace_path)
     check_input(input_path, spec, fmt)  # encoding and header, before a row is decoded
-    arrow_schema = output_schema(labeler.schema, column, pa.string() if spec.id_field else pa.int64(),
-                                 all_probs=all_probs, calibrated=labeler.calibration is not None,
-                                 sets=labeler.set_fields, abstain=labeler.abstain_fields)
+    arrow_schema = labeler.output_schema(column, pa.string() if spec.id_field else pa.int64(), all_probs=all_probs)
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None)
     stats = RunStats(labeler.schema, min_mass=min_mass)

@@ -55,24 +55,83 @@ class Layout:
         return "{" if self.name == "newline_first" else "{\n"
 
     def line(self, field: Field, spelling: str, *, last: bool) -> str:
-        """The complete answer line for ``field`` written as ``spelling``, line ending included."""
-        body = f"  {json_string(field.name)}: {spelling}"
+        """The complete answer line for ``field`` written as ``spelling``, line ending included.
+
+        An option decision of a multi field is read as the first key of the field's nested
+        object, ``"topics": {"billing": true,`` (``,`` when more options follow, which is
+        always the case for a field with two or more), the position where the model really
+        writes that option's yes/no (the first-key rule, DESIGN.md §2, one level down).
+        """
+        if field.group is not None:
+            more = field.group_size > 1
+            body = f"  {json_string(field.group)}: {{{json_string(field.option)}: {spelling}" + ("," if more else "}")
+            if more:
+                return ("\n" + body) if self.name == "newline_first" else body
+            return self._close(body, last)
+        return self._close(f"  {json_string(field.name)}: {spelling}", last)
+
+    def group_line(self, group: str, options: list[tuple[str, str]], *, last: bool) -> str:
+        """The complete answer line of a multi field once decided: ``"topics": {"billing":
+        true, "outage": false}`` and the line ending; ``options`` are ``(option, spelling)``."""
+        inner = ", ".join(f"{json_string(o)}: {sp}" for o, sp in options)
+        return self._close(f"  {json_string(group)}: {{{inner}}}", last)
+
+    def _close(self, body: str, last: bool) -> str:
         if self.name == "newline_first":
             return "\n" + body + ("\n}" if last else ",")
         return body + ("\n" if last else ",\n")
+
+    def answer_lines(self, fields, labels: dict[int, int], *, close: bool = False) -> str:
+        """The written answer lines of decisions ``labels`` (decision index into ``fields`` ->
+        label index), in schema order, each multi field's options joined into its one line
+        (``group_line``); ``close``: the line of the last decision closes the object (a
+        complete answer), else every line ends as if more followed (a wave's context)."""
+        out, pending = [], []
+        items = sorted(labels.items())
+        for k, (fi, label) in enumerate(items):
+            f = fields[fi]
+            last = close and fi == len(fields) - 1
+            if f.group is None:
+                out.append(self.line(f, f.spellings(label)[0], last=last))
+                continue
+            pending.append((f.option, f.spellings(label)[0]))
+            nxt = items[k + 1][0] if k + 1 < len(items) else None
+            if nxt is None or fields[nxt].group != f.group:
+                out.append(self.group_line(f.group, pending, last=last))
+                pending = []
+        return "".join(out)
 
 
 LAYOUTS = (Layout("newline_first"), Layout("newline_last"))
 
 
-def catalog_line(field: Field) -> str:
-    """``- "key": description. Allowed: "A" | "B"`` (booleans: ``true | false``)."""
-    allowed = " | ".join(field.spellings(i)[0] for i in range(len(field.labels)))
-    description = field.description.rstrip(".")
+#: The catalog's place-holder for the allowed values of a field whose values are listed after
+#: the record (``--permutations``: each ordering of the labels is a branch after the record).
+VALUES_AFTER = "Allowed: listed after the input"
+#: Opens the list of allowed values after the record (``--permutations``).
+VALUES_AFTER_HEADER = "\n\nAllowed values:\n"
+
+
+def catalog_line(field: Field, *, values: bool = True) -> str:
+    """``- "key": description. Allowed: "A" | "B"`` (booleans: ``true | false``).
+
+    Integers: ``Allowed: an integer from 1 to 5``; ordinal fields: ``Allowed, lowest to
+    highest: ...``; a nullable field ends with ``| null``; a multi field (declared, not an
+    option decision): ``Allowed: an object with true or false for each of "a", "b"``.
+    ``values=False``: ``VALUES_AFTER`` instead of the values.
+    """
     text = f"- {json_string(field.name)}: "
-    if description:
-        text += f"{description}. "
-    return text + f"Allowed: {allowed}"
+    if field.description.rstrip("."):
+        text += f"{field.description.rstrip('.')}. "
+    if not values:
+        return text + VALUES_AFTER
+    if field.is_multi:
+        return text + "Allowed: an object with true or false for each of " + ", ".join(map(json_string, field.labels))
+    spelled = [field.spellings(i)[0] for i in range(len(field.labels))]
+    if field.type == "integer":
+        last = len(spelled) - 1 - field.nullable
+        return text + f"Allowed: an integer from {spelled[0]} to {spelled[last]}" + (" | null" if field.nullable else "")
+    return text + ("Allowed, lowest to highest: " if field.type == "ordinal" else "Allowed: ") + " | ".join(spelled)
 
 
 def answer_object(schema: Schema, layout: Layout, labels: tuple[int, ...]) -> str:
@@ -81,17 +140,34 @@ def answer_object(schema: Schema, layout: Layout, labels: tuple[int, ...]) -> st
     Every line is ``Layout.line`` with the label's canonical spelling, so an example's answer
     tokenizes like the lines the decoder scores; the object is closed with ``}``.
     """
-    n = len(schema.fields)
-    lines = "".join(layout.line(f, f.spellings(labels[i])[0], last=i == n - 1) for i, f in enumerate(schema.fields))
-    text = layout.opener + lines
+    text = layout.opener + layout.answer_lines(schema.fields, dict(enumerate(labels)), close=True)
     return text if text.endswith("}") else text + "}"
 
 
-def system_text(schema: Schema) -> str:
+def system_text(schema: Schema, *, values_after: bool = False) -> str:
+    """The system turn: preamble, instructions and the catalog of keys (with their allowed
+    values, or with ``VALUES_AFTER`` for the fields ``values_after_record`` lists after it)."""
     parts = [PREAMBLE]
     if schema.instructions:
         parts.append(schema.instructions)
-    return "\n".join(parts) + "\n\nKeys:\n" + "\n".join(catalog_line(f) for f in schema.fields)
+    return "\n".join(parts) + "\n\nKeys:\n" + "\n".join(
+        catalog_line(f, values=not (values_after and is_permuted(f))) for f in schema.declared)
+
+
+def is_permuted(field: Field) -> bool:
+    """Whether ``--permutations`` lists this field's labels in several orders: booleans and
+    enums (an ordinal or integer scale keeps its order, which is its meaning; a multi field's
+    options are separate decisions)."""
+    return field.type in ("boolean", "enum")
+
+
+def values_after_record(schema: Schema, orders: dict[str, tuple[int, ...]]) -> str:
+    """The text after the record listing the allowed values of the permuted fields, each in
+    the order ``orders[name]`` (label indices): ``VALUES_AFTER_HEADER`` and one line per
+    field, ``- "key": "A" | "B"`` (short: it is fed once per ordering and record)."""
+    return VALUES_AFTER_HEADER + "\n".join(
+        f"- {json_string(f.name)}: " + " | ".join(f.spellings(i)[0] for i in orders.get(f.name, range(len(f.labels))))
+        for f in schema.declared if is_permuted(f))
 
 
 @dataclass(frozen=True)
@@ -118,6 +194,9 @@ class Prompt:
     #: ``(input text, answer object)`` of each few-shot example, in order.
     examples: tuple[tuple[str, str], ...] = ()
     system_placement: str = "system_turn"
+    #: Text after the record in its user turn (``values_after_record`` with ``--permutations``),
+    #: part of ``tail_text``.
+    record_suffix: str = ""
     _guard: RecordGuard | None = dc_field(default=None, compare=False, repr=False)  #: built on first use
 
     @property
@@ -128,7 +207,7 @@ class Prompt:
 
     def render(self, text: str) -> str:
         """The full prompt for one record, up to and including the JSON opener."""
-        return _render(self._tokenizer, self._system, text, self.examples) + self.layout.opener
+        return _render(self._tokenizer, self._system, text + self.record_suffix, self.examples) + self.layout.opener
 
     def record_ids(self, record_id: object, text: str) -> tuple[str, list[int]]:
         """Tokenize one record's prompt; return (full prompt text, ids after the head).
@@ -229,24 +308,32 @@ def common_prefix_len(a, b) -> int:
 
 
 def build_prompt(schema: Schema, tokenizer, layout: Layout,
-                 examples: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> Prompt:
+                 examples: tuple[tuple[str, tuple[int, ...]], ...] = (),
+                 label_orders: dict[str, tuple[int, ...]] | None = None) -> Prompt:
     """Render the schema's prompt through the tokenizer's chat template and find the head.
 
     Args:
         tokenizer: backend tokenizer (``encode``, ``render_chat``, ``bos_text``).
         examples: few-shot examples as ``(input text, label index per field)``; their
             answers are written with ``answer_object`` in ``layout``.
+        label_orders: ``--permutations``: the allowed values of booleans and enums are listed
+            after the record (``values_after_record``), in these orders, and the system
+            catalog says so; the head is then the same for every ordering.
     """
-    system = system_text(schema)
+    suffix = ""
+    if label_orders is not None:
+        system, suffix = system_text(schema, values_after=True), values_after_record(schema, label_orders)
+    else:
+        system = system_text(schema)
     shots = tuple((text, answer_object(schema, layout, labels)) for text, labels in examples)
-    a, b = _render(tokenizer, system, "x", shots), _render(tokenizer, system, "y", shots)
+    a, b = _render(tokenizer, system, "x" + suffix, shots), _render(tokenizer, system, "y" + suffix, shots)
     cut = common_prefix_len(a, b)
     head_text = a[:cut]
     tail_len = common_prefix_len(a[::-1], b[::-1])
     tail_text = a[len(a) - tail_len:] + layout.opener
     head_ids = tokenizer.encode(head_text)
     for probe in HEAD_PROBES:
-        ids = tokenizer.encode(_render(tokenizer, system, probe, shots) + layout.opener)
+        ids = tokenizer.encode(_render(tokenizer, system, probe + suffix, shots) + layout.opener)
         n = 0
         while n < len(head_ids) and n < len(ids) and ids[n] == head_ids[n]:
             n += 1
@@ -255,4 +342,4 @@ def build_prompt(schema: Schema, tokenizer, layout: Layout,
                                             {"role": "user", "content": INPUT_LABEL + "x"}])
     return Prompt(head_text=head_text, head_ids=tuple(head_ids), tail_text=tail_text,
                   chat_template=placement != "plain_text", layout=layout, _system=system, _tokenizer=tokenizer,
-                  examples=shots, system_placement=placement)
+                  examples=shots, system_placement=placement, record_suffix=suffix)

@@ -20,6 +20,9 @@ Accepted files (YAML or JSON, chosen by extension, content sniffed for ``.json``
           labels: {sentiment: NEGATIVE}
         - columns: {subject: "Refund", body: "..."}     # with --template
           labels: {sentiment: NEUTRAL}
+
+  An optional ``rules:`` list holds rules between fields (``pcd_cli.rules``), e.g.
+  ``{if: {sentiment: NEGATIVE}, then: {urgent: true}}``; ``Schema.rules``.
 * a JSON Schema object (as ``Model.model_json_schema()`` writes it) whose properties are
   ``{"type": "boolean"}``, ``{"enum": [...]}`` or an ``anyOf``/``oneOf`` of ``const`` parts,
   directly or through local ``$ref`` (``#/$defs/...``, ``#/definitions/...``) and a
@@ -55,9 +58,18 @@ import yaml
 from .errors import SchemaError
 
 #: Suffixes pcd appends to a field name to form its output columns.
-OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs", "__raw_prob", "__set", "__abstained")
+OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs", "__raw_prob", "__set", "__abstained", "__expected",
+                   "__changed_by_rules")
 BOOLEAN_LABELS = ("true", "false")
-FIELD_TYPES = ("boolean", "enum")
+FIELD_TYPES = ("boolean", "enum", "ordinal", "integer", "multi")
+#: The null option of a nullable field: its label in ``Field.labels`` (the last one) and in
+#: ``<f>__probs``; spelled ``null`` in the answer, written as a Parquet null.
+NULL_LABEL = "null"
+#: Most values an ``integer`` field may have (``maximum - minimum + 1``): each value is a label
+#: path in the field's trie, read in the same pass.
+MAX_INTEGER_VALUES = 500
+#: Most options a ``multi`` field may have (each is one yes/no decision read in the same pass).
+MAX_MULTI_OPTIONS = 64
 
 
 def unescape_template(template: str) -> str:
@@ -68,16 +80,32 @@ def unescape_template(template: str) -> str:
 
 @dataclass(frozen=True)
 class Field:
-    """One closed decision of the schema.
+    """One field of the schema: a closed decision, or (``type: multi``) a set of them.
+
+    Decision types: ``boolean``, ``enum``, ``ordinal`` (an enum whose labels are in order,
+    lowest first) and ``integer`` (the values ``minimum..maximum``; labels are their decimal
+    strings, spelled unquoted). A ``multi`` field (multi-select) is declared with its options
+    in ``labels``; ``Schema`` expands it into one boolean decision per option
+    (``group``/``option`` set), read in the same pass as every other field.
 
     Attributes:
-        name: the JSON key, written verbatim (JSON-escaped) into the answer line.
-        type: ``"boolean"`` or ``"enum"``.
+        name: the JSON key, written verbatim (JSON-escaped) into the answer line; for an
+            option decision ``<multi field>.<option>`` (the key written is ``group``).
+        type: one of ``FIELD_TYPES``.
         description: shown in the prompt's catalog.
-        labels: allowed values as schema strings; ``("true", "false")`` for booleans.
+        labels: allowed values as schema strings; ``("true", "false")`` for booleans; for a
+            nullable field the last label is ``NULL_LABEL``; for ``multi``, the options.
         depends_on: names of fields whose written answers this field must see.
         abstain_below: leave the field without a label (null, ``<f>__abstained``) when the
             chosen label's probability is below this, in (0, 1); ``None``: always decide.
+        nullable: the last label is the null option (spelled ``null``, value ``None``).
+        none_label: the enum label added as "none of these" (``none_label:``), else ``None``;
+            it is an ordinary label, scored like the others.
+        threshold, min_items, max_items: ``multi`` only: an option is chosen when its
+            P(yes) >= ``threshold``; the most probable options are added (removed) to reach
+            ``min_items`` (at most ``max_items``).
+        group, option, group_size: for an option decision of a multi field: the multi
+            field's name, this option and the number of options.
     """
 
     name: str
@@ -86,44 +114,93 @@ class Field:
     labels: tuple[str, ...]
     depends_on: tuple[str, ...] = ()
     abstain_below: float | None = None
+    nullable: bool = False
+    none_label: str | None = None
+    threshold: float = 0.5
+    min_items: int = 0
+    max_items: int | None = None
+    group: str | None = None
+    option: str | None = None
+    group_size: int = 0
 
     @property
     def is_boolean(self) -> bool:
         return self.type == "boolean"
 
-    def value(self, label_index: int) -> bool | str:
-        """The typed output value of label ``label_index`` (bool for booleans, the exact string otherwise)."""
+    @property
+    def is_multi(self) -> bool:
+        return self.type == "multi"
+
+    @property
+    def is_scale(self) -> bool:
+        """Ordinal or integer: the labels are ordered and ``<f>__expected`` is written."""
+        return self.type in ("ordinal", "integer")
+
+    def is_null(self, label_index: int) -> bool:
+        """Whether ``label_index`` is the null option of a nullable field."""
+        return self.nullable and label_index == len(self.labels) - 1
+
+    def scale_values(self) -> list[tuple[int, float]]:
+        """``(label index, value)`` of the labels on the scale: integers their value, ordinal
+        labels their position from 0; the null option and the ``none_label`` are not on it."""
+        out = []
+        for i, label in enumerate(self.labels):
+            if self.is_null(i) or label == self.none_label:
+                continue
+            out.append((i, float(int(label)) if self.type == "integer" else float(len(out))))
+        return out
+
+    def value(self, label_index: int) -> bool | int | str | None:
+        """The typed output value of label ``label_index``: bool for booleans, int for
+        integers, ``None`` for the null option, else the exact label string."""
+        if self.is_null(label_index):
+            return None
         if self.is_boolean:
             return self.labels[label_index] == "true"
+        if self.type == "integer":
+            return int(self.labels[label_index])
         return self.labels[label_index]
 
     def label_index(self, value: object, *, where: str = "") -> int:
-        """Index of a gold or example value: a label string, or for booleans ``True``/``False``
-        or ``"true"``/``"false"`` (any case).
+        """Index of a gold or example value: a label string; for booleans ``True``/``False``
+        or ``"true"``/``"false"`` (any case); for integers an int or its decimal string;
+        ``None`` for the null option of a nullable field.
 
         Raises:
             SchemaError: the value is not a label of this field (names ``where`` and the field).
         """
         key = value
+        if value is None and self.nullable:
+            return len(self.labels) - 1
         if self.is_boolean:
             if isinstance(value, bool):
                 key = "true" if value else "false"
             elif isinstance(value, str):
                 key = value.strip().lower()
-        if isinstance(key, str) and key in self.labels:
+        elif self.type == "integer":
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                key = str(value)
+            elif isinstance(value, str):
+                key = value.strip()
+        if isinstance(key, str) and key in self.labels and not (self.nullable and key == NULL_LABEL):
             return self.labels.index(key)
-        allowed = " | ".join(self.labels)
+        allowed = " | ".join(self.labels) if self.type != "integer" else f"{self.labels[0]}..{self.labels[-1]}"
         raise SchemaError(f"{where + ': ' if where else ''}field {self.name!r}: {value!r} is not one of its labels "
                           f"({allowed})")
 
     def spellings(self, label_index: int) -> tuple[str, ...]:
         """JSON spellings of a label, canonical first (DESIGN.md §2 rule 5).
 
-        Booleans: ``true`` and ``"true"``. Enums: the label as a JSON string with minimal
-        escaping (quotes, backslashes, control characters; ``/`` and non-ASCII kept as is).
+        Booleans and integers: unquoted and quoted (``true``/``"true"``, ``7``/``"7"``); the
+        null option: ``null``; enum and ordinal labels: the label as a JSON string with
+        minimal escaping (quotes, backslashes, control characters; ``/`` and non-ASCII kept).
         """
         label = self.labels[label_index]
-        if self.is_boolean:
+        if self.is_null(label_index):
+            return (NULL_LABEL,)
+        if self.is_boolean or self.type == "integer":
             return (label, json_string(label))
         return (json_string(label),)
 
@@ -164,11 +241,41 @@ class Example:
         return text.strip()
 
 
+def decision_labels(declared: tuple["Field", ...], values: dict, *, where: str = "") -> tuple[int, ...]:
+    """Label index per decision (``Schema.fields`` order) of one answer given per declared field.
+
+    ``values`` maps each declared field to its value (``Field.label_index``); a multi field's
+    value is a list of its options (those answered yes), which becomes one boolean decision
+    per option (index 0 = true, 1 = false).
+
+    Raises:
+        SchemaError: a value is not a label, or a multi value is not a list of its options
+            (names ``where`` and the field).
+    """
+    indices: list[int] = []
+    for f in declared:
+        value = values.get(f.name)
+        if not f.is_multi:
+            indices.append(f.label_index(value, where=where))
+            continue
+        if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+            raise SchemaError(f"{where + ': ' if where else ''}field {f.name!r}: a multi-select value must be a "
+                              f"list of its options, got {value!r}")
+        unknown = [v for v in value if v not in f.labels]
+        if unknown:
+            raise SchemaError(f"{where + ': ' if where else ''}field {f.name!r}: {unknown[0]!r} is not one of its "
+                              f"options ({' | '.join(f.labels)})")
+        indices.extend(0 if option in value else 1 for option in f.labels)
+    return tuple(indices)
+
+
 def parse_example(schema_fields: tuple["Field", ...], data: Any, source: str) -> Example:
     """Validate one example ``{text: ..., labels: {field: value}}`` (or ``columns:`` for templates).
 
-    Booleans may be given as JSON booleans or ``"true"``/``"false"``; enum values must be
-    exact labels.
+    ``schema_fields`` are the declared fields (``Schema.declared``). Booleans may be given as
+    JSON booleans or ``"true"``/``"false"``; enum values must be exact labels; a multi field
+    takes a list of its options; a nullable field may be null. ``Example.labels`` holds one
+    index per decision (``decision_labels``).
 
     Raises:
         SchemaError: names the example (``source``) and the field: a missing field, a value
@@ -193,12 +300,10 @@ def parse_example(schema_fields: tuple["Field", ...], data: Any, source: str) ->
     unknown = [k for k in labels if k not in names]
     if unknown:
         raise SchemaError(f"{source}: field {unknown[0]!r} is not in the schema")
-    indices = []
     for f in schema_fields:
-        if f.name not in labels or labels[f.name] is None:
+        if f.name not in labels or (labels[f.name] is None and not f.nullable):
             raise SchemaError(f"{source}: field {f.name!r} has no value; an example must answer every field")
-        indices.append(f.label_index(labels[f.name], where=source))
-    return Example(labels=tuple(indices), text=text.strip() if text is not None else None,
+    return Example(labels=decision_labels(schema_fields, labels, where=source), text=text.strip() if text is not None else None,
                    columns=tuple((str(k), str(v)) for k, v in columns.items()) if columns is not None else None,
                    source=source)
 
@@ -210,12 +315,16 @@ class Schema:
     Attributes:
         name: schema name (from the file, else the file stem).
         instructions: extra text for the prompt's system turn ('' if none).
-        fields: fields in schema order (the order of the JSON object).
+        fields: the decisions in schema order (the order of the JSON object): every field,
+            with a multi field expanded into one boolean decision per option.
         waves: tuples of field indices; wave 0 is the first field alone (DESIGN.md §2 rule 8),
             later waves follow ``depends_on`` levels.
         warnings: soft problems found while validating.
         examples: few-shot examples from the schema's ``examples:`` key.
         source_sha256: sha256 of the canonical JSON form of the schema (for output metadata).
+        declared: the fields as declared (a multi field once, its options in ``labels``);
+            output columns, gold values and examples follow these.
+        parts: per declared field, the indices of its decisions in ``fields``.
     """
 
     name: str
@@ -225,6 +334,20 @@ class Schema:
     warnings: tuple[str, ...] = ()
     source_sha256: str = ""
     examples: tuple[Example, ...] = ()
+    declared: tuple[Field, ...] = ()
+    parts: tuple[tuple[int, ...], ...] = ()
+    #: rules between fields (``pcd_cli.rules.Rule``), applied after decoding
+    rules: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.declared:  # built from decisions alone: every field is one decision
+            object.__setattr__(self, "declared", self.fields)
+            object.__setattr__(self, "parts", tuple((i,) for i in range(len(self.fields))))
+
+    def declared_parts(self) -> list[tuple[Field, tuple[int, ...]]]:
+        """``(declared field, its decision indices)`` in schema order: one index for a
+        decision type, one per option for a multi field."""
+        return list(zip(self.declared, self.parts))
 
     def field_index(self, name: str) -> int:
         for i, f in enumerate(self.fields):
@@ -235,12 +358,31 @@ class Schema:
     def check_output_columns(self, reserved: str) -> None:
         """Raise ``SchemaError`` if a field's output column would clash with ``reserved``
         (the id column, or ``__truncated``)."""
-        for f in self.fields:
+        for f in self.declared:
             if f.name == reserved:
                 if reserved.startswith("__"):
                     raise SchemaError(f"field {f.name!r}: clashes with the output column {reserved!r}; rename the field")
                 raise SchemaError(f"field {f.name!r}: clashes with the id column {reserved!r}; "
                                   "rename the field or pass another --id-field")
+
+
+def schema_metadata(schema: Schema) -> dict[str, str]:
+    """The schema's part of an output's key-value metadata.
+
+    ``pcd.schema_json``: compact JSON ``{field: [labels...]}`` per declared field (a multi
+    field's options; a nullable field's last label ``null``), read by ``pcd eval``;
+    ``pcd.field_types``: ``{field: {"type": ..., "nullable": ..., "none_label": ...}}`` for
+    the fields that are not plain booleans or enums (absent when there are none, so older
+    outputs and newer ones of plain schemas match).
+    """
+    out = {"pcd.schema_name": schema.name, "pcd.schema_sha256": schema.source_sha256,
+           "pcd.schema_json": json.dumps({f.name: list(f.labels) for f in schema.declared}, separators=(",", ":"),
+                                         ensure_ascii=False)}
+    types = {f.name: {"type": f.type} | _type_options(f) for f in schema.declared
+             if f.type not in ("boolean", "enum") or _type_options(f)}
+    if types:
+        out["pcd.field_types"] = json.dumps(types, separators=(",", ":"), ensure_ascii=False)
+    return out
 
 
 def json_string(text: str) -> str:
@@ -321,8 +463,9 @@ def load_schema(path: str | Path) -> Schema:
 
 
 #: Keys a schema in pcd's own format may have at the top level, and in each field.
-TOP_KEYS = ("name", "instructions", "fields", "examples")
-FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on", "abstain_below")
+TOP_KEYS = ("name", "instructions", "fields", "examples", "rules")
+FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on", "abstain_below", "nullable", "none_label",
+              "minimum", "maximum", "threshold", "min_items", "max_items")
 #: ``written`` for a JSON file: a value's text is its JSON spelling (JSON converts nothing).
 _JSON_TEXT = object()
 
@@ -425,6 +568,12 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
                 problems.append(f"field {f.name!r}: clashes with the output column {f.name!r} of field "
                                 f"{f.name[: -len(suffix)]!r}; rename it")
                 break
+    names = {f.name for f in fields}
+    for f in fields:
+        for option in (f.labels if f.is_multi else ()):
+            if f"{f.name}.{option}" in names:
+                problems.append(f"field {f.name + '.' + option!r}: clashes with option {option!r} of the multi-select "
+                                f"field {f.name!r} (decided as {f.name + '.' + option!r}); rename one")
     first_read = bool(fields) and bool(items) and fields[0].name == items[0][0]
     waves = _waves(fields, problems, checked=True, first_read=first_read) if fields else ()
     name = data.get("name", default_name)
@@ -441,15 +590,55 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
             examples.append(parse_example(tuple(fields), ex, f"examples[{i}]"))
         except SchemaError as exc:
             problems.append(str(exc))
+    from .rules import parse_rules
+
+    rules = parse_rules(data.get("rules"), tuple(fields), problems, warnings)  # against sound fields, like examples
     _raise_all(problems, source)
     canonical_data = {"name": name, "instructions": instructions,
-                      "fields": [[f.name, f.type, f.description, list(f.labels), list(f.depends_on)] for f in fields]}
+                      "fields": [[f.name, f.type, f.description, list(f.labels), list(f.depends_on)]
+                                 + ([_type_options(f)] if _type_options(f) else []) for f in fields]}
     if examples:  # schemas without examples keep the hash they had before examples existed
         canonical_data["examples"] = [[e.text, e.columns, list(e.labels)] for e in examples]
+    if rules:  # likewise for rules
+        canonical_data["rules"] = [r.to_dict() for r in rules]
     canonical = json.dumps(canonical_data, ensure_ascii=False, sort_keys=True)
-    return Schema(name=name, instructions=instructions.strip(), fields=tuple(fields),
-                  waves=waves, warnings=tuple(warnings),
-                  source_sha256=hashlib.sha256(canonical.encode()).hexdigest(), examples=tuple(examples))
+    decisions, parts = _expand(fields)
+    return Schema(name=name, instructions=instructions.strip(), fields=decisions,
+                  waves=tuple(tuple(d for fi in wave for d in parts[fi]) for wave in waves), warnings=tuple(warnings),
+                  source_sha256=hashlib.sha256(canonical.encode()).hexdigest(), examples=tuple(examples),
+                  declared=tuple(fields), parts=parts, rules=rules)
+
+
+def _type_options(f: Field) -> dict:
+    """The options of a field beyond name/type/labels/depends_on, for the schema hash (empty
+    for the options every field had before them, so older schemas keep their hash)."""
+    out = {}
+    if f.nullable:
+        out["nullable"] = True
+    if f.none_label is not None:
+        out["none_label"] = f.none_label
+    if f.is_multi:
+        out.update(threshold=f.threshold, min_items=f.min_items, max_items=f.max_items)
+    return out
+
+
+def _expand(fields: list[Field]) -> tuple[tuple[Field, ...], tuple[tuple[int, ...], ...]]:
+    """Declared fields -> decisions: a multi field becomes one boolean decision per option,
+    named ``<field>.<option>``, which the answer writes as ``"<field>": {"<option>": true, ...}``
+    (``prompt.Layout``); every other field is its own decision. Returns the decisions and,
+    per declared field, its decision indices."""
+    decisions: list[Field] = []
+    parts = []
+    for f in fields:
+        if not f.is_multi:
+            parts.append((len(decisions),))
+            decisions.append(f)
+            continue
+        parts.append(tuple(range(len(decisions), len(decisions) + len(f.labels))))
+        decisions.extend(Field(name=f"{f.name}.{option}", type="boolean", description=f.description,
+                               labels=BOOLEAN_LABELS, depends_on=f.depends_on, group=f.name, option=option,
+                               group_size=len(f.labels)) for option in f.labels)
+    return tuple(decisions), tuple(parts)
 
 
 def _written_field(written: Any, raw_fields: Any, raw_written: Any, i: int, name: Any) -> tuple[Any, Any]:
@@ -566,9 +755,12 @@ def _parse_field(name: Any, spec: Any, problems: list[str], written: Any = None,
         if raw_labels is not None:
             found.append(f"field {name!r}: a boolean takes no labels (its values are true and false); "
                          "use type: enum for named labels")
-    elif ftype == "enum":
+    elif ftype == "integer":
+        labels = _integer_labels(name, spec, raw_labels, found)
+    elif ftype in ("enum", "ordinal", "multi"):
         if not isinstance(raw_labels, list) or not raw_labels:
-            found.append(f"field {name!r}: an enum needs a non-empty list of 'labels'")
+            found.append(f"field {name!r}: {'a' if ftype == 'multi' else 'an'} {ftype} needs a non-empty list of "
+                         f"'labels'{' (its options)' if ftype == 'multi' else ''}")
         else:
             written_labels = None
             if isinstance(written, dict):
@@ -578,16 +770,97 @@ def _parse_field(name: Any, spec: Any, problems: list[str], written: Any = None,
             if not isinstance(written_labels, list) or len(written_labels) != len(raw_labels):
                 written_labels = [None] * len(raw_labels)
             labels = tuple(raw_labels)
-            found.extend(_label_problems(name, raw_labels, written_labels, warnings))
+            found.extend(_label_problems(name, raw_labels, written_labels, warnings, kind=ftype))
+    options = _type_option_values(name, ftype, spec, labels, found)
     if found:
         problems.extend(found)
         return None, []
+    if options.get("none_label") is not None:
+        labels = labels + (options["none_label"],)
+    if options.get("nullable"):
+        labels = labels + (NULL_LABEL,)
     return Field(name=name, type=ftype, description=description.strip(), labels=labels,
                  depends_on=tuple(depends_on),
-                 abstain_below=float(abstain_below) if abstain_below is not None else None), warnings
+                 abstain_below=float(abstain_below) if abstain_below is not None else None, **options), warnings
 
 
-def _label_problems(name: str, raw_labels: list, written_labels: list, warnings: list[str]) -> list[str]:
+def _integer_labels(name: str, spec: dict, raw_labels: Any, found: list[str]) -> tuple[str, ...]:
+    """The labels of an ``integer`` field: ``minimum..maximum`` as decimal strings."""
+    lo, hi = spec.get("minimum"), spec.get("maximum")
+    if raw_labels is not None:
+        found.append(f"field {name!r}: an integer takes 'minimum' and 'maximum', not labels")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)):
+        found.append(f"field {name!r}: an integer needs whole-number 'minimum' and 'maximum' (got {lo!r} and {hi!r})")
+        return BOOLEAN_LABELS
+    if hi <= lo:
+        found.append(f"field {name!r}: 'maximum' ({hi}) must be above 'minimum' ({lo})")
+    elif hi - lo + 1 > MAX_INTEGER_VALUES:
+        found.append(f"field {name!r}: {hi - lo + 1} values from {lo} to {hi}; an integer field may have at most "
+                     f"{MAX_INTEGER_VALUES} (each value is a label path read in the same pass); use a coarser scale")
+    else:
+        return tuple(str(v) for v in range(lo, hi + 1))
+    return BOOLEAN_LABELS
+
+
+def _type_option_values(name: str, ftype: Any, spec: dict, labels: tuple[str, ...], found: list[str]) -> dict:
+    """Validate the type-specific keys (``nullable``, ``none_label``, ``minimum``/``maximum``,
+    ``threshold``, ``min_items``, ``max_items``); return those to set on ``Field``."""
+    out: dict[str, Any] = {}
+
+    def refuse(key: str, types: str) -> None:
+        found.append(f"field {name!r}: {key!r} applies to {types} fields only, not to type {ftype}")
+
+    for key in ("minimum", "maximum"):
+        if key in spec and ftype != "integer":
+            refuse(key, "integer")
+    nullable = spec.get("nullable", False)
+    if not isinstance(nullable, bool):
+        found.append(f"field {name!r}: 'nullable' must be true or false, got {nullable!r}")
+    elif nullable and ftype == "multi":
+        refuse("nullable", "boolean, enum, ordinal and integer")
+    elif nullable:
+        if NULL_LABEL in labels and ftype != "boolean":
+            found.append(f"field {name!r}: a nullable field cannot also have a label {NULL_LABEL!r}: the null option "
+                         "is written null; rename that label")
+        out["nullable"] = True
+    none_label = spec.get("none_label")
+    if none_label is not None:
+        if ftype not in ("enum", "ordinal"):
+            refuse("none_label", "enum and ordinal")
+        elif not isinstance(none_label, str) or not none_label.strip():
+            found.append(f"field {name!r}: 'none_label' must be a non-empty string, got {none_label!r}")
+        elif none_label in labels:
+            found.append(f"field {name!r}: none_label {none_label!r} is already one of its labels; none_label adds "
+                         "it (remove it from the labels)")
+        else:
+            out["none_label"] = none_label
+    multi_keys = [k for k in ("threshold", "min_items", "max_items") if k in spec]
+    if ftype == "multi" and spec.get("abstain_below") is not None:
+        refuse("abstain_below", "boolean, enum, ordinal and integer")
+    if ftype != "multi":
+        for key in multi_keys:
+            refuse(key, "multi")
+        return out
+    threshold = spec.get("threshold", 0.5)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        found.append(f"field {name!r}: 'threshold' must be a probability between 0 and 1 (exclusive), got {threshold!r}")
+    else:
+        out["threshold"] = float(threshold)
+    lo, hi = spec.get("min_items", 0), spec.get("max_items")
+    if isinstance(lo, bool) or not isinstance(lo, int) or lo < 0:
+        found.append(f"field {name!r}: 'min_items' must be a whole number >= 0, got {lo!r}")
+    elif hi is not None and (isinstance(hi, bool) or not isinstance(hi, int) or hi < max(lo, 1)):
+        found.append(f"field {name!r}: 'max_items' must be a whole number >= max(1, min_items), got {hi!r}")
+    elif lo > len(labels) or len(labels) > MAX_MULTI_OPTIONS:
+        found.append(f"field {name!r}: {len(labels)} options with min_items {lo}; a multi field has at most "
+                     f"{MAX_MULTI_OPTIONS} options and min_items at most their number")
+    else:
+        out.update(min_items=lo, max_items=hi)
+    return out
+
+
+def _label_problems(name: str, raw_labels: list, written_labels: list, warnings: list[str], *,
+                    kind: str = "enum") -> list[str]:
     """Every problem of an enum's labels (non-string, empty, whitespace, duplicates); soft ones go to ``warnings``."""
     found = []
     for i, label in enumerate(raw_labels):
@@ -599,7 +872,8 @@ def _label_problems(name: str, raw_labels: list, written_labels: list, warnings:
             found.append(f"field {name!r}: label #{i + 1} is only whitespace ({label!r}); the model cannot "
                          "write it in a way that means anything; give it a name")
     if len(raw_labels) < 2:
-        found.append(f"field {name!r}: an enum needs at least two labels, got {raw_labels!r}")
+        found.append(f"field {name!r}: {'a' if kind == 'multi' else 'an'} {kind} needs at least two labels, "
+                     f"got {raw_labels!r}")
     exact: set[str] = set()
     folded: dict[str, str] = {}
     stripped: dict[str, str] = {}

@@ -1,39 +1,67 @@
 """JSON Schema files as tools write them (pydantic's ``model_json_schema()``, hand-written
 files) -> pcd's schema format, for ``pcd_cli.schema.parse_schema``.
 
-Accepted: properties of ``type: boolean``; ``enum`` of strings; an ``anyOf``/``oneOf`` made
-only of ``const``/``enum`` parts; local ``$ref`` into ``#/$defs`` or ``#/definitions``
-(chains too); ``allOf`` of a single part; ``description``/``title``. Anything else (free
-text, numbers, lists, nested objects, a ``null`` branch, non-local or cyclic references) is
-an ``Unparsed`` field whose message names the field and the construct (JSON Schema 2020-12,
-https://json-schema.org/draft/2020-12/json-schema-core).
+Accepted properties (JSON Schema 2020-12, https://json-schema.org/draft/2020-12/json-schema-core):
+
+* ``type: boolean`` -> boolean; ``enum`` of strings, or an ``anyOf``/``oneOf`` made only of
+  ``const``/``enum`` parts -> enum (``"x-pcd-type": "ordinal"`` beside it: ordinal, labels in
+  order, lowest first; ``"x-pcd-none-label": NAME``: ``none_label``, taken out of the enum
+  when it lists it);
+* ``type: integer`` with both bounds (``minimum``/``maximum``, or ``exclusiveMinimum``/
+  ``exclusiveMaximum``, numbers or the draft-04 booleans) -> integer;
+* ``type: array`` whose ``items`` are an enum (or a union of consts) -> multi
+  (``minItems``/``maxItems`` -> ``min_items``/``max_items``, ``"x-pcd-threshold"`` ->
+  ``threshold``; ``uniqueItems`` may be given or not);
+* a null part -> ``nullable: true``: an ``anyOf``/``oneOf`` with ``{"type": "null"}`` (what
+  ``Optional[...]`` writes) beside one part or beside consts/enums, an ``enum`` listing
+  ``null``, ``"type": [..., "null"]``;
+* local ``$ref`` into ``#/$defs`` or ``#/definitions`` (chains too), ``allOf`` of a single
+  part, ``description``/``title``, ``depends_on`` (as Pydantic's ``json_schema_extra`` writes it).
+
+Anything else (free text, decimal numbers, an integer without both bounds, a list of
+anything but enum items, nested objects, non-local or cyclic references) is an ``Unparsed``
+field whose message names the field and the construct.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from .schema import Unparsed
+from .schema import MAX_INTEGER_VALUES, Unparsed
 
 
 class _NotExpressible(Exception):
     """A JSON Schema construct pcd cannot express (the message names the field and the construct)."""
 
 
-#: JSON Schema types pcd cannot express, and what they are, for messages.
-_JS_TYPES = {"string": "free text", "integer": "a number", "number": "a number", "array": "a list",
-             "object": "a nested object", "null": "no value"}
-_NULL_FIX = "is not supported yet: pcd has no null label; make the field required"
+#: JSON Schema types pcd cannot express (as a field, or as the items of a list), for messages.
+_JS_TYPES = {"string": "free text", "number": "a decimal number", "object": "a nested object",
+             "null": "no value", "array": "a list", "integer": "a whole number", "boolean": "a boolean"}
+#: The items of a list pcd cannot read as a multi-select, for messages.
+_ITEMS = {"string": "free text", "number": "decimal numbers", "integer": "whole numbers", "boolean": "booleans",
+          "object": "nested objects", "array": "lists", "null": "nulls"}
+#: What pcd reads, for messages refusing a construct.
+KINDS = ("pcd fields are boolean, enum (ordinal with x-pcd-type), integer with minimum and maximum, "
+         "or an array of enum items (multi-select)")
+#: Extension keys on a property (``json_schema_extra`` on a Pydantic field): the ordinal type,
+#: a multi field's threshold, an enum's none label.
+TYPE_KEY, THRESHOLD_KEY, NONE_LABEL_KEY = "x-pcd-type", "x-pcd-threshold", "x-pcd-none-label"
+
+
+#: Top-level extension key holding rules between fields (``pcd_cli.rules``) in a JSON Schema.
+RULES_KEY = "x-pcd-rules"
 
 
 def from_json_schema(data: dict, problems: list[str], warnings: list[str]) -> dict:
-    """Convert a JSON Schema object to pcd's format: each property of type ``boolean``, or with
-    ``enum`` (or an ``anyOf``/``oneOf`` of ``const``/``enum`` parts), becomes a field.
+    """Convert a JSON Schema object to pcd's format: each property becomes a field (see the
+    module docstring for what is read).
 
     Local ``$ref`` (``#/$defs/...``, ``#/definitions/...``, chains of them) and an ``allOf``
     of a single part are followed; ``description`` (else a ``title`` that says more than the
     name) at the property, else at the target, becomes the field's description. A property
-    pcd cannot express becomes an ``Unparsed`` field naming the construct.
+    pcd cannot express becomes an ``Unparsed`` field naming the construct. A top-level
+    ``"x-pcd-rules"`` list becomes the schema's ``rules``.
     """
     properties = data.get("properties")
     if not isinstance(properties, dict):
@@ -45,7 +73,10 @@ def from_json_schema(data: dict, problems: list[str], warnings: list[str]) -> di
             fields[name] = _json_property(name, prop, data, warnings)
         except _NotExpressible as exc:
             fields[name] = Unparsed([str(exc)])
-    return {"name": data.get("title", "schema"), "instructions": data.get("description", ""), "fields": fields}
+    out = {"name": data.get("title", "schema"), "instructions": data.get("description", ""), "fields": fields}
+    if RULES_KEY in data:  # rules between fields (pcd_cli.rules), as an extension key
+        out["rules"] = data[RULES_KEY]
+    return out
 
 
 def _json_property(name: str, prop: Any, root: dict, warnings: list[str]) -> dict:
@@ -53,43 +84,162 @@ def _json_property(name: str, prop: Any, root: dict, warnings: list[str]) -> dic
         raise _NotExpressible(f"field {name!r}: JSON Schema property must be an object")
     node, description = _json_resolve(name, prop, root, (), name)
     spec: dict[str, Any] = {"description": description}
+    spec.update(_json_decision(name, node, root, warnings))
+    problem = apply_extensions(f"field {name!r}", node, spec)
+    if problem:
+        raise _NotExpressible(problem)
+    if "depends_on" in node:  # what a Pydantic json_schema_extra={"depends_on": [...]} writes
+        spec["depends_on"] = node["depends_on"]
+    return spec
+
+
+def apply_extensions(where: str, keys: dict, spec: dict) -> str | None:
+    """Apply the ``x-pcd-*`` keys of a property (or of a Pydantic field's ``json_schema_extra``)
+    to the field ``spec``: ``x-pcd-type: ordinal`` on an enum, ``x-pcd-threshold`` (a multi
+    field's), ``x-pcd-none-label`` (an enum's or ordinal's: when the enum lists it, it is taken
+    out of the labels, as pcd appends it last). Returns the problem, or ``None``."""
+    kind = keys.get(TYPE_KEY)
+    if kind is not None:
+        if kind != "ordinal":
+            return f"{where}: {TYPE_KEY} {kind!r} is not supported; the one value is 'ordinal' (on an enum)"
+        if spec.get("type") != "enum":
+            return (f"{where}: {TYPE_KEY} 'ordinal' applies to an enum (its labels in order, lowest first), "
+                    f"not to a {spec.get('type')}")
+        spec["type"] = "ordinal"
+    if THRESHOLD_KEY in keys:
+        spec["threshold"] = keys[THRESHOLD_KEY]
+    if NONE_LABEL_KEY in keys:
+        none_label = keys[NONE_LABEL_KEY]
+        spec["none_label"] = none_label
+        labels = spec.get("labels")
+        if isinstance(labels, list) and isinstance(none_label, str) and none_label in labels:
+            spec["labels"] = [label for label in labels if label != none_label]
+    return None
+
+
+def _json_decision(name: str, node: dict, root: dict, warnings: list[str]) -> dict:
+    """The field spec (type, labels or bounds, ``nullable``) of a resolved property node."""
     ftype = node.get("type")
-    if isinstance(ftype, list) and "null" in ftype:
-        raise _NotExpressible(f"field {name!r}: type {ftype!r} with 'null' (Optional[...]) {_NULL_FIX}")
-    for key in ("anyOf", "oneOf"):
-        if key in node:
-            spec.update(type="enum", labels=_json_union(name, key, node[key], root, warnings))
-            return spec
-    if "enum" in node:
+    nullable = False
+    if isinstance(ftype, list):
+        nullable = "null" in ftype
+        rest = [t for t in ftype if t != "null"]
+        if len(rest) > 1:
+            raise _NotExpressible(f"field {name!r}: type {ftype!r} (a union of types) is not supported; {KINDS}")
+        ftype = rest[0] if rest else "null"
+    spec: dict[str, Any]
+    union = next((key for key in ("anyOf", "oneOf") if key in node), None)
+    if union:
+        spec = _json_union(name, union, node[union], root, warnings)
+    elif "enum" in node:
         values = node["enum"]
-        if isinstance(values, list) and None in values:
-            raise _NotExpressible(f"field {name!r}: enum with a null value (Optional[...]) {_NULL_FIX}")
-        spec.update(type="enum", labels=values)
-        return spec
-    if "const" in node:
+        if isinstance(values, list) and None in values:  # Optional[...] written as an enum with null
+            nullable = True
+            values = [v for v in values if v is not None]
+        spec = {"type": "enum", "labels": values}
+    elif "const" in node:
         raise _NotExpressible(f"field {name!r}: const {node['const']!r} (one fixed value) is not a decision; "
                               "give at least two labels with enum, or drop the field")
-    if isinstance(ftype, list):
-        if len(ftype) != 1:
-            raise _NotExpressible(f"field {name!r}: type {ftype!r} (a union of types) is not supported; "
-                                  "pcd fields are boolean or enum")
-        ftype = ftype[0]
-    if ftype == "boolean":
-        spec["type"] = "boolean"
-        return spec
-    if ftype == "string":
+    elif ftype == "boolean":
+        spec = {"type": "boolean"}
+    elif ftype == "integer":
+        spec = _json_integer(name, node)
+    elif ftype == "array":
+        spec = _json_array(name, node, root, warnings)
+    elif ftype == "string":
         raise _NotExpressible(f"field {name!r}: type 'string' without enum (free text) is not supported; "
-                              "pcd fields are boolean or enum: list the labels with enum")
-    if ftype in _JS_TYPES:
-        raise _NotExpressible(f"field {name!r}: type {ftype!r} ({_JS_TYPES[ftype]}) is not supported; "
-                              "pcd fields are boolean or enum")
-    if ftype is not None:
-        raise _NotExpressible(f"field {name!r}: unknown JSON Schema type {ftype!r}; pcd fields are boolean or enum")
-    constructs = sorted(k for k in ("allOf", "not", "if", "properties", "items", "patternProperties") if k in node)
-    if constructs:
-        raise _NotExpressible(f"field {name!r}: {constructs[0]} is not supported; pcd fields are boolean or enum")
-    raise _NotExpressible(f"field {name!r}: a property with no type, enum or $ref (any value) is not supported; "
-                          "pcd fields are boolean or enum")
+                              f"{KINDS}: list the labels with enum")
+    elif ftype == "number":
+        raise _NotExpressible(f"field {name!r}: type 'number' (a decimal number) is not supported; use type "
+                              "'integer' with minimum and maximum, or list the values with enum")
+    elif ftype == "null":
+        raise _NotExpressible(f"field {name!r}: type 'null' (always no value) is not a decision; {KINDS}")
+    elif ftype in _JS_TYPES:
+        raise _NotExpressible(f"field {name!r}: type {ftype!r} ({_JS_TYPES[ftype]}) is not supported; {KINDS}")
+    elif ftype is not None:
+        raise _NotExpressible(f"field {name!r}: unknown JSON Schema type {ftype!r}; {KINDS}")
+    else:
+        constructs = sorted(k for k in ("allOf", "not", "if", "properties", "items", "patternProperties") if k in node)
+        if constructs:
+            raise _NotExpressible(f"field {name!r}: {constructs[0]} is not supported; {KINDS}")
+        raise _NotExpressible(f"field {name!r}: a property with no type, enum or $ref (any value) is not supported; "
+                              f"{KINDS}")
+    if nullable:
+        spec["nullable"] = True
+    return spec
+
+
+def integer_bounds(minimum: Any = None, exclusive_minimum: Any = None, maximum: Any = None,
+                   exclusive_maximum: Any = None) -> tuple[int | None, int | None]:
+    """The smallest and largest whole numbers within the bounds given (``None`` where no bound
+    is given on that side): ``minimum`` 1.5 gives 2, ``exclusiveMinimum`` 0 gives 1; the
+    draft-04 form (``exclusiveMinimum: true`` beside ``minimum``) too.
+
+    Raises:
+        ValueError: a bound that is not a finite number (the message names it).
+    """
+    def number(key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{key!r} of an integer must be a number, got {value!r}")
+        return value
+
+    lows, highs = [], []
+    if exclusive_minimum is True and minimum is not None:  # draft-04: minimum is exclusive
+        minimum, exclusive_minimum = None, minimum
+    if exclusive_maximum is True and maximum is not None:
+        maximum, exclusive_maximum = None, maximum
+    if minimum is not None:
+        lows.append(math.ceil(number("minimum", minimum)))
+    if exclusive_minimum is not None and exclusive_minimum is not False:
+        lows.append(math.floor(number("exclusiveMinimum", exclusive_minimum)) + 1)
+    if maximum is not None:
+        highs.append(math.floor(number("maximum", maximum)))
+    if exclusive_maximum is not None and exclusive_maximum is not False:
+        highs.append(math.ceil(number("exclusiveMaximum", exclusive_maximum)) - 1)
+    return (max(lows) if lows else None), (min(highs) if highs else None)
+
+
+def _json_integer(name: str, node: dict) -> dict:
+    """``type: integer`` with both bounds -> an integer field ``minimum..maximum``."""
+    if "multipleOf" in node:
+        raise _NotExpressible(f"field {name!r}: multipleOf on an integer is not supported; pcd reads every whole "
+                              "number from minimum to maximum: drop multipleOf, or list the values with enum")
+    try:
+        lo, hi = integer_bounds(node.get("minimum"), node.get("exclusiveMinimum"), node.get("maximum"),
+                                node.get("exclusiveMaximum"))
+    except ValueError as exc:
+        raise _NotExpressible(f"field {name!r}: {exc}") from None
+    if lo is None or hi is None:
+        missing = " or ".join(side for side, v in (("lower", lo), ("upper", hi)) if v is None)
+        raise _NotExpressible(f"field {name!r}: type 'integer' without both bounds (no {missing} bound) is not "
+                              "supported; pcd reads an "
+                              "integer as one of its values: give minimum (or exclusiveMinimum) and maximum "
+                              f"(or exclusiveMaximum), at most {MAX_INTEGER_VALUES} values")
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+def _json_array(name: str, node: dict, root: dict, warnings: list[str]) -> dict:
+    """``type: array`` whose items are an enum (or a union of consts) -> a multi field;
+    ``minItems``/``maxItems`` -> ``min_items``/``max_items``."""
+    items = node.get("items")
+    fix = "a multi-select is an array whose items are an enum of strings (list[Literal[...]], set[MyEnum])"
+    if not isinstance(items, dict):
+        shown = "prefixItems (a tuple)" if "prefixItems" in node else "no items schema (a list of anything)"
+        raise _NotExpressible(f"field {name!r}: type 'array' with {shown} is not supported; {fix}")
+    item, _ = _json_resolve(name, items, root, (), name)
+    if not any(k in item for k in ("enum", "anyOf", "oneOf")):
+        kind = item.get("type")
+        shown = (_ITEMS.get(kind, f"items of type {kind!r}") if isinstance(kind, str) else
+                 "const items" if "const" in item else "items of any value")
+        raise _NotExpressible(f"field {name!r}: type 'array' of {shown} is not supported; {fix}")
+    labels = _json_decision(name, item, root, warnings)
+    if labels.get("nullable") or labels.get("type") != "enum":
+        raise _NotExpressible(f"field {name!r}: type 'array' of items that may be null is not supported; {fix}")
+    spec: dict[str, Any] = {"type": "multi", "labels": labels["labels"]}
+    for key, ours in (("minItems", "min_items"), ("maxItems", "max_items")):
+        if key in node:
+            spec[ours] = node[key]
+    return spec
 
 
 def _json_resolve(name: str, node: dict, root: dict, chain: tuple[str, ...],
@@ -160,8 +310,15 @@ def _json_pointer(root: dict, ref: str) -> Any:
     return node
 
 
-def _json_union(name: str, key: str, branches: Any, root: dict, warnings: list[str]) -> list:
-    """The labels of an ``anyOf``/``oneOf`` whose parts are each a ``const`` or an ``enum``."""
+def _is_null(node: dict) -> bool:
+    """A union part that only allows null: ``{"type": "null"}``, ``{"const": null}``, ``{"enum": [null]}``."""
+    return node.get("type") == "null" or ("const" in node and node["const"] is None) or node.get("enum") == [None]
+
+
+def _json_union(name: str, key: str, branches: Any, root: dict, warnings: list[str]) -> dict:
+    """The field spec of an ``anyOf``/``oneOf``: its null parts make the field nullable
+    (``Optional[...]``); the rest is one part (read as a property: boolean, integer, enum,
+    array) or parts that are each a ``const`` or an ``enum`` (the labels, in order)."""
     if not isinstance(branches, list) or not branches:
         raise _NotExpressible(f"field {name!r}: {key} must be a non-empty list")
     nodes = []
@@ -169,26 +326,35 @@ def _json_union(name: str, key: str, branches: Any, root: dict, warnings: list[s
         if not isinstance(branch, dict):
             raise _NotExpressible(f"field {name!r}: {key} has a part that is not an object")
         nodes.append(_json_resolve(name, branch, root, (), name)[0])
-    for node in nodes:  # Optional[...] is named as such, whatever the other parts are
-        kind = node.get("type")
-        if kind == "null" or (isinstance(kind, list) and "null" in kind) or node.get("const", 0) is None \
-                or (isinstance(node.get("enum"), list) and None in node["enum"]):
-            raise _NotExpressible(f"field {name!r}: {key} with a null branch (Optional[...]) {_NULL_FIX}")
+    rest = [node for node in nodes if not _is_null(node)]
+    nullable = len(rest) < len(nodes)
+    if not rest:
+        raise _NotExpressible(f"field {name!r}: {key} of null parts only (always no value) is not a decision")
+    if len(rest) == 1 and "const" not in rest[0]:
+        spec = _json_decision(name, rest[0], root, warnings)
+        if nullable:
+            spec["nullable"] = True
+        return spec
     labels: list = []
     described = False
-    for node in nodes:
+    for node in rest:
         if "const" in node:
             labels.append(node["const"])
             label_text = node["const"] if isinstance(node["const"], str) else ""
             described = described or bool(_json_description(node, label_text))
         elif isinstance(node.get("enum"), list):
-            labels.extend(node["enum"])
+            nullable = nullable or None in node["enum"]
+            labels.extend(v for v in node["enum"] if v is not None)
         else:
             shown = node.get("type") or next((k for k in ("anyOf", "oneOf", "allOf") if k in node), None)
             part = f"a {shown!r} part" if isinstance(shown, str) else "a part with no type, const or enum"
             raise _NotExpressible(f"field {name!r}: {key} with {part} (a union of types) is not supported; "
-                                  "pcd reads anyOf/oneOf only when every part is a const or an enum")
+                                  "pcd reads anyOf/oneOf when every part is a const or an enum, or when one "
+                                  "part is left beside null parts (Optional[...])")
     if described:
         warnings.append(f"field {name!r}: the titles and descriptions of its {key} labels are not shown to the "
                         "model (pcd's catalog lists the labels only); put what matters in the field's description")
-    return labels
+    spec = {"type": "enum", "labels": labels}
+    if nullable:
+        spec["nullable"] = True
+    return spec

@@ -1,14 +1,27 @@
 """Pydantic models as schemas: ``Labeler(MyModel)``, ``--schema path/to/models.py:MyModel``.
 
-A model's fields become the schema's fields in declaration order: ``bool`` -> boolean;
-``Literal["a", "b"]`` and ``enum.Enum`` subclasses -> enum (labels in declared order; an
-Enum gives its members' values, which must be strings); ``Field(description=...)`` -> the
-field's description (else an Enum's docstring, as ``model_json_schema()`` has it); the
-class docstring -> the schema's instructions; a field's
-``json_schema_extra={"depends_on": [...]}`` -> ``depends_on``. Any other type is a
-``SchemaError`` naming the field and the type (``Optional[...]``: pcd has no null label yet).
-The result goes through ``parse_schema``, so the same validation applies as to YAML schemas,
-and every problem of the model is reported at once.
+A model's fields become the schema's fields in declaration order:
+
+* ``bool`` -> boolean; ``Literal["a", "b"]`` and ``enum.Enum`` subclasses -> enum (labels in
+  declared order; an Enum gives its members' values, which must be strings);
+* ``int`` with both bounds (``Annotated[int, Field(ge=1, le=5)]``, ``Field(ge=..., le=...)``,
+  also ``gt``/``lt``, ``conint(...)``) -> integer;
+* ``list[...]``, ``set[...]``, ``frozenset[...]`` of a ``Literal`` or a str ``Enum`` -> multi
+  (``Field(min_length=..., max_length=...)`` -> ``min_items``/``max_items``);
+* ``Optional[X]`` / ``X | None`` -> X, ``nullable: true``;
+* ``Field(json_schema_extra={...})``: ``"x-pcd-type": "ordinal"`` (on a Literal/Enum),
+  ``"x-pcd-threshold"``, ``"x-pcd-none-label"`` (as in a JSON Schema, see
+  ``pcd_cli.schema_jsonschema``) and ``"depends_on": [...]``;
+* ``Field(description=...)`` -> the field's description (else an Enum's docstring, as
+  ``model_json_schema()`` has it); the class docstring -> the schema's instructions; rules
+  between fields (``pcd_cli.rules``) from a ``__pcd_rules__`` class attribute or
+  ``model_config = {"json_schema_extra": {"x-pcd-rules": [...]}}``.
+
+A model and its own ``model_json_schema()`` give the same schema (same ``source_sha256``).
+Any other type (``str``, ``float``, an ``int`` without both bounds, a union of types) is a
+``SchemaError`` naming the field and the type. The result goes through ``parse_schema``, so
+the same validation applies as to YAML schemas, and every problem of the model is reported
+at once.
 
 Pydantic itself is not imported here: a model is read through its ``model_fields``
 (pydantic 2), so pcd needs pydantic only where the user's own model does.
@@ -25,7 +38,8 @@ import typing
 from pathlib import Path
 
 from .errors import MissingExtra, SchemaError
-from .schema import Schema, Unparsed, parse_schema
+from .schema import MAX_INTEGER_VALUES, Schema, Unparsed, parse_schema
+from .schema_jsonschema import apply_extensions, integer_bounds
 
 
 def is_pydantic_model(obj: object) -> bool:
@@ -38,8 +52,8 @@ def schema_from_model(model: type, *, source: str = "") -> Schema:
     """A validated ``Schema`` from a Pydantic model class (see the module docstring).
 
     Raises:
-        SchemaError: a field whose type is not ``bool``, a ``Literal`` of strings or a
-            string ``Enum`` (named with its type), or any check ``parse_schema`` makes; every
+        SchemaError: a field whose type pcd cannot read (named with its type), or any check
+            ``parse_schema`` makes; every
             problem of the model at once (``source``, else the model's name, names it then).
     """
     if not is_pydantic_model(model):
@@ -47,24 +61,64 @@ def schema_from_model(model: type, *, source: str = "") -> Schema:
     fields: dict[str, dict | Unparsed] = {}
     for name, info in model.model_fields.items():
         spec: dict = {"description": info.description or _enum_doc(info.annotation)}
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         try:
-            spec.update(_field_type(model.__name__, name, info.annotation))
+            spec.update(_field_type(model.__name__, name, info.annotation, tuple(info.metadata)))
+            problem = apply_extensions(f"field {name!r} of {model.__name__}", extra, spec)
+            if problem:
+                raise SchemaError(problem)
         except SchemaError as exc:  # reported in its place, with every other problem of the model
             fields[info.alias or name] = Unparsed([str(exc)])
             continue
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         if "depends_on" in extra:
             spec["depends_on"] = extra["depends_on"]
         fields[info.alias or name] = spec
     doc = model.__dict__.get("__doc__")  # the class's own docstring, not BaseModel's
-    return parse_schema({"name": model.__name__, "instructions": inspect.cleandoc(doc) if doc else "",
-                         "fields": fields}, default_name=model.__name__, source=source or model.__name__)
+    data = {"name": model.__name__, "instructions": inspect.cleandoc(doc) if doc else "", "fields": fields}
+    rules = _model_rules(model)
+    if rules is not None:
+        data["rules"] = rules
+    return parse_schema(data, default_name=model.__name__, source=source or model.__name__)
 
 
-def _field_type(model_name: str, name: str, annotation: object) -> dict:
+def _model_rules(model: type):
+    """The model's rules between fields: a ``__pcd_rules__`` class attribute, else
+    ``model_config["json_schema_extra"]["x-pcd-rules"]`` (which ``model_json_schema()`` writes
+    at the top of the JSON Schema, so both forms give the same schema); ``None`` if neither."""
+    from .schema_jsonschema import RULES_KEY
+
+    rules = getattr(model, "__pcd_rules__", None)
+    if rules is not None:
+        return rules
+    extra = getattr(model, "model_config", {}).get("json_schema_extra")
+    return extra.get(RULES_KEY) if isinstance(extra, dict) else None
+
+
+def _field_type(model_name: str, name: str, annotation: object, metadata: tuple = ()) -> dict:
+    """The field spec of a model field's type. ``metadata``: its constraints (``Field(ge=...)``,
+    ``conint``, ``Annotated[...]``: annotated_types objects), applied to the type under
+    ``Optional``."""
     where = f"field {name!r} of {model_name}"
+    annotation, inner = _unannotate(annotation)
+    metadata = (*metadata, *inner)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == len(args):
+            raise SchemaError(f"{where}: type {_type_name(annotation)} (a union of types) is not supported; "
+                              f"{_USE}")
+        literals = [a for a in rest if typing.get_origin(a) is typing.Literal]
+        if len(rest) > 1 and len(literals) == len(rest):  # Literal['a'] | Literal['b'] | None
+            rest = [typing.Literal[tuple(v for a in literals for v in typing.get_args(a))]]
+        if len(rest) > 1:
+            raise SchemaError(f"{where}: type Optional[{' | '.join(map(_type_name, rest))}] (a union of types) "
+                              f"is not supported; {_USE}")
+        return {**_field_type(model_name, name, rest[0], metadata), "nullable": True}
     if annotation is bool:
         return {"type": "boolean"}
+    if annotation is int:
+        return _integer(where, metadata)
     if typing.get_origin(annotation) is typing.Literal:
         labels = list(typing.get_args(annotation))
         bad = [v for v in labels if not isinstance(v, str)]
@@ -79,13 +133,61 @@ def _field_type(model_name: str, name: str, annotation: object) -> dict:
             raise SchemaError(f"{where}: {annotation.__name__} has the value {bad[0]!r} "
                               f"({type(bad[0]).__name__}); labels must be strings")
         return {"type": "enum", "labels": labels}
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation):
-        rest = [_type_name(a) for a in typing.get_args(annotation) if a is not type(None)]
-        raise SchemaError(f"{where}: type Optional[{' | '.join(rest)}] (it allows None) is not supported yet: "
-                          "pcd has no null label; make the field required")
+    if origin in (list, set, frozenset):
+        (item,) = typing.get_args(annotation) or (typing.Any,)
+        try:
+            inner_spec = _field_type(model_name, name, item)
+        except SchemaError:
+            inner_spec = {}
+        if inner_spec.get("type") != "enum" or inner_spec.get("nullable"):
+            raise SchemaError(f"{where}: type {_type_name(annotation)} is not supported; a multi-select is "
+                              "list[Literal['a', 'b', ...]] or set[MyEnum] (a str Enum)")
+        spec = {"type": "multi", "labels": inner_spec["labels"]}
+        for key in ("min_length", "max_length"):
+            values = [getattr(m, key) for m in metadata if getattr(m, key, None) is not None]
+            if values:
+                spec["min_items" if key == "min_length" else "max_items"] = values[-1]
+        return spec
     shown = getattr(annotation, "__name__", None) if inspect.isclass(annotation) else None
-    raise SchemaError(f"{where}: type {shown or repr(annotation)} is not supported; use bool, "
-                      "Literal['a', 'b', ...] or a str Enum")
+    raise SchemaError(f"{where}: type {shown or _type_name(annotation)} is not supported; {_USE}")
+
+
+#: The types a model field may have, for messages.
+_USE = ("use bool, Literal['a', 'b', ...] or a str Enum, int with Field(ge=..., le=...), "
+        "list[Literal[...]] / set[MyEnum] (multi-select), or Optional[...] of one of them")
+
+
+def _unannotate(annotation: object) -> tuple[object, tuple]:
+    """``Annotated[T, ...]`` -> ``T`` and its metadata (a ``Field(...)`` inside gives its own
+    constraints); anything else -> itself and no metadata."""
+    if typing.get_origin(annotation) is not typing.Annotated:
+        return annotation, ()
+    base, *extras = typing.get_args(annotation)
+    metadata: list = []
+    for extra in extras:
+        metadata.extend(getattr(extra, "metadata", None) or [extra])  # a FieldInfo holds its constraints
+    base, inner = _unannotate(base)
+    return base, (*inner, *metadata)
+
+
+def _integer(where: str, metadata: tuple) -> dict:
+    """``int`` with both bounds among ``metadata`` (``ge``/``gt``/``le``/``lt``) -> an integer field."""
+    def last(key: str):
+        values = [getattr(m, key) for m in metadata if getattr(m, key, None) is not None]
+        return values[-1] if values else None
+
+    if last("multiple_of") is not None:
+        raise SchemaError(f"{where}: multiple_of on an int is not supported; pcd reads every whole number from "
+                          "its lower to its upper bound: drop multiple_of, or list the values in a Literal")
+    try:
+        lo, hi = integer_bounds(last("ge"), last("gt"), last("le"), last("lt"))
+    except ValueError as exc:
+        raise SchemaError(f"{where}: {exc}") from None
+    if lo is None or hi is None:
+        raise SchemaError(f"{where}: type int without both bounds is not supported; pcd reads an integer as one "
+                          "of its values: give Field(ge=..., le=...) (or gt/lt, conint), at most "
+                          f"{MAX_INTEGER_VALUES} values")
+    return {"type": "integer", "minimum": lo, "maximum": hi}
 
 
 def _enum_doc(annotation: object) -> str:

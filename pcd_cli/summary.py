@@ -1,7 +1,8 @@
 """Run statistics and the end-of-run summary (rich tables).
 
 Per field: label distribution, mean probability of the chosen label, mean candidate mass,
-count of records with mass below ``min_mass``, and the worst low-mass (record, field) pairs.
+count of records with mass below ``min_mass``, and the worst low-mass (record, field) pairs;
+with rules between fields, how many rows the rules moved each field in.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .decode import RecordResult
+from .rules import CHANGED_SUFFIX, rule_fields
 from .schema import Schema
 from .values import RepeatedIds
 
@@ -52,6 +54,8 @@ class RunStats:
     fields: list[FieldStats] = field(default_factory=list)
     #: rows whose id repeats an earlier row's (counted by the caller; never merged)
     repeated_ids: RepeatedIds = field(default_factory=RepeatedIds)
+    #: per field a rule names: rows whose label the rules moved (``<f>__changed_by_rules``)
+    rule_changes: Counter = field(default_factory=Counter)
     _worst: list = field(default_factory=list)  # max-heap on -mass of (neg mass, n, record, field)
 
     def __post_init__(self) -> None:
@@ -63,6 +67,7 @@ class RunStats:
         self.decoded += 1
         self._add(result.id, [(ABSTAINED if res.value is None else f.labels[res.label], res.prob, res.mass)
                               for f, res in zip(self.schema.fields, result.fields)])
+        self.rule_changes.update(f.name for f, res in zip(self.schema.fields, result.fields) if res.changed_by_rules)
 
     def add_table(self, table) -> None:
         """Count the labelled rows of an output table (a resumed run's earlier batches).
@@ -77,6 +82,9 @@ class RunStats:
                             table.column(f"{f.name}__prob").to_pylist(), table.column(f"{f.name}__mass").to_pylist()))
         for row, rid in enumerate(ids):
             self._add(rid, [(labels[row], probs[row], masses[row]) for labels, probs, masses in columns])
+        for name in rule_fields(self.schema):
+            if f"{name}{CHANGED_SUFFIX}" in table.column_names:
+                self.rule_changes[name] += sum(bool(v) for v in table.column(f"{name}{CHANGED_SUFFIX}").to_pylist())
 
     def _add(self, record_id: object, fields: list[tuple[str, float, float]]) -> None:
         self.records += 1
@@ -121,7 +129,8 @@ class RunStats:
                        for f, st in zip(self.schema.fields, self.fields)},
             "lowest_mass": [{"record": rid, "field": name, "mass": mass} for mass, rid, name in self.worst()],
             "repeated_ids": self.repeated_ids.count, "repeated_id_examples": list(self.repeated_ids.examples),
-        }
+        } | ({"changed_by_rules": {name: self.rule_changes[name] for name in rule_fields(self.schema)}}
+             if self.schema.rules else {})
 
     def render(self, console: Console) -> None:
         """Print the summary: totals, one row per field, the worst low-mass pairs."""
@@ -142,6 +151,10 @@ class RunStats:
             table.add_row(escape(f.name), dist, f"{st.prob_sum / n:.3f}", f"{st.mass_sum / n:.3f}",
                           f"[red]{st.low_mass}[/]" if st.low_mass else "0")
         console.print(table)
+        if self.schema.rules:
+            moved = [(n, c) for n, c in self.rule_changes.most_common() if c]
+            console.print("rules between fields moved " + (", ".join(
+                f"{escape(name)} in {count} row{'s' * (count != 1)}" for name, count in moved) or "no label"))
         worst = self.worst()
         if worst:
             low = Table(title="lowest candidate mass (the model wanted to answer off the menu)")

@@ -30,7 +30,7 @@ from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, Record, RecordFailure
 from .errors import InputError
 from .io import InputSpec, row_to_record
 from .quality import metrics as M
-from .quality.data import FieldSpec, gold_label_index, _is_present
+from .quality.data import FieldSpec, _is_present, _present_gold, gold_label_index, gold_options
 from .schema import Schema
 
 
@@ -93,21 +93,24 @@ class TuneResult:
 
 
 def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], list[list[int | None]], list[str]]:
-    """Gold rows as records and label indices, by ``pcd eval``'s rules (``gold_label_index``).
+    """Gold rows as records and label indices, by ``pcd eval``'s rules (``gold_label_index``,
+    ``gold_options``), one index per decision (``schema.fields``): a multi-select field's gold
+    list becomes one boolean per option decision (0 = chosen, 1 = not).
 
-    A missing or null gold cell, or a value that is not a label, leaves that field out of the
-    row's loss (``None``); a row with no usable text or no gold label at all is skipped.
+    A missing or null gold cell, or a value that is not a label (not a list of the options),
+    leaves that field (every option of it) out of the row's loss (``None``); a row with no
+    usable text or no gold label at all is skipped.
 
     Returns:
-        ``(records, labels per record per field, messages for skipped rows)``.
+        ``(records, labels per record per decision, messages for skipped rows)``.
 
     Raises:
         InputError: no field of the schema has a gold column.
     """
-    specs = [FieldSpec(f.name, f.labels, f.is_boolean) for f in schema.fields]
-    if not any(s.name in gold.columns for s in specs):
+    specs = [(FieldSpec.of(f), len(part)) for f, part in schema.declared_parts()]
+    if not any(s.name in gold.columns for s, _ in specs):
         raise InputError(f"the gold file has no column for any field of the schema "
-                         f"({', '.join(s.name for s in specs)}); columns: {', '.join(map(str, gold.columns))}")
+                         f"({', '.join(s.name for s, _ in specs)}); columns: {', '.join(map(str, gold.columns))}")
     frame = gold.astype(object).where(gold.notna(), None)
     records, labels, skipped = [], [], []
     for i, row in enumerate(frame.to_dict("records")):
@@ -115,7 +118,14 @@ def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], l
         if isinstance(record, RecordFailure):
             skipped.append(record.error)
             continue
-        row_labels = [gold_label_index(row.get(s.name), s) if _is_present(row.get(s.name)) else None for s in specs]
+        row_labels: list[int | None] = []
+        for s, width in specs:
+            value = row.get(s.name)
+            if s.is_multi:
+                chosen = gold_options(value, s) if _present_gold(value) else None
+                row_labels.extend([None] * width if chosen is None else [0 if yes else 1 for yes in chosen])
+            else:
+                row_labels.append(gold_label_index(value, s) if _is_present(value) else None)
         if all(lab is None for lab in row_labels):
             skipped.append(f"row {i} (id {record.id!r}): no gold label for any field")
             continue

@@ -341,7 +341,7 @@ SHAPE = {
     "chat_template": {"used": bool, "system": str, "args": dict, "reads": list, "injects_date": bool, "pinned_date": type(None)},
     "head": {"tokens": int, "cut": int, "examples": int, "kv": {"dtype": str, "layers": int, "kv_heads": int, "head_dim": int,
                                                "bytes_per_token": int, "bytes": int}},
-    "fields": list, "warnings": list,
+    "fields": list, "warnings": list, "rules": list, "rule_groups": list, "declared": list,
 }
 FIELD_SHAPE = {"name": str, "type": str, "wave": int, "trunk_text": str, "trunk_ids": list, "trunk_pieces": list,
                "forest_tokens": int, "decision_points": int, "deepest": int, "labels": list, "collisions": list,
@@ -364,6 +364,8 @@ def test_cli_json_shape_and_strict_exit(tmp_path):
     check_shape(data, SHAPE)
     (f,) = data["fields"]
     check_shape(f, FIELD_SHAPE)
+    (d,) = data["declared"]  # the field as declared (tests/test_schema_types.py: every type)
+    assert (d["name"], d["type"], d["decisions"], d["numbers"]) == (f["name"], f["type"], [f["name"]], None)
     assert data["warnings"] == [] and data["head"]["kv"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 4
     twelve = {"spelling": '"12"', "ids": f["labels"][2]["spellings"][0]["ids"], "pieces": ["1", "2", '"', "\n", "}"],
               "identified_at": 2, "scored_tokens": 2}

@@ -81,8 +81,8 @@ def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
     assert "warning: field 'flag': 1 gold values are not labels: 'yes' (1)" in text
     report = json.loads((tmp_path / "r.json").read_text())
     assert set(report) == {"id_field", "id_column", "gold_rows", "prediction_rows", "matched",
-                           "gold_without_prediction", "predictions_without_gold", "fields", "fields_without_gold",
-                           "metadata", "warnings"}
+                           "gold_without_prediction", "predictions_without_gold", "fields", "multi_fields",
+                           "fields_without_gold", "metadata", "warnings"}
     f = report["fields"]["f"]
     assert f["accuracy"] == pytest.approx(4 / 6) and f["confusion"] == [[2, 1, 0], [1, 1, 0], [0, 0, 1]]
     assert f["by_prob"]["target"] == {"target": 0.8, "threshold": pytest.approx(0.71), "coverage": pytest.approx(5 / 6),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import pytest
 from pydantic import BaseModel, Field
@@ -175,6 +175,36 @@ def test_a_pydantic_json_schema_gives_the_same_schema_as_the_model(tmp_path):
     assert (schema.name, schema.instructions) == ("Product", "The input is a product listing.")
 
 
+class TypedProduct(BaseModel):
+    """Every field type and option beyond bool and enum (issue #17)."""
+    colour: Optional[Colour] = None
+    tags: set[Literal["eco", "sale", "new"]] = Field(description="Tags", min_length=1, max_length=2,
+                                                     json_schema_extra={"x-pcd-threshold": 0.4})
+    sizes: list[Size]
+    grade: Literal["A", "B", "C", "UNGRADED"] = Field(json_schema_extra={"x-pcd-type": "ordinal",
+                                                                         "x-pcd-none-label": "UNGRADED"})
+    stars: Annotated[int, Field(ge=1, le=5)]
+    rank: int = Field(gt=0, lt=11, description="Rank in its shelf")
+    score: Optional[Annotated[int, Field(ge=0, le=3)]] = None
+    fragile: bool | None = Field(default=None, json_schema_extra={"depends_on": ["colour"]})
+
+
+def test_a_typed_model_and_its_json_schema_give_the_same_schema(tmp_path):
+    schema = _load_json(tmp_path, TypedProduct.model_json_schema())
+    assert schema == schema_from_model(TypedProduct)  # declared fields, decisions, hash
+    assert [(f.name, f.type, f.labels, f.nullable, f.none_label) for f in schema.declared] == [
+        ("colour", "enum", ("red", "green", "null"), True, None),
+        ("tags", "multi", ("eco", "sale", "new"), False, None),
+        ("sizes", "multi", ("small", "large"), False, None),
+        ("grade", "ordinal", ("A", "B", "C", "UNGRADED"), False, "UNGRADED"),
+        ("stars", "integer", ("1", "2", "3", "4", "5"), False, None),
+        ("rank", "integer", tuple(map(str, range(1, 11))), False, None),
+        ("score", "integer", ("0", "1", "2", "3", "null"), True, None),
+        ("fragile", "boolean", ("true", "false", "null"), True, None)]
+    assert (schema.declared[1].threshold, schema.declared[1].min_items, schema.declared[1].max_items) == (0.4, 1, 2)
+    assert schema.declared[-1].depends_on == ("colour",)
+
+
 def test_refs_to_refs_definitions_and_single_part_allof_are_followed(tmp_path):
     schema = _load_json(tmp_path, {
         "type": "object",
@@ -210,21 +240,25 @@ def test_anyof_and_oneof_of_consts_are_an_enum_and_label_titles_warn(tmp_path):
                                "description",)  # 'Gold' only re-spells its label: nothing is lost
 
 
-NULL = "is not supported yet: pcd has no null label; make the field required"
+KINDS = ("pcd fields are boolean, enum (ordinal with x-pcd-type), integer with minimum and maximum, or an array of "
+         "enum items (multi-select)")
+MULTI = "a multi-select is an array whose items are an enum of strings (list[Literal[...]], set[MyEnum])"
 
 
 @pytest.mark.parametrize("prop, defs, message", [
-    ({"type": "string"}, None, "field 'x': type 'string' without enum (free text) is not supported; pcd fields are "
-                               "boolean or enum: list the labels with enum"),
-    ({"type": "integer"}, None, "field 'x': type 'integer' (a number) is not supported; pcd fields are boolean or enum"),
-    ({"type": "number"}, None, "field 'x': type 'number' (a number) is not supported; pcd fields are boolean or enum"),
-    ({"type": "array", "items": {"enum": ["a", "b"]}}, None,
-     "field 'x': type 'array' (a list) is not supported; pcd fields are boolean or enum"),
+    ({"type": "string"}, None, f"field 'x': type 'string' without enum (free text) is not supported; {KINDS}: "
+                               "list the labels with enum"),
+    ({"type": "integer"}, None, "field 'x': type 'integer' without both bounds (no lower or upper bound) is not "
+                                "supported; pcd reads an integer as one of its values: give minimum (or "
+                                "exclusiveMinimum) and maximum (or exclusiveMaximum), at most 500 values"),
+    ({"type": "number"}, None, "field 'x': type 'number' (a decimal number) is not supported; use type 'integer' "
+                               "with minimum and maximum, or list the values with enum"),
+    ({"type": "array", "items": {"type": "string"}}, None,
+     f"field 'x': type 'array' of free text is not supported; {MULTI}"),
     ({"$ref": "#/$defs/Sub"}, {"Sub": {"type": "object", "properties": {"y": {"type": "boolean"}}}},
-     "field 'x': type 'object' (a nested object) is not supported; pcd fields are boolean or enum"),
-    ({"type": "date"}, None, "field 'x': unknown JSON Schema type 'date'; pcd fields are boolean or enum"),
-    ({}, None, "field 'x': a property with no type, enum or $ref (any value) is not supported; "
-               "pcd fields are boolean or enum"),
+     f"field 'x': type 'object' (a nested object) is not supported; {KINDS}"),
+    ({"type": "date"}, None, f"field 'x': unknown JSON Schema type 'date'; {KINDS}"),
+    ({}, None, f"field 'x': a property with no type, enum or $ref (any value) is not supported; {KINDS}"),
     ({"const": "a"}, None, "field 'x': const 'a' (one fixed value) is not a decision; give at least two labels "
                            "with enum, or drop the field"),
     ({"$ref": "other.json#/$defs/A"}, None, "field 'x': $ref 'other.json#/$defs/A' is not a local reference; pcd "
@@ -241,15 +275,10 @@ NULL = "is not supported yet: pcd has no null label; make the field required"
      "field 'x': allOf with 2 parts is not supported; pcd follows allOf only with a single part (as pydantic "
      "writes a described $ref)"),
     ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, None,
-     "field 'x': anyOf with a 'string' part (a union of types) is not supported; pcd reads anyOf/oneOf only when "
-     "every part is a const or an enum"),
-    ({"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}, {"A": {"enum": ["a", "b"]}},
-     f"field 'x': anyOf with a null branch (Optional[...]) {NULL}"),
-    ({"oneOf": [{"type": "null"}, {"const": "a"}, {"const": "b"}]}, None,
-     f"field 'x': oneOf with a null branch (Optional[...]) {NULL}"),
-    ({"type": ["string", "null"], "enum": ["a", "b"]}, None,
-     f"field 'x': type ['string', 'null'] with 'null' (Optional[...]) {NULL}"),
-    ({"enum": ["a", "b", None]}, None, f"field 'x': enum with a null value (Optional[...]) {NULL}"),
+     "field 'x': anyOf with a 'string' part (a union of types) is not supported; pcd reads anyOf/oneOf when "
+     "every part is a const or an enum, or when one part is left beside null parts (Optional[...])"),
+    ({"anyOf": [{"type": "string"}, {"type": "null"}]}, None,  # Optional[str]: the part is what is refused
+     f"field 'x': type 'string' without enum (free text) is not supported; {KINDS}: list the labels with enum"),
     ({"enum": [1, 2]}, None, "s.json has 2 problems:\n"
                              "  field 'x': label #1 is the number 1, not a string; quote it: \"1\"\n"
                              "  field 'x': label #2 is the number 2, not a string; quote it: \"2\""),
@@ -265,33 +294,38 @@ class Maybe(BaseModel):
     channel: Literal["web", "store"] | None = Field(default=None, description="Where")
 
 
-def test_optional_fields_fail_the_same_way_from_the_model_and_from_its_json_schema(tmp_path):
-    with pytest.raises(SchemaError) as from_json:
-        _load_json(tmp_path, Maybe.model_json_schema(), "maybe.json")
-    assert str(from_json.value) == (
-        f"{tmp_path / 'maybe.json'} has 3 problems:\n"
-        f"  field 'colour': anyOf with a null branch (Optional[...]) {NULL}\n"
-        f"  field 'fragile': anyOf with a null branch (Optional[...]) {NULL}\n"
-        f"  field 'channel': anyOf with a null branch (Optional[...]) {NULL}")
-    with pytest.raises(SchemaError) as from_model:
-        schema_from_model(Maybe)
-    assert str(from_model.value) == (
-        "Maybe has 3 problems:\n"
-        f"  field 'colour' of Maybe: type Optional[Colour] (it allows None) {NULL}\n"
-        f"  field 'fragile' of Maybe: type Optional[bool] (it allows None) {NULL}\n"
-        f"  field 'channel' of Maybe: type Optional[Literal['web', 'store']] (it allows None) {NULL}")
+@pytest.mark.parametrize("prop, defs", [
+    ({"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}, {"A": {"enum": ["a", "b"]}}),
+    ({"oneOf": [{"type": "null"}, {"const": "a"}, {"const": "b"}]}, None),
+    ({"type": ["string", "null"], "enum": ["a", "b"]}, None),
+    ({"enum": ["a", "b", None]}, None),
+])
+def test_json_schema_null_parts_make_the_field_nullable(tmp_path, prop, defs):
+    data = {"type": "object", "properties": {"x": prop}, **({"$defs": defs} if defs else {})}
+    (f,) = _load_json(tmp_path, data).fields
+    assert (f.type, f.labels, f.nullable) == ("enum", ("a", "b", "null"), True)
+
+
+def test_optional_fields_are_nullable_the_same_way_from_the_model_and_from_its_json_schema(tmp_path):
+    schema = _load_json(tmp_path, Maybe.model_json_schema(), "maybe.json")
+    assert schema == schema_from_model(Maybe)
+    assert [(f.name, f.labels, f.nullable) for f in schema.fields] == [
+        ("colour", ("red", "green", "null"), True), ("fragile", ("true", "false", "null"), True),
+        ("channel", ("web", "store", "null"), True)]
 
 
 def test_every_problem_of_a_model_is_listed():
     bad = type("Bad", (BaseModel,), {"__annotations__": {"ok": bool, "n": int, "one": Literal["only"],
-                                                           "m": Optional[bool]}})
+                                                           "m": Optional[float]}})
     with pytest.raises(SchemaError) as info:
         schema_from_model(bad)
     assert str(info.value) == (
         "Bad has 3 problems:\n"
-        "  field 'n' of Bad: type int is not supported; use bool, Literal['a', 'b', ...] or a str Enum\n"
+        "  field 'n' of Bad: type int without both bounds is not supported; pcd reads an integer as one of its "
+        "values: give Field(ge=..., le=...) (or gt/lt, conint), at most 500 values\n"
         "  field 'one': an enum needs at least two labels, got ['only']\n"
-        f"  field 'm' of Bad: type Optional[bool] (it allows None) {NULL}")
+        "  field 'm' of Bad: type float is not supported; use bool, Literal['a', 'b', ...] or a str Enum, int with "
+        "Field(ge=..., le=...), list[Literal[...]] / set[MyEnum] (multi-select), or Optional[...] of one of them")
 
 
 # -- all problems of a schema in one run (issue #20 item 9) ------------------------------------
@@ -327,12 +361,12 @@ fields:
   loop_b: {type: boolean, depends_on: [loop_a]}
 """
     assert _problems(tmp_path, text) == """schema.yaml has 10 problems:
-  schema: unknown key 'colour' (known keys: name, instructions, fields, examples)
+  schema: unknown key 'colour' (known keys: name, instructions, fields, examples, rules)
   field 'sentiment': unknown key 'descripton' (did you mean 'description'?)
   field 'sentiment': label #4 is only whitespace (' '); the model cannot write it in a way that means anything; give it a name
   field 'sentiment': duplicate label 'POSITIVE'
   field 'urgent': a boolean takes no labels (its values are true and false); use type: enum for named labels
-  field 'route': unknown type 'enumm'; expected one of boolean, enum
+  field 'route': unknown type 'enumm'; expected one of boolean, enum, ordinal, integer, multi
   field 'route': depends_on names an unknown field 'nowhere'
   field 'team': depends_on names the field itself
   field 'sentiment__prob': clashes with the output column 'sentiment__prob' of field 'sentiment'; rename it
@@ -343,17 +377,18 @@ def test_every_problem_of_a_json_schema_is_listed(tmp_path):
     data = {"title": "Review", "type": "object", "$defs": {"S": {"enum": ["neg", "pos", "neg"]}},
             "properties": {"sentiment": {"$ref": "#/$defs/S"}, "note": {"type": "string"},
                            "ok": {"type": "boolean"}, "stars": {"enum": [1, 2, 3]},
-                           "maybe": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}}}
+                           "maybe": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}
     (tmp_path / "review.json").write_text(json.dumps(data))
     with pytest.raises(SchemaError) as info:
         load_schema(tmp_path / "review.json")
     assert str(info.value) == f"""{tmp_path / 'review.json'} has 6 problems:
   field 'sentiment': duplicate label 'neg'
-  field 'note': type 'string' without enum (free text) is not supported; pcd fields are boolean or enum: list the labels with enum
+  field 'note': type 'string' without enum (free text) is not supported; {KINDS}: list the labels with enum
   field 'stars': label #1 is the number 1, not a string; quote it: "1"
   field 'stars': label #2 is the number 2, not a string; quote it: "2"
   field 'stars': label #3 is the number 3, not a string; quote it: "3"
-  field 'maybe': anyOf with a null branch (Optional[...]) {NULL}"""
+  field 'maybe': type 'number' (a decimal number) is not supported; use type 'integer' with minimum and maximum, \
+or list the values with enum"""
 
 
 def test_examples_are_checked_once_the_fields_are_sound_and_all_listed(tmp_path):

@@ -184,10 +184,8 @@ class LabelWorker:
 
         self.labeler = Labeler(schema, **labeler_options)
         self.id_field, self.offsets, self.limit, self.exit_once = id_field, offsets, limit, exit_once
-        self.arrow_schema = output_schema(self.labeler.schema, id_field or "row",
-                                          pa.string() if id_field else pa.int64(), all_probs=all_probs,
-                                          calibrated=self.labeler.calibration is not None,
-                                          sets=self.labeler.set_fields, abstain=self.labeler.abstain_fields)
+        self.arrow_schema = self.labeler.output_schema(id_field or "row", pa.string() if id_field else pa.int64(),
+                                                       all_probs=all_probs)
         meta = self.labeler.metadata()
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
@@ -589,7 +587,8 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
     arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
                                  all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata,
                                  sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
-                                 abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))))
+                                 abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))),
+                                 spread="pcd.permutations" in metadata)
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
     if stats.records:
         _run_step("write", lambda: labelled.map_batches(

@@ -34,7 +34,7 @@ from ..files import check_writable, write_atomic
 from ..schema import Schema
 from . import metrics as M
 from .conformal import ConformalSet, conformal_split, fit_conformal
-from .data import FieldData, field_specs, join
+from .data import FieldData, MultiFieldData, field_specs, join
 
 #: Default L2 penalty on the biases (added to the mean NLL).
 DEFAULT_L2 = 1e-3
@@ -331,6 +331,7 @@ class CalibrationReport:
         fields_without_gold: fields left uncalibrated (no gold column).
         gold_rows, matched, gold_without_prediction: row counts of the join.
         skipped: per field, rows not used (null gold, gold not a label).
+        notes: what was not done and why (e.g. no label sets for a multi-select field).
     """
 
     fields: tuple[FieldCalibrationReport, ...]
@@ -339,6 +340,7 @@ class CalibrationReport:
     matched: int
     gold_without_prediction: int
     skipped: dict[str, dict[str, int]]
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         """Plain-JSON form: per field ``{n, folds, before, after, temperature, biases: {label: b}}``
@@ -350,7 +352,7 @@ class CalibrationReport:
                        for f in self.fields},
             "fields_without_gold": list(self.fields_without_gold), "gold_rows": self.gold_rows,
             "matched": self.matched, "gold_without_prediction": self.gold_without_prediction,
-            "skipped": self.skipped,
+            "skipped": self.skipped, "notes": list(self.notes),
         }
 
 
@@ -372,6 +374,12 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds; each
     fold is scored by a fit on the other folds, and the pooled held-out scores are compared
     with the uncalibrated ones. The saved T and biases come from a final fit on all rows.
+    Ordinal and integer fields are fitted like enums (one bias per label). A multi-select
+    field is fitted per option: each option decision ``<field>.<option>`` is a boolean whose
+    probabilities are P(yes)/P(no) from ``<f>__probs`` and whose gold is "the option is in
+    the gold list"; the calibration stores it under that decision name, which is how
+    ``Labeler`` applies it (its ``<f>__probs`` then hold calibrated P(yes)). ``coverage`` gives
+    no label sets for them (a note says so): a conformal set per option is not a set of options.
 
     Args:
         predictions: a pcd output with ``<f>__probs`` columns (``pcd label --all-probs``),
@@ -407,8 +415,17 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                                f"{schema.source_sha256[:12]}...); label the gold rows with this schema")
     specs = field_specs(predictions, schema)
     joined = join(predictions, gold, specs, id_field=id_field)
-    fitted, reports = {}, []
+    fitted, reports, notes = {}, [], []
     for data in joined.fields:
+        if isinstance(data, MultiFieldData):
+            if coverage is not None:
+                notes.append(f"field {data.spec.name!r} is multi-select: calibrated per option, without label sets "
+                             "(--coverage applies to single-label fields only)")
+            for option in data.option_data():
+                fc, report = _fit_field(option, folds=folds, seed=seed, l2=l2)
+                fitted[option.spec.name] = fc
+                reports.append(report)
+            continue
         fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2, coverage=coverage)
         fitted[data.spec.name] = fc
         reports.append(report)
@@ -420,7 +437,7 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                                gold_rows=joined.gold_rows, matched=joined.matched,
                                gold_without_prediction=joined.gold_without_prediction,
                                skipped={d.spec.name: {"gold_null": d.gold_null, "gold_invalid": d.gold_invalid}
-                                        for d in joined.fields})
+                                        for d in joined.fields}, notes=tuple(notes))
     return calibration, report
 
 

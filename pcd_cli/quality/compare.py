@@ -9,30 +9,37 @@ from rich.table import Table
 import numpy as np
 
 from . import metrics as M
-from .evaluate import EvalReport, FieldReport
+from .evaluate import EvalReport, FieldReport, MultiFieldReport
 
 #: The figures compared, as (FieldReport attribute, column title, higher is better).
 FIGURES = (("accuracy", "accuracy", True), ("macro_f1", "macro-F1", True), ("ece", "ECE", False),
            ("nll", "NLL", False), ("auroc", "AUROC", True))
+#: A multi-select field's figure (``MultiFieldReport`` attribute, ``None``: none) in each column
+#: of ``FIGURES``: the exact-set accuracy, macro-F1 over options, per-option ECE and NLL.
+MULTI_FIGURES = {"accuracy": "subset_accuracy", "macro_f1": "macro_f1", "ece": "ece", "nll": "nll", "auroc": None}
 
 
 def comparison_rows(before: EvalReport, after: EvalReport) -> list[dict]:
     """One dict per field present in both reports: ``{"field", "n_before", "n_after",
-    "<figure>": (before, after)}`` for every figure of ``FIGURES`` (``None`` where unknown)."""
+    "<figure>": (before, after)}`` for every figure of ``FIGURES`` (``None`` where unknown).
+    A multi-select field's row is named ``<field> (exact set)`` and holds ``MULTI_FIGURES``."""
     rows = []
-    after_fields = {f.field: f for f in after.fields}
-    for b in before.fields:
+    after_fields = {f.field: f for f in (*after.fields, *after.multi_fields)}
+    for b in (*before.fields, *before.multi_fields):
         a = after_fields.get(b.field)
-        if a is None:
+        if a is None or a.type != b.type and "multi" in (a.type, b.type):
             continue
-        row = {"field": b.field, "n_before": b.n, "n_after": a.n, "mcnemar": paired_test(b, a)}
+        multi = b.type == "multi"
+        row = {"field": f"{b.field} (exact set)" if multi else b.field, "n_before": b.n, "n_after": a.n,
+               "mcnemar": paired_test(b, a)}
         for attr, _, _ in FIGURES:
-            row[attr] = (getattr(b, attr), getattr(a, attr))
+            name = MULTI_FIGURES[attr] if multi else attr
+            row[attr] = (getattr(b, name), getattr(a, name)) if name else (None, None)
         rows.append(row)
     return rows
 
 
-def paired_test(before: FieldReport, after: FieldReport) -> M.McNemar | None:
+def paired_test(before: FieldReport | MultiFieldReport, after: FieldReport | MultiFieldReport) -> M.McNemar | None:
     """McNemar's test on the rows both reports evaluated (matched by id); ``None`` if none."""
     right_after = dict(zip(after.ids, after.correct))
     both = [(c, right_after[i]) for i, c in zip(before.ids, before.correct) if i in right_after]

@@ -2,10 +2,15 @@
 
 A *predictions* frame is a pcd output Parquet read with pandas: an id column, then per field
 ``<f>``, ``<f>__prob``, ``<f>__mass``, optionally ``<f>__probs`` (a list of ``(label, prob)``
-pairs in the schema's label order) and ``<f>__raw_prob``, then ``__truncated``. A *gold*
-frame has an id column and one column per field that has human labels: booleans as JSON
-booleans or the strings ``true``/``false`` (any case), enums as the exact label strings.
-Ids are matched as strings.
+pairs in the schema's label order) and ``<f>__raw_prob``, then ``__truncated``. A multi-select
+field's ``<f>`` is a list of the chosen options and its ``<f>__probs`` (always written) maps
+each option to P(yes). A *gold* frame has an id column and one column per field that has
+human labels (``gold_label_index``, ``gold_options``): booleans as JSON booleans or the
+strings ``true``/``false`` (any case), enum and ordinal labels as the exact label strings,
+integers as numbers or decimal strings, a multi-select field as a list of its options (in a
+CSV cell: a JSON list, or options separated by ``|`` or ``,``). A null or empty gold cell
+means "no gold" (not evaluated); to score a nullable field's null option the gold cell
+holds the string ``"null"``. Ids are matched as strings.
 """
 
 from __future__ import annotations
@@ -23,23 +28,71 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..io import InputSpec, detect_format, read_table_rows, row_to_record
-from ..schema import Schema
+from ..schema import NULL_LABEL, Field, Schema
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
 METADATA_ATTR = "metadata"
 #: Metadata key holding the compact JSON ``{field: [labels...]}`` (written by ``Labeler.metadata``).
 SCHEMA_JSON_KEY = "pcd.schema_json"
+#: Metadata key holding ``{field: {"type", "nullable", "none_label", ...}}`` for the fields that are
+#: not plain booleans or enums (``schema.schema_metadata``).
+FIELD_TYPES_KEY = "pcd.field_types"
+#: Separators of a multi-select gold value written as one string (a CSV cell): ``|`` if present, else ``,``.
+MULTI_SEPARATORS = ("|", ",")
 #: Distinct invalid gold values quoted per field in reports.
 MAX_INVALID_EXAMPLES = 5
 
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """What evaluation needs of a field: its name, labels in schema order, and type."""
+    """What evaluation needs of a field: its name, labels in schema order, and type.
+
+    Attributes:
+        type: ``boolean``, ``enum``, ``ordinal``, ``integer`` or ``multi`` (``""``: boolean or
+            enum after ``is_boolean``). For ``multi``, ``labels`` are the options.
+        nullable: the last label is ``NULL_LABEL`` (a null prediction is that label).
+        none_label: the ordinary "none of these" label, if any (off the scale of an ordinal).
+    """
 
     name: str
     labels: tuple[str, ...]
     is_boolean: bool
+    type: str = ""
+    nullable: bool = False
+    none_label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.type:
+            object.__setattr__(self, "type", "boolean" if self.is_boolean else "enum")
+
+    @classmethod
+    def of(cls, field: Field) -> "FieldSpec":
+        """The spec of a declared schema field."""
+        return cls(field.name, tuple(field.labels), field.is_boolean, field.type, field.nullable, field.none_label)
+
+    @property
+    def is_multi(self) -> bool:
+        return self.type == "multi"
+
+    @property
+    def is_scale(self) -> bool:
+        """Ordinal or integer: MAE, within-one accuracy and QWK are reported."""
+        return self.type in ("ordinal", "integer")
+
+    def is_null(self, index: int) -> bool:
+        return self.nullable and index == len(self.labels) - 1
+
+    def scale_values(self) -> np.ndarray:
+        """(k,) float64 value of each label on the scale (integers their value, ordinal labels
+        their position from 0, as ``<f>__expected``); NaN for the null option and the
+        ``none_label``, which are off the scale."""
+        out, position = np.full(len(self.labels), np.nan), 0
+        for i, label in enumerate(self.labels):
+            if self.is_null(i) or label == self.none_label:
+                continue
+            out[i] = float(int(label)) if self.type == "integer" else float(position)
+            position += 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -79,11 +132,53 @@ class FieldData:
 
 
 @dataclass(frozen=True)
+class MultiFieldData:
+    """One multi-select field's evaluated rows, aligned (``n`` rows: matched, gold a list of
+    options), ``k`` options in schema order.
+
+    Attributes:
+        spec: the field (``labels`` are its options).
+        ids: (n,) record ids as strings.
+        gold, pred: (n, k) bool: option in the gold list / in the predicted ``<f>`` list.
+        p_yes: (n, k) float64 P(yes) per option, from ``<f>__probs``.
+        prob: (n,) ``<f>__prob`` (the probability of the whole choice); mass: (n,) ``<f>__mass``.
+        gold_null, gold_invalid, invalid_values, abstained: as ``FieldData``.
+    """
+
+    spec: FieldSpec
+    ids: np.ndarray
+    gold: np.ndarray
+    pred: np.ndarray
+    p_yes: np.ndarray
+    prob: np.ndarray
+    mass: np.ndarray
+    gold_null: int
+    gold_invalid: int
+    invalid_values: tuple[tuple[str, int], ...]
+    abstained: int = 0
+
+    def option_data(self) -> list[FieldData]:
+        """One boolean ``FieldData`` per option, named ``<field>.<option>`` as the schema's
+        option decisions (label 0 = ``true``): what ``pcd calibrate`` fits per option."""
+        out = []
+        for j, option in enumerate(self.spec.labels):
+            gold = np.where(self.gold[:, j], 0, 1).astype(np.int64)
+            pred = np.where(self.pred[:, j], 0, 1).astype(np.int64)
+            probs = np.column_stack([self.p_yes[:, j], 1 - self.p_yes[:, j]])
+            out.append(FieldData(spec=FieldSpec(f"{self.spec.name}.{option}", ("true", "false"), True),
+                                 ids=self.ids, gold=gold, pred=pred, prob=probs[np.arange(len(pred)), pred],
+                                 mass=self.mass, probs=probs, gold_null=self.gold_null,
+                                 gold_invalid=self.gold_invalid, invalid_values=self.invalid_values))
+        return out
+
+
+@dataclass(frozen=True)
 class Joined:
     """Predictions and gold matched by id.
 
     Attributes:
-        fields: one ``FieldData`` per field present in both files, schema order.
+        fields: one ``FieldData`` (``MultiFieldData`` for a multi-select field) per field
+            present in both files, schema order.
         fields_without_gold: fields of the predictions with no gold column.
         gold_rows, prediction_rows: rows in each input.
         matched: gold rows with a prediction.
@@ -92,7 +187,7 @@ class Joined:
         id_column: the predictions' id column.
     """
 
-    fields: tuple[FieldData, ...]
+    fields: tuple[FieldData | MultiFieldData, ...]
     fields_without_gold: tuple[str, ...]
     gold_rows: int
     prediction_rows: int
@@ -129,28 +224,37 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
               csv_delimiter: str = ",") -> pd.DataFrame:
     """Read a gold file (JSONL, CSV with ``csv_delimiter``, or Parquet) into a frame, every column kept.
 
-    JSONL values keep their JSON types; CSV cells are strings (an empty cell is null).
+    JSONL values keep their JSON types; CSV cells are strings (an empty cell is null). A Label
+    Studio JSON export, an Argilla export (a records JSON file or a ``to_disk`` folder) and a
+    filled ``pcd review --to csv`` spreadsheet are read as gold too (``quality.annotations``).
 
     Raises:
         InputError: missing file, unknown format, an unreadable row (names its line), no
-            ``id_field`` column.
+            ``id_field`` column, an unusable annotation-tool export (names the task or record).
     """
+    from .annotations import is_export, normalize_row, read_export
+
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not path.is_dir():
         raise InputError(f"{str(path)!r}: no such gold file")
-    kind = detect_format(path, fmt)
-    if kind == "parquet":
+    kind = "export" if fmt is None and is_export(path) else detect_format(path, fmt)
+    if kind == "export":
+        _, rows = read_export(path, id_field=id_field)
+        frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
+    elif kind == "parquet":
         try:
             frame = pq.read_table(path).to_pandas()
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from None
+        if any(str(c).endswith(("__gold", ".responses")) for c in frame.columns):
+            frame = pd.DataFrame.from_records([normalize_row(r) for r in frame.to_dict("records")])
     else:
         spec = InputSpec(text_field=id_field, csv_delimiter=csv_delimiter)
         rows = []
         for line, row in read_table_rows(path, spec, fmt=fmt):  # compressed gold files too
             if isinstance(row, str):
                 raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
-            rows.append({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row)
+            rows.append(normalize_row({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row))
         frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
     if id_field not in frame.columns:
         raise InputError(f"{str(path)!r}: no id column {id_field!r} (columns: {', '.join(map(str, frame.columns))}); "
@@ -177,9 +281,10 @@ def drop_example_rows(gold: pd.DataFrame, examples, spec: InputSpec) -> tuple[pd
 
 
 def field_specs(predictions: pd.DataFrame, schema: Schema | None) -> list[FieldSpec]:
-    """The fields to evaluate: from ``schema`` if given, else from the predictions' metadata
-    (``pcd.schema_json``), else from the columns (``<f>`` next to ``<f>__prob``; labels from
-    ``<f>__probs``, or ``true``/``false`` for a boolean column).
+    """The fields to evaluate, as declared (a multi-select field once, its options as labels):
+    from ``schema`` if given, else from the predictions' metadata (``pcd.schema_json``, types
+    from ``pcd.field_types``), else from the columns (``<f>`` next to ``<f>__prob``; labels from
+    ``<f>__probs``, or ``true``/``false`` for a boolean column; a list column is a multi field).
 
     Raises:
         InputError: a schema field has no column in the predictions; the labels of a field
@@ -187,38 +292,51 @@ def field_specs(predictions: pd.DataFrame, schema: Schema | None) -> list[FieldS
     """
     columns = set(map(str, predictions.columns))
     if schema is not None:
-        missing = [f.name for f in schema.fields if f.name not in columns or f"{f.name}__prob" not in columns]
-        if len(missing) == len(schema.fields):
+        missing = [f.name for f in schema.declared if f.name not in columns or f"{f.name}__prob" not in columns]
+        if len(missing) == len(schema.declared):
             raise InputError(f"the predictions have no column of schema {schema.name!r} (fields: "
-                             f"{', '.join(f.name for f in schema.fields)}); were they labelled with this schema?")
+                             f"{', '.join(f.name for f in schema.declared)}); were they labelled with this schema?")
         if missing:
             raise InputError(f"the predictions have no column {missing[0]!r} of the schema; were they labelled "
                              "with this schema?")
-        return [FieldSpec(f.name, tuple(f.labels), f.is_boolean) for f in schema.fields]
+        return [FieldSpec.of(f) for f in schema.declared]
     meta = predictions.attrs.get(METADATA_ATTR) or {}
     names = [c for c in map(str, predictions.columns) if f"{c}__prob" in columns and f"{c}__mass" in columns]
     if not names:
         raise InputError("the predictions have no pcd field columns (<field>, <field>__prob, <field>__mass); "
                          "is this a pcd output?")
-    declared: dict = {}
-    if SCHEMA_JSON_KEY in meta:
-        try:
-            declared = json.loads(meta[SCHEMA_JSON_KEY])
-        except ValueError:
-            declared = {}
+    declared, types = _json_object(meta, SCHEMA_JSON_KEY), _json_object(meta, FIELD_TYPES_KEY)
     specs = []
     for name in names:
         is_bool = pd.api.types.is_bool_dtype(predictions[name].dtype)
-        labels = declared.get(name) if isinstance(declared, dict) else None
+        options = types.get(name) if isinstance(types.get(name), dict) else {}
+        ftype = options.get("type") if options.get("type") in ("boolean", "enum", "ordinal", "integer", "multi") \
+            else None
+        if ftype is None:
+            first_value = next((cell for cell in predictions[name] if _is_present(cell)), None)
+            ftype = "boolean" if is_bool else "multi" if _has_pairs(first_value) else "enum"
+        labels = declared.get(name)
         if not labels and is_bool:
             labels = ["true", "false"]
         if not labels and f"{name}__probs" in columns:
-            first = next((cell for cell in predictions[f"{name}__probs"] if _is_present(cell)), None)
-            labels = [label for label, _ in first] if first is not None else None
-        if not labels:
+            first = next((cell for cell in predictions[f"{name}__probs"] if _has_pairs(cell)), None)
+            labels = [label for label, _ in _pairs(first).items()] if first is not None else None
+        if not labels or not isinstance(labels, list):
             raise InputError(f"field {name!r}: the labels are not recorded in the predictions; pass --schema")
-        specs.append(FieldSpec(name, tuple(map(str, labels)), is_bool))
+        none_label = options.get("none_label")
+        specs.append(FieldSpec(name, tuple(map(str, labels)), ftype == "boolean", ftype,
+                               bool(options.get("nullable")) and str(labels[-1]) == NULL_LABEL,
+                               none_label if isinstance(none_label, str) else None))
     return specs
+
+
+def _json_object(meta: dict, key: str) -> dict:
+    """A metadata value holding a JSON object; ``{}`` when absent or not one."""
+    try:
+        value = json.loads(meta[key]) if key in meta else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], *,
@@ -258,7 +376,8 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
         if spec.name not in gold.columns:
             without.append(spec.name)
             continue
-        fields.append(_field_data(spec, predictions, gold, matched_pred, matched_gold, gold_ids))
+        build = _multi_field_data if spec.is_multi else _field_data
+        fields.append(build(spec, predictions, gold, matched_pred, matched_gold, gold_ids))
     if not fields:
         raise InputError(f"no field has a gold column (fields: {', '.join(s.name for s in specs)}; gold columns: "
                          f"{', '.join(map(str, gold.columns))})")
@@ -294,8 +413,10 @@ def _id_strings(column: pd.Series, side: str, name: str) -> list[str]:
 def gold_label_index(value, spec: FieldSpec) -> int | None:
     """Index of a gold value in ``spec.labels``; ``None`` when it is not a label.
 
-    Booleans: ``True``/``False`` or the strings ``true``/``false`` in any case. Enums: the
-    exact label string.
+    Booleans: ``True``/``False`` or the strings ``true``/``false`` in any case. Enums and
+    ordinals: the exact label string. Integers: a whole number (not a boolean) or its decimal
+    string (spaces around it ignored). A nullable field's null option: the string ``"null"``
+    (a null gold cell is "no gold", never this label).
     """
     if spec.is_boolean:
         if isinstance(value, (bool, np.bool_)):
@@ -304,14 +425,60 @@ def gold_label_index(value, spec: FieldSpec) -> int | None:
             text = value.strip().lower()
         else:
             return None
+    elif spec.type == "integer" and not isinstance(value, (bool, np.bool_, str)):
+        if isinstance(value, (float, np.floating)) and float(value).is_integer():
+            value = int(value)
+        if not isinstance(value, (int, np.integer)):
+            return None
+        text = str(int(value))
     elif isinstance(value, str):
-        text = value
+        text = value.strip() if spec.type == "integer" else value
     else:
         return None
     try:
         return spec.labels.index(text)
     except ValueError:
         return None
+
+
+def gold_options(value, spec: FieldSpec) -> tuple[bool, ...] | None:
+    """A multi-select gold value as one bool per option (schema order); ``None`` when it is not
+    a list of the field's options.
+
+    Accepted: a list (JSON list, Parquet list) of option strings, possibly empty; a mapping
+    option -> bool (the answer's own form); a string holding a JSON list (``["a", "b"]``, ``[]``),
+    a single option, or options separated by ``|`` (or, without ``|``, by ``,``), spaces around
+    each ignored. Repeated options count once.
+    """
+    chosen: list = []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                chosen = json.loads(text)
+            except ValueError:
+                return None
+            if not isinstance(chosen, list):
+                return None
+        elif text in spec.labels:
+            chosen = [text]
+        else:
+            sep = next((s for s in MULTI_SEPARATORS if s in text), None)
+            chosen = [part.strip() for part in text.split(sep)] if sep else [text]
+    elif isinstance(value, dict) or (_has_pairs(value) and all(isinstance(v, tuple) and len(v) == 2 for v in value)):
+        pairs = _pairs(value)
+        if not all(isinstance(v, (bool, np.bool_)) for v in pairs.values()):
+            return None
+        if not set(pairs) <= set(spec.labels):
+            return None
+        chosen = [k for k, v in pairs.items() if v]
+    elif _has_pairs(value):
+        chosen = list(value)
+    else:
+        return None
+    if not all(isinstance(c, str) and c in spec.labels for c in chosen):
+        return None
+    return tuple(option in chosen for option in spec.labels)
 
 
 def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, matched_pred: np.ndarray,
@@ -339,6 +506,11 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
         sets = tuple(tuple(c) if c is not None and not (isinstance(c, float) and math.isnan(c)) else () for c in cells)
         set_gold = tuple(spec.labels[i] for i in gold_idx)
     values = predictions[spec.name].to_numpy(dtype=object)[all_rows] if len(all_rows) else []
+    if spec.nullable:  # a null value is the null option, unless the row abstained (<f>__abstained)
+        flags = predictions[f"{spec.name}__abstained"].to_numpy(dtype=object)[all_rows] \
+            if f"{spec.name}__abstained" in predictions.columns and len(all_rows) else [False] * len(all_rows)
+        values = [NULL_LABEL if not _is_present(v) and flag is not True and flag is not np.True_ else v
+                  for v, flag in zip(values, flags)]
     decided = [i for i, v in enumerate(values) if _is_present(v)]  # a null label: abstained
     abstained = len(all_rows) - len(decided)
     rows = all_rows[decided]
@@ -348,6 +520,10 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
     for value, r in zip(pred_values, rows.tolist()):
         if spec.is_boolean and isinstance(value, (bool, np.bool_)):
             value = "true" if value else "false"
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            value = str(int(value))  # an integer field's int64 column
+        elif isinstance(value, (float, np.floating)) and float(value).is_integer():
+            value = str(int(value))  # the same column read as float64 (it holds nulls)
         if not isinstance(value, str) or value not in spec.labels:
             raise InputError(f"predictions row {r}: field {spec.name!r} holds {value!r}, not one of its labels "
                              f"({', '.join(spec.labels)}); were they labelled with this schema?")
@@ -360,7 +536,7 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
         cells = predictions[f"{spec.name}__probs"].to_numpy(dtype=object)[rows] if len(rows) else []
         probs = np.zeros((len(rows), len(spec.labels)), dtype=np.float64)
         for i, (cell, r) in enumerate(zip(cells, rows.tolist())):
-            pairs = dict(cell.items()) if isinstance(cell, dict) else dict(cell) if _has_pairs(cell) else None
+            pairs = _pairs(cell) if _has_pairs(cell) else None
             if pairs is None or set(pairs) != set(spec.labels):
                 raise InputError(f"predictions row {r}: {spec.name}__probs has labels "
                                  f"{sorted(pairs) if pairs else None}, the field has {list(spec.labels)}")
@@ -372,8 +548,80 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
                      set_gold=set_gold, sets=sets)
 
 
+def _multi_field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, matched_pred: np.ndarray,
+                      matched_gold: np.ndarray, gold_ids: list[str]) -> MultiFieldData:
+    gold_values = gold[spec.name].tolist()
+    keep_gold, keep_pred, gold_sel = [], [], []
+    null = 0
+    invalid: Counter = Counter()
+    for g, p in zip(matched_gold.tolist(), matched_pred.tolist()):
+        value = gold_values[g]
+        if not _present_gold(value):
+            null += 1
+            continue
+        selection = gold_options(value, spec)
+        if selection is None:
+            invalid[_quoted(value)] += 1
+            continue
+        keep_gold.append(g)
+        keep_pred.append(p)
+        gold_sel.append(selection)
+    all_rows = np.array(keep_pred, dtype=np.int64)
+    values = predictions[spec.name].to_numpy(dtype=object)[all_rows] if len(all_rows) else []
+    decided = [i for i, v in enumerate(values) if _has_pairs(v)]  # a null list: no choice written
+    rows = all_rows[decided]
+    k = len(spec.labels)
+    pred = np.zeros((len(rows), k), dtype=bool)
+    for i, (value, r) in enumerate(zip([values[i] for i in decided], rows.tolist())):
+        chosen = list(value)
+        unknown = [c for c in chosen if c not in spec.labels]
+        if unknown:
+            raise InputError(f"predictions row {r}: field {spec.name!r} holds {unknown[0]!r}, not one of its options "
+                             f"({', '.join(spec.labels)}); were they labelled with this schema?")
+        pred[i] = [option in chosen for option in spec.labels]
+    name = f"{spec.name}__probs"
+    if name not in predictions.columns:
+        raise InputError(f"the predictions have no column {name!r} (P(yes) per option of a multi-select field, "
+                         "always written by pcd label); is this a pcd output?")
+    cells = predictions[name].to_numpy(dtype=object)[rows] if len(rows) else []
+    p_yes = np.zeros((len(rows), k), dtype=np.float64)
+    for i, (cell, r) in enumerate(zip(cells, rows.tolist())):
+        pairs = _pairs(cell) if _has_pairs(cell) else None
+        if pairs is None or set(pairs) != set(spec.labels):
+            raise InputError(f"predictions row {r}: {name} has options {sorted(pairs) if pairs else None}, the field "
+                             f"has {list(spec.labels)}")
+        p_yes[i] = [pairs[option] for option in spec.labels]
+    if not np.all(np.isfinite(p_yes) & (p_yes >= 0) & (p_yes <= 1 + 1e-6)):
+        bad = int(np.argwhere(~(np.isfinite(p_yes) & (p_yes >= 0) & (p_yes <= 1 + 1e-6)))[0][0])
+        raise InputError(f"predictions row {int(rows[bad])}: {name} holds a value that is not a probability")
+    mass = _float_column(predictions, f"{spec.name}__mass", rows) if f"{spec.name}__mass" in predictions else \
+        np.full(len(rows), np.nan)
+    return MultiFieldData(spec=spec, ids=np.array([gold_ids[keep_gold[i]] for i in decided], dtype=object),
+                          gold=np.array([gold_sel[i] for i in decided], dtype=bool).reshape(len(decided), k),
+                          pred=pred, p_yes=np.minimum(p_yes, 1.0), prob=_float_column(predictions, f"{spec.name}__prob", rows),
+                          mass=mass, gold_null=null, gold_invalid=sum(invalid.values()),
+                          invalid_values=tuple(invalid.most_common(MAX_INVALID_EXAMPLES)),
+                          abstained=len(all_rows) - len(decided))
+
+
+def _present_gold(value) -> bool:
+    """A multi-select gold cell holds something: a list (even empty) or a non-empty string."""
+    return _has_pairs(value) or isinstance(value, dict) or _is_present(value)
+
+
+def _quoted(value) -> str:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    return value if isinstance(value, str) else repr(value)
+
+
 def _has_pairs(cell) -> bool:
-    return cell is not None and not isinstance(cell, (str, float)) and hasattr(cell, "__iter__")
+    return cell is not None and not isinstance(cell, (str, float, bytes)) and hasattr(cell, "__iter__")
+
+
+def _pairs(cell) -> dict:
+    """A map cell (a dict, or ``(key, value)`` pairs as pyarrow gives a map column) as a dict."""
+    return dict(cell.items()) if isinstance(cell, dict) else dict((k, v) for k, v in cell)
 
 
 def _float_column(frame: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:

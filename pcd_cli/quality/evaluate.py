@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..schema import Schema
 from . import metrics as M
-from .data import METADATA_ATTR, FieldData, field_specs, join
+from .data import METADATA_ATTR, FieldData, MultiFieldData, field_specs, join
 
 #: Coverages of the selective-prediction figures.
 COVERAGES = (0.5, 0.8, 1.0)
@@ -70,6 +70,14 @@ class FieldReport:
             "coverage_interval", "mean_size", "asked", "per_label": {label: {"rows",
             "coverage"}}}`` (``coverage``: share of rows whose set holds the gold label, with
             its Wilson interval; ``asked``: the coverage the calibration was fitted for).
+        type: the field's type (``boolean``, ``enum``, ``ordinal``, ``integer``).
+        scale_rows, scale_excluded, mae, within_one, qwk: ordinal and integer fields only
+            (``None`` otherwise): on the ``scale_rows`` evaluated rows whose gold and predicted
+            labels are both on the scale (``scale_excluded``: rows where either is the null
+            option or the ``none_label``), the mean absolute error and the share off by at most
+            one step (in values for an integer, label positions for an ordinal) and the
+            quadratic weighted kappa over the scale's positions; their intervals are in
+            ``intervals`` (Wilson for ``within_one``, the bootstrap for ``mae`` and ``qwk``).
     """
 
     field: str
@@ -98,6 +106,12 @@ class FieldReport:
     interval_level: float = M.INTERVAL_LEVEL
     abstained: int = 0
     label_sets: dict | None = None
+    type: str = "enum"
+    scale_rows: int | None = None
+    scale_excluded: int | None = None
+    mae: float | None = None
+    within_one: float | None = None
+    qwk: float | None = None
     ids: tuple = dc_field(default=(), repr=False, compare=False)
     correct: tuple = dc_field(default=(), repr=False, compare=False)
 
@@ -113,6 +127,65 @@ class FieldReport:
 
 
 @dataclass(frozen=True)
+class MultiFieldReport:
+    """Every figure of one multi-select field on its ``n`` evaluated rows (gold matched, a list
+    of its options), ``k`` options.
+
+    Attributes:
+        field, options: the field and its options (schema order).
+        n, gold_null, gold_invalid, invalid_values, abstained: as ``FieldReport``.
+        subset_accuracy: share of rows whose chosen set is exactly the gold set.
+        hamming_loss: share of the ``n * k`` option decisions that are wrong.
+        micro_f1: F1 of all (row, option) decisions pooled; macro_f1: mean F1 over the options
+            chosen in the gold or the predictions (an option nobody used neither helps nor
+            hurts, as ``FieldReport.macro_f1``).
+        per_option: precision/recall/F1/support/predicted per option ("chosen" is positive).
+        mean_gold_size, mean_pred_size: mean options per row in the gold and the predictions.
+        mean_prob, mean_mass: means of ``<f>__prob`` (the whole choice) and ``<f>__mass``.
+        brier, nll, ece: of the option decisions pooled: mean ``(P(yes) - [gold yes])^2``, mean
+            ``-ln p(gold decision)``, and the 15-bin ECE of the written decision's probability.
+        intervals: ``{"subset_accuracy"}`` Wilson, ``{"hamming_loss", "micro_f1", "macro_f1"}``
+            the percentile bootstrap over rows, at ``interval_level``.
+        ids, correct: the evaluated rows' ids and whether each row's set was exactly right (for
+            ``pcd eval --compare``; not in ``to_dict``).
+    """
+
+    field: str
+    options: tuple[str, ...]
+    n: int
+    gold_null: int
+    gold_invalid: int
+    invalid_values: tuple[tuple[str, int], ...]
+    subset_accuracy: float | None
+    hamming_loss: float | None
+    micro_f1: float | None
+    macro_f1: float | None
+    per_option: tuple[M.LabelScores, ...]
+    mean_gold_size: float | None
+    mean_pred_size: float | None
+    mean_prob: float | None
+    mean_mass: float | None
+    brier: float | None
+    nll: float | None
+    ece: float | None
+    intervals: dict = dc_field(default_factory=dict)
+    interval_level: float = M.INTERVAL_LEVEL
+    abstained: int = 0
+    type: str = "multi"
+    ids: tuple = dc_field(default=(), repr=False, compare=False)
+    correct: tuple = dc_field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        del d["ids"], d["correct"]
+        d["intervals"] = {k: (list(v) if v is not None else None) for k, v in self.intervals.items()}
+        d["options"] = list(self.options)
+        d["invalid_values"] = [{"value": v, "count": c} for v, c in self.invalid_values]
+        d["per_option"] = {s.label: {k: v for k, v in asdict(s).items() if k != "label"} for s in self.per_option}
+        return _finite(d)
+
+
+@dataclass(frozen=True)
 class EvalReport:
     """The result of ``evaluate``.
 
@@ -120,7 +193,8 @@ class EvalReport:
         id_field: gold id column; id_column: the predictions' id column.
         gold_rows, prediction_rows, matched: row counts.
         gold_without_prediction, predictions_without_gold: unmatched rows (reported, not dropped).
-        fields: one report per field with gold labels; fields_without_gold: the others.
+        fields: one report per field with gold labels, multi-select fields aside;
+            multi_fields: one per multi-select field with gold labels; fields_without_gold: the others.
         metadata: the predictions' ``pcd.*`` metadata (model, schema hash...), if known.
         warnings: the schema given differs from the one the predictions were made with; gold
             rows without prediction; gold values that are not labels; accuracy below the
@@ -138,9 +212,10 @@ class EvalReport:
     fields_without_gold: tuple[str, ...]
     metadata: dict
     warnings: tuple[str, ...]
+    multi_fields: tuple[MultiFieldReport, ...] = ()
 
-    def field(self, name: str) -> FieldReport:
-        return next(f for f in self.fields if f.field == name)
+    def field(self, name: str) -> FieldReport | MultiFieldReport:
+        return next(f for f in (*self.fields, *self.multi_fields) if f.field == name)
 
     def to_dict(self) -> dict:
         """The ``pcd eval --json`` object (shape documented in docs/quality.md); strict JSON values."""
@@ -150,6 +225,7 @@ class EvalReport:
             "gold_without_prediction": self.gold_without_prediction,
             "predictions_without_gold": self.predictions_without_gold,
             "fields": {f.field: f.to_dict() for f in self.fields},
+            "multi_fields": {f.field: f.to_dict() for f in self.multi_fields},
             "fields_without_gold": list(self.fields_without_gold),
             "metadata": dict(self.metadata), "warnings": list(self.warnings),
         }
@@ -198,7 +274,9 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
             examples = ", ".join(f"{v!r} ({c})" for v, c in data.invalid_values)
             warnings.append(f"field {data.spec.name!r}: {data.gold_invalid} gold values are not labels: {examples}")
     asked = json.loads(metadata.get("pcd.label_sets", "{}") or "{}")
-    fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name)) for d in joined.fields)
+    fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name)) for d in joined.fields
+                   if isinstance(d, FieldData))
+    multi = tuple(multi_field_report(d) for d in joined.fields if isinstance(d, MultiFieldData))
     for f in fields:
         if f.n and f.accuracy < f.majority_accuracy:
             warnings.append(f"field {f.field!r}: accuracy {f.accuracy:.3f} is below the majority-class baseline "
@@ -222,12 +300,22 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         if f.auroc is not None and f.auroc <= 0.5:
             warnings.append(f"field {f.field!r}: AUROC {f.auroc:.3f}: a higher probability is not more often right; "
                             "the probabilities carry no signal about correctness here")
+    for f in multi:
+        if f.n and f.mean_pred_size == 0 and f.mean_gold_size:
+            warnings.append(f"field {f.field!r}: no option was chosen on any row (the gold rows hold "
+                            f"{f.mean_gold_size:.2f} options on average); the subset accuracy {f.subset_accuracy:.3f} "
+                            "is the share of rows whose gold is empty")
+        if 0 < f.n < SMALL_SAMPLE:
+            low, high = f.intervals["subset_accuracy"]
+            warnings.append(f"field {f.field!r}: only {f.n} rows: the subset accuracy is somewhere in "
+                            f"[{low:.2f}, {high:.2f}] (95 %, Wilson); score a few hundred rows to compare settings")
     return EvalReport(
         id_field=id_field, id_column=joined.id_column, gold_rows=joined.gold_rows,
         prediction_rows=joined.prediction_rows, matched=joined.matched,
         gold_without_prediction=joined.gold_without_prediction,
         predictions_without_gold=joined.predictions_without_gold,
-        fields=fields, fields_without_gold=joined.fields_without_gold, metadata=metadata, warnings=tuple(warnings))
+        fields=fields, fields_without_gold=joined.fields_without_gold, metadata=metadata, warnings=tuple(warnings),
+        multi_fields=multi)
 
 
 def field_report(data: FieldData, target_accuracy: float | None = None, *,
@@ -243,6 +331,7 @@ def field_report(data: FieldData, target_accuracy: float | None = None, *,
     else:
         brier, form, nll = M.brier_top_label(data.prob, correct), "top_label", None
     has_mass = bool(len(data.mass)) and bool(np.all(np.isfinite(data.mass)))
+    scale = scale_figures(data)
     return FieldReport(
         field=data.spec.name, labels=labels, n=len(data.gold), gold_null=data.gold_null,
         gold_invalid=data.gold_invalid, invalid_values=data.invalid_values,
@@ -255,8 +344,61 @@ def field_report(data: FieldData, target_accuracy: float | None = None, *,
         per_label=tuple(scores), confusion=tuple(map(tuple, M.confusion_matrix(data.gold, data.pred, k).tolist())),
         by_prob=selective("prob", data.prob, correct, target_accuracy),
         by_mass=selective("mass", data.mass, correct, target_accuracy) if has_mass else None,
-        intervals=intervals(data, correct), abstained=data.abstained, label_sets=label_set_report(data, asked),
+        intervals=intervals(data, correct) | scale.pop("intervals", {}), abstained=data.abstained,
+        label_sets=label_set_report(data, asked), type=data.spec.type, **scale,
         ids=tuple(data.ids.tolist()), correct=tuple(correct.astype(bool).tolist()))
+
+
+def scale_figures(data: FieldData) -> dict:
+    """``FieldReport``'s ordered-scale figures of an ordinal or integer field (``{}`` otherwise):
+    ``scale_rows``, ``scale_excluded``, ``mae``, ``within_one``, ``qwk`` and their ``intervals``."""
+    if not data.spec.is_scale:
+        return {}
+    values = data.spec.scale_values()
+    on = np.isfinite(values)
+    position = np.full(len(values), -1, dtype=np.int64)
+    position[on] = np.arange(int(on.sum()))
+    keep = on[data.gold] & on[data.pred]
+    gold, pred = values[data.gold[keep]], values[data.pred[keep]]
+    gold_pos, pred_pos = position[data.gold[keep]], position[data.pred[keep]]
+    k = int(on.sum())
+    near = np.abs(pred - gold) <= 1 + 1e-9
+    return {"scale_rows": int(keep.sum()), "scale_excluded": int((~keep).sum()),
+            "mae": M.mean_absolute_error(gold, pred), "within_one": M.within_one(gold, pred),
+            "qwk": M.quadratic_weighted_kappa(gold_pos, pred_pos, k),
+            "intervals": {"mae": M.bootstrap_interval(M.mean_absolute_error, (gold, pred)),
+                          "within_one": M.wilson_interval(int(near.sum()), len(near)),
+                          "qwk": M.bootstrap_interval(lambda g, p: M.quadratic_weighted_kappa(g, p, k),
+                                                      (gold_pos, pred_pos))}}
+
+
+def multi_field_report(data: MultiFieldData) -> MultiFieldReport:
+    """Every figure of ``MultiFieldReport`` from one multi-select field's aligned rows."""
+    options, gold, pred, p_yes = data.spec.labels, data.gold, data.pred, data.p_yes
+    scores = M.option_scores(gold, pred, options)
+    n = len(gold)
+    written = np.where(pred, p_yes, 1 - p_yes)  # the probability of each written decision
+    p_gold = np.where(gold, p_yes, 1 - p_yes)
+    right = (gold == pred).astype(np.float64)
+    exact = np.all(gold == pred, axis=1)
+    has_mass = bool(n) and bool(np.all(np.isfinite(data.mass)))
+    return MultiFieldReport(
+        field=data.spec.name, options=options, n=n, gold_null=data.gold_null, gold_invalid=data.gold_invalid,
+        invalid_values=data.invalid_values, subset_accuracy=M.subset_accuracy(gold, pred),
+        hamming_loss=M.hamming_loss(gold, pred), micro_f1=M.micro_f1(gold, pred), macro_f1=M.macro_f1(scores),
+        per_option=tuple(scores), mean_gold_size=float(gold.sum(axis=1).mean()) if n else None,
+        mean_pred_size=float(pred.sum(axis=1).mean()) if n else None,
+        mean_prob=float(data.prob.mean()) if n else None, mean_mass=float(data.mass.mean()) if has_mass else None,
+        brier=float(np.mean((p_yes - gold) ** 2)) if n else None,
+        nll=float(np.mean(-np.log(np.maximum(p_gold, M.PROB_FLOOR)))) if n else None,
+        ece=M.ece(written.ravel(), right.ravel()),
+        intervals={
+            "subset_accuracy": M.wilson_interval(int(exact.sum()), n),
+            "hamming_loss": M.bootstrap_interval(M.hamming_loss, (gold, pred)),
+            "micro_f1": M.bootstrap_interval(M.micro_f1, (gold, pred)),
+            "macro_f1": M.bootstrap_interval(lambda g, p: M.macro_f1(M.option_scores(g, p, options)), (gold, pred)),
+        },
+        abstained=data.abstained, ids=tuple(data.ids.tolist()), correct=tuple(exact.tolist()))
 
 
 def label_set_report(data: FieldData, asked: float | None) -> dict | None:

@@ -205,6 +205,72 @@ def threshold_for_accuracy(score: np.ndarray, correct: np.ndarray, target: float
     return best
 
 
+# --- multi-select fields: (n, k) boolean gold/prediction matrices, one column per option --------
+
+
+def option_scores(gold: np.ndarray, pred: np.ndarray, options: tuple[str, ...]) -> list[LabelScores]:
+    """Per option, "chosen" as the positive class: precision, recall, F1 (0 where a denominator
+    is 0), support (gold rows holding it) and predicted (rows where it was chosen)."""
+    out = []
+    for j, option in enumerate(options):
+        tp = int(np.sum(gold[:, j] & pred[:, j]))
+        support, predicted = int(gold[:, j].sum()), int(pred[:, j].sum())
+        p = tp / predicted if predicted else 0.0
+        r = tp / support if support else 0.0
+        out.append(LabelScores(option, p, r, 2 * p * r / (p + r) if p + r else 0.0, support, predicted))
+    return out
+
+
+def micro_f1(gold: np.ndarray, pred: np.ndarray) -> float | None:
+    """F1 of the pooled option decisions: ``2 tp / (2 tp + fp + fn)`` over every (row, option)
+    (scikit-learn's ``f1_score(average="micro")`` on the indicator matrices); 0 when no option
+    is in the gold or the predictions, ``None`` without rows."""
+    if not len(gold):
+        return None
+    tp = int(np.sum(gold & pred))
+    wrong = int(np.sum(gold != pred))
+    return 2 * tp / (2 * tp + wrong) if tp + wrong else 0.0
+
+
+def subset_accuracy(gold: np.ndarray, pred: np.ndarray) -> float | None:
+    """Share of rows whose predicted option set is exactly the gold set (exact match)."""
+    return float(np.mean(np.all(gold == pred, axis=1))) if len(gold) else None
+
+
+def hamming_loss(gold: np.ndarray, pred: np.ndarray) -> float | None:
+    """Share of (row, option) decisions that are wrong (0 is perfect)."""
+    return float(np.mean(gold != pred)) if gold.size else None
+
+
+# --- ordered scales (ordinal, integer): values or label positions on the scale ------------------
+
+
+def mean_absolute_error(gold: np.ndarray, pred: np.ndarray) -> float | None:
+    """Mean ``|pred - gold|`` in scale units (an integer's value, an ordinal label's position)."""
+    return float(np.mean(np.abs(pred - gold))) if len(gold) else None
+
+
+def within_one(gold: np.ndarray, pred: np.ndarray) -> float | None:
+    """Share of rows off by at most one step on the scale."""
+    return float(np.mean(np.abs(pred - gold) <= 1 + 1e-9)) if len(gold) else None
+
+
+def quadratic_weighted_kappa(gold: np.ndarray, pred: np.ndarray, k: int) -> float | None:
+    """Cohen's kappa with quadratic weights (Cohen 1968) over the ``k`` positions of the scale
+    ``0..k-1`` (every step counts, used or not): ``1 - sum W*O / sum W*E`` with ``W_ij = (i-j)^2``,
+    ``O`` the confusion counts and ``E`` the counts expected from the marginals. It equals
+    scikit-learn's ``cohen_kappa_score(..., labels=range(k), weights="quadratic")``; ``None`` when
+    undefined (no rows, or both sides always at one position)."""
+    if not len(gold):
+        return None
+    observed = confusion_matrix(gold, pred, k).astype(np.float64)
+    expected = np.outer(observed.sum(axis=1), observed.sum(axis=0)) / observed.sum()
+    steps = np.arange(k)
+    weights = (steps[:, None] - steps[None, :]) ** 2
+    denominator = float(np.sum(weights * expected))
+    return 1 - float(np.sum(weights * observed)) / denominator if denominator > 0 else None
+
+
 # --- intervals and paired tests -----------------------------------------------------------------
 
 #: Level of every interval ``pcd eval`` reports.

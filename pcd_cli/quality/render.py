@@ -33,10 +33,25 @@ def _set_coverage(f) -> str:
 
 
 def render_eval(report, console: Console) -> None:
-    """Summary table (a column per field), then per field: labels, confusion, selective prediction."""
+    """Summary table (a column per field), then per field: labels, confusion, selective prediction;
+    then the multi-select fields: their summary table and each one's options."""
     console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
                   f"({report.prediction_rows} predictions; {report.gold_without_prediction} gold rows without "
                   f"prediction, {report.predictions_without_gold} predictions without gold)", highlight=False)
+    if report.fields:
+        _summary(report, console)
+    for f in report.fields:
+        _field_tables(f, console)
+    if report.multi_fields:
+        _multi_tables(report.multi_fields, console)
+    if report.fields_without_gold:
+        console.print("fields without gold labels: " + escape(", ".join(report.fields_without_gold)), highlight=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def _summary(report, console: Console) -> None:
+    """The summary table of the single-label fields: a column per field."""
     summary = _table("pcd eval")
     summary.add_column("metric")
     for f in report.fields:
@@ -59,20 +74,69 @@ def render_eval(report, console: Console) -> None:
     if any(f.label_sets for f in report.fields):
         rows += [("label-set coverage", lambda f: _set_coverage(f)),
                  ("mean label-set size", lambda f: _f((f.label_sets or {}).get("mean_size"), 2))]
+    scaled = any(f.scale_rows is not None for f in report.fields)
+    if scaled:
+        def on_scale(cell):
+            return lambda f: "-" if f.scale_rows is None else cell(f)
+
+        rows += [("ordered scale: rows (off it)", on_scale(lambda f: f"{f.scale_rows} ({f.scale_excluded})")),
+                 ("MAE", on_scale(lambda f: _f(f.mae) + _ci(f, "mae"))),
+                 ("within-one accuracy", on_scale(lambda f: _f(f.within_one) + _ci(f, "within_one"))),
+                 ("QWK", on_scale(lambda f: _f(f.qwk) + _ci(f, "qwk")))]
     for name, cell in rows:
         summary.add_row(name, *(cell(f) for f in report.fields))
     console.print(summary)
     console.print("\\[low, high]: 95 % intervals (Wilson for the accuracy; a percentile bootstrap of the rows, "
                   "1000 resamples, for macro-F1, ECE and AUROC)", highlight=False)
+    if scaled:
+        console.print("ordered scales (ordinal, integer): MAE and within-one in values (integer) or label steps "
+                      "(ordinal), QWK = quadratic weighted kappa; rows whose gold or predicted label is null or "
+                      "the none label are off the scale and left out of these three (Wilson for within-one, "
+                      "bootstrap for MAE and QWK)", highlight=False)
     if any(f.brier_form != "multiclass" for f in report.fields):
         console.print("* Brier of the chosen label only: no <field>__probs column (label with --all-probs for the "
                       "multi-class Brier and the NLL)", highlight=False)
-    for f in report.fields:
-        _field_tables(f, console)
-    if report.fields_without_gold:
-        console.print("fields without gold labels: " + escape(", ".join(report.fields_without_gold)), highlight=False)
-    for warning in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def _multi_tables(fields, console: Console) -> None:
+    """Multi-select fields: a summary table (a column per field), then each field's options."""
+    summary = _table("pcd eval: multi-select fields")
+    summary.add_column("metric")
+    for f in fields:
+        summary.add_column(escape(f.field), justify="right")
+    rows = [
+        ("rows evaluated", lambda f: str(f.n)),
+        ("gold null / not a list of options", lambda f: f"{f.gold_null} / {f.gold_invalid}"),
+        ("subset accuracy (exact set)", lambda f: _f(f.subset_accuracy) + _ci(f, "subset_accuracy")),
+        ("Hamming loss", lambda f: _f(f.hamming_loss) + _ci(f, "hamming_loss")),
+        ("micro-F1", lambda f: _f(f.micro_f1) + _ci(f, "micro_f1")),
+        ("macro-F1", lambda f: _f(f.macro_f1) + _ci(f, "macro_f1")),
+        ("options per row: gold / predicted", lambda f: f"{_f(f.mean_gold_size, 2)} / {_f(f.mean_pred_size, 2)}"),
+        ("mean probability (whole set)", lambda f: _f(f.mean_prob)),
+        ("mean candidate mass", lambda f: _f(f.mean_mass)),
+        ("Brier (per option)", lambda f: _f(f.brier)),
+        ("NLL (per option)", lambda f: _f(f.nll)),
+        ("ECE (per option, 15 bins)", lambda f: _f(f.ece)),
+    ]
+    if any(f.abstained for f in fields):
+        rows.insert(1, ("no choice written", lambda f: str(f.abstained)))
+    for name, cell in rows:
+        summary.add_row(name, *(cell(f) for f in fields))
+    console.print(summary)
+    console.print("subset accuracy: Wilson interval; Hamming loss, micro- and macro-F1: a percentile bootstrap of "
+                  "the rows. Hamming loss = share of wrong option decisions; macro-F1 over the options chosen in "
+                  "the gold or the predictions", highlight=False)
+    for f in fields:
+        if not f.n:
+            console.print(f"{escape(f.field)}: no row with a gold label", highlight=False)
+            continue
+        table = _table(f"{escape(f.field)}: per option")
+        table.add_column("option")
+        for name in ("precision", "recall", "F1", "support", "predicted"):
+            table.add_column(name, justify="right")
+        for s in f.per_option:
+            table.add_row(escape(s.label), _f(s.precision), _f(s.recall), _f(s.f1), str(s.support), str(s.predicted))
+        console.print(table)
 
 
 def _field_tables(f, console: Console) -> None:
@@ -128,7 +192,7 @@ def render_calibration(report, console: Console) -> None:
                            ("NLL", "nll")):
             table.add_row(name, _f(getattr(f.before, attr)), _f(getattr(f.after, attr)))
         console.print(table)
-        biases = ", ".join(f"{escape(label)} {value:+.3f}" for label, value in zip(f.labels, f.biases))
+        biases = _biases(f.labels, f.biases)
         console.print(f"{escape(f.field)}: temperature {f.temperature:.3f}; biases {biases}", highlight=False)
         if f.conformal is not None:
             c = f.conformal
@@ -143,6 +207,8 @@ def render_calibration(report, console: Console) -> None:
             console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its lower bound: "
                           "the gold rows are separated perfectly and the fit sharpens the probabilities as far as "
                           "allowed; add gold rows before trusting it", highlight=False)
+    for note in getattr(report, "notes", ()):
+        console.print(f"note: {escape(note)}", highlight=False)
     if report.gold_without_prediction:
         console.print(f"{report.gold_without_prediction} gold rows had no prediction and were not used",
                       highlight=False)
@@ -153,6 +219,19 @@ def render_calibration(report, console: Console) -> None:
     if report.fields_without_gold:
         console.print("not calibrated (no gold column): " + escape(", ".join(report.fields_without_gold)),
                       highlight=False)
+
+
+#: Above this many labels (an integer field's values) only the biases that are not 0.000 are listed.
+MANY_LABELS = 12
+
+
+def _biases(labels, biases) -> str:
+    """``A +0.120, B -0.120``; past ``MANY_LABELS`` labels only those not 0.000, then how many are."""
+    pairs = list(zip(labels, biases))
+    shown = pairs if len(pairs) <= MANY_LABELS else [(lab, b) for lab, b in pairs if abs(b) >= 5e-4]
+    text = ", ".join(f"{escape(label)} {value:+.3f}" for label, value in shown)
+    rest = len(pairs) - len(shown)
+    return text + (f"{', ' if shown else ''}the other {rest} 0.000" if rest else "")
 
 
 def render_tune(result, console: Console) -> None:
