@@ -5,9 +5,10 @@
 On the embedded model and the airline tweets of sample_data, the same records are labelled
 with four schemas: a base schema (an enum and two booleans), the base plus one 12-option
 multi-select field, the base plus a nullable enum, an ordinal scale and an integer 1-10,
-and the base plus all of them. Each is labelled once in the packed mode ``pcd label`` uses;
-the forward passes spent on the records (the one-off prompt-head prefill excluded) and the
-wall-clock time per record are reported. A multi field is one boolean decision per option,
+and the base plus all of them. Each is labelled in the packed mode ``pcd label`` uses (records
+share passes up to the token budget) and one record per pass group (as ``pcd bench`` runs);
+the forward passes and tokens spent on the records (the one-off prompt-head prefill
+excluded) and the wall-clock time per record are reported. A multi field is one boolean decision per option,
 read in the same pass as every other field, so it adds tokens to a pass, not passes.
 """
 
@@ -58,22 +59,30 @@ def main() -> None:
     results = []
     for name, fields in SCHEMAS.items():
         schema = parse_schema({"name": name, "fields": fields})
-        labeler = Labeler(schema, backend=backend)
-        labeler.label_frame(rows[["id", "text"]].head(2), id_field="id")  # warm-up (compiled plans, allocator)
-        passes = labeler.forward_passes
-        started = time.perf_counter()
-        frame = labeler.label_frame(rows[["id", "text"]], id_field="id", all_probs=False)
-        elapsed = time.perf_counter() - started
-        n = len(frame)
-        results.append({"schema": name, "declared_fields": len(schema.declared), "decisions": len(schema.fields),
-                        "waves": len(schema.waves), "records": n,
-                        "passes_per_record": (labeler.forward_passes - passes) / n,
-                        "ms_per_record": 1000 * elapsed / n})
-    base_ms = results[0]["ms_per_record"]
-    print(f"{'schema':34} {'fields':>6} {'decisions':>9} {'passes/rec':>10} {'ms/rec':>8} {'vs base':>8}")
+        row = {"schema": name, "declared_fields": len(schema.declared), "decisions": len(schema.fields),
+               "waves": len(schema.waves), "records": len(rows)}
+        for mode, pack in (("packed", True), ("one_record_per_pass", False)):
+            labeler = Labeler(schema, backend=backend, pack_records=pack)
+            labeler.label_frame(rows[["id", "text"]].head(2), id_field="id")  # warm-up (compiled plans, allocator)
+            passes, tokens = labeler.forward_passes, labeler.decoder.tokens_fed
+            started = time.perf_counter()
+            frame = labeler.label_frame(rows[["id", "text"]], id_field="id", all_probs=False)
+            elapsed = time.perf_counter() - started
+            n = len(frame)
+            row[mode] = {"passes_per_record": (labeler.forward_passes - passes) / n,
+                         "tokens_per_record": (labeler.decoder.tokens_fed - tokens) / n,
+                         "ms_per_record": 1000 * elapsed / n}
+        results.append(row)
+    base = results[0]
+    print(f"{'schema':32} {'fields':>6} {'decisions':>9} {'waves':>5} | packed: {'passes/rec':>10} {'tokens/rec':>10} "
+          f"{'ms/rec':>7} {'vs base':>7} | one record per pass: {'passes/rec':>10} {'ms/rec':>7} {'vs base':>7}")
     for r in results:
-        print(f"{r['schema']:34} {r['declared_fields']:>6} {r['decisions']:>9} {r['passes_per_record']:>10.3f} "
-              f"{r['ms_per_record']:>8.1f} {r['ms_per_record'] / base_ms:>7.2f}x")
+        p, u = r["packed"], r["one_record_per_pass"]
+        print(f"{r['schema']:32} {r['declared_fields']:>6} {r['decisions']:>9} {r['waves']:>5} | "
+              f"{p['passes_per_record']:>18.3f} {p['tokens_per_record']:>10.1f} {p['ms_per_record']:>7.1f} "
+              f"{p['ms_per_record'] / base['packed']['ms_per_record']:>6.2f}x | "
+              f"{u['passes_per_record']:>31.3f} {u['ms_per_record']:>7.1f} "
+              f"{u['ms_per_record'] / base['one_record_per_pass']['ms_per_record']:>6.2f}x")
     args.json.write_text(json.dumps({"model": backend.model_id, "rows": args.rows, "results": results}, indent=2) + "\n")
 
 

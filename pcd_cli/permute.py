@@ -34,7 +34,7 @@ import numpy as np
 
 from .compile import CompiledSchema
 from .decode import FieldResult, RecordResult
-from .errors import CompileError
+from .errors import SchemaError
 from .prompt import is_permuted
 from .schema import Schema
 
@@ -63,16 +63,16 @@ def orderings_for(schema: Schema, k: int) -> list[dict[str, tuple[int, ...]]]:
     ``j``-th ``label_orderings`` entry (modulo their count).
 
     Raises:
-        CompileError: ``k`` below 2, the schema has no boolean or enum field, or ``k`` exceeds
-            ``max_orderings`` (the orderings would repeat).
+        SchemaError: ``k`` below 2, the schema has no boolean or enum field, or ``k`` exceeds
+            ``max_orderings`` (the orderings would repeat); exit 2.
     """
     most = max_orderings(schema)
     if k < 2:
-        raise CompileError(f"--permutations {k}: give 2 or more (1 is the plain prompt)")
+        raise SchemaError(f"--permutations {k}: give 2 or more (1 is the plain prompt)")
     if most == 0:
-        raise CompileError("--permutations: the schema has no boolean or enum field whose labels could be reordered")
+        raise SchemaError("--permutations: the schema has no boolean or enum field whose labels could be reordered")
     if k > most:
-        raise CompileError(f"--permutations {k}: this schema has at most {most} distinct orderings "
+        raise SchemaError(f"--permutations {k}: this schema has at most {most} distinct orderings "
                            "(the cyclic shifts of its longest label list and their reversals)")
     fields = [f for f in schema.declared if is_permuted(f)]
     return [{f.name: label_orderings(len(f.labels))[j % len(label_orderings(len(f.labels)))] for f in fields}
@@ -84,7 +84,7 @@ def compile_orderings(schema: Schema, tokenizer, k: int, **compile_args) -> list
     one probes; ``compile_args`` go to ``CompiledSchema``.
 
     Raises:
-        CompileError: as ``orderings_for`` and ``CompiledSchema``.
+        SchemaError: as ``orderings_for``. CompileError: as ``CompiledSchema``.
     """
     orders = orderings_for(schema, k)
     first = CompiledSchema(schema, tokenizer, label_orders=orders[0], **compile_args)

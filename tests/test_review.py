@@ -386,6 +386,10 @@ def test_bad_exports_are_named(case, tmp_path):
     assert "the data have no id 'id'" in flat(result.stderr)
     with pytest.raises(InputError, match="is a folder without records.json"):
         read_gold(tmp_path)
+    unanswered = tmp_path / "unanswered.argilla"
+    pcd("review", case.output, case.input, "--to", "argilla", "-o", unanswered, "--top", 2)
+    result = pcd("eval", case.output, unanswered, code=2)
+    assert "Argilla records without responses" in flat(result.stderr)
     broken = tmp_path / "broken.json"
     broken.write_text("[{\"data\": ")
     with pytest.raises(InputError, match="not a JSON file"):
@@ -499,3 +503,19 @@ def test_multi_nullable_and_integer_fields_go_round(tmp_path):
     assert fields["urgency"]["accuracy"] == pytest.approx(2 / 3)
     tags = report["multi_fields"]["tags"]
     assert tags["n"] == 3 and tags["subset_accuracy"] == pytest.approx(1 / 3)  # only t1's empty choice is right
+    # the same answers given in Argilla by two annotators: lists of options come back as lists
+    from argilla.records._io import JsonIO
+
+    from pcd_cli.quality.review import offline_argilla
+
+    with offline_argilla() as (rg, _):
+        records = JsonIO._records_from_json(tmp_path / "typed.argilla" / "records.json")
+        for record in records:
+            for user in ("00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"):
+                for field, value in answers[record.id].items():
+                    value = value if field == "tags" else value[0]
+                    record.responses.add(rg.Response(field, value, user_id=user, status="submitted"))
+        exported = JsonIO.to_json(records, tmp_path / "typed.records.json")
+    from_argilla = read_gold(exported).set_index("id")
+    assert from_argilla.loc["t2", "tags"] == ["outage", "security"] and from_argilla.loc["t0", "tags"] == []
+    assert from_argilla.loc["t1", "product"] == "null" and from_argilla.loc["t2", "urgency"] == "1"

@@ -9,7 +9,9 @@
 
 Modules: ``data`` (reading and matching by id), ``metrics`` (numpy formulas),
 ``evaluate`` (``EvalReport``), ``calibration`` (temperature + per-label bias), ``render``
-(rich tables), ``plots`` (reliability diagrams; the ``plot`` extra).
+(rich tables), ``plots`` (reliability diagrams; the ``plot`` extra), ``review`` (``pcd review``:
+the rows to check as Label Studio / Argilla / spreadsheet files), ``annotations`` (their
+exports read back as gold).
 """
 
 from .calibration import (Calibration, CalibrationReport, FieldCalibration, FieldCalibrationReport, Scores,

@@ -106,6 +106,10 @@ def read_export(path: str | Path, *, id_field: str | None = "id") -> tuple[str, 
         raise InputError(f"{shown}: a Label Studio JSON-MIN export, whose 'id' is Label Studio's own task id, "
                          "not the record's; export as JSON (the full format) instead")
     elif kind == "argilla":
+        if not any(item.get("responses") for item in items):
+            raise InputError(f"{shown}: Argilla records without responses (the folder pcd review wrote?); import it "
+                             "with rg.Dataset.from_disk, annotate, then pass what dataset.to_disk(FOLDER) or "
+                             "dataset.records.to_json(FILE) writes")
         rows = [argilla_row(item, id_field or "id", f"{shown} record {i}") for i, item in enumerate(items)]
     else:
         rows = [normalize_row(item) for item in items]

@@ -343,8 +343,9 @@ def write_label_studio(selection: ReviewSelection, output: str | Path, *,
     Returns:
         (the files written, what checked them or ``None``).
     """
-    from ..files import write_atomic
+    from ..files import check_writable, write_atomic
 
+    check_writable("-o", output)
     config, tasks = label_studio_config(selection.fields), label_studio_tasks(selection)
     checked = check_label_studio(config, tasks, required=bool(check)) if check is not False else None
     write_atomic(output, orjson.dumps(tasks, option=orjson.OPT_INDENT_2) + b"\n")
@@ -547,8 +548,9 @@ def write_argilla(selection: ReviewSelection, output: str | Path, *,
 
 def write_csv(selection: ReviewSelection, output: str | Path) -> tuple[list[Path], None]:
     """Write the spreadsheet (module doc): ``<f>__gold`` columns empty, to fill in."""
-    from ..files import write_atomic
+    from ..files import check_writable, write_atomic
 
+    check_writable("-o", output)
     name = text_name(selection.fields)
     header = [selection.id_column, name]
     for f in selection.fields:

@@ -1,0 +1,121 @@
+"""Order-debiased labelling (``--permutations K``, issue #18 item 1): every ordering's branch
+against the brute-force oracle, invariance of the combined probabilities under reordering the
+schema's label list, and the output columns."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pcd_cli.compile import CompiledSchema
+from pcd_cli.decode import Decoder, Record
+from pcd_cli.errors import SchemaError
+from pcd_cli.oracle import oracle_field
+from pcd_cli.permute import compile_orderings, label_orderings, orderings_for
+from pcd_cli.schema import parse_schema
+
+from .conftest import TEXTS, tiny_backend
+from .test_cli import pcd
+
+TOL = 1e-4
+FIELDS = {"sentiment": {"type": "enum", "labels": ["NEGATIVE", "NEUTRAL", "POSITIVE"]},
+          "urgent": {"type": "boolean"},
+          "severity": {"type": "ordinal", "labels": ["LOW", "HIGH"]},
+          "route": {"type": "enum", "labels": ["billing", "tech", "sales"], "depends_on": ["urgent"]}}
+
+
+def test_orderings_are_the_cyclic_shifts_and_their_reversals():
+    assert label_orderings(3) == [(0, 1, 2), (2, 1, 0), (1, 2, 0), (0, 2, 1), (2, 0, 1), (1, 0, 2)]
+    assert label_orderings(2) == [(0, 1), (1, 0)]
+    assert len(label_orderings(5)) == 10 and len(set(label_orderings(5))) == 10
+    schema = parse_schema({"fields": FIELDS})
+    orders = orderings_for(schema, 4)
+    assert [o["sentiment"] for o in orders] == label_orderings(3)[:4]
+    assert [o["urgent"] for o in orders] == [(0, 1), (1, 0), (0, 1), (1, 0)]
+    assert all("severity" not in o for o in orders)  # an ordinal scale keeps its order
+    with pytest.raises(SchemaError, match="at most 6 distinct orderings"):
+        orderings_for(schema, 7)
+    with pytest.raises(SchemaError, match="no boolean or enum field"):
+        orderings_for(parse_schema({"fields": {"n": {"type": "integer", "minimum": 1, "maximum": 3}}}), 2)
+
+
+def _decode(backend, schema, k, scoring, texts=TEXTS):
+    orderings = compile_orderings(schema, backend.tokenizer, k, scoring=scoring, logits_width=backend.logits_width)
+    decoder = Decoder(backend, orderings[0], orderings=orderings, trace=True)
+    return orderings, decoder, decoder.decode([Record(i, t) for i, t in enumerate(texts)])
+
+
+@pytest.mark.parametrize("scoring", ["marginal", pytest.param("exact", marks=pytest.mark.full)])
+def test_every_ordering_branch_matches_the_oracle_and_combines_by_the_mean(scoring):
+    backend = tiny_backend()
+    schema = parse_schema({"fields": FIELDS})
+    orderings, decoder, results = _decode(backend, schema, 6, scoring, texts=TEXTS[:1])
+    assert len({c.prompt.head_ids for c in orderings}) == 1  # one head, cached once
+    worst = 0.0
+    for result in results:
+        assert len(result.traces) == 6 * len(schema.fields)
+        for fi, field in enumerate(schema.fields):
+            traces = [t for t in result.traces if t["field"] == field.name]
+            assert len({t["context"] for t in traces}) == 6  # each ordering its own prompt
+            branch = []
+            for t in traces:
+                lines = [(field.labels.index(line["label"]), line["text"]) for line in t["lines"]]
+                probs, mass = oracle_field(backend, t["context"], field, lines, scoring)
+                got = np.array([t["probs"][label] for label in field.labels])
+                worst = max(worst, float(np.abs(got - probs).max()), abs(t["mass"] - mass))
+                branch.append(got)
+            res = result.fields[fi]
+            assert np.allclose(res.probs, np.mean(branch, axis=0), atol=1e-12)
+            assert res.label == int(np.argmax(res.probs))
+            assert res.order_spread == pytest.approx(max(b[res.label] for b in branch) - min(b[res.label] for b in branch))
+    assert worst < TOL
+
+
+def test_combined_probabilities_do_not_depend_on_the_schema_label_order():
+    """With every ordering of the set (K = 2n), reversing or shifting the schema's list gives the
+    same set of prompts, so the same combined probabilities (one permuted field)."""
+    backend = tiny_backend()
+    labels = ["NEGATIVE", "NEUTRAL", "POSITIVE"]
+    per_schema = []
+    for order in (labels, labels[::-1], labels[1:] + labels[:1]):
+        schema = parse_schema({"fields": {"sentiment": {"type": "enum", "labels": order}}})
+        _, _, results = _decode(backend, schema, 6, "marginal")
+        per_schema.append([{schema.fields[0].labels[i]: p for i, p in enumerate(r.fields[0].probs)} for r in results])
+    for other in per_schema[1:]:
+        for a, b in zip(per_schema[0], other):
+            assert max(abs(a[label] - b[label]) for label in labels) < 1e-5
+
+
+def test_the_record_is_fed_once_for_all_orderings():
+    backend = tiny_backend()
+    schema = parse_schema({"fields": {"sentiment": FIELDS["sentiment"]}})
+    text = ("a long record " * 40).strip()
+    _, decoder, results = _decode(backend, schema, 6, "marginal", texts=[text])
+    assert not hasattr(results[0], "error")
+    plain = Decoder(backend, CompiledSchema(schema, backend.tokenizer, label_orders=orderings_for(schema, 2)[0],
+                                            logits_width=backend.logits_width))
+    plain.decode([Record(0, text)])
+    record_tokens = len(backend.tokenizer.encode(text))
+    # six branches of (tail + forest) and the shared record once, not six records
+    assert decoder.tokens_fed < plain.tokens_fed + 5 * (plain.tokens_fed - record_tokens)
+    assert decoder.tokens_fed < 6 * plain.tokens_fed - 4 * record_tokens
+
+
+def test_pcd_label_permutations_writes_the_spread_and_the_orderings(tmp_path):
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"fields": {"sentiment": FIELDS["sentiment"], "urgent": FIELDS["urgent"]}}))
+    out = tmp_path / "out.parquet"
+    pcd("label", data, "-s", schema, "-o", out, "--permutations", "3")
+    table = pq.read_table(out)
+    meta = json.loads(table.schema.metadata[b"pcd.permutations"])
+    assert meta["k"] == 3 and meta["orders"]["sentiment"][1] == ["POSITIVE", "NEUTRAL", "NEGATIVE"]
+    assert meta["orders"]["urgent"] == [["true", "false"], ["false", "true"], ["true", "false"]]
+    spread = table.column("sentiment__order_spread").to_pylist()
+    assert len(spread) == 3 and all(0 <= s <= 1 for s in spread)
+    result = pcd("label", data, "-s", schema, "-o", out, "--permutations", "9", code=2)
+    assert "at most 6 distinct orderings" in result.stderr
