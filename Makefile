@@ -50,6 +50,9 @@ demo: install
 	@echo "== support tickets: the 28-field triage schema"
 	$(PCD) label sample_data/support_tickets.jsonl --schema schemas/support_triage.yaml --id-field id \
 		--template 'Subject: {subject}\n\n{body}' -o $(OUT)/support_tickets.labels.parquet
+	@echo "== support tickets: multi-select topics, ordinal severity, nullable product, integer urgency and rules"
+	$(PCD) label sample_data/support_tickets.jsonl --schema schemas/ticket_routing.yaml --id-field id \
+		--template 'Subject: {subject}\n\n{body}' -o $(OUT)/support_tickets.routing.parquet
 	@echo "== review loop: 80 of the tuned labels (a random sample, most uncertain first) as Label Studio tasks"
 	$(PCD) review $(OUT)/airline.tuned.parquet sample_data/airline_tweets.jsonl --to label-studio --sample 80 \
 		-o $(OUT)/airline.review.json

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
 from pcd_cli.checkpoint import WorkDir  # noqa: E402
-from pcd_cli.io import InputSpec, output_schema  # noqa: E402
+from pcd_cli.io import InputSpec  # noqa: E402
+from pcd_cli.output import output_schema  # noqa: E402
 from pcd_cli.job import label_file  # noqa: E402
 from pcd_cli.schema import load_schema  # noqa: E402
 

@@ -222,9 +222,9 @@ class Labeler:
           | (self._permutations_metadata() if hasattr(self, "decoder") else {})
 
     def output_schema(self, id_column: str, id_type, *, all_probs: bool):
-        """The Arrow schema of this labeler's output (``pcd_cli.io.output_schema`` with its
+        """The Arrow schema of this labeler's output (``pcd_cli.output.output_schema`` with its
         calibration, label sets, abstention and ``--permutations`` columns)."""
-        from .io import output_schema
+        from .output import output_schema
 
         return output_schema(self.schema, id_column, id_type, all_probs=all_probs,
                              calibrated=self.calibration is not None, sets=self.set_fields,
@@ -333,7 +333,8 @@ class Labeler:
             InputError: ``template`` is malformed, or a needed column is missing from ``df``.
         """
         from .errors import InputError
-        from .io import InputSpec, results_table, row_to_record
+        from .io import InputSpec, row_to_record
+        from .output import results_table
 
         spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
         missing = [c for c in spec.columns_needed() if c not in df.columns]

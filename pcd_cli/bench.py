@@ -35,7 +35,8 @@ from .api import Labeler
 from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Record, RecordResult
 from .errors import InputError
 from .files import write_atomic
-from .io import InputSpec, declared_values, read_records
+from .io import InputSpec, read_records
+from .output import declared_values
 from .prompt import answer_object
 from .schema import Schema
 

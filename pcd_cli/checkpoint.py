@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from .errors import InputError
 from .files import AtomicFile, atomic_writer, clear_stale, machine_errors, write_atomic, write_target
-from .io import ParquetSink
+from .output import ParquetSink
 
 try:  # POSIX; elsewhere runs are not protected against a second process on the same output
     import fcntl

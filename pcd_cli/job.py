@@ -25,7 +25,8 @@ from .checkpoint import WorkDir, check_unlocked
 from .decode import RecordFailure, RecordResult
 from .errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
 from .files import check_writable, clear_stale
-from .io import TRUNCATED_COLUMN, InputSpec, ParquetSink, RecordReader, check_input, is_stdin, output_schema, results_table
+from .io import InputSpec, RecordReader, check_input, is_stdin
+from .output import TRUNCATED_COLUMN, ParquetSink, output_schema, results_table
 from .rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields, rules_metadata
 from .schema import Schema, schema_metadata
 from .summary import RunStats

@@ -294,7 +294,7 @@ def test_every_record_failing_exits_1(tmp_path):
 
 BAD_SCHEMAS = {
     "no-fields": ("name: x\nfields: {}\n", [], ["no fields"]),
-    "unknown-type": ("fields:\n  sentiment: {type: integer}\n", [], ["'sentiment'", "unknown type 'integer'"]),
+    "unknown-type": ("fields:\n  sentiment: {type: decimal}\n", [], ["'sentiment'", "unknown type 'decimal'"]),
     "duplicate-label": ("fields:\n  sentiment: {type: enum, labels: [GOOD, BAD, GOOD]}\n", [],
                         ["'sentiment'", "duplicate label 'GOOD'"]),
     "non-string-label": ("fields:\n  rating: {type: enum, labels: [1, 2]}\n", [],

@@ -1,8 +1,8 @@
 """``pcd eval`` / ``pcd calibrate`` / ``pcd tune`` gold for the field types beyond boolean and enum:
 multi-select (per-option scores, micro/macro F1, subset accuracy, Hamming loss, a calibration per
 option), ordered scales (MAE, within-one, QWK) and nullable fields. Metrics are checked against
-scikit-learn on hand-made predictions written as real pcd outputs (``io.output_schema`` and
-``io.results_table``); no model is loaded."""
+scikit-learn on hand-made predictions written as real pcd outputs (``output.output_schema`` and
+``output.results_table``); no model is loaded."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from pcd_cli.api import Labeler
 from pcd_cli.cli import app
 from pcd_cli.decode import FieldResult, RecordResult
-from pcd_cli.io import InputSpec, output_schema, results_table
+from pcd_cli.io import InputSpec
+from pcd_cli.output import output_schema, results_table
 from pcd_cli.quality import Calibration, evaluate, fit_calibration, read_gold, read_predictions
 from pcd_cli.quality import metrics as M
 from pcd_cli.quality.calibration import fit_temperature_biases

@@ -19,7 +19,7 @@ import pytest
 from pcd_cli.compile import CompiledSchema
 from pcd_cli.decode import Decoder, FieldResult, Record
 from pcd_cli.errors import SchemaError
-from pcd_cli.io import chosen_options, expected_value
+from pcd_cli.output import chosen_options, expected_value
 from pcd_cli.prompt import answer_object, catalog_line
 from pcd_cli.schema import parse_schema
 
@@ -94,7 +94,7 @@ def test_decoder_matches_oracle_on_every_type(types_schema, scoring, chat):
     assert written in kind["context"]  # the later wave sees the multi field written whole, as JSON
 
 
-@pytest.mark.parametrize("scoring, pack", [("marginal", True), ("exact", False)])
+@pytest.mark.parametrize("scoring, pack", [("marginal", True), pytest.param("exact", False, marks=pytest.mark.full)])
 def test_embedded_decoder_matches_oracle_on_a_sample_of_every_type(embedded_backend, types_schema, scoring, pack):
     compiled = CompiledSchema(types_schema, embedded_backend.tokenizer, scoring=scoring,
                               logits_width=embedded_backend.logits_width)

@@ -13,7 +13,8 @@ import pytest
 import pcd_cli.io as pio
 from pcd_cli.decode import FieldResult, Record, RecordFailure, RecordResult
 from pcd_cli.errors import InputError
-from pcd_cli.io import InputSpec, ParquetSink, detect_format, output_schema, read_records, results_table
+from pcd_cli.io import InputSpec, detect_format, read_records
+from pcd_cli.output import ParquetSink, output_schema, results_table
 from pcd_cli.job import default_errors, default_output
 from pcd_cli.schema import parse_schema
 

@@ -16,7 +16,7 @@ import pcd_cli.backends
 import pcd_cli.backends.torch_backend
 from pcd_cli.cli import app
 from pcd_cli.errors import CalibrationError
-from pcd_cli.io import output_schema
+from pcd_cli.output import output_schema
 from pcd_cli.quality import Calibration
 from pcd_cli.schema import load_schema
 

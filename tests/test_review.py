@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from pcd_cli.cli import app
 from pcd_cli.errors import InputError, MissingExtra
 from pcd_cli.examples import draw_examples
-from pcd_cli.io import InputSpec, output_schema
+from pcd_cli.io import InputSpec
+from pcd_cli.output import output_schema
 from pcd_cli.quality import read_gold
 from pcd_cli.quality.review import (check_label_studio, config_path, label_studio_config, label_studio_tasks,
                                     select_for_review, write_review)

@@ -4,7 +4,7 @@
   ``Labeler`` and commits checkpointed batches (``--resume``).
 * **ray** (``pcd_cli.engines.ray_engine``, extra ``pcd-cli[ray]``): the same ``Labeler``
   built once in each Ray Data actor of a pool; rows become records by the same reader
-  (``pcd_cli.io``) and results become Arrow by the same ``io.results_table``, so both
+  (``pcd_cli.io``) and results become Arrow by the same ``output.results_table``, so both
   engines write the same columns, types, key-value metadata and errors.
 
 An engine takes the ``Labeler`` keyword arguments as one dict (built once by the CLI), so an

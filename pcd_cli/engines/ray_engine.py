@@ -18,7 +18,7 @@ A run is four Ray Data steps; the driver (the ``pcd`` process) only plans and co
    exists only once its task succeeded, so every row is in the output exactly once. Past the
    retries the run fails (``EngineError``) and writes nothing.
 4. **write**: labelled rows -> a folder of Parquet files with the local engine's columns,
-   types and key-value metadata (``io.output_schema``/``io.results_table``); failed rows ->
+   types and key-value metadata (``output.output_schema``/``output.results_table``); failed rows ->
    the errors JSONL (driver). Both are written under temporary names and renamed when
    complete; a failed run leaves an earlier output as it was.
 
@@ -51,7 +51,8 @@ import pyarrow.parquet as pq
 from ..decode import Record, RecordFailure, RecordResult
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..files import check_writable, clear_stale, write_atomic, write_target
-from ..io import EXTENSIONS, InputSpec, detect_format, output_schema, read_records, results_table, row_to_record
+from ..io import EXTENSIONS, InputSpec, detect_format, read_records, row_to_record
+from ..output import output_schema, results_table
 from ..schema import Schema
 from ..summary import RunStats
 
@@ -172,7 +173,7 @@ class LabelWorker:
         offsets: first global row number of each input file. limit: keep rows below it.
         exit_once: test-only path (see ``EXIT_ONCE_ENV``).
 
-    Returns (per call): a table with the output columns (``io.output_schema``) and
+    Returns (per call): a table with the output columns (``output.output_schema``) and
     ``EXTRA_COLUMNS``: per row its error (null when labelled), global row, line, file and
     record id (JSON); on the first row the actor's metadata (JSON) and the forward passes
     the batch took.

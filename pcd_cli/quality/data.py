@@ -86,12 +86,10 @@ class FieldSpec:
         """(k,) float64 value of each label on the scale (integers their value, ordinal labels
         their position from 0, as ``<f>__expected``); NaN for the null option and the
         ``none_label``, which are off the scale."""
-        out, position = np.full(len(self.labels), np.nan), 0
-        for i, label in enumerate(self.labels):
-            if self.is_null(i) or label == self.none_label:
-                continue
-            out[i] = float(int(label)) if self.type == "integer" else float(position)
-            position += 1
+        field = Field(self.name, self.type, "", self.labels, nullable=self.nullable, none_label=self.none_label)
+        out = np.full(len(self.labels), np.nan)
+        for i, value in field.scale_values():  # the one rule, shared with <f>__expected
+            out[i] = value
         return out
 
 
