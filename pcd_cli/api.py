@@ -394,11 +394,11 @@ def _reweighted(f, res: FieldResult, probs: np.ndarray, *, label_set: tuple[int,
                 abstained: bool = False) -> FieldResult:
     """``res`` with new (k,) probabilities (calibrated or prior-corrected): the label is their
     argmax, the decoder's own probabilities are kept in ``raw_probs``, the mass is unchanged;
-    ``abstained`` leaves the value null."""
+    ``abstained`` leaves the value null; ``order_spread`` (``--permutations``) is kept."""
     label = int(np.argmax(probs))
     return FieldResult(label=label, value=None if abstained else f.value(label), prob=float(probs[label]),
                        mass=res.mass, probs=tuple(float(p) for p in probs), raw_probs=res.probs,
-                       label_set=label_set, abstained=abstained)
+                       label_set=label_set, abstained=abstained, order_spread=res.order_spread)
 
 
 def _load_calibration(calibration):

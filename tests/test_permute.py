@@ -119,3 +119,13 @@ def test_pcd_label_permutations_writes_the_spread_and_the_orderings(tmp_path):
     assert len(spread) == 3 and all(0 <= s <= 1 for s in spread)
     result = pcd("label", data, "-s", schema, "-o", out, "--permutations", "9", code=2)
     assert "at most 6 distinct orderings" in result.stderr
+
+
+def test_prior_correction_and_calibration_keep_the_order_spread():
+    from pcd_cli.api import _reweighted
+    from pcd_cli.decode import FieldResult
+
+    field = parse_schema({"fields": {"s": {"type": "enum", "labels": ["a", "b"]}}}).fields[0]
+    res = FieldResult(label=0, value="a", prob=0.6, mass=0.5, probs=(0.6, 0.4), order_spread=0.3)
+    moved = _reweighted(field, res, np.array([0.2, 0.8]))
+    assert (moved.value, moved.order_spread, moved.raw_probs) == ("b", 0.3, (0.6, 0.4))
