@@ -148,10 +148,13 @@ def _answer_tokens(labeler: Labeler) -> int:
 
 def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model: str | None = None,
               device: str = "auto", dtype: str = "auto", max_new_tokens: int | None = None,
-              max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, backend=None, methods: tuple[str, ...] = METHODS) -> BenchReport:
+              max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, backend=None, methods: tuple[str, ...] = METHODS,
+              permutations: int = 1) -> BenchReport:
     """Run the three methods on the first ``spec.limit`` records of ``input_path``.
 
-    ``backend``: a loaded backend, or ``auto``/``torch``/``mlx`` (see ``Labeler``).
+    ``backend``: a loaded backend, or ``auto``/``torch``/``mlx`` (see ``Labeler``);
+    ``permutations``: pcd's ``--permutations K`` (generation then reads the prompt of the
+    first ordering, the values listed after the record).
 
     Raises:
         InputError: no usable record in the input. ModelError/CompileError: see ``Labeler``.
@@ -162,7 +165,7 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
         why = f" (e.g. {items[0].error})" if items else " (it is empty)"
         raise InputError(f"{str(input_path)!r}: no usable record to benchmark{why}")
     labeler = Labeler(schema, model=model, device=device, dtype=dtype, backend=backend,
-                      max_tokens_per_pass=max_tokens_per_pass)
+                      max_tokens_per_pass=max_tokens_per_pass, permutations=permutations)
     backend = labeler.backend
     cap = max_new_tokens or 2 * _answer_tokens(labeler) + 32
     report = BenchReport(schema=schema.name, model=backend.model_id, device=str(backend.device),

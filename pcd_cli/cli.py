@@ -604,6 +604,7 @@ def bench(
                                         "adds each method's accuracy per field on the same records."),
     id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id, matched with "
                                            "--gold's id column of the same name (default: row numbers, gold 'id')."),
+    permutations: int = PERMUTATIONS_OPT,
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
@@ -615,7 +616,7 @@ def bench(
         report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
                                                     id_field=id_field, csv_delimiter=csv_delimiter), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
-                           max_tokens_per_pass=max_tokens_per_pass, backend=backend.value)
+                           max_tokens_per_pass=max_tokens_per_pass, backend=backend.value, permutations=permutations)
     except PcdError as exc:
         raise _fail(exc) from None
     render_bench(report, out)

@@ -447,3 +447,33 @@ def test_mlx_refuses_families_it_cannot_score_exactly(family, tmp_path):
     folder = conformance.build_tiny_model(family, tmp_path / family, _tokenizer_source(), refused=refused)
     with pytest.raises(ModelError, match="cannot score it exactly|scores exactly"):
         _load_mlx(folder)
+
+
+@needs_mlx
+@pytest.mark.parametrize("permutations", [1, 3])
+def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, permutations):
+    """Multi-select, nullable, ordinal and integer fields (and --permutations branches) on MLX:
+    every decision (each ordering's own, from its trace) against MLX's plain forward passes."""
+    from pcd_cli.oracle import oracle_field
+    from pcd_cli.permute import compile_orderings
+    from pcd_cli.schema import parse_schema
+
+    from .test_field_types import TYPES_SCHEMA
+
+    backend, schema = mlx_backends["llama"], parse_schema(TYPES_SCHEMA)
+    orderings = compile_orderings(schema, backend.tokenizer, permutations, scoring="marginal",
+                                  logits_width=backend.logits_width) if permutations > 1 else ()
+    compiled = orderings[0] if orderings else CompiledSchema(schema, backend.tokenizer, logits_width=backend.logits_width)
+    decoder = Decoder(backend, compiled, orderings=orderings, trace=True)
+    results = decoder.decode([Record(i, t) for i, t in enumerate(TEXTS[:2])])
+    worst, checked = 0.0, 0
+    for result in results:
+        for trace in result.traces:
+            field = schema.fields[schema.field_index(trace["field"])]
+            lines = [(field.labels.index(line["label"]), line["text"]) for line in trace["lines"]]
+            probs, mass = oracle_field(backend, trace["context"], field, lines, "marginal")
+            got = np.array([trace["probs"][label] for label in field.labels])
+            worst, checked = max(worst, float(np.abs(got - probs).max()), abs(trace["mass"] - mass)), checked + 1
+    assert checked == 2 * permutations * len(schema.fields)
+    print(f"mlx, field types, K={permutations}: largest difference from the oracle {worst:.2e}")
+    assert worst < TOL
