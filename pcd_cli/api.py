@@ -130,6 +130,10 @@ class Labeler:
 
             raise CalibrationError("--abstain-unless-single needs label sets: a --calibration fitted with "
                                    "pcd calibrate --coverage")
+        if permutations > 1:  # a K the schema cannot take is refused before the model loads
+            from .permute import orderings_for
+
+            orderings_for(self.schema, permutations)
         if backend is None or isinstance(backend, str):
             from .backends import load_backend
 

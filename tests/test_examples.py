@@ -133,7 +133,8 @@ def test_decoder_with_examples_matches_the_oracle(scoring):
     _examples_against_oracle(tiny_backend(seed=5), scoring, sample=False)
 
 
-@pytest.mark.parametrize("scoring", ["marginal", pytest.param("exact", marks=pytest.mark.full)])
+@pytest.mark.full  # make test checks examples against the oracle on tiny models (both scorings, every decision)
+@pytest.mark.parametrize("scoring", ["marginal", "exact"])
 def test_embedded_decoder_with_examples_matches_the_oracle_on_a_sample(embedded_backend, scoring):
     _examples_against_oracle(embedded_backend, scoring, sample=True)
 

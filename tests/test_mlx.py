@@ -450,7 +450,7 @@ def test_mlx_refuses_families_it_cannot_score_exactly(family, tmp_path):
 
 
 @needs_mlx
-@pytest.mark.parametrize("permutations", [1, 3])
+@pytest.mark.parametrize("permutations", [pytest.param(1, marks=pytest.mark.full), 3])  # 3: the types and branches
 def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, permutations):
     """Multi-select, nullable, ordinal and integer fields (and --permutations branches) on MLX:
     every decision (each ordering's own, from its trace) against MLX's plain forward passes."""

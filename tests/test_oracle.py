@@ -41,7 +41,8 @@ def test_decoder_matches_oracle(request, oracle_schema, scoring, backend_name):
     _check(request.getfixturevalue(backend_name), oracle_schema, scoring, sample=False)
 
 
-@pytest.mark.parametrize("scoring, pack_records", [("marginal", True), ("exact", False)])
+@pytest.mark.parametrize("scoring, pack_records", [("marginal", True),
+                                                   pytest.param("exact", False, marks=pytest.mark.full)])
 def test_embedded_decoder_matches_oracle_on_a_sample(embedded_backend, oracle_schema, scoring, pack_records):
     _check(embedded_backend, oracle_schema, scoring, sample=True, pack_records=pack_records)
 

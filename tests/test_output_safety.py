@@ -147,6 +147,7 @@ def _fill_limited(tmp_path: Path, limit_kib: int, *extra) -> subprocess.Complete
                           cwd=tmp_path)
 
 
+@pytest.mark.full  # make test fills a real tmpfs (test_a_disk_that_really_fills_up...) where it runs as root
 def test_a_file_too_large_exits_5_and_keeps_yesterdays_output(tmp_path):
     rows = [{"id": f"r{i}", "text": "the flight was late again and the crew was rude " * 8 + str(i)} for i in range(12)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

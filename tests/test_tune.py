@@ -79,7 +79,8 @@ def test_step0_loss_reads_equal_the_oracle_on_a_tiny_model(scoring, with_example
     assert worst < 1e-5
 
 
-@pytest.mark.parametrize("scoring", ["marginal", pytest.param("exact", marks=pytest.mark.full)])
+@pytest.mark.full  # make test: every combination on a tiny model (test_step0_loss_reads_equal_the_oracle_on_a_tiny_model)
+@pytest.mark.parametrize("scoring", ["marginal", "exact"])
 def test_step0_loss_reads_equal_the_oracle_on_the_embedded_model(embedded_backend, scoring):
     schema = parse_schema(dict(WAVES_SCHEMA, examples=EXAMPLES))
     # a sample: one record, the first field (wave 0) and a depends_on field (wave 2, gold lines written)
