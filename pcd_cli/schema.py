@@ -78,8 +78,30 @@ def unescape_template(template: str) -> str:
     return template.replace("\\n", "\n").replace("\\t", "\t")
 
 
+class FieldKind:
+    """What a field's ``type``, ``nullable`` and ``labels`` say of it; shared by ``Field`` and
+    the evaluation's ``quality.data.FieldSpec`` (which is read back from an output's metadata)."""
+
+    type: str
+    labels: tuple[str, ...]
+    nullable: bool
+
+    @property
+    def is_multi(self) -> bool:
+        return self.type == "multi"
+
+    @property
+    def is_scale(self) -> bool:
+        """Ordinal or integer: the labels are ordered; ``<f>__expected``, MAE and QWK apply."""
+        return self.type in ("ordinal", "integer")
+
+    def is_null(self, label_index: int) -> bool:
+        """Whether ``label_index`` is the null option of a nullable field."""
+        return self.nullable and label_index == len(self.labels) - 1
+
+
 @dataclass(frozen=True)
-class Field:
+class Field(FieldKind):
     """One field of the schema: a closed decision, or (``type: multi``) a set of them.
 
     Decision types: ``boolean``, ``enum``, ``ordinal`` (an enum whose labels are in order,
@@ -126,19 +148,6 @@ class Field:
     @property
     def is_boolean(self) -> bool:
         return self.type == "boolean"
-
-    @property
-    def is_multi(self) -> bool:
-        return self.type == "multi"
-
-    @property
-    def is_scale(self) -> bool:
-        """Ordinal or integer: the labels are ordered and ``<f>__expected`` is written."""
-        return self.type in ("ordinal", "integer")
-
-    def is_null(self, label_index: int) -> bool:
-        """Whether ``label_index`` is the null option of a nullable field."""
-        return self.nullable and label_index == len(self.labels) - 1
 
     def scale_values(self) -> list[tuple[int, float]]:
         """``(label index, value)`` of the labels on the scale: integers their value, ordinal

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..io import InputSpec, detect_format, read_table_rows, row_to_record
-from ..schema import NULL_LABEL, Field, Schema
+from ..schema import NULL_LABEL, Field, FieldKind, Schema
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
 METADATA_ATTR = "metadata"
@@ -44,7 +44,7 @@ MAX_INVALID_EXAMPLES = 5
 
 
 @dataclass(frozen=True)
-class FieldSpec:
+class FieldSpec(FieldKind):
     """What evaluation needs of a field: its name, labels in schema order, and type.
 
     Attributes:
@@ -70,17 +70,6 @@ class FieldSpec:
         """The spec of a declared schema field."""
         return cls(field.name, tuple(field.labels), field.is_boolean, field.type, field.nullable, field.none_label)
 
-    @property
-    def is_multi(self) -> bool:
-        return self.type == "multi"
-
-    @property
-    def is_scale(self) -> bool:
-        """Ordinal or integer: MAE, within-one accuracy and QWK are reported."""
-        return self.type in ("ordinal", "integer")
-
-    def is_null(self, index: int) -> bool:
-        return self.nullable and index == len(self.labels) - 1
 
     def scale_values(self) -> np.ndarray:
         """(k,) float64 value of each label on the scale (integers their value, ordinal labels
