@@ -450,7 +450,7 @@ def test_mlx_refuses_families_it_cannot_score_exactly(family, tmp_path):
 
 
 @needs_mlx
-@pytest.mark.parametrize("permutations", [pytest.param(1, marks=pytest.mark.full), 3])  # 3: the types and branches
+@pytest.mark.parametrize("permutations", [pytest.param(1, marks=pytest.mark.full), 2])  # 2: the types and branches
 def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, permutations):
     """Multi-select, nullable, ordinal and integer fields (and --permutations branches) on MLX:
     every decision (each ordering's own, from its trace) against MLX's plain forward passes."""
@@ -465,7 +465,7 @@ def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, per
                                   logits_width=backend.logits_width) if permutations > 1 else ()
     compiled = orderings[0] if orderings else CompiledSchema(schema, backend.tokenizer, logits_width=backend.logits_width)
     decoder = Decoder(backend, compiled, orderings=orderings, trace=True)
-    results = decoder.decode([Record(i, t) for i, t in enumerate(TEXTS[:2])])
+    results = decoder.decode([Record(0, TEXTS[0])])
     worst, checked = 0.0, 0
     for result in results:
         for trace in result.traces:
@@ -474,6 +474,6 @@ def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, per
             probs, mass = oracle_field(backend, trace["context"], field, lines, "marginal")
             got = np.array([trace["probs"][label] for label in field.labels])
             worst, checked = max(worst, float(np.abs(got - probs).max()), abs(trace["mass"] - mass)), checked + 1
-    assert checked == 2 * permutations * len(schema.fields)
+    assert checked == permutations * len(schema.fields)
     print(f"mlx, field types, K={permutations}: largest difference from the oracle {worst:.2e}")
     assert worst < TOL
