@@ -116,12 +116,7 @@ class FieldReport:
     correct: tuple = dc_field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        del d["ids"], d["correct"]
-        d["intervals"] = {k: (list(v) if v is not None else None) for k, v in self.intervals.items()}
-        d["labels"] = list(self.labels)
-        d["invalid_values"] = [{"value": v, "count": c} for v, c in self.invalid_values]
-        d["per_label"] = {s.label: {k: v for k, v in asdict(s).items() if k != "label"} for s in self.per_label}
+        d = _report_dict(self, "labels", "per_label")
         d["confusion"] = [list(row) for row in self.confusion]
         return _finite(d)
 
@@ -176,13 +171,7 @@ class MultiFieldReport:
     correct: tuple = dc_field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        del d["ids"], d["correct"]
-        d["intervals"] = {k: (list(v) if v is not None else None) for k, v in self.intervals.items()}
-        d["options"] = list(self.options)
-        d["invalid_values"] = [{"value": v, "count": c} for v, c in self.invalid_values]
-        d["per_option"] = {s.label: {k: v for k, v in asdict(s).items() if k != "label"} for s in self.per_option}
-        return _finite(d)
+        return _finite(_report_dict(self, "options", "per_option"))
 
 
 @dataclass(frozen=True)
@@ -433,6 +422,19 @@ def intervals(data: FieldData, correct: np.ndarray) -> dict:
 def selective(name: str, score: np.ndarray, correct: np.ndarray, target_accuracy: float | None) -> Selective:
     return Selective(name, tuple(M.selective_accuracy(score, correct, c) for c in COVERAGES),
                      M.threshold_for_accuracy(score, correct, target_accuracy) if target_accuracy else None)
+
+
+def _report_dict(report, labels: str, per_label: str) -> dict:
+    """The JSON form shared by a field's and a multi field's report: its dataclass fields
+    without the per-row ``ids``/``correct``, intervals as lists, the ``labels`` attribute as a
+    list, invalid values as objects and the ``per_label`` scores keyed by label."""
+    d = asdict(report)
+    del d["ids"], d["correct"]
+    d["intervals"] = {k: (list(v) if v is not None else None) for k, v in report.intervals.items()}
+    d[labels] = list(getattr(report, labels))
+    d["invalid_values"] = [{"value": v, "count": c} for v, c in report.invalid_values]
+    d[per_label] = {s.label: {k: v for k, v in asdict(s).items() if k != "label"} for s in getattr(report, per_label)}
+    return d
 
 
 def _finite(value):
