@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
-from pcd_cli.checkpoint import WorkDir  # noqa: E402
-from pcd_cli.io import InputSpec  # noqa: E402
-from pcd_cli.output import output_schema  # noqa: E402
-from pcd_cli.job import label_file  # noqa: E402
-from pcd_cli.schema import load_schema  # noqa: E402
+from pcd_cli.engines.checkpoint import WorkDir  # noqa: E402
+from pcd_cli.io.readers import InputSpec  # noqa: E402
+from pcd_cli.io.output import output_schema  # noqa: E402
+from pcd_cli.engines.local import label_file  # noqa: E402
+from pcd_cli.schema.load import load_schema
 
 SCHEMA = ROOT / "schemas" / "airline_sentiment.yaml"
 INPUT = ROOT / "sample_data" / "airline_tweets.jsonl"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
-from pcd_cli.schema import parse_schema  # noqa: E402
+from pcd_cli.schema.load import parse_schema
 
 BASE = {
     "sentiment": {"type": "enum", "labels": ["NEGATIVE", "NEUTRAL", "POSITIVE"],

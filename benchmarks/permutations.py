@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
-from pcd_cli.permute import max_orderings  # noqa: E402
+from pcd_cli.decoding.permute import max_orderings  # noqa: E402
 from pcd_cli.quality import evaluate  # noqa: E402
-from pcd_cli.schema import load_schema  # noqa: E402
+from pcd_cli.schema.load import load_schema
 from prior_correction import SETS, reversed_schema  # noqa: E402
 
 

@@ -32,9 +32,9 @@ from rich.table import Table
 
 from pcd_cli.api import Labeler
 from pcd_cli.backends import load_backend
-from pcd_cli.decode import RecordResult
-from pcd_cli.io import InputSpec, read_records
-from pcd_cli.schema import load_schema
+from pcd_cli.results import RecordResult
+from pcd_cli.io.readers import InputSpec, read_records
+from pcd_cli.schema.load import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [  # (name, schema, data, text template)

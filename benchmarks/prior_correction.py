@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
 from pcd_cli.quality import evaluate  # noqa: E402
-from pcd_cli.schema import load_schema, parse_schema  # noqa: E402
+from pcd_cli.schema.load import load_schema, parse_schema
 from quality import DATA  # noqa: E402  (benchmarks/quality.py: the same data folder and set table)
 from quality import SETS as QUALITY_SETS  # noqa: E402
 

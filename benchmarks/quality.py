@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
 from pcd_cli.bench import check_generated  # noqa: E402
-from pcd_cli.examples import draw_examples  # noqa: E402
-from pcd_cli.io import InputSpec  # noqa: E402
+from pcd_cli.decoding.examples import draw_examples  # noqa: E402
+from pcd_cli.io.readers import InputSpec  # noqa: E402
 from pcd_cli.quality import evaluate, fit_calibration  # noqa: E402
-from pcd_cli.schema import load_schema  # noqa: E402
+from pcd_cli.schema.load import load_schema
 
 DATA = ROOT.parent / "shared" / "data"
 SETS = {

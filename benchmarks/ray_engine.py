@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pcd_cli.api import Labeler
-from pcd_cli.io import InputSpec
-from pcd_cli.job import label_file
-from pcd_cli.schema import load_schema
+from pcd_cli.io.readers import InputSpec
+from pcd_cli.engines.local import label_file
+from pcd_cli.schema.load import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = [

@@ -1,5 +1,5 @@
 """What the resume integrity check costs: reading a large input with and without the running
-SHA-256 of the raw rows (``pcd_cli.io.RecordReader``), as a resumed run reads past the rows
+SHA-256 of the raw rows (``pcd_cli.io.readers.RecordReader``), as a resumed run reads past the rows
 done. No model is involved; the decoder is far slower than either.
 
     python benchmarks/resume_hash.py [--rows 1000000] [--format jsonl|csv]
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pcd_cli.io import InputSpec, RecordReader
+from pcd_cli.io.readers import InputSpec, RecordReader
 
 
 class _NoHash:

@@ -29,9 +29,9 @@ from rich.table import Table
 from pcd_cli.api import Labeler
 from pcd_cli.backends import load_backend
 from pcd_cli.bench import peak_rss_mb, render_bench, run_bench
-from pcd_cli.decode import Record
-from pcd_cli.io import InputSpec, read_records
-from pcd_cli.schema import load_schema
+from pcd_cli.results import Record
+from pcd_cli.io.readers import InputSpec, read_records
+from pcd_cli.schema.load import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = [
@@ -45,7 +45,7 @@ MEMORY_SCRIPT = """
 import json, sys
 from pcd_cli.api import Labeler
 from pcd_cli.bench import peak_rss_mb
-from pcd_cli.decode import Record
+from pcd_cli.decoding.decode import Record
 labeler = Labeler(sys.argv[1], model=sys.argv[3] or None, device=sys.argv[4], dtype=sys.argv[5])
 loaded = peak_rss_mb()
 labeler.label_batch([Record(0, sys.argv[2])])

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from pcd_cli.backends.torch_backend import load_tokenizer
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.schema import load_schema
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.schema.load import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 

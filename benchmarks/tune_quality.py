@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
-from pcd_cli.io import InputSpec  # noqa: E402
+from pcd_cli.io.readers import InputSpec  # noqa: E402
 from pcd_cli.quality import fit_calibration  # noqa: E402
 from pcd_cli.quality import metrics as M  # noqa: E402
-from pcd_cli.schema import load_schema  # noqa: E402
+from pcd_cli.schema.load import load_schema
 from pcd_cli.tune import TuneConfig, gold_records, stratified_holdout, tune  # noqa: E402
 
 from quality import DATA  # noqa: E402  (benchmarks/quality.py: the same data folder and set table)

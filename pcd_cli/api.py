@@ -22,14 +22,16 @@ from typing import Sequence
 
 import numpy as np
 
-from . import __version__
-from .compile import CompiledSchema
-from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, FieldResult, Record, RecordFailure, RecordResult
-from .examples import resolve_examples
-from .io import InputSpec, _row_to_record
-from .rules import rules_metadata
-from .schema import Example, Schema, load_schema, schema_metadata
-from .values import RepeatedIds
+from .version import __version__
+from .decoding.compile import CompiledSchema
+from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
+from .results import FieldResult, Record, RecordFailure, RecordResult
+from .decoding.examples import resolve_examples
+from .io.readers import InputSpec, _row_to_record
+from .schema.rules import rules_metadata
+from .schema.model import Example, Schema, schema_metadata
+from .schema.load import load_schema
+from .io.values import RepeatedIds
 
 
 class RepeatedIdWarning(UserWarning):
@@ -45,7 +47,7 @@ class Labeler:
 
     Args:
         schema: a ``Schema``, a path to a schema file, or a Pydantic model class
-            (``pcd_cli.schema_pydantic``).
+            (``pcd_cli.schema.pydantic``).
         model: ``None`` (embedded SmolLM2-135M-Instruct), a ``.gguf`` file, a local model
             folder or a transformers model id.
         device: ``auto|cpu|cuda|mps``. dtype: ``auto|float32|bfloat16|float16``.
@@ -62,7 +64,7 @@ class Labeler:
         truncate: how a text too long for the model's context is cut: ``middle`` (default),
             ``head``, ``tail`` (the part removed), or ``error`` (the record fails); see ``Decoder``.
         examples: few-shot examples put in the prompt head (``None``: the schema's own
-            ``examples:``; ``()``: none). See ``pcd_cli.examples``.
+            ``examples:``; ``()``: none). See ``pcd_cli.decoding.examples``.
         template: the ``--template`` used for records; examples given as ``columns`` are
             rendered with it.
         adapter: a LoRA adapter folder written by ``pcd tune --adapter-only``, merged into the
@@ -79,15 +81,15 @@ class Labeler:
             chosen label's probability (calibrated, if a calibration is given) is below this;
             a field's own ``abstain_below`` in the schema wins. ``None``: always decide.
         permutations: ``K >= 2``: combine each field's probabilities over K orderings of the
-            booleans' and enums' labels, listed after the record (``pcd_cli.permute``); the
+            booleans' and enums' labels, listed after the record (``pcd_cli.decoding.permute``); the
             record is fed once, each ordering is a branch; ``FieldResult.order_spread`` says
             how far they disagree. 1: the plain prompt (values in the system catalog).
         prior_correction: divide each field's probabilities by those of content-free records
-            and renormalise ("calibrate before use", ``pcd_cli.prior``); measured once here, on
+            and renormalise ("calibrate before use", ``pcd_cli.decoding.prior``); measured once here, on
             this prompt head. Not with ``calibration`` (its per-label biases do the same job,
             fitted on gold rows).
 
-    A schema's rules between fields (``pcd_cli.rules``) are applied to every record after
+    A schema's rules between fields (``pcd_cli.schema.rules``) are applied to every record after
     calibration or prior correction and before abstaining: a field a rule moves gets
     ``changed_by_rules`` and the record its ``joint_prob``.
 
@@ -107,7 +109,7 @@ class Labeler:
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
-            from .schema_pydantic import schema_from_model
+            from .schema.load import schema_from_model
 
             self.schema = schema_from_model(schema)
         else:
@@ -131,7 +133,7 @@ class Labeler:
             raise CalibrationError("--abstain-unless-single needs label sets: a --calibration fitted with "
                                    "pcd calibrate --coverage")
         if permutations > 1:  # a K the schema cannot take is refused before the model loads
-            from .permute import orderings_for
+            from .decoding.permute import orderings_for
 
             orderings_for(self.schema, permutations)
         if backend is None or isinstance(backend, str):
@@ -146,7 +148,7 @@ class Labeler:
         self.permutations = permutations
         orderings: list[CompiledSchema] = []
         if permutations > 1:
-            from .permute import compile_orderings
+            from .decoding.permute import compile_orderings
 
             orderings = compile_orderings(self.schema, backend.tokenizer, permutations, scoring=scoring,
                                           logits_width=backend.logits_width, examples=shots)
@@ -168,7 +170,7 @@ class Labeler:
         #: field name -> (k,) mean probabilities on content-free records (``prior_correction``)
         self.priors: dict[str, np.ndarray] | None = None
         if prior_correction:
-            from .prior import content_free_priors
+            from .decoding.prior import content_free_priors
 
             passes = self.decoder.record_passes
             self.priors = content_free_priors(self.decoder, self.schema)
@@ -176,7 +178,7 @@ class Labeler:
         #: the schema's rules between fields, ready to apply (``None`` without rules)
         self.rules = None
         if self.schema.rules:
-            from .rules import RuleSolver
+            from .schema.rules import RuleSolver
 
             self.rules = RuleSolver(self.schema)
 
@@ -226,9 +228,9 @@ class Labeler:
           | (self._permutations_metadata() if hasattr(self, "decoder") else {})
 
     def output_schema(self, id_column: str, id_type, *, all_probs: bool):
-        """The Arrow schema of this labeler's output (``pcd_cli.output.output_schema`` with its
+        """The Arrow schema of this labeler's output (``pcd_cli.io.output.output_schema`` with its
         calibration, label sets, abstention and ``--permutations`` columns)."""
-        from .output import output_schema
+        from .io.output import output_schema
 
         return output_schema(self.schema, id_column, id_type, all_probs=all_probs,
                              calibrated=self.calibration is not None, sets=self.set_fields,
@@ -254,7 +256,7 @@ class Labeler:
         Items may be strings (ids are their positions), ``{"id": ..., "text": ...}`` dicts,
         ``Record`` values, or ``RecordFailure`` values (passed through, so that a reader's
         failures stay in order). Texts and ids follow the file readers' rule
-        (``pcd_cli.values``): numbers and booleans in their JSON spelling (``7``, ``true``), a
+        (``pcd_cli.io.values``): numbers and booleans in their JSON spelling (``7``, ``true``), a
         list or object fails its item with a message naming it. Items that repeat an id are
         labelled on their own; once all are done, a ``RepeatedIdWarning`` counts them.
         """
@@ -297,7 +299,7 @@ class Labeler:
 
     def _prior_corrected(self, result: RecordResult) -> RecordResult:
         """Probabilities divided by the content-free priors and renormalised; the label their argmax."""
-        from .prior import correct
+        from .decoding.prior import correct
 
         return replace(result, fields=tuple(_reweighted(f, res, correct(res.probs, self.priors[f.name]))
                                             for f, res in zip(self.schema.fields, result.fields)))
@@ -337,8 +339,8 @@ class Labeler:
             InputError: ``template`` is malformed, or a needed column is missing from ``df``.
         """
         from .errors import InputError
-        from .io import InputSpec, row_to_record
-        from .output import results_table
+        from .io.readers import InputSpec, row_to_record
+        from .io.output import results_table
 
         spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
         missing = [c for c in spec.columns_needed() if c not in df.columns]
@@ -415,7 +417,7 @@ def _load_calibration(calibration):
 
 
 def _as_record(index: int, item) -> Record | RecordFailure:
-    """An item of ``Labeler.label`` as a record, by the file readers' rule (``pcd_cli.values``):
+    """An item of ``Labeler.label`` as a record, by the file readers' rule (``pcd_cli.io.values``):
     a dict is a row with ``text`` and (optional) ``id`` columns; anything else is the text."""
     if isinstance(item, (Record, RecordFailure)):
         return item

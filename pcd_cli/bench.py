@@ -32,13 +32,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from .api import Labeler
-from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Record, RecordResult
+from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
+from .results import Record, RecordResult
 from .errors import InputError
-from .files import write_atomic
-from .io import InputSpec, read_records
-from .output import declared_values
-from .prompt import answer_object
-from .schema import Schema
+from .io.files import write_atomic
+from .io.readers import InputSpec, read_records
+from .io.output import declared_values
+from .decoding.prompt import answer_object
+from .schema.model import Schema
 
 METHODS = ("generate", "generate_cached", "pcd")
 
@@ -267,7 +268,7 @@ def render_bench(report: BenchReport, console: Console) -> None:
 
 def write_bench_json(report: BenchReport, path: str | Path) -> None:
     """Write ``{"schema", "model", ..., "rows": [...], "summary": {...}}`` as JSON (atomically:
-    ``pcd_cli.files.write_atomic``)."""
+    ``pcd_cli.io.files.write_atomic``)."""
     write_atomic(path, json.dumps(asdict(report), indent=2, default=str).encode())
 
 

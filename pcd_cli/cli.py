@@ -23,11 +23,11 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from . import __version__
-from .decode import DEFAULT_MAX_TOKENS_PER_PASS
+from .version import __version__
+from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .errors import (CompileError, InputError, Interrupted, MachineError, MissingExtra, ModelError, NothingLabelled,
                      PcdError, SchemaError, TooManyErrors)
-from .job import DEFAULT_BATCH_RECORDS
+from .engines.local import DEFAULT_BATCH_RECORDS
 
 #: Exit code of an unexpected internal exception (a bug), apart from 1 (--max-errors).
 EXIT_INTERNAL = 4
@@ -93,7 +93,7 @@ class _Group(typer.core.TyperGroup):
             _quiet_after_broken_pipe()
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
         except OSError as exc:  # the machine, not pcd: no space, read-only folder, permission, I/O
-            from .files import machine_error
+            from .io.files import machine_error
 
             message = str(exc if isinstance(exc, MachineError) else machine_error(exc, None, "cannot do it"))
             if as_json:
@@ -228,7 +228,7 @@ def draw_shots(examples: Optional[Path], schema, spec, *, shots: int, seed: int)
     """The examples drawn from ``--examples`` (``None`` without it: the schema's own)."""
     if examples is None:
         return None
-    from .examples import draw_examples
+    from .decoding.examples import draw_examples
 
     return draw_examples(examples, schema, spec, shots=shots, seed=seed)
 
@@ -384,11 +384,11 @@ def label(
     after committing the current batch: rerun with --resume.
     """
     from .api import Labeler
-    from .io import DEFAULT_ID_COLUMN, InputSpec, check_input, is_stdin
-    from .checkpoint import work_dir_for
-    from .job import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
+    from .io.readers import DEFAULT_ID_COLUMN, InputSpec, check_input, is_stdin
+    from .engines.checkpoint import work_dir_for
+    from .engines.local import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
                       stop_on_signals, write_empty_output)
-    from .schema import load_schema
+    from .schema.load import load_schema
 
     report = Reporter(log_format, quiet)
     if quiet or report.json:
@@ -484,7 +484,7 @@ def label(
 def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, fmt) -> bool:
     """Whether ``pcd label`` takes the input's ``id`` column as the id (``io.has_id_column``);
     a bad option here is left for the checks that report it."""
-    from .io import InputSpec, has_id_column
+    from .io.readers import InputSpec, has_id_column
 
     try:
         spec = InputSpec(text_field=text_field, template=template, csv_delimiter=csv_delimiter)
@@ -516,9 +516,9 @@ def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quie
 def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
                fmt, spec_args: dict, examples, shots: int, seed: int, resume: bool, trace, **engine_args):
     """``pcd label --engine ray``: the same checks and options, run by ``pcd_cli.engines.ray_engine``."""
-    from .io import InputSpec
-    from .job import check_columns, id_column
-    from .schema import load_schema
+    from .io.readers import InputSpec
+    from .engines.local import check_columns, id_column
+    from .schema.load import load_schema
 
     try:
         if resume:
@@ -566,9 +566,9 @@ def inspect_schema(
     """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
     from .inspect import inspect
     from .inspect_render import render_inspection, report_json
-    from .io import InputSpec
-    from .job import check_columns, id_column
-    from .schema import load_schema
+    from .io.readers import InputSpec
+    from .engines.local import check_columns, id_column
+    from .schema.load import load_schema
 
     try:
         parsed = load_schema(schema)
@@ -608,8 +608,8 @@ def bench(
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
-    from .io import InputSpec
-    from .schema import load_schema
+    from .io.readers import InputSpec
+    from .schema.load import load_schema
 
     try:
         parsed = load_schema(schema)
@@ -663,7 +663,7 @@ def eval_(
     from .quality import evaluate, read_gold, read_predictions
     from .quality.plots import eval_plots, require_matplotlib
     from .quality.render import render_eval
-    from .schema import load_schema
+    from .schema.load import load_schema
 
     if target_accuracy is not None and target_accuracy <= 0:
         raise typer.BadParameter("must be above 0 and at most 1", param_hint="--target-accuracy")
@@ -730,7 +730,7 @@ def calibrate(
     from .quality.calibration import check_output_path
     from .quality.plots import calibration_plots, require_matplotlib
     from .quality.render import render_calibration
-    from .schema import load_schema
+    from .schema.load import load_schema
 
     try:
         if plot is not None:
@@ -745,7 +745,7 @@ def calibrate(
             frame, metadata = read_predictions(predictions)
         else:
             from .api import Labeler
-            from .io import InputSpec, check_frame_columns
+            from .io.readers import InputSpec, check_frame_columns
             from .quality.data import drop_example_rows
 
             spec = InputSpec(text_field=text_field, template=template, id_field=id_field,
@@ -815,11 +815,11 @@ def tune(
     is written first)."""
     from .api import Labeler
     from .backends.torch_tune import require_peft
-    from .io import InputSpec, check_frame_columns
+    from .io.readers import InputSpec, check_frame_columns
     from .quality import read_gold
     from .quality.data import drop_example_rows
     from .quality.render import render_tune
-    from .schema import load_schema
+    from .schema.load import load_schema
     from .tune import TuneConfig, gold_records, make_card, tune as run_tune
 
     try:
@@ -941,7 +941,7 @@ def review(
     pcd eval, pcd calibrate and --examples read the tool's export back as gold. Exit 2 on a
     bad file or option (--sets on an output without label sets)."""
     from .quality.review import select_for_review, write_review
-    from .schema import load_schema
+    from .schema.load import load_schema
 
     try:
         parsed = load_schema(schema) if schema else None
@@ -966,7 +966,7 @@ def _said_written(files: list, what: str, folder: Path) -> None:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    from .files import write_atomic
+    from .io.files import write_atomic
 
     write_atomic(path, orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
 

@@ -50,14 +50,14 @@ class EngineError(PcdError, RuntimeError):
 class MachineError(PcdError, OSError):
     """The machine could not do it: no space left, a read-only or vanished folder, permission
     denied, an I/O error, a file too large. Names the path and the system's reason; nothing
-    half-written is left behind (``pcd_cli.files``). Not a bug in pcd: exit 5, not 4."""
+    half-written is left behind (``pcd_cli.io.files``). Not a bug in pcd: exit 5, not 4."""
 
 
 class RunStopped(PcdError):
     """A run stopped before the end of its input; its finished batches are kept for ``--resume``.
 
     Attributes:
-        stats: the run's statistics so far (``pcd_cli.summary.RunStats``).
+        stats: the run's statistics so far (``pcd_cli.engines.summary.RunStats``).
         work_dir: the folder holding the finished batches.
     """
 

@@ -49,12 +49,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 
-from .compile import CompiledSchema, FieldForest, WavePlan
+from .decoding.compile import CompiledSchema, FieldForest, WavePlan
 from .errors import CompileError, RecordError
-from .prompt import HEAD_PROBES, INPUT_LABEL, Layout, catalog_line, common_prefix_len, render_turns, system_text
-from .rules import rule_components
-from .schema import Schema, json_string
-from .seams import TAIL_PROBES
+from .decoding.prompt import HEAD_PROBES, INPUT_LABEL, Layout, catalog_line, common_prefix_len, render_turns, system_text
+from .schema.rules import rule_components
+from .schema.model import Schema, json_string
+from .decoding.seams import TAIL_PROBES
 
 #: Characters of the JSON around a label (quotes, separators, line ends): never its meaning.
 JSON_PUNCTUATION = ' "\n\r\t,{}:'
@@ -259,7 +259,7 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
         config = load_config(model)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     width = logits_width or getattr(text_config, "vocab_size", None)
-    from .examples import resolve_examples
+    from .decoding.examples import resolve_examples
 
     compiled = CompiledSchema(schema, tokenizer, scoring=scoring, examples=resolve_examples(schema.examples, template))
     fields, found = [], {}

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .inspect import FieldReport, SchemaReport
-from .rules import MAX_JOINT_SPACE
+from .schema.rules import MAX_JOINT_SPACE
 
 #: Label rows shown per field in the path table (``--json`` has them all).
 PATH_ROWS = 8

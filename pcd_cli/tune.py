@@ -24,14 +24,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import __version__
-from .compile import CompiledSchema
-from .decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder, Record, RecordFailure
+from .version import __version__
+from .decoding.compile import CompiledSchema
+from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
+from .results import Record, RecordFailure
 from .errors import InputError
-from .io import InputSpec, row_to_record
+from .io.readers import InputSpec, row_to_record
 from .quality import metrics as M
 from .quality.data import FieldSpec, _is_present, _present_gold, gold_label_index, gold_options
-from .schema import Schema
+from .schema.model import Schema
 
 
 @dataclass(frozen=True)

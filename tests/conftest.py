@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pcd_cli.schema import parse_schema
+from pcd_cli.schema.load import parse_schema
 
 #: The oracle-test schema of issue #2: a boolean first, shared prefixes, a label that is a
 #: prefix of another, labels colliding on their first token.

@@ -4,14 +4,14 @@
 records taken in turn, and for that decision the chosen label and the runner-up, each as its
 unnormalised probability ``p * mass``); ``make test-full`` (``-m full``) checks every label of
 every field of every record. Both read the oracle with plain forward passes over the full
-text (``pcd_cli.oracle``), no cache.
+text (``pcd_cli.decoding.oracle``), no cache.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pcd_cli.oracle import oracle_field, oracle_label_logprobs
+from pcd_cli.decoding.oracle import oracle_field, oracle_label_logprobs
 
 
 def _lines(field, trace):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from pcd_cli.bench import BenchRow, check_generated, run_bench, summarize
-from pcd_cli.io import InputSpec
-from pcd_cli.schema import parse_schema
+from pcd_cli.io.readers import InputSpec
+from pcd_cli.schema.load import parse_schema
 
 SCHEMA = parse_schema({"fields": {"spam": {"type": "boolean"},
                                   "lang": {"type": "enum", "labels": ["en", "fr"]}}})

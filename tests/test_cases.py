@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from pcd_cli.api import Labeler
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.schema import parse_schema
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import tiny_backend
 from .oracle_sample import max_oracle_diff

@@ -95,7 +95,7 @@ def test_csv_semicolon_delimited_excel_export(tmp_path):
 
 def test_non_string_text_values_cli_and_api_agree(tmp_path, embedded_backend):
     from pcd_cli import Labeler, RecordFailure
-    from pcd_cli.schema import load_schema
+    from pcd_cli.schema.load import load_schema
 
     case = _case("non-string-text-values", tmp_path)
     _pcd(case / "input.jsonl", "-s", case / "schema.yaml", "--id-field", "id", "-o", case / "out.parquet",

@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 from pcd_cli.api import Labeler
 from pcd_cli.backends.torch_backend import HFTokenizer, converted_gguf_dir, embedded_gguf_path, load_backend
 from pcd_cli.cli import app
-from pcd_cli.compile import CompiledSchema
+from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.errors import CompileError
-from pcd_cli.prompt import PREAMBLE
-from pcd_cli.schema import load_schema
+from pcd_cli.decoding.prompt import PREAMBLE
+from pcd_cli.schema.load import load_schema
 
 from .oracle_sample import max_oracle_diff
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from pcd_cli.backends.torch_backend import resolve_model
 from pcd_cli.cli import app
 from pcd_cli.errors import InputError, ModelError, SchemaError
-from pcd_cli.io import InputSpec, RecordReader
-from pcd_cli.schema import load_schema
+from pcd_cli.io.readers import InputSpec, RecordReader
+from pcd_cli.schema.load import load_schema
 
 CASE = Path(__file__).with_name("data") / "cases-round3" / "csv-duplicate-header-columns"
 

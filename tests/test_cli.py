@@ -17,7 +17,7 @@ import pcd_cli
 import pcd_cli.backends
 import pcd_cli.backends.torch_backend
 from pcd_cli.cli import app
-from pcd_cli.schema import load_schema
+from pcd_cli.schema.load import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "sample_data"
@@ -436,9 +436,9 @@ def test_inspect_schema_bad_schema(tmp_path, no_model):
 
 def test_failure_midway_leaves_no_output_and_resumes(tmp_path, monkeypatch, embedded_backend):
     from pcd_cli.api import Labeler
-    from pcd_cli.checkpoint import work_dir_for
-    from pcd_cli.io import InputSpec
-    from pcd_cli.job import label_file
+    from pcd_cli.engines.checkpoint import work_dir_for
+    from pcd_cli.io.readers import InputSpec
+    from pcd_cli.engines.local import label_file
 
     labeler = Labeler(AIRLINE, backend=embedded_backend)
     real = Labeler.label_batch

@@ -13,12 +13,12 @@ import pytest
 
 from pcd_cli.api import Labeler
 from pcd_cli.errors import CalibrationError
-from pcd_cli.io import InputSpec
-from pcd_cli.job import label_file
+from pcd_cli.io.readers import InputSpec
+from pcd_cli.engines.local import label_file
 from pcd_cli.quality import evaluate, read_predictions
 from pcd_cli.quality.calibration import Calibration, fit_calibration
 from pcd_cli.quality.conformal import ConformalSet, conformal_split, fit_conformal
-from pcd_cli.schema import parse_schema
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import tiny_backend
 
@@ -141,7 +141,7 @@ def test_labeler_writes_sets_and_abstains_unless_single(tmp_path):
 
 
 def test_abstain_below_leaves_low_probability_fields_without_a_label(tmp_path):
-    from pcd_cli.summary import ABSTAINED
+    from pcd_cli.engines.summary import ABSTAINED
 
     backend = tiny_backend(chat_template=True, seed=2)
     schema = parse_schema({"name": "s", "fields": {

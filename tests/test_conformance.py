@@ -74,9 +74,10 @@ def test_cli_exits_3_naming_the_reason(tmp_path, tokenizer_source):
 def test_non_finite_logits_fail_the_record_naming_the_dtype(tokenizer_source):
     import torch
 
-    from pcd_cli.compile import CompiledSchema
-    from pcd_cli.decode import Decoder, Record, RecordFailure
-    from pcd_cli.schema import parse_schema
+    from pcd_cli.decoding.compile import CompiledSchema
+    from pcd_cli.decoding.decode import Decoder
+    from pcd_cli.results import Record, RecordFailure
+    from pcd_cli.schema.load import parse_schema
 
     from .conftest import tiny_backend
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, Record
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import Record
 from pcd_cli.errors import CompileError
-from pcd_cli.oracle import oracle_field, oracle_label_logprobs
-from pcd_cli.schema import load_schema, parse_schema
+from pcd_cli.decoding.oracle import oracle_field, oracle_label_logprobs
+from pcd_cli.schema.load import load_schema, parse_schema
 
 from .conftest import TEXTS, tiny_backend
 

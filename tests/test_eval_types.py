@@ -19,14 +19,15 @@ from typer.testing import CliRunner
 
 from pcd_cli.api import Labeler
 from pcd_cli.cli import app
-from pcd_cli.decode import FieldResult, RecordResult
-from pcd_cli.io import InputSpec
-from pcd_cli.output import output_schema, results_table
+from pcd_cli.results import FieldResult, RecordResult
+from pcd_cli.io.readers import InputSpec
+from pcd_cli.io.output import output_schema, results_table
 from pcd_cli.quality import Calibration, evaluate, fit_calibration, read_gold, read_predictions
 from pcd_cli.quality import metrics as M
 from pcd_cli.quality.calibration import fit_temperature_biases
 from pcd_cli.quality.data import FieldSpec, field_specs, gold_label_index, gold_options
-from pcd_cli.schema import NULL_LABEL, parse_schema, schema_metadata
+from pcd_cli.schema.model import NULL_LABEL, schema_metadata
+from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import gold_records
 
 SCHEMA = parse_schema({"name": "types", "fields": {

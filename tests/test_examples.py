@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from pcd_cli.api import Labeler
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, Record
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import Record
 from pcd_cli.errors import InputError, SchemaError
-from pcd_cli.examples import draw_examples, resolve_examples
-from pcd_cli.io import InputSpec
-from pcd_cli.oracle import oracle_field
-from pcd_cli.prompt import answer_object
-from pcd_cli.schema import load_schema, parse_schema
+from pcd_cli.decoding.examples import draw_examples, resolve_examples
+from pcd_cli.io.readers import InputSpec
+from pcd_cli.decoding.oracle import oracle_field
+from pcd_cli.decoding.prompt import answer_object
+from pcd_cli.schema.load import load_schema, parse_schema
 
 from .conftest import ORACLE_SCHEMA, TEXTS, tiny_backend
 from .oracle_sample import max_oracle_diff

@@ -16,12 +16,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, FieldResult, Record
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import FieldResult, Record
 from pcd_cli.errors import SchemaError
-from pcd_cli.output import chosen_options, expected_value
-from pcd_cli.prompt import answer_object, catalog_line
-from pcd_cli.schema import parse_schema
+from pcd_cli.io.output import chosen_options, expected_value
+from pcd_cli.decoding.prompt import answer_object, catalog_line
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import TEXTS, tiny_backend
 from .oracle_sample import max_oracle_diff

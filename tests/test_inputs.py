@@ -27,17 +27,17 @@ import zstandard
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 
-import pcd_cli.io as pio
+import pcd_cli.io.readers as pio
 from pcd_cli.api import Labeler, RepeatedIdWarning, _as_record
-from pcd_cli.checkpoint import work_dir_for
+from pcd_cli.engines.checkpoint import work_dir_for
 from pcd_cli.cli import app
-from pcd_cli.decode import Record, RecordFailure
+from pcd_cli.results import Record, RecordFailure
 from pcd_cli.errors import InputError, Interrupted, MissingExtra, SchemaError
-from pcd_cli.io import InputSpec, RecordReader, read_records
-from pcd_cli.job import job_fingerprint, label_file
-from pcd_cli.schema import load_schema, parse_schema
-from pcd_cli.schema_pydantic import schema_from_model
-from pcd_cli.values import CellError, RepeatedIds, cell_text
+from pcd_cli.io.readers import InputSpec, RecordReader, read_records
+from pcd_cli.engines.local import job_fingerprint, label_file
+from pcd_cli.schema.load import load_schema, parse_schema
+from pcd_cli.schema.load import schema_from_model
+from pcd_cli.io.values import CellError, RepeatedIds, cell_text
 
 from .conftest import ORACLE_SCHEMA, tiny_backend
 
@@ -400,12 +400,12 @@ def test_usage_errors_are_json_when_asked(tmp_path):
 
 
 def test_an_internal_error_exits_4_with_one_line(tmp_path, monkeypatch):
-    import pcd_cli.schema
+    import pcd_cli.schema.load
 
     def broken(path):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(pcd_cli.schema, "load_schema", broken)
+    monkeypatch.setattr(pcd_cli.schema.load, "load_schema", broken)
     args = ("label", SAMPLES / "airline_tweets.jsonl", "-s", "x.yaml", "-o", tmp_path / "o.parquet")
     text = _cli(*args, code=4)
     assert text.stderr.strip().splitlines() == [

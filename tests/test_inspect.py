@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from pcd_cli.backends.torch_backend import HFTokenizer, load_tokenizer
 from pcd_cli.cli import app
-from pcd_cli.compile import CompiledSchema
+from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.inspect import MANY_LABELS, inspect
-from pcd_cli.schema import load_schema, parse_schema
+from pcd_cli.schema.load import load_schema, parse_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {c["id"]: c for c in map(json.loads, (ROOT / "tests" / "data" / "cases.jsonl").read_text().splitlines())}

@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import pcd_cli.io as pio
-from pcd_cli.decode import FieldResult, Record, RecordFailure, RecordResult
+import pcd_cli.io.readers as pio
+from pcd_cli.results import FieldResult, Record, RecordFailure, RecordResult
 from pcd_cli.errors import InputError
-from pcd_cli.io import InputSpec, detect_format, read_records
-from pcd_cli.output import ParquetSink, output_schema, results_table
-from pcd_cli.job import default_errors, default_output
-from pcd_cli.schema import parse_schema
+from pcd_cli.io.readers import InputSpec, detect_format, read_records
+from pcd_cli.io.output import ParquetSink, output_schema, results_table
+from pcd_cli.engines.local import default_errors, default_output
+from pcd_cli.schema.load import parse_schema
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
 

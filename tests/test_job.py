@@ -23,13 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcd_cli.api import Labeler
-from pcd_cli.checkpoint import work_dir_for
-from pcd_cli.decode import TRUNCATION_MARK, Record, RecordFailure
+from pcd_cli.engines.checkpoint import work_dir_for
+from pcd_cli.decoding.decode import TRUNCATION_MARK
+from pcd_cli.results import Record, RecordFailure
 from pcd_cli.errors import Interrupted, TooManyErrors
-from pcd_cli.io import InputSpec, read_records
-from pcd_cli.job import label_file
-from pcd_cli.oracle import oracle_field
-from pcd_cli.schema import parse_schema
+from pcd_cli.io.readers import InputSpec, read_records
+from pcd_cli.engines.local import label_file
+from pcd_cli.decoding.oracle import oracle_field
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import ORACLE_SCHEMA, tiny_backend
 
@@ -216,7 +217,7 @@ def test_max_errors_stops_with_the_errors_so_far_and_resume_continues(backend, t
 def test_a_second_run_on_the_same_output_is_refused(backend, tmp_path):
     src = _write_input(tmp_path / "in.jsonl", 4)
     out = tmp_path / "o.parquet"
-    from pcd_cli.checkpoint import WorkDir
+    from pcd_cli.engines.checkpoint import WorkDir
     from pcd_cli.errors import InputError
 
     with WorkDir.open(out, {"x": 1}, None, resume=False):
@@ -322,12 +323,12 @@ def test_quiet_json_logs_and_progress_bar(tmp_path):
 
 
 def test_schema_and_model_problems_fail_before_any_record_is_read(tmp_path, monkeypatch):
-    import pcd_cli.job
+    import pcd_cli.engines.local
 
     def no_reading(*args, **kwargs):
         raise AssertionError("the input was read")
 
-    monkeypatch.setattr(pcd_cli.job, "RecordReader", no_reading)
+    monkeypatch.setattr(pcd_cli.engines.local, "RecordReader", no_reading)
     src = DATA / "airline_tweets.jsonl"
     out = tmp_path / "o.parquet"
     result = _cli(src, "-s", AIRLINE, "-o", out, "--model", tmp_path / "no-such-model", code=3)
@@ -461,7 +462,7 @@ def test_outputs_that_would_overwrite_the_input_are_refused(backend, tmp_path, o
                                              ("tool__mass", "'tool__mass' of field 'tool' clashes with the id")])
 def test_id_column_clashing_with_an_output_column_is_refused(id_field, clash):
     from pcd_cli.errors import SchemaError
-    from pcd_cli.job import check_columns
+    from pcd_cli.engines.local import check_columns
 
     with pytest.raises(SchemaError, match=clash):
         check_columns(SCHEMA, id_field)
@@ -483,7 +484,7 @@ def test_id_column_named_like_a_probs_column_without_all_probs(backend, tmp_path
 
 def test_unwritable_folders_are_refused_up_front(tmp_path):
     from pcd_cli.errors import InputError
-    from pcd_cli.job import check_paths
+    from pcd_cli.engines.local import check_paths
 
     src = _write_input(tmp_path / "in.jsonl", 1)
     with pytest.raises(InputError, match="--errors '/proc/e.jsonl': cannot write in its folder"):
@@ -503,7 +504,7 @@ def test_a_prompt_that_fills_the_context_fails_before_any_record(short_context_b
 
 
 def test_stray_temp_files_of_a_killed_assembly_are_removed(tmp_path):
-    from pcd_cli.checkpoint import WorkDir
+    from pcd_cli.engines.checkpoint import WorkDir
 
     stray = tmp_path / ".o.parquet.abc123.tmp"
     stray.write_bytes(b"half a parquet")

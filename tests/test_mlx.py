@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 from pcd_cli.backends.select import mlx_available, pick_backend
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, Record
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import Record
 from pcd_cli.errors import ModelError
 from pcd_cli.backends.conformance import max_oracle_diff
-from pcd_cli.schema import load_schema
+from pcd_cli.schema.load import load_schema
 
 from .conftest import TEXTS
 
@@ -285,7 +286,7 @@ def test_split_255_label_forest_matches_oracle_on_mlx(mlx_backends):
     sampled from the first, middle and last sub-forests (plus the winner) rather than all 255:
     on mlx[cpu] one plain forward over this 5,000-token prompt takes ~10 s, and the decoder's
     normalisation is already checked against the full oracle for the small fields above."""
-    from pcd_cli.oracle import oracle_label_logprobs
+    from pcd_cli.decoding.oracle import oracle_label_logprobs
 
     backend = mlx_backends["llama"]
     schema = load_schema(ROOT / "schemas/customs_255.yaml")
@@ -454,9 +455,9 @@ def test_mlx_refuses_families_it_cannot_score_exactly(family, tmp_path):
 def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, permutations):
     """Multi-select, nullable, ordinal and integer fields (and --permutations branches) on MLX:
     every decision (each ordering's own, from its trace) against MLX's plain forward passes."""
-    from pcd_cli.oracle import oracle_field
-    from pcd_cli.permute import compile_orderings
-    from pcd_cli.schema import parse_schema
+    from pcd_cli.decoding.oracle import oracle_field
+    from pcd_cli.decoding.permute import compile_orderings
+    from pcd_cli.schema.load import parse_schema
 
     from .test_field_types import TYPES_SCHEMA
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, Record
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import Record
 
 from .conftest import TEXTS
 from .oracle_sample import max_oracle_diff

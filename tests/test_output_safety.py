@@ -20,14 +20,14 @@ import pytest
 from typer.testing import CliRunner
 
 from pcd_cli.api import Labeler
-from pcd_cli.checkpoint import work_dir_for
+from pcd_cli.engines.checkpoint import work_dir_for
 from pcd_cli.cli import EXIT_BROKEN_PIPE, EXIT_MACHINE, app
 from pcd_cli.errors import InputError, MachineError
-from pcd_cli.files import AtomicFile, check_writable, clear_stale, write_atomic, write_target
-from pcd_cli.io import InputSpec, RecordReader, check_input
-from pcd_cli.job import label_file
+from pcd_cli.io.files import AtomicFile, check_writable, clear_stale, write_atomic, write_target
+from pcd_cli.io.readers import InputSpec, RecordReader, check_input
+from pcd_cli.engines.local import label_file
 from pcd_cli.quality.calibration import Calibration
-from pcd_cli.schema import parse_schema
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import ORACLE_SCHEMA, tiny_backend
 

@@ -10,12 +10,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, Record
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import Record
 from pcd_cli.errors import SchemaError
-from pcd_cli.oracle import oracle_field
-from pcd_cli.permute import compile_orderings, label_orderings, orderings_for
-from pcd_cli.schema import parse_schema
+from pcd_cli.decoding.oracle import oracle_field
+from pcd_cli.decoding.permute import compile_orderings, label_orderings, orderings_for
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import TEXTS, tiny_backend
 from .test_cli import pcd
@@ -123,7 +124,7 @@ def test_pcd_label_permutations_writes_the_spread_and_the_orderings(tmp_path):
 
 def test_prior_correction_and_calibration_keep_the_order_spread():
     from pcd_cli.api import _reweighted
-    from pcd_cli.decode import FieldResult
+    from pcd_cli.results import FieldResult
 
     field = parse_schema({"fields": {"s": {"type": "enum", "labels": ["a", "b"]}}}).fields[0]
     res = FieldResult(label=0, value="a", prob=0.6, mass=0.5, probs=(0.6, 0.4), order_spread=0.3)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pcd_cli.api import Labeler
-from pcd_cli.decode import Record
+from pcd_cli.results import Record
 from pcd_cli.errors import CalibrationError
-from pcd_cli.prior import CONTENT_FREE, correct
-from pcd_cli.schema import parse_schema
+from pcd_cli.decoding.prior import CONTENT_FREE, correct
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import tiny_backend
 

@@ -14,7 +14,7 @@ from pcd_cli.errors import CalibrationError, InputError
 from pcd_cli.quality import Calibration, FieldCalibration, evaluate, fit_calibration
 from pcd_cli.quality import metrics as M
 from pcd_cli.quality.calibration import fit_temperature_biases, softmax
-from pcd_cli.schema import parse_schema
+from pcd_cli.schema.load import parse_schema
 
 LABELS = ("A", "B", "C")
 SCHEMA = parse_schema({"name": "hand", "fields": {
@@ -386,9 +386,9 @@ def test_field_with_only_null_gold_reports_nothing_but_counts():
 
 
 def test_drop_example_rows_by_rendered_text():
-    from pcd_cli.io import InputSpec
+    from pcd_cli.io.readers import InputSpec
     from pcd_cli.quality.data import drop_example_rows
-    from pcd_cli.schema import Example
+    from pcd_cli.schema.model import Example
 
     gold = pd.DataFrame({"id": ["a", "b", "c"], "subject": ["Hi", "Refund", None], "body": ["x", "y", "z"],
                          "text": ["  one ", "two", "three"]})

@@ -16,9 +16,9 @@ import pcd_cli.backends
 import pcd_cli.backends.torch_backend
 from pcd_cli.cli import app
 from pcd_cli.errors import CalibrationError
-from pcd_cli.output import output_schema
+from pcd_cli.io.output import output_schema
 from pcd_cli.quality import Calibration
-from pcd_cli.schema import load_schema
+from pcd_cli.schema.load import load_schema
 
 from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
 
@@ -200,7 +200,7 @@ def test_calibrate_labels_gold_with_embedded_model(tmp_path, embedded_backend):
     # the head with those examples is the one the calibration is for
     from pcd_cli.api import Labeler
     from pcd_cli.cli import draw_shots
-    from pcd_cli.io import InputSpec
+    from pcd_cli.io.readers import InputSpec
 
     parsed = load_schema(schema)
     shots = draw_shots(gold, parsed, InputSpec(id_field="id"), shots=2, seed=0)

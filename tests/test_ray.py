@@ -145,8 +145,8 @@ def test_actor_killed_once_output_complete(local_ray, files, tmp_path, monkeypat
 def test_past_the_retries_fails_and_keeps_earlier_output(local_ray, files, tmp_path, monkeypatch):
     from pcd_cli.engines.ray_engine import label_files
     from pcd_cli.errors import EngineError
-    from pcd_cli.io import InputSpec
-    from pcd_cli.schema import load_schema
+    from pcd_cli.io.readers import InputSpec
+    from pcd_cli.schema.load import load_schema
 
     out = tmp_path / "ray.parquet"
     out.mkdir()

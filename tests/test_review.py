@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 
 from pcd_cli.cli import app
 from pcd_cli.errors import InputError, MissingExtra
-from pcd_cli.examples import draw_examples
-from pcd_cli.io import InputSpec
-from pcd_cli.output import output_schema
+from pcd_cli.decoding.examples import draw_examples
+from pcd_cli.io.readers import InputSpec
+from pcd_cli.io.output import output_schema
 from pcd_cli.quality import read_gold
 from pcd_cli.quality.review import (check_label_studio, config_path, label_studio_config, label_studio_tasks,
                                     select_for_review, write_review)
-from pcd_cli.schema import load_schema
+from pcd_cli.schema.load import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -435,7 +435,7 @@ fields:
 def test_multi_nullable_and_integer_fields_go_round(tmp_path):
     from label_studio_sdk.label_interface import LabelInterface
 
-    from pcd_cli.schema import schema_metadata
+    from pcd_cli.schema.model import schema_metadata
 
     (tmp_path / "typed.yaml").write_text(TYPED)
     schema = load_schema(tmp_path / "typed.yaml")

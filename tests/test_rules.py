@@ -1,4 +1,4 @@
-"""Rules between fields (``pcd_cli.rules``): validation, the exact search against brute-force
+"""Rules between fields (``pcd_cli.schema.rules``): validation, the exact search against brute-force
 enumeration, the Labeler pipeline, and ``pcd label`` writing and reading the new columns."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 import pcd_cli.backends
 from pcd_cli.api import Labeler
 from pcd_cli.cli import app
-from pcd_cli.decode import FieldResult, RecordResult
+from pcd_cli.results import FieldResult, RecordResult
 from pcd_cli.errors import Interrupted, SchemaError
-from pcd_cli.io import InputSpec
-from pcd_cli.job import label_file
-from pcd_cli.rules import MAX_JOINT_SPACE, RuleSolver, rule_components
-from pcd_cli.schema import load_schema, parse_schema
+from pcd_cli.io.readers import InputSpec
+from pcd_cli.engines.local import label_file
+from pcd_cli.schema.rules import MAX_JOINT_SPACE, RuleSolver, rule_components
+from pcd_cli.schema.load import load_schema, parse_schema
 
 from .conftest import ORACLE_SCHEMA, TEXTS, tiny_backend
 
@@ -146,7 +146,7 @@ def test_json_schema_and_pydantic_carry_the_rules(tmp_path):
         is_outage: bool
         refund: bool
 
-    from pcd_cli.schema_pydantic import schema_from_model
+    from pcd_cli.schema.load import schema_from_model
 
     by_config, by_attr = schema_from_model(Ticket), schema_from_model(Attr)
     path = tmp_path / "ticket.schema.json"

@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from pcd_cli.errors import SchemaError
-from pcd_cli.prompt import LAYOUTS, catalog_line
-from pcd_cli.schema import load_schema, parse_schema
-from pcd_cli.schema_pydantic import schema_from_model
+from pcd_cli.decoding.prompt import LAYOUTS, catalog_line
+from pcd_cli.schema.load import load_schema, parse_schema
+from pcd_cli.schema.load import schema_from_model
 
 
 def _schema(**fields):

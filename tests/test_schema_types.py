@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from pcd_cli.cli import app
 from pcd_cli.errors import SchemaError
-from pcd_cli.schema import load_schema, parse_schema
-from pcd_cli.schema_jsonschema import integer_bounds
-from pcd_cli.schema_pydantic import schema_from_model
+from pcd_cli.schema.load import load_schema, parse_schema
+from pcd_cli.schema.jsonschema import integer_bounds
+from pcd_cli.schema.load import schema_from_model
 
 YAML = """\
 name: Ticket

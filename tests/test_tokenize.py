@@ -16,13 +16,14 @@ import re
 import pytest
 
 from pcd_cli.backends.torch_backend import HFTokenizer
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, Record, RecordFailure, RecordResult
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import Record, RecordFailure, RecordResult
 from pcd_cli.errors import CompileError, SchemaError
 from pcd_cli.inspect import inspect
 from pcd_cli.backends.conformance import max_oracle_diff
-from pcd_cli.prompt import INPUT_LABEL, PREAMBLE, render_turns
-from pcd_cli.schema import parse_schema
+from pcd_cli.decoding.prompt import INPUT_LABEL, PREAMBLE, render_turns
+from pcd_cli.schema.load import parse_schema
 
 from .conftest import ORACLE_SCHEMA, TEXTS
 from .tokenizer_kinds import CHATML_TEMPLATE, INST_TEMPLATE, punct_bpe, sentencepiece, tiny_backend_for

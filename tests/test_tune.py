@@ -14,11 +14,12 @@ import torch
 from typer.testing import CliRunner
 
 from pcd_cli.cli import app
-from pcd_cli.compile import CompiledSchema
-from pcd_cli.decode import Decoder, Record
-from pcd_cli.examples import resolve_examples
-from pcd_cli.oracle import oracle_label_logprobs
-from pcd_cli.schema import parse_schema
+from pcd_cli.decoding.compile import CompiledSchema
+from pcd_cli.decoding.decode import Decoder
+from pcd_cli.results import Record
+from pcd_cli.decoding.examples import resolve_examples
+from pcd_cli.decoding.oracle import oracle_label_logprobs
+from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, card_mismatches, file_sha256, stratified_holdout, tune
 
 from .conftest import ORACLE_SCHEMA, TEXTS, tiny_backend
@@ -179,7 +180,7 @@ def _tune_cli(files, out, *extra):
 
 def test_tuned_folder_labels_through_pcd_label_and_matches_the_oracle(tune_files):
     from pcd_cli.backends import load_backend
-    from pcd_cli.oracle import oracle_field
+    from pcd_cli.decoding.oracle import oracle_field
 
     out = tune_files["root"] / "tuned"
     result = _tune_cli(tune_files, out)

@@ -15,7 +15,7 @@ several ``Labeler`` objects can share one loaded model and interleave their pass
     template; raises ``ValueError`` when the template refuses the turns, e.g. a system
     role), ``vocab_size`` (ids below it are real tokens), ``bos_text`` (text to put first in
     a plain-text prompt, or '').
-    Untrusted record text (``pcd_cli.seams``): ``encode_text(text, *, at_start=True) ->
+    Untrusted record text (``pcd_cli.decoding.seams``): ``encode_text(text, *, at_start=True) ->
     list[int]`` tokenizes ``text`` as plain text, special-token strings in it becoming
     ordinary text tokens (transformers: ``split_special_tokens=True``); ``at_start=False``
     tokenizes it as a piece that follows a special token inside a longer text (no

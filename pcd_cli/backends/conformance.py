@@ -11,7 +11,7 @@ for ``TorchBackend``; the MLX backend's tests call ``run_family`` with its own l
    short and long records.
 2. ``EagerOracle(folder)`` loads the same weights with **eager attention** and scores with
    a **full forward over the complete text, no cache** (``full_logprobs``), for
-   ``pcd_cli.oracle.oracle_field``. It shares no code with any backend.
+   ``pcd_cli.decoding.oracle.oracle_field``. It shares no code with any backend.
 3. ``check_decoder(backend, oracle, ...)`` decodes records through ``Decoder`` (both scoring
    modes, packed and one record per pass) and returns the largest difference from the
    oracle over every label probability and candidate mass.
@@ -30,10 +30,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..compile import CompiledSchema
-from ..decode import Decoder, Record, RecordResult
-from ..oracle import oracle_field
-from ..schema import Schema, parse_schema
+from ..decoding.compile import CompiledSchema
+from ..decoding.decode import Decoder
+from ..results import Record, RecordResult
+from ..decoding.oracle import oracle_field
+from ..schema.model import Schema
+from ..schema.load import parse_schema
 
 #: Largest allowed |pcd - oracle| over probabilities and candidate mass, in float32.
 TOLERANCE = 1e-4
@@ -149,7 +151,7 @@ def build_tiny_model(family: str, folder: str | Path, tokenizer_source: str | Pa
 class EagerOracle:
     """The brute-force side: eager attention, full forward over the whole text, no cache.
 
-    Provides what ``pcd_cli.oracle.oracle_field`` needs (``tokenizer.encode`` and
+    Provides what ``pcd_cli.decoding.oracle.oracle_field`` needs (``tokenizer.encode`` and
     ``full_logprobs``), from the checkpoint folder alone.
     """
 

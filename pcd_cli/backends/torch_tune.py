@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError
-from ..files import machine_error, machine_errors, write_target
+from ..io.files import machine_error, machine_errors, write_target
 
 #: peft's name for every linear layer of the transformer blocks (the LM head excluded).
 LORA_TARGETS = "all-linear"
@@ -44,7 +44,7 @@ def require_peft():
 def label_logprobs(forest, reads, n_labels: int) -> torch.Tensor:
     """A field's unnormalised label log-probabilities from the decoder's differentiable reads.
 
-    The same arithmetic as ``pcd_cli.decode.score_forest`` (DESIGN.md §2 rules 6-7): a path's
+    The same arithmetic as ``pcd_cli.decoding.decode.score_forest`` (DESIGN.md §2 rules 6-7): a path's
     log-probability is the sum of its edges' reads; a label's is the log-sum-exp over its paths.
 
     Args:
@@ -140,7 +140,7 @@ class LoraTrainer:
         tokenizer (with its chat template) and the card ``pcd-tune.json``. The live model keeps
         its adapter unmerged.
 
-        A symlinked ``directory`` is replaced at its target; the link stays (``pcd_cli.files``).
+        A symlinked ``directory`` is replaced at its target; the link stays (``pcd_cli.io.files``).
 
         Raises:
             MachineError: the folder cannot be written (nothing half-written is left).

@@ -48,13 +48,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..decode import Record, RecordFailure, RecordResult
+from ..results import Record, RecordFailure, RecordResult
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
-from ..files import check_writable, clear_stale, write_atomic, write_target
-from ..io import EXTENSIONS, InputSpec, detect_format, read_records, row_to_record
-from ..output import output_schema, results_table
-from ..schema import Schema
-from ..summary import RunStats
+from ..io.files import check_writable, clear_stale, write_atomic, write_target
+from ..io.readers import EXTENSIONS, InputSpec, detect_format, read_records, row_to_record
+from ..io.output import output_schema, results_table
+from ..schema.model import Schema
+from .summary import RunStats
 
 INSTALL_HINT = "pip install 'pcd-cli[ray]'"
 #: Times a dead actor is restarted, and times its batch is tried again on the new one.
@@ -281,7 +281,7 @@ def label_dataset(ds, schema: Schema | str | Path, *, text_field: str = "text", 
         SchemaError: the schema file is invalid.
     """
     require_ray()
-    from ..schema import load_schema
+    from ..schema.load import load_schema
 
     if not id_field:
         raise InputError("label_dataset needs id_field=<column with the record ids>: a Ray Dataset has no "
@@ -609,5 +609,5 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
 
 
 def _write_errors(errors: list[dict], path: Path) -> None:
-    """The errors JSONL, as the local engine writes it (whole or not at all: ``pcd_cli.files``)."""
+    """The errors JSONL, as the local engine writes it (whole or not at all: ``pcd_cli.io.files``)."""
     write_atomic(path, b"".join(orjson.dumps(row, default=str) + b"\n" for row in errors))

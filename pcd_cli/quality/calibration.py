@@ -28,10 +28,10 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from .. import __version__
+from ..version import __version__
 from ..errors import CalibrationError, InputError
-from ..files import check_writable, write_atomic
-from ..schema import Schema
+from ..io.files import check_writable, write_atomic
+from ..schema.model import Schema
 from . import metrics as M
 from .conformal import ConformalSet, conformal_split, fit_conformal
 from .data import FieldData, MultiFieldData, field_specs, join
@@ -129,7 +129,7 @@ class Calibration:
 
     def save(self, path: str | Path) -> "Calibration":
         """Write the file atomically (temp file, fsync, rename; through a symlink to its target:
-        ``pcd_cli.files``); returns a copy with ``sha256`` set.
+        ``pcd_cli.io.files``); returns a copy with ``sha256`` set.
 
         Raises:
             MachineError: the file cannot be written (exit 5); an earlier file stays as it was.

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..io import InputSpec, detect_format, read_table_rows, row_to_record
-from ..schema import NULL_LABEL, Field, FieldKind, Schema
+from ..io.readers import InputSpec, detect_format, read_table_rows, row_to_record
+from ..schema.model import NULL_LABEL, Field, FieldKind, Schema
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
 METADATA_ATTR = "metadata"
@@ -254,7 +254,7 @@ def drop_example_rows(gold: pd.DataFrame, examples, spec: InputSpec) -> tuple[pd
     a calibration must not be fitted on rows the model saw answered in its prompt.
 
     Args:
-        examples: ``pcd_cli.schema.Example`` values (``Labeler.examples``).
+        examples: ``pcd_cli.schema.model.Example`` values (``Labeler.examples``).
 
     Returns:
         (the other rows, how many were removed).

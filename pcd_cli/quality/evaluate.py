@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field as dc_field
 import numpy as np
 import pandas as pd
 
-from ..schema import Schema
+from ..schema.model import Schema
 from . import metrics as M
 from .data import METADATA_ATTR, FieldData, MultiFieldData, field_specs, join
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from ..errors import InputError, MissingExtra
-from ..files import atomic_writer
+from ..io.files import atomic_writer
 from .metrics import ReliabilityBin
 
 
@@ -63,7 +63,7 @@ def _safe(name: str) -> str:
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     try:
-        with atomic_writer(path) as fh:  # whole or not at all, through a symlink (pcd_cli.files)
+        with atomic_writer(path) as fh:  # whole or not at all, through a symlink (pcd_cli.io.files)
             fig.savefig(fh, dpi=100, format="png")
     finally:
         plt.close(fig)

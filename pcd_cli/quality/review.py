@@ -52,8 +52,8 @@ import numpy as np
 import orjson
 
 from ..errors import InputError, MissingExtra
-from ..io import InputSpec, read_table_rows, row_to_record
-from ..schema import Schema
+from ..io.readers import InputSpec, read_table_rows, row_to_record
+from ..schema.model import Schema
 from .annotations import GOLD_SUFFIX
 from .data import FieldSpec, _id_strings, _is_present, field_specs, read_predictions
 
@@ -343,7 +343,7 @@ def write_label_studio(selection: ReviewSelection, output: str | Path, *,
     Returns:
         (the files written, what checked them or ``None``).
     """
-    from ..files import check_writable, write_atomic
+    from ..io.files import check_writable, write_atomic
 
     check_writable("-o", output)
     config, tasks = label_studio_config(selection.fields), label_studio_tasks(selection)
@@ -522,7 +522,7 @@ def write_argilla(selection: ReviewSelection, output: str | Path, *,
     Raises:
         InputError: ``output`` is a file, or a folder holding other files than these.
     """
-    from ..files import write_atomic
+    from ..io.files import write_atomic
 
     output = Path(output)
     if output.exists() and not output.is_dir():
@@ -548,7 +548,7 @@ def write_argilla(selection: ReviewSelection, output: str | Path, *,
 
 def write_csv(selection: ReviewSelection, output: str | Path) -> tuple[list[Path], None]:
     """Write the spreadsheet (module doc): ``<f>__gold`` columns empty, to fill in."""
-    from ..files import check_writable, write_atomic
+    from ..io.files import check_writable, write_atomic
 
     check_writable("-o", output)
     name = text_name(selection.fields)

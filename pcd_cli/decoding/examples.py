@@ -1,7 +1,7 @@
 """Few-shot examples for the prompt head: from the schema's ``examples:`` key or drawn from a gold file.
 
 An example is shown to the model as a prior user/assistant exchange whose answer object is
-written exactly as the decoder writes and scores lines (``pcd_cli.prompt.answer_object``).
+written exactly as the decoder writes and scores lines (``pcd_cli.decoding.prompt.answer_object``).
 Examples live in the head, so they cost one prefill per run, not per record.
 
 ``draw_examples`` picks K labelled rows from a gold file, balanced over each field's labels
@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .errors import InputError, SchemaError
-from .io import InputSpec, row_to_record
-from .schema import Example, Schema, decision_labels
+from ..errors import InputError, SchemaError
+from ..io.readers import InputSpec, row_to_record
+from ..schema.model import Example, Schema, decision_labels
 
 
 def resolve_examples(examples: tuple[Example, ...], template: str | None = None) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -44,7 +44,7 @@ def draw_examples(gold_path: str | Path, schema: Schema, spec: InputSpec, *, sho
     """
     if shots < 1:
         raise InputError(f"--shots {shots}: give at least 1")
-    from .quality.annotations import gold_rows  # a Label Studio / Argilla export, a filled review sheet
+    from ..quality.annotations import gold_rows  # a Label Studio / Argilla export, a filled review sheet
 
     candidates: list[tuple[str, tuple[int, ...], str]] = []
     skipped: dict[str, int] = {}

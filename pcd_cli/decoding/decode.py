@@ -28,8 +28,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..errors import CompileError, RecordError
+from ..results import FieldResult, Record, RecordFailure, RecordResult
 from .compile import CompiledSchema, FieldForest, WavePlan
-from .errors import CompileError, RecordError
+from .permute import combine
 from .prompt import common_prefix_len
 
 #: Default token budget of one pass. Packed records attend over each other's (masked) keys,
@@ -43,91 +45,6 @@ TRUNCATE_SIDES = ("middle", "head", "tail", "error")
 TRUNCATION_MARK = " [...] "
 #: Tokens cut beyond the overflow, for the marker and re-tokenization at the cut.
 TRUNCATION_SLACK = 8
-
-
-@dataclass(frozen=True)
-class Record:
-    """One input: its id (as given, or the row number) and the text put in the prompt.
-
-    Attributes:
-        row: position among the input's rows, from 0 (``None`` when not read from a file).
-        line: 1-based line where the row starts in a JSONL/CSV file (``None`` for Parquet).
-    """
-
-    id: object
-    text: str
-    row: int | None = field(default=None, compare=False)
-    line: int | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class FieldResult:
-    """One decided field.
-
-    Attributes:
-        label: index of the chosen label in ``Field.labels`` (argmax of ``probs``, unless a
-            rule between fields moved it: ``changed_by_rules``).
-        value: the typed value (bool for booleans, the exact schema string for enums).
-        prob: probability of the chosen label, renormalised over the allowed labels (``probs[label]``).
-        mass: candidate mass: unrenormalised probability of all allowed paths, in [0, 1].
-        probs: probability of every label, in schema order; sums to 1.
-        raw_probs: with a calibration applied (``Labeler(calibration=...)``), the decoder's
-            uncalibrated ``probs``; ``None`` otherwise.
-        label_set: with a calibration that has a conformal threshold, the indices of the
-            labels in the field's label set, most probable first; ``None`` otherwise.
-        abstained: the label set was not a single label and ``abstain_unless_single`` was
-            asked: ``value`` is ``None`` (``label`` still holds the most probable label).
-        order_spread: with ``--permutations``, how far the label orderings disagree on the
-            chosen label: the largest minus the smallest of its probabilities over the
-            orderings, in [0, 1] (``pcd_cli.permute.combine``); ``None`` otherwise.
-        changed_by_rules: the schema's rules moved the label off the argmax of ``probs``
-            (``pcd_cli.rules``); ``probs`` are the field's own, unchanged.
-    """
-
-    label: int
-    value: bool | str | None
-    prob: float
-    mass: float
-    probs: tuple[float, ...]
-    raw_probs: tuple[float, ...] | None = None
-    label_set: tuple[int, ...] | None = None
-    abstained: bool = False
-    changed_by_rules: bool = False
-    order_spread: float | None = None
-
-    @property
-    def raw_prob(self) -> float:
-        """Uncalibrated probability of the chosen label (``prob`` when no calibration was applied)."""
-        return self.prob if self.raw_probs is None else self.raw_probs[self.label]
-
-
-@dataclass(frozen=True)
-class RecordResult:
-    """All fields of one record, in schema order, and (with tracing on) one trace per field.
-
-    ``truncated`` is true when the text was cut to fit the model's context (``Decoder.truncate``).
-    ``joint_prob``: with rules between fields, the product of the written labels' probabilities
-    over the fields the rules name (``pcd_cli.rules``); ``None`` without rules.
-    """
-
-    id: object
-    fields: tuple[FieldResult, ...]
-    traces: tuple[dict, ...] = ()
-    truncated: bool = False
-    joint_prob: float | None = None
-
-
-@dataclass(frozen=True)
-class RecordFailure:
-    """A record that could not be labelled, and why.
-
-    ``id`` is ``None`` when the row's id could not be read; ``row``/``line`` as in ``Record``.
-    """
-
-    id: object
-    error: str
-    row: int | None = field(default=None, compare=False)
-    line: int | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -195,7 +112,7 @@ class Decoder:
             size of packed groups); at least 16.
         trace: keep, per record and field, the context, lines, probabilities and mass.
         orderings: ``--permutations``: the schema compiled for each label ordering
-            (``pcd_cli.permute.compile_orderings``, ``compiled`` first). Each record's tokens
+            (``pcd_cli.decoding.permute.compile_orderings``, ``compiled`` first). Each record's tokens
             shared by every ordering's prompt are fed once; each ordering's tail and fields
             are a branch attending to them; the results are combined (``permute.combine``).
         pack_records: pack several records into one pass (block-diagonal mask); ``False``
@@ -221,7 +138,7 @@ class Decoder:
         self.truncate = truncate
         self.backend = backend
         self.compiled = compiled
-        #: ``--permutations``: the schema compiled once per label ordering (``pcd_cli.permute``),
+        #: ``--permutations``: the schema compiled once per label ordering (``pcd_cli.decoding.permute``),
         #: ``compiled`` first; the same head, the values listed after the record in each order.
         self.orderings = tuple(orderings) or (compiled,)
         if any(c.prompt.head_ids != compiled.prompt.head_ids for c in self.orderings):
@@ -339,7 +256,7 @@ class Decoder:
 
     def _slot(self, record: Record, text: str) -> tuple[_Slot, int]:
         """A record's slot for ``text``, and the positions it needs (head, record, answer)."""
-        full, chain = self.compiled.record_chain(record.id, text)  # in context, seams checked (pcd_cli.seams)
+        full, chain = self.compiled.record_chain(record.id, text)  # in context, seams checked (pcd_cli.decoding.seams)
         needed = self.head_len + len(chain) + self._positions_after_record
         return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=self.compiled.prompt.tail_text,
                      needed=needed, variant=self.backend.rope_variant(needed), text=text,
@@ -392,8 +309,6 @@ class Decoder:
             if failed is not None or len(results) == 1:
                 out[index] = failed or results[0]
                 continue
-            from .permute import combine
-
             out[index] = combine(results, self.compiled.schema)
         return out  # type: ignore[return-value]
 

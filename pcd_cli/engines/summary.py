@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .decode import RecordResult
-from .rules import CHANGED_SUFFIX, rule_fields
-from .schema import Schema
-from .values import RepeatedIds
+from ..results import RecordResult
+from ..schema.rules import CHANGED_SUFFIX, rule_fields
+from ..schema.model import Schema
+from ..io.values import RepeatedIds
 
 
 @dataclass

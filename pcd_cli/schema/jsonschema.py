@@ -1,5 +1,5 @@
 """JSON Schema files as tools write them (pydantic's ``model_json_schema()``, hand-written
-files) -> pcd's schema format, for ``pcd_cli.schema.parse_schema``.
+files) -> pcd's schema format, for ``pcd_cli.schema.model.parse_schema``.
 
 Accepted properties (JSON Schema 2020-12, https://json-schema.org/draft/2020-12/json-schema-core):
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .schema import MAX_INTEGER_VALUES, Unparsed
+from .model import MAX_INTEGER_VALUES, Unparsed
 
 
 class _NotExpressible(Exception):
@@ -49,7 +49,7 @@ KINDS = ("pcd fields are boolean, enum (ordinal with x-pcd-type), integer with m
 TYPE_KEY, THRESHOLD_KEY, NONE_LABEL_KEY = "x-pcd-type", "x-pcd-threshold", "x-pcd-none-label"
 
 
-#: Top-level extension key holding rules between fields (``pcd_cli.rules``) in a JSON Schema.
+#: Top-level extension key holding rules between fields (``pcd_cli.schema.rules``) in a JSON Schema.
 RULES_KEY = "x-pcd-rules"
 
 
@@ -74,7 +74,7 @@ def from_json_schema(data: dict, problems: list[str], warnings: list[str]) -> di
         except _NotExpressible as exc:
             fields[name] = Unparsed([str(exc)])
     out = {"name": data.get("title", "schema"), "instructions": data.get("description", ""), "fields": fields}
-    if RULES_KEY in data:  # rules between fields (pcd_cli.rules), as an extension key
+    if RULES_KEY in data:  # rules between fields (pcd_cli.schema.rules), as an extension key
         out["rules"] = data[RULES_KEY]
     return out
 

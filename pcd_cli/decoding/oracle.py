@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .prompt import common_prefix_len
-from .schema import Field
+from ..schema.model import Field
 
 
 def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str]], scoring: str

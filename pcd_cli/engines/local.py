@@ -1,7 +1,7 @@
 """The main job: stream a file through a ``Labeler`` into Parquet, errors and trace files.
 
 Records are decoded in chunks and committed in batches to a work directory
-(``pcd_cli.checkpoint``), so a run that is killed can be resumed and a run that ends early
+(``pcd_cli.engines.checkpoint``), so a run that is killed can be resumed and a run that ends early
 loses at most the batch in flight. The outputs appear only when every input row is done.
 """
 
@@ -19,16 +19,16 @@ from typing import Callable, Iterator
 import pyarrow as pa
 from tqdm import tqdm
 
-from . import __version__
-from .api import Labeler
+from ..version import __version__
+from ..api import Labeler
 from .checkpoint import WorkDir, check_unlocked
-from .decode import RecordFailure, RecordResult
-from .errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
-from .files import check_writable, clear_stale
-from .io import InputSpec, RecordReader, check_input, is_stdin
-from .output import TRUNCATED_COLUMN, ParquetSink, output_schema, results_table
-from .rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields, rules_metadata
-from .schema import Schema, schema_metadata
+from ..results import RecordFailure, RecordResult
+from ..errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
+from ..io.files import check_writable, clear_stale
+from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
+from ..io.output import TRUNCATED_COLUMN, ParquetSink, output_schema, results_table
+from ..schema.rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields, rules_metadata
+from ..schema.model import Schema, schema_metadata
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -84,7 +84,7 @@ def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> Non
 def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_path: Path | None) -> list[Path]:
     """Refuse, before any record is read, output paths that cannot be written or would overwrite the input.
 
-    A missing folder is created (``pcd_cli.files.check_writable``); a symlink is checked at
+    A missing folder is created (``pcd_cli.io.files.check_writable``); a symlink is checked at
     its target, where the file will be written.
 
     Returns:
@@ -210,7 +210,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             (rows, records, failures) as they happen.
 
     ``input_path`` may be ``-`` (standard input; ``fmt`` required), and a ``.gz``/``.zst``
-    file (see ``pcd_cli.io.RecordReader``).
+    file (see ``pcd_cli.io.readers.RecordReader``).
 
     Returns:
         The run's statistics; ``read == records + failures`` covers every input row.

@@ -11,10 +11,10 @@ A model's fields become the schema's fields in declaration order:
 * ``Optional[X]`` / ``X | None`` -> X, ``nullable: true``;
 * ``Field(json_schema_extra={...})``: ``"x-pcd-type": "ordinal"`` (on a Literal/Enum),
   ``"x-pcd-threshold"``, ``"x-pcd-none-label"`` (as in a JSON Schema, see
-  ``pcd_cli.schema_jsonschema``) and ``"depends_on": [...]``;
+  ``pcd_cli.schema.jsonschema``) and ``"depends_on": [...]``;
 * ``Field(description=...)`` -> the field's description (else an Enum's docstring, as
   ``model_json_schema()`` has it); the class docstring -> the schema's instructions; rules
-  between fields (``pcd_cli.rules``) from a ``__pcd_rules__`` class attribute or
+  between fields (``pcd_cli.schema.rules``) from a ``__pcd_rules__`` class attribute or
   ``model_config = {"json_schema_extra": {"x-pcd-rules": [...]}}``.
 
 A model and its own ``model_json_schema()`` give the same schema (same ``source_sha256``).
@@ -37,9 +37,9 @@ import types
 import typing
 from pathlib import Path
 
-from .errors import MissingExtra, SchemaError
-from .schema import MAX_INTEGER_VALUES, Schema, Unparsed, parse_schema
-from .schema_jsonschema import apply_extensions, integer_bounds
+from ..errors import MissingExtra, SchemaError
+from .jsonschema import RULES_KEY, apply_extensions, integer_bounds
+from .model import MAX_INTEGER_VALUES, Unparsed
 
 
 def is_pydantic_model(obj: object) -> bool:
@@ -48,13 +48,15 @@ def is_pydantic_model(obj: object) -> bool:
         and hasattr(obj, "model_json_schema")
 
 
-def schema_from_model(model: type, *, source: str = "") -> Schema:
-    """A validated ``Schema`` from a Pydantic model class (see the module docstring).
+def model_data(model: type) -> dict:
+    """A Pydantic model class as pcd-format schema data (``{name, instructions, fields, rules}``, the
+    form a YAML file holds); ``pcd_cli.schema.load.schema_from_model`` validates it.
+
+    A field whose type pcd cannot read is an ``Unparsed`` entry holding its problem (named with
+    its type), so that ``parse_schema`` reports it with every other problem of the model.
 
     Raises:
-        SchemaError: a field whose type pcd cannot read (named with its type), or any check
-            ``parse_schema`` makes; every
-            problem of the model at once (``source``, else the model's name, names it then).
+        SchemaError: ``model`` is not a Pydantic model class.
     """
     if not is_pydantic_model(model):
         raise SchemaError(f"{model!r} is not a Pydantic model class (a subclass of pydantic.BaseModel)")
@@ -78,15 +80,13 @@ def schema_from_model(model: type, *, source: str = "") -> Schema:
     rules = _model_rules(model)
     if rules is not None:
         data["rules"] = rules
-    return parse_schema(data, default_name=model.__name__, source=source or model.__name__)
+    return data
 
 
 def _model_rules(model: type):
     """The model's rules between fields: a ``__pcd_rules__`` class attribute, else
     ``model_config["json_schema_extra"]["x-pcd-rules"]`` (which ``model_json_schema()`` writes
     at the top of the JSON Schema, so both forms give the same schema); ``None`` if neither."""
-    from .schema_jsonschema import RULES_KEY
-
     rules = getattr(model, "__pcd_rules__", None)
     if rules is not None:
         return rules
@@ -207,14 +207,14 @@ def _type_name(annotation: object) -> str:
     return repr(annotation).replace("typing.", "")
 
 
-def load_model_schema(ref: str) -> Schema:
-    """Load ``path/to/models.py:ModelName`` (or ``path/to/models.py`` holding exactly one model).
+def load_model(ref: str) -> tuple[type, str]:
+    """Import ``path/to/models.py:ModelName`` (or ``path/to/models.py`` holding exactly one model):
+    the model class and how messages name it (``models.py:ModelName``).
 
     The file is imported as a module (its top level runs, as with ``python models.py``).
 
     Raises:
-        SchemaError: no such file or model, the file fails to import, or the model is not
-            a valid schema.
+        SchemaError: no such file or model, or the file fails to import.
         MissingExtra: the file needs pydantic and it is not installed (exit 3 with how to).
     """
     path_text, name = (ref, "") if ref.endswith(".py") else ref.rsplit(":", 1)
@@ -243,10 +243,10 @@ def load_model_schema(ref: str) -> Schema:
             raise SchemaError(f"--schema {ref!r}: {str(path)!r} defines no {name!r}")
         if not is_pydantic_model(model):
             raise SchemaError(f"--schema {ref!r}: {name!r} is not a Pydantic model class")
-        return schema_from_model(model, source=ref)
+        return model, ref
     models = [obj for obj in vars(module).values()
               if is_pydantic_model(obj) and getattr(obj, "__module__", None) == module_name]
     if len(models) != 1:
         found = ", ".join(m.__name__ for m in models) or "none"
         raise SchemaError(f"--schema {ref!r}: name the model as {str(path)}:ModelName (models found: {found})")
-    return schema_from_model(models[0], source=f"{ref}:{models[0].__name__}")
+    return models[0], f"{ref}:{models[0].__name__}"

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import CompileError, RecordError
+from ..errors import CompileError, RecordError
 
 #: Texts put where a record ends to tokenize what follows it (the first that stays a token
 #: prefix of itself followed by the tail is kept).

@@ -1,6 +1,6 @@
 """One field of a schema file -> a validated ``Field``, or every problem it has.
 
-Split from ``pcd_cli.schema`` (which reads whole files, checks names across fields and
+Split from ``pcd_cli.schema.model`` (which reads whole files, checks names across fields and
 builds the waves): here are the per-field rules, the type-specific keys (``ordinal``,
 ``integer``, ``nullable``, ``none_label``, ``multi``'s ``threshold``/``min_items``/
 ``max_items``) and the messages for labels YAML turned into booleans, numbers or dates.
@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .schema import (_JSON_TEXT, BOOLEAN_LABELS, FIELD_KEYS, FIELD_TYPES, MAX_INTEGER_VALUES, MAX_MULTI_OPTIONS,
-                     NULL_LABEL, Field, Unparsed, _check_keys, _depends_problems, json_string)
+from ..errors import SchemaError
+from .model import (BOOLEAN_LABELS, FIELD_KEYS, FIELD_TYPES, JSON_TEXT, MAX_INTEGER_VALUES, MAX_MULTI_OPTIONS,
+                    NULL_LABEL, Field, Unparsed, json_string)
 
 
 def _as_read(value: Any) -> str:
@@ -32,7 +33,7 @@ def _as_read(value: Any) -> str:
 
 def _not_text_label(name: str, number: int, label: Any, written: Any) -> str:
     """The message for label #``number`` of field ``name`` that is not a string."""
-    if written is _JSON_TEXT and (label is None or isinstance(label, (bool, int, float))):
+    if written is JSON_TEXT and (label is None or isinstance(label, (bool, int, float))):
         text = json.dumps(label)
         return f"field {name!r}: label #{number} is {_as_read(label)}, not a string; quote it: {json_string(text)}"
     if isinstance(written, str) and not isinstance(label, (list, dict)):
@@ -67,7 +68,7 @@ def parse_field(name: Any, spec: Any, problems: list[str], written: Any = None, 
         problems.append(f"field {name!r}: expected a mapping with 'type' (boolean or enum)")
         return None, []
     found: list[str] = []
-    _check_keys(spec, FIELD_KEYS, f"field {name!r}", found)
+    check_keys(spec, FIELD_KEYS, f"field {name!r}", found)
     ftype = spec.get("type")
     if ftype in ("bool",):
         ftype = "boolean"
@@ -82,7 +83,7 @@ def parse_field(name: Any, spec: Any, problems: list[str], written: Any = None, 
     if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
         found.append(f"field {name!r}: 'depends_on' must be a list of field names")
     else:
-        found.extend(_depends_problems(name, depends_on, all_names if all_names is not None else {name}, first))
+        found.extend(depends_problems(name, depends_on, all_names if all_names is not None else {name}, first))
     abstain_below = spec.get("abstain_below")
     if abstain_below is not None and (isinstance(abstain_below, bool) or not isinstance(abstain_below, (int, float))
                                       or not 0 < abstain_below < 1):
@@ -105,8 +106,8 @@ def parse_field(name: Any, spec: Any, problems: list[str], written: Any = None, 
             written_labels = None
             if isinstance(written, dict):
                 written_labels = written.get("labels", written.get("choices"))
-            elif written is _JSON_TEXT:
-                written_labels = [_JSON_TEXT] * len(raw_labels)
+            elif written is JSON_TEXT:
+                written_labels = [JSON_TEXT] * len(raw_labels)
             if not isinstance(written_labels, list) or len(written_labels) != len(raw_labels):
                 written_labels = [None] * len(raw_labels)
             labels = tuple(raw_labels)
@@ -237,4 +238,48 @@ def _label_problems(name: str, raw_labels: list, written_labels: list, warnings:
         if key in folded:
             warnings.append(f"field {name!r}: labels {folded[key]!r} and {label!r} differ only by case")
         folded.setdefault(key, label)
+    return found
+
+
+def check_keys(mapping: dict, known: tuple[str, ...], where: str, problems: list[str] | None = None) -> None:
+    """Refuse a key pcd does not know (a typo like ``descripton`` would otherwise be ignored
+    silently), naming it and the nearest known key; every unknown key is one problem.
+
+    Raises:
+        SchemaError: ``<where>: unknown key 'descripton' (did you mean 'description'?)``, when
+            ``problems`` is not given (else the messages are appended to it).
+    """
+    import difflib
+
+    found = []
+    for key in mapping:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}?" if near else f"known keys: {', '.join(known)}"
+            found.append(f"{where}: unknown key {key!r} ({hint})")
+    if problems is None:
+        raise_all(found, "schema")
+    else:
+        problems.extend(found)
+
+
+def raise_all(problems: list[str], source: str) -> None:
+    """Raise one ``SchemaError`` for ``problems``: the message itself when there is one, else
+    ``<source> has N problems:`` and one indented line each."""
+    if len(problems) == 1:
+        raise SchemaError(problems[0])
+    if problems:
+        raise SchemaError(f"{source} has {len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def depends_problems(name: str, depends_on: list[str], all_names: set[str], first: bool) -> list[str]:
+    """What is wrong with a field's ``depends_on`` on its own: unknown names, its own name, the first field."""
+    found = []
+    for dep in depends_on:
+        if dep not in all_names:
+            found.append(f"field {name!r}: depends_on names an unknown field {dep!r}")
+        elif dep == name:
+            found.append(f"field {name!r}: depends_on names the field itself")
+    if first and depends_on:
+        found.append(f"field {name!r}: the first field is decided first and cannot depend on others")
     return found

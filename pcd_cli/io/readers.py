@@ -28,9 +28,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .decode import Record, RecordFailure
-from .errors import InputError
-from .schema import unescape_template
+from ..results import Record, RecordFailure
+from ..errors import InputError
+from ..schema.model import unescape_template
 from .values import CellError, cell_text
 
 FORMATS = ("jsonl", "csv", "parquet")

@@ -380,7 +380,7 @@ def _field(where: str, name: Any, by_name: dict, found: list[str]):
 
 
 def _label(where: str, field, value: Any, found: list[str]) -> int | None:
-    from .errors import SchemaError
+    from ..errors import SchemaError
 
     if isinstance(value, (list, dict)):
         found.append(f"{where}: field {field.name!r}: {value!r} is not a label")

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .errors import InputError, MachineError
+from ..errors import InputError, MachineError
 
 
 def write_target(path: str | Path) -> Path:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode import Record, RecordResult
-from .schema import Schema
+from ..results import Record, RecordResult
+from ..schema.model import Schema
 
 #: Content-free texts (Zhao et al. 2021, section 5): their probabilities are averaged.
 CONTENT_FREE = ("N/A", "[MASK]", "(empty)")

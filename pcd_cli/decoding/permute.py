@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import SchemaError
+from ..results import FieldResult, RecordResult
+from ..schema.model import Schema
 from .compile import CompiledSchema
-from .decode import FieldResult, RecordResult
-from .errors import SchemaError
 from .prompt import is_permuted
-from .schema import Schema
 
 
 def label_orderings(n: int) -> list[tuple[int, ...]]:

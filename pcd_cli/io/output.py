@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .decode import RecordResult
+from ..results import RecordResult
 from .files import AtomicFile, machine_errors
-from .rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields
-from .schema import Schema
+from ..schema.rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields
+from ..schema.model import Schema
 
 #: Output column marking records whose text was cut to fit the model's context.
 TRUNCATED_COLUMN = "__truncated"
@@ -32,7 +32,7 @@ def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_p
     ``<f>__set``, the conformal label set as a list of labels; for those in ``abstain``,
     ``<f>__abstained``, true where the label was left null; with ``spread`` (``--permutations``)
     ``<f>__order_spread``, how far the label orderings disagree; with rules between fields
-    (``pcd_cli.rules``) ``<f>__changed_by_rules`` for each field they name, then
+    (``pcd_cli.schema.rules``) ``<f>__changed_by_rules`` for each field they name, then
     ``__joint_prob``), then ``__truncated``.
 
     Types: booleans ``bool``, integers ``int64``, enum and ordinal labels ``string`` (the null
@@ -169,7 +169,7 @@ def multi_columns(field, rows: list[list], names: set[str]) -> dict[str, list]:
 
 class ParquetSink:
     """Writes tables row group by row group; ``close()`` renames the finished file into place
-    (through a symlink to its target: ``pcd_cli.files.AtomicFile``).
+    (through a symlink to its target: ``pcd_cli.io.files.AtomicFile``).
 
     Args:
         path: final output path. arrow_schema: its columns and key-value metadata.

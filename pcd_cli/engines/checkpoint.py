@@ -13,7 +13,7 @@ A part is written under a temporary name, flushed to disk and renamed; then the 
 is replaced atomically (write, fsync, rename). A process killed at any moment (SIGKILL
 included) therefore leaves a manifest that counts only complete parts; files beyond it are
 deleted on resume and their batch is decoded again. A resumed run reads past the committed
-rows and checks their raw bytes against the manifest's hash (``pcd_cli.io.RecordReader``):
+rows and checks their raw bytes against the manifest's hash (``pcd_cli.io.readers.RecordReader``):
 an input edited in place (same size, mtime kept) discards the work instead of splicing old
 labels into the new output. The final outputs are assembled from the parts, flushed to
 disk, and renamed into place only when every input row is done; then the work directory is
@@ -32,9 +32,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError
-from .files import AtomicFile, atomic_writer, clear_stale, machine_errors, write_atomic, write_target
-from .output import ParquetSink
+from ..errors import InputError
+from ..io.files import AtomicFile, atomic_writer, clear_stale, machine_errors, write_atomic, write_target
+from ..io.output import ParquetSink
 
 try:  # POSIX; elsewhere runs are not protected against a second process on the same output
     import fcntl
@@ -278,7 +278,7 @@ class WorkDir:
         """Assemble the final outputs from the parts, rename them into place, remove the folder.
 
         Each file is written whole or not at all, through a symlink to its target
-        (``pcd_cli.files``); an errors or trace file of an earlier run is cleared when this run
+        (``pcd_cli.io.files``); an errors or trace file of an earlier run is cleared when this run
         has none (``clear_stale``).
 
         Raises:

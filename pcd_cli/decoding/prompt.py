@@ -22,8 +22,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field as dc_field
 
-from .errors import CompileError, RecordError
-from .schema import Field, Schema, json_string
+from ..errors import CompileError, RecordError
+from ..schema.model import Field, Schema, json_string
 from .seams import SPLICE_PROBES, RecordGuard
 
 PREAMBLE = ("You are a precise classification engine. Read the input and fill in a JSON object with "

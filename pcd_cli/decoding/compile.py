@@ -2,7 +2,7 @@
 
 Rules implemented here (DESIGN.md §2): lines are tokenized whole, in context, after the
 text that precedes them (itself tokenized after a stand-in record, never on its own:
-``encode_context``, ``pcd_cli.seams``), and the seam is moved back where the tokenizer
+``encode_context``, ``pcd_cli.decoding.seams``), and the seam is moved back where the tokenizer
 would merge across it (rule 3); each record's prompt is checked against the compiled tail
 (``record_chain``); the layout is probed, not assumed (rule 4); a label is a set of spellings
 (rule 5); all spellings of a field form a trie whose trunk is known text and whose branches
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .errors import CompileError, RecordError
+from ..errors import CompileError, RecordError
 from .prompt import INPUT_LABEL, LAYOUTS, Layout, Prompt, build_prompt, common_prefix_len
-from .schema import Schema
+from ..schema.model import Schema
 from .seams import TAIL_PROBES, RecordTail, encode_after, fixed_tail_len, pick_anchor
 
 SCORING_MODES = ("marginal", "exact")
@@ -101,7 +101,7 @@ class CompiledSchema:
         logits_width: the model's logits width (label token ids must be below it).
         layout: ``None`` probes both layouts and keeps the one with the fewest moved seams.
         examples: few-shot examples for the prompt head as ``(input text, label index per
-            field)`` (``pcd_cli.examples.resolve_examples``); rendered in the chosen layout.
+            field)`` (``pcd_cli.decoding.examples.resolve_examples``); rendered in the chosen layout.
         label_orders: ``--permutations``: list the booleans' and enums' allowed values after the
             record in these orders (``prompt.build_prompt``); ``None``: in the system catalog.
 
