@@ -1,0 +1,188 @@
+"""The Jev / System One wire contract: ``POST /v1/systemone`` and ``GET /v1/models``.
+
+The spec is the official client, ``typesafe-sdk`` 0.7.x (``typesafe_sdk._core``: ``endpoints``,
+``questions``, ``question_types``, ``response_types``, ``errors``, ``transport``):
+
+* Request: ``{"model": str, "state": str | object | array, "questions": {name: question}}``, sent
+  with ``Authorization: Bearer <key>``; extra top-level keys come from ``extra_body`` (pcd reads
+  ``pcd_extras``; others are ignored); ``assets`` (images) are refused, pcd labels text.
+  Questions: ``{"type": "noul", "instructions"?, "criteria"?: {"true"?, "false"?}}``,
+  ``{"type": "choice", "instructions"?, "criteria": {label: description | null}}``,
+  ``{"type": "score", "instructions"?, "criteria": [description, ...]}``; instructions and
+  descriptions are a string, an object or an array; ``box`` (image regions) is refused.
+* Response: exactly ``{"model", "answers", "usage"}``; ``answers`` keyed by the request's names,
+  in its order; ``{"type": "noul", "noul": P(true)}``, ``{"type": "choice", "choice",
+  "probabilities": {label: p}, "confidence"}``, ``{"type": "score", "score", "legend": {"0":
+  criterion, ...}, "probabilities": {"0": p, ...}, "confidence"}``; ``usage`` ``{"input_tokens":
+  int, "output_tokens": 0}`` (the client validates both as strict ints); every answer number a
+  JSON float. Header ``x-typesafe-request-id`` on every response, errors included (the client's
+  ``request_id``).
+* Errors: ``{"error": {"type", "code", "message"}}`` (the client reads ``error.message``); 400
+  malformed JSON, 413 too large, 415 multipart or unknown encoding, 422 a well-formed bad request;
+  the client retries 408, 429 and 5xx, honouring ``Retry-After`` / ``retry-after-ms``.
+* ``GET /v1/models``: ``{"models": [{"name", "description", "release_date": "YYYY-MM-DD"}]}``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from . import questions as Q
+from .errors import ApiError
+from .protocols import (answer_extras, config_value, error_response, extras_envelope, extras_flag, label_one,
+                        read_json, request_id)
+
+#: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
+REQUEST_ID_HEADER = "x-typesafe-request-id"
+QUESTION_KEYS = {"noul": ("type", "instructions", "criteria"), "choice": ("type", "instructions", "criteria"),
+                 "score": ("type", "instructions", "criteria")}
+
+
+def _content(value: Any, where: str, *, nullable: bool = True) -> str | None:
+    """Text of a Jev content value (string, object or array; ``null`` when ``nullable``)."""
+    if value is None and nullable:
+        return None
+    if isinstance(value, (str, dict, list)):
+        return Q.content_text(value)
+    raise Q.invalid(f"{where}: must be a string, an object or an array{' or null' if nullable else ''}, "
+                    f"got {json.dumps(value)}", "invalid_question")
+
+
+def parse_question(name: str, raw: Any) -> Q.Question:
+    """One Jev question -> ``Question`` (the checks ``typesafe_sdk._core.questions`` makes, and pcd's).
+
+    Raises:
+        ApiError: 422 naming the question: not an object, unknown or missing type, ``box``,
+            unknown keys, contents of the wrong type, a noul with neither instructions nor a
+            described outcome, criteria of the wrong shape.
+    """
+    where = f"questions.{name}"
+    if not isinstance(raw, dict):
+        raise Q.invalid(f"{where}: must be an object with a 'type', got {json.dumps(raw)[:60]}", "invalid_question")
+    kind = raw.get("type")
+    if kind == "box":
+        raise Q.invalid(f"{where}: type 'box' locates a region of an image; pcd labels text "
+                        "(noul, choice and score questions)", "unsupported_question_type")
+    if kind not in QUESTION_KEYS:
+        raise Q.invalid(f"{where}.type: must be 'noul', 'choice' or 'score', got {json.dumps(kind)}",
+                        "invalid_question")
+    unknown = [k for k in raw if k not in QUESTION_KEYS[kind]]
+    if unknown:
+        raise Q.invalid(f"{where}: unknown key {unknown[0]!r} (a {kind} question has "
+                        f"{', '.join(QUESTION_KEYS[kind])})", "invalid_question")
+    instructions = _content(raw.get("instructions"), f"{where}.instructions")
+    criteria = raw.get("criteria")
+    if kind == "noul":
+        if criteria is None:
+            criteria = {}
+        if not isinstance(criteria, dict):
+            raise Q.invalid(f"{where}.criteria: a noul's criteria must be an object with 'true' and/or 'false'",
+                            "invalid_question")
+        extra = [k for k in criteria if k not in ("true", "false")]
+        if extra:
+            raise Q.invalid(f"{where}.criteria: unknown key {extra[0]!r} (a noul's criteria are 'true' and 'false')",
+                            "invalid_question")
+        options = tuple((label, _content(criteria.get(label), f"{where}.criteria.{label}")) for label in ("true", "false"))
+        if instructions is None and all(text is None for _, text in options):
+            raise Q.invalid(f"{where}: has neither instructions nor criteria; at least one is required",
+                            "invalid_question")
+    elif kind == "choice":
+        if not isinstance(criteria, dict) or not criteria:
+            raise Q.invalid(f"{where}.criteria: a choice needs an object of options (name -> description or null)",
+                            "invalid_question")
+        options = tuple((label, _content(text, f"{where}.criteria.{label}")) for label, text in criteria.items())
+    else:
+        if not isinstance(criteria, list) or not criteria:
+            raise Q.invalid(f"{where}.criteria: a score needs a list of level descriptions, lowest first",
+                            "invalid_question")
+        options = tuple((str(i), _content(text, f"{where}.criteria[{i}]", nullable=False))
+                        for i, text in enumerate(criteria))
+    return Q.Question(name, kind, instructions, options, f"question {name!r}")
+
+
+def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, str, bool]:
+    """A System One request body -> ``(QuestionSet, record text, extras flag)``.
+
+    Raises:
+        ApiError: 422 naming what is wrong (not an object, a non-string ``model``, ``assets``, a
+            bad ``state`` or question), 413 for too many questions, options or levels.
+    """
+    if not isinstance(body, dict):
+        raise Q.invalid("the body must be a JSON object {model, state, questions}", "invalid_body")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise Q.invalid(f"model: must be a string, got {json.dumps(model)}", "invalid_model")
+    if body.get("assets") is not None:
+        raise Q.invalid("assets: images are not supported; pcd labels text (send the state as a string, "
+                        "object or array)", "unsupported_assets")
+    extras = extras_flag(body)
+    raw_questions = body.get("questions")
+    if not isinstance(raw_questions, dict) or not raw_questions:
+        raise Q.invalid("questions: must be a non-empty object of named questions", "invalid_questions")
+    if len(raw_questions) > max_questions:  # before parsing them all
+        raise Q.too_large(f"questions: {len(raw_questions)} questions; this server answers at most {max_questions} "
+                          "per request", "too_many_questions")
+    text = Q.state_text(body.get("state"))
+    parsed = [parse_question(name, raw) for name, raw in raw_questions.items()]
+    return Q.build(parsed, max_questions=max_questions), text, extras
+
+
+def render_answer(answer: Q.Answer, legend: tuple | None = None, *, extras: bool = False) -> dict:
+    """One Jev answer (module docstring); ``legend``: the score's criteria as sent."""
+    q = answer.question
+    if q.kind == "noul":
+        out: dict[str, Any] = {"type": "noul", "noul": answer.probs[0]}
+    elif q.kind == "choice":
+        out = {"type": "choice", "choice": answer.labels[answer.chosen],
+               "probabilities": dict(zip(answer.labels, answer.probs)), "confidence": answer.confidence}
+    else:
+        out = {"type": "score", "score": answer.score, "legend": dict(zip(answer.labels, legend or ())),
+               "probabilities": dict(zip(answer.labels, answer.probs)), "confidence": answer.confidence}
+    if extras:
+        out["pcd"] = answer_extras(answer)
+    return out
+
+
+def routes(service: Any, config: Any = None) -> list[Route]:
+    """``POST /v1/systemone`` and ``GET /v1/models`` over ``service`` (a ``LabelService``).
+
+    ``config`` may give ``max_body_bytes``, ``max_records_per_request`` (also the most questions
+    per request, at most ``questions.MAX_QUESTIONS``) and ``request_timeout_s``.
+    """
+    loaded = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+
+    async def systemone(request: Request) -> JSONResponse:
+        rid = request_id(request)
+        headers = {REQUEST_ID_HEADER: rid}
+        try:
+            body = await read_json(request, config_value(config, "max_body_bytes", None))
+            max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
+            qs, text, extras = parse_request(body, max_questions=max_questions)
+            result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
+                                                rid=rid)
+        except ApiError as exc:
+            return error_response(exc, headers)
+        legends = {q.key: body["questions"][q.key].get("criteria") for q in qs.questions if q.kind == "score"}
+        answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras)
+                   for a in Q.answers(qs, result.fields)}
+        out: dict[str, Any] = {"model": service.model_id, "answers": answers,
+                               "usage": {"input_tokens": int(submitted.input_tokens), "output_tokens": 0}}
+        if extras:
+            out["pcd"] = extras_envelope(submitted, result, qs)
+        return JSONResponse(out, headers=headers)
+
+    async def models(request: Request) -> JSONResponse:
+        rid = request_id(request)
+        return JSONResponse({"models": [{
+            "name": service.model_id,
+            "description": f"{service.model_id} served by pcd: exact constrained decoding of closed questions "
+                           "(noul, choice, score); any model name in a request is answered by this model",
+            "release_date": loaded}]}, headers={REQUEST_ID_HEADER: rid})
+
+    return [Route("/v1/systemone", systemone, methods=["POST"]), Route("/v1/models", models, methods=["GET"])]

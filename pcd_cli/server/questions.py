@@ -1,0 +1,350 @@
+"""Question sets -> pcd schemas, and decoded fields -> answers: the one translation shared by
+the Jev / System One API (``jev``) and the OpenAI Decisions API (``decisions``).
+
+Each wire format parses its own request into ``Question`` values (in request order); this module
+turns them into the pcd-format schema dict a YAML schema file would hold (``QuestionSet.data``),
+validates it with ``pcd_cli.schema.load.parse_schema`` (so ``/v1/label`` with that dict written to a
+file decodes the same prompt and gives the same probabilities), and turns each ``FieldResult`` back
+into the numbers both APIs answer with (``Answer``).
+
+Rules (docs/serve.md, "Jev and OpenAI clients"):
+
+* **Fields**, one per question, in request order: a yes/no question (Jev ``noul``, OpenAI
+  ``predicate``) is a ``boolean``; a choice is an ``enum`` whose labels are the options in request
+  order (2 to ``MAX_CHOICE_OPTIONS``); a score is an ``ordinal`` with the labels ``"0".."N-1"``
+  (``MIN_SCORE_LEVELS`` to ``MAX_SCORE_LEVELS`` levels).
+* **Field names** (``field_names``): the request's key as it is, unless it has no visible
+  character, starts with ``__`` (pcd's own output columns), or is another key plus one of pcd's
+  output suffixes (``a`` and ``a__prob``); such a key becomes ``q<position>`` (1-based), with
+  ``_`` appended until it is free. Answers are mapped back by position.
+* **Descriptions** (``description``): the instructions, then one part per described option:
+  ``true: <text>`` / ``false: <text>`` for a yes/no question, ``"<label>": <text>`` for a choice
+  option and for every score level (the label as the prompt's catalog spells it). Each part is
+  content text (``content_text``) with every run of whitespace made one space and a ``.`` added
+  unless it already ends in ``. ? ! : ;``; parts are joined with one space.
+* **The record** (``state_text``): a string as it is (surrounding whitespace stripped, as
+  ``pcd label`` strips every text); an object or array as ``json.dumps(state, ensure_ascii=False)``
+  (key order kept, ``", "`` and ``": "`` separators).
+* **Numbers** (``Answer``): a choice's ``confidence`` is ``(N·p_max − 1)/(N − 1)`` (0 for a uniform
+  distribution, 1 for a certain one); a score is ``Σ i·p_i`` and its confidence
+  ``1 − Var/Var_max`` with ``Var = Σ p_i (i − score)²`` and ``Var_max = (N − 1)²/4`` (the variance of
+  half the mass on each end of the scale): 1 when one level has all the mass, 0 when it is split
+  between the two ends. Both are clipped to [0, 1] against rounding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ApiError
+
+try:  # the stage-package layout (issue #26)
+    from pcd_cli.schema.load import parse_schema
+    from pcd_cli.schema.model import OUTPUT_SUFFIXES, Schema, json_string
+except ImportError:  # pragma: no cover - before the layout commit lands
+    from pcd_cli.schema.model import OUTPUT_SUFFIXES, Schema, json_string, parse_schema
+try:
+    from pcd_cli.results import FieldResult, Record
+except ImportError:  # pragma: no cover - before the layout commit lands
+    from pcd_cli.decoding.decode import FieldResult, Record
+
+from pcd_cli.errors import SchemaError
+
+#: Most options a choice question may have (the OpenAI Decisions API's own limit; one byte per label).
+MAX_CHOICE_OPTIONS = 255
+#: Fewest and most levels a score question may have (issue #27).
+MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 2, 10
+#: Most questions one request may ask (the OpenAI Decisions API's limit); the server's
+#: ``--max-records-per-request`` lowers it.
+MAX_QUESTIONS = 400
+#: Question sets whose schema is kept built (``build``); the core's compile cache is separate.
+CACHE_SIZE = 64
+#: The kinds of question, as pcd fields.
+KINDS = {"noul": "boolean", "choice": "enum", "score": "ordinal"}
+_END = (".", "?", "!", ":", ";")
+
+
+def invalid(message: str, code: str = "invalid_request") -> ApiError:
+    """A 422 ``invalid_request_error`` naming what is wrong."""
+    return ApiError(422, "invalid_request_error", code, message)
+
+
+def too_large(message: str, code: str = "too_large") -> ApiError:
+    """A 413 ``invalid_request_error``: more questions, options or levels than allowed."""
+    return ApiError(413, "invalid_request_error", code, message)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question, parsed from either wire format.
+
+    Attributes:
+        key: the request's name for it (Jev: its key; OpenAI: its ``name``, else ``None``).
+        kind: ``noul`` (yes/no), ``choice`` or ``score``.
+        instructions: the question's text (``content_text`` of what was sent), or ``None``.
+        options: ``(label, description text or None)`` per option, in request order; a yes/no
+            question's are ``("true", ...)`` and ``("false", ...)``; a score's labels are
+            ``"0".."N-1"``.
+        where: how messages name it (``question 'tone'``, ``questions[2]``).
+    """
+
+    key: str | None
+    kind: str
+    instructions: str | None
+    options: tuple[tuple[str, str | None], ...]
+    where: str
+
+
+def content_text(value: Any) -> str:
+    """Text of a content value: a string as it is; an object or array as its JSON text
+    (``json.dumps(value, ensure_ascii=False)``: key order kept, ``", "``/``": "`` separators)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def state_text(state: Any, where: str = "state") -> str:
+    """The record text of a request's state: a string stripped of surrounding whitespace (as
+    ``pcd label`` strips every text), an object or array as ``content_text``.
+
+    Raises:
+        ApiError: 422 when the state is missing, not a string, object or array, or empty.
+    """
+    if not isinstance(state, (str, dict, list)):
+        got = "missing" if state is None else f"a {_json_type(state)}"
+        raise invalid(f"{where}: must be a string, an object or an array, got {got}", "invalid_state")
+    text = content_text(state).strip()
+    if not text:
+        raise invalid(f"{where}: is empty; give the text to label", "invalid_state")
+    return text
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if value is None:
+        return "null"
+    return {dict: "object", list: "array", str: "string"}.get(type(value), type(value).__name__)
+
+
+def _sentence(text: str) -> str:
+    """``text`` with every run of whitespace one space, ending in ``. ? ! : ;`` (``.`` added)."""
+    text = " ".join(text.split())
+    return text if not text or text.endswith(_END) else text + "."
+
+
+def description(question: Question) -> str:
+    """The pcd field description of ``question`` (module docstring, "Descriptions")."""
+    parts = [question.instructions or ""]
+    for label, text in question.options:
+        if text is None or not text.strip():
+            continue
+        spelled = label if question.kind == "noul" else json_string(label)
+        parts.append(f"{spelled}: {text}")
+    return " ".join(s for s in map(_sentence, parts) if s)
+
+
+def field_names(keys: list[str | None]) -> tuple[str, ...]:
+    """A valid, distinct pcd field name per question key (module docstring, "Field names").
+
+    ``None`` (an unnamed OpenAI question) always takes the ``q<position>`` form.
+    """
+    given = [k for k in keys if isinstance(k, str)]
+    taken = set(given)
+
+    def extends(name: str, others) -> bool:  # name is another name plus an output suffix
+        return any(name == o + s for o in others if o != name for s in OUTPUT_SUFFIXES)
+
+    names: list[str] = []
+    for i, key in enumerate(keys):
+        if isinstance(key, str) and key.strip() and not key.startswith("__") and not extends(key, given):
+            names.append(key)
+            continue
+        name = f"q{i + 1}"
+        while name in taken or extends(name, taken) or any(extends(o, {name}) for o in taken):
+            name += "_"
+        taken.add(name)
+        names.append(name)
+    return tuple(names)
+
+
+def schema_data(questions: list[Question], names: tuple[str, ...]) -> dict:
+    """The pcd-format schema dict for ``questions`` (as a YAML schema file would hold it)."""
+    fields: dict[str, dict] = {}
+    for q, name in zip(questions, names):
+        spec: dict[str, Any] = {"type": KINDS[q.kind], "description": description(q)}
+        if q.kind != "noul":
+            spec["labels"] = [label for label, _ in q.options]
+        fields[name] = spec
+    canonical = json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return {"name": "questions_" + hashlib.sha256(canonical.encode()).hexdigest()[:12], "fields": fields}
+
+
+def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS) -> None:
+    """Refuse a question set pcd does not take, naming the question.
+
+    Raises:
+        ApiError: 413 for more than ``max_questions`` questions, more than
+            ``MAX_CHOICE_OPTIONS`` options or ``MAX_SCORE_LEVELS`` levels; 422 for no questions,
+            a choice with fewer than two options or a score with fewer than ``MIN_SCORE_LEVELS``,
+            and option labels pcd cannot tell apart (empty, only whitespace, or equal once their
+            surrounding whitespace is stripped).
+    """
+    if not questions:
+        raise invalid("questions: give at least one question", "no_questions")
+    if len(questions) > max_questions:
+        raise too_large(f"questions: {len(questions)} questions; this server answers at most {max_questions} "
+                        "per request", "too_many_questions")
+    for q in questions:
+        n = len(q.options)
+        if q.kind == "choice":
+            if n > MAX_CHOICE_OPTIONS:
+                raise too_large(f"{q.where}: {n} options; a choice may have at most {MAX_CHOICE_OPTIONS}",
+                                "too_many_options")
+            if n < 2:
+                raise invalid(f"{q.where}: a choice needs at least 2 options, got {n}", "too_few_options")
+            seen: dict[str, str] = {}
+            for label, _ in q.options:
+                if not label.strip():
+                    raise invalid(f"{q.where}: option {label!r} is empty or only whitespace; give it a name",
+                                  "invalid_option")
+                if label.strip() in seen:
+                    raise invalid(f"{q.where}: options {seen[label.strip()]!r} and {label!r} differ only by "
+                                  "surrounding whitespace; the model reads them as the same word", "invalid_option")
+                seen[label.strip()] = label
+        elif q.kind == "score":
+            if n > MAX_SCORE_LEVELS:
+                raise too_large(f"{q.where}: {n} levels; a score may have at most {MAX_SCORE_LEVELS}",
+                                "too_many_levels")
+            if n < MIN_SCORE_LEVELS:
+                raise invalid(f"{q.where}: a score needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} levels, got {n}",
+                              "too_few_levels")
+
+
+@dataclass(frozen=True)
+class QuestionSet:
+    """A request's questions as one pcd schema.
+
+    Attributes:
+        questions: the parsed questions, in request order (one pcd field each, same order).
+        names: the pcd field name of each question (``field_names``).
+        data: the pcd-format schema dict (``schema_data``): ``parse_schema(data)`` is ``schema``.
+        schema: the validated schema; its ``source_sha256`` is the same for every request that
+            asks the same questions, so they share a compiled decoder.
+    """
+
+    questions: tuple[Question, ...]
+    names: tuple[str, ...]
+    data: dict
+    schema: Schema
+
+
+_cache: OrderedDict[str, QuestionSet] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def build(questions: list[Question], *, max_questions: int = MAX_QUESTIONS) -> QuestionSet:
+    """Check ``questions`` (``check_limits``) and build their schema; the last ``CACHE_SIZE``
+    distinct question sets are kept built.
+
+    Raises:
+        ApiError: 413/422 from ``check_limits``; 422 when pcd's schema rules refuse the set
+            (the message is pcd's, naming the field).
+    """
+    check_limits(questions, max_questions)
+    names = field_names([q.key for q in questions])
+    data = schema_data(questions, names)
+    key = json.dumps(data, ensure_ascii=False)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return QuestionSet(tuple(questions), names, hit.data, hit.schema)
+    try:
+        schema = parse_schema(data, default_name=data["name"], source="questions")
+    except SchemaError as exc:
+        raise invalid(f"questions: {exc}", "invalid_questions") from None
+    built = QuestionSet(tuple(questions), names, data, schema)
+    with _cache_lock:
+        _cache[key] = built
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return built
+
+
+def record(text: str, request_id: str) -> Record:
+    """The one record of a request (its id is the request id)."""
+    return Record(request_id, text)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The numbers both APIs answer one question with.
+
+    Attributes:
+        question: the question.
+        probs: probability of each option, in request order (yes/no: ``(P(true), P(false))``).
+        chosen: index of the most probable option (``FieldResult.label``).
+        confidence: choice and score (module docstring, "Numbers"); ``None`` for yes/no.
+        score: ``Σ i·p_i`` for a score, else ``None``.
+        mass: pcd's candidate mass (unrenormalised probability of every allowed path).
+        raw_probs: the decoder's probabilities before calibration or prior correction (the same
+            as ``probs`` when neither is applied).
+    """
+
+    question: Question
+    probs: tuple[float, ...]
+    chosen: int
+    confidence: float | None
+    score: float | None
+    mass: float
+    raw_probs: tuple[float, ...]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(label for label, _ in self.question.options)
+
+
+def choice_confidence(probs: tuple[float, ...]) -> float:
+    """``(N·p_max − 1)/(N − 1)`` clipped to [0, 1]; ``N`` options, ``N >= 2``."""
+    n = len(probs)
+    return _clip((n * max(probs) - 1.0) / (n - 1))
+
+
+def expected_score(probs: tuple[float, ...]) -> float:
+    """``Σ i·p_i`` over levels ``0..N-1``."""
+    return float(sum(i * p for i, p in enumerate(probs)))
+
+
+def score_confidence(probs: tuple[float, ...]) -> float:
+    """``1 − Var/Var_max``, ``Var = Σ p_i (i − score)²``, ``Var_max = (N − 1)²/4``; clipped to [0, 1]."""
+    mean = expected_score(probs)
+    var = sum(p * (i - mean) ** 2 for i, p in enumerate(probs))
+    return _clip(1.0 - var / ((len(probs) - 1) ** 2 / 4.0))
+
+
+def _clip(x: float) -> float:
+    return float(min(1.0, max(0.0, x))) if math.isfinite(x) else 0.0
+
+
+def answers(qs: QuestionSet, fields: tuple[FieldResult, ...]) -> list[Answer]:
+    """One ``Answer`` per question from a record's decoded fields (schema order = question order)."""
+    out = []
+    for q, f in zip(qs.questions, fields):
+        probs = tuple(float(p) for p in f.probs)
+        raw = tuple(float(p) for p in f.raw_probs) if f.raw_probs is not None else probs
+        conf = score = None
+        if q.kind == "choice":
+            conf = choice_confidence(probs)
+        elif q.kind == "score":
+            score, conf = expected_score(probs), score_confidence(probs)
+        out.append(Answer(q, probs, int(f.label), conf, score, float(f.mass), raw))
+    return out
