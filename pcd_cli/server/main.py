@@ -1,0 +1,153 @@
+"""Running the server: bind the port, start the worker (it loads the model), serve, drain on SIGTERM.
+
+``serve`` is what ``pcd serve`` calls; ``ServerThread`` runs the same server in a thread of the
+calling process (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+
+from .app import AppConfig, create_app
+from .service import LabelService
+
+log = logging.getLogger("pcd.server")
+
+#: Seconds uvicorn waits, once drained, for the last responses to be written.
+RESPONSE_GRACE_S = 5.0
+
+
+def _uvicorn():
+    try:
+        import uvicorn
+    except ImportError as exc:
+        from ..errors import MissingExtra
+
+        raise MissingExtra("pcd serve needs the server extra: pip install 'pcd-cli[serve]'") from exc
+    return uvicorn
+
+
+def make_server(service: LabelService, app_config: AppConfig, *, host: str, port: int,
+                shutdown_timeout_s: float = 30.0, extra_routes=()):
+    """A drain-aware uvicorn server over ``create_app(service, app_config)``, and its socket,
+    already bound (``host``, ``port``; port 0 picks a free one).
+
+    The first SIGTERM or SIGINT (``handle_exit``) drains: ``/ready`` and new work answer 503,
+    queued and running requests finish (at most ``shutdown_timeout_s``), then the server stops;
+    a second signal stops it at once.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not local).
+    """
+    uvicorn = _uvicorn()
+
+    class DrainingServer(uvicorn.Server):
+        drain_since: float | None = None
+
+        def handle_exit(self, sig, frame) -> None:  # signal handler: only flags (no lock taken)
+            if self.drain_since is not None:
+                self.should_exit = self.force_exit = True
+                return
+            self.drain_since = time.monotonic()
+            service.draining = True
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.drain_since is not None and not self.should_exit:
+                if service.idle or time.monotonic() - self.drain_since >= shutdown_timeout_s:
+                    log.info("drained in %.1f s; stopping", time.monotonic() - self.drain_since)
+                    self.should_exit = True
+            if service.startup_error is not None:
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+    app = create_app(service, app_config, extra_routes=extra_routes)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=RESPONSE_GRACE_S, server_header=False)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return DrainingServer(config), sock
+
+
+def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.1", port: int = 8000,
+          shutdown_timeout_s: float = 30.0, on_bound=None) -> int:
+    """Run the server in this thread until it is drained (SIGTERM/SIGINT); returns the exit code.
+
+    The port is bound before the model loads (the worker loads it while ``/health`` answers);
+    ``on_bound(host, port)`` is called once bound.
+
+    Returns:
+        0 after a drain; 2 or 3 when the start failed (a schema or calibration problem: 2; the
+        model or a compile problem: 3), as ``pcd label`` would exit.
+    """
+    server, sock = make_server(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
+    bound = sock.getsockname()
+    log.info("listening on http://%s:%d (loading the model)", host, bound[1])
+    if on_bound is not None:
+        on_bound(host, bound[1])
+    service.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        service.close(timeout=shutdown_timeout_s)
+    if service.startup_error is not None:
+        from ..errors import CalibrationError, InputError, SchemaError
+
+        error = service.startup_error
+        log.error("could not start: %s", error)
+        return 2 if isinstance(error, (SchemaError, InputError, CalibrationError)) else 3
+    log.info("stopped")
+    return 0
+
+
+class ServerThread:
+    """The server on 127.0.0.1 (a free port) in a thread of this process, for tests and benchmarks.
+
+        with ServerThread(service, AppConfig()) as srv:
+            httpx.get(srv.url + "/ready")
+
+    ``drain()`` does what SIGTERM does; leaving the block drains and joins every thread started.
+    """
+
+    def __init__(self, service: LabelService, app_config: AppConfig = AppConfig(), *, shutdown_timeout_s: float = 10.0,
+                 extra_routes=(), wait_ready: bool = True):
+        self.service = service
+        self.server, self.sock = make_server(service, app_config, host="127.0.0.1", port=0,
+                                             shutdown_timeout_s=shutdown_timeout_s, extra_routes=extra_routes)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.wait_ready = wait_ready
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="pcd-http",
+                                       daemon=True)
+
+    def __enter__(self) -> "ServerThread":
+        self.service.start()
+        self.thread.start()
+        if self.wait_ready:
+            self.service.ready.wait(60)
+            while not self.server.started:
+                time.sleep(0.01)
+        return self
+
+    def drain(self) -> None:
+        """As SIGTERM: refuse new work, finish the queued, stop."""
+        self.server.handle_exit(signal.SIGTERM, None)
+
+    def __exit__(self, *exc) -> None:
+        if self.server.drain_since is None:
+            self.drain()
+        self.thread.join(self.shutdown_timeout_s + RESPONSE_GRACE_S + 5)
+        self.sock.close()
+        self.service.close()

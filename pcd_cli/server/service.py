@@ -1,0 +1,649 @@
+"""The label service: one worker thread owns the model and packs concurrent requests into
+shared decode calls.
+
+The HTTP event loop only calls ``LabelService.submit`` (an ``async`` method that queues a
+request and waits for its results); every piece of model code (loading the backend, compiling a
+schema into a ``Labeler``, decoding, even counting tokens) runs on the worker thread.
+
+Packing (``ServiceConfig.packing``, on by default): a request is cut into chunks of
+``chunk_records`` records counted from its first record (the chunks ``pcd label`` hands to the
+decoder, ``pcd_cli.engines.local.CHUNK_RECORDS``). The worker takes the oldest queued request's
+next chunk, then the next chunk of each later request for the same labeler, oldest first, while
+the batch stays within ``max_batch_records`` records and ``max_batch_tokens`` estimated tokens,
+and decodes them in ONE ``Labeler.label_batch`` call; the results are split back. A request with
+chunks left goes to the back of the queue, so a one-record request queued behind a 1,000-record
+one waits for one chunk, not for the whole request. Requests for different labelers (schemas or
+options) are never packed together. A batch holding a single chunk is exactly the call
+``pcd label`` makes, so a request alone on an idle server gets ``pcd label``'s results bit for bit;
+under packing, labels agree and probabilities move within the decoder's packed-vs-single bound
+(docs/serve.md). With packing off, every batch is one chunk of one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+from ..decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
+from ..engines.local import CHUNK_RECORDS
+from ..errors import PcdError
+from ..results import Record, RecordFailure, RecordResult
+from ..schema.model import Schema
+from .errors import ApiError
+
+log = logging.getLogger("pcd.server")
+
+#: Seconds between two looks at a waiting request's connection and deadline.
+POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class SchemaOptions:
+    """The labelling options of one schema (``pcd label``'s options that apply per schema).
+
+    Attributes:
+        scoring: ``marginal`` or ``exact`` (``Labeler(scoring=...)``).
+        template: ``str.format`` template over a record's columns (``pcd label --template``);
+            ``None``: the text is the ``text_field`` column.
+        text_field: the column holding the text when no template is given.
+        calibration: path of a ``pcd calibrate`` file fitted for this schema and model.
+        truncate: ``middle|head|tail|error`` (``pcd label --truncate``).
+        permutations: ``--permutations K`` (1: the plain prompt).
+        prior_correction: ``--prior-correction``.
+        max_tokens_per_pass: the decoder's token budget for one forward pass.
+    """
+
+    scoring: str = "marginal"
+    template: str | None = None
+    text_field: str = "text"
+    calibration: str | None = None
+    truncate: str = "middle"
+    permutations: int = 1
+    prior_correction: bool = False
+    max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
+
+    def labeler_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``pcd_cli.api.Labeler`` for these options."""
+        return dict(scoring=self.scoring, template=self.template, calibration=self.calibration,
+                    truncate=self.truncate, permutations=self.permutations,
+                    prior_correction=self.prior_correction, max_tokens_per_pass=self.max_tokens_per_pass)
+
+
+class ModelHost:
+    """The model, loaded once, and the labelers built over it (one per schema and options).
+
+    ``load`` and ``labeler`` run on the service's worker thread only.
+
+    Args:
+        model: as ``pcd label --model`` (``None``: the embedded model).
+        backend, device, dtype: as ``pcd label --backend/--device/--dtype``.
+        adapter: a ``pcd tune --adapter-only`` folder merged into the weights once at load.
+        loaded: an already loaded backend (tests); ``model``, ``backend``, ``device`` and
+            ``dtype`` are then ignored.
+    """
+
+    def __init__(self, model: str | None = None, *, backend: str = "auto", device: str = "auto",
+                 dtype: str = "auto", adapter: str | None = None, loaded=None):
+        self.model, self.backend_kind, self.device, self.dtype = model, backend, device, dtype
+        self.adapter = adapter
+        self.backend = loaded
+
+    @property
+    def model_id(self) -> str:
+        """The loaded model's id (``backend.model_id``); the ``--model`` given before loading."""
+        if self.backend is not None:
+            return self.backend.model_id
+        return self.model or "embedded"
+
+    def load(self) -> str:
+        """Load the backend (once) and merge the adapter; returns the model id.
+
+        Raises:
+            ModelError: the model cannot be loaded (see ``pcd_cli.backends.load_backend``).
+        """
+        if self.backend is None:
+            from ..backends import load_backend
+
+            backend = load_backend(self.model, backend=self.backend_kind, device=self.device, dtype=self.dtype)
+            if self.adapter is not None:
+                from ..api import _with_adapter
+
+                backend = _with_adapter(backend, self.adapter)
+            self.backend = backend
+        return self.backend.model_id
+
+    def labeler(self, schema: Schema, options: SchemaOptions):
+        """A ``Labeler`` for ``schema`` over the loaded model (the model is shared, not copied).
+
+        Raises:
+            SchemaError, CompileError, CalibrationError: as ``Labeler``.
+        """
+        from ..api import Labeler, _tune_card
+
+        labeler = Labeler(schema, model=self.model, backend=self.backend, **options.labeler_kwargs())
+        if self.adapter is not None:  # merged once at load; its card still goes in the metadata
+            labeler.tune_card, labeler._tune_source = _tune_card(self.adapter)
+        return labeler
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Limits and packing of a ``LabelService``.
+
+    Attributes:
+        packing: pack chunks of concurrent requests into one decode call (``--no-packing``: off).
+        chunk_records: records of one request taken at a time (``pcd label``'s chunk).
+        max_batch_records: most records in one decode call.
+        max_batch_tokens: most estimated tokens (``estimate_tokens``) in one decode call; the
+            first chunk is always taken.
+        max_queued_records: records waiting (not yet decoded) beyond which a request gets 429.
+        max_queued_requests: requests waiting beyond which a request gets 429.
+        max_cached_schemas: labelers of request-built schemas kept (least recently used out);
+            the startup schemas are pinned and not counted.
+        request_timeout_s: a request not answered this long after it arrived gets 503
+            (``None``: no deadline).
+    """
+
+    packing: bool = True
+    chunk_records: int = CHUNK_RECORDS
+    max_batch_records: int = 64
+    max_batch_tokens: int = 16384
+    max_queued_records: int = 8192
+    max_queued_requests: int = 1024
+    max_cached_schemas: int = 64
+    request_timeout_s: float | None = 60.0
+
+
+def estimate_tokens(record: Record | RecordFailure) -> int:
+    """A record's tokens for the batch budget, estimated without the tokenizer (which belongs to
+    the worker): a quarter of its UTF-8 bytes plus 8, 1 for a failure."""
+    if isinstance(record, RecordFailure):
+        return 1
+    return len(record.text.encode("utf-8", "surrogatepass")) // 4 + 8
+
+
+@dataclass
+class SubmitResult:
+    """What ``LabelService.submit`` returns.
+
+    Attributes:
+        results: one ``RecordResult`` or ``RecordFailure`` per input record, in input order.
+        labeler_metadata: the labeler's ``metadata()`` (the Parquet ``pcd.*`` keys).
+        input_tokens: tokens of the request's record texts as the model's tokenizer reads them
+            (the shared prompt head and the answers not counted); failed records count 0.
+        queue_ms: milliseconds from arrival to the start of its first decode call.
+        decode_ms: milliseconds of the decode calls its records were in (shared with the
+            requests packed with it).
+        labeler: the labeler that decoded it (``output_schema`` for rendering).
+    """
+
+    results: list
+    labeler_metadata: dict[str, str]
+    input_tokens: int
+    queue_ms: float
+    decode_ms: float
+    labeler: Any = None
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request was answered (nothing more is decoded for it)."""
+
+
+@dataclass
+class _Entry:
+    """One labeler slot: a schema with its options, and the labeler once compiled (worker only)."""
+
+    key: tuple
+    schema: Schema
+    options: SchemaOptions
+    name: str | None = None
+    pinned: bool = False
+    labeler: Any = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _Job:
+    request_id: str
+    entry: _Entry
+    records: list
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    arrived: float
+    cursor: int = 0  # next record to take
+    results: list = field(default_factory=list)
+    started: float | None = None
+    decode_s: float = 0.0
+    tokens: int = 0
+    cancelled: bool = False
+    finished: bool = False
+
+    @property
+    def remaining(self) -> int:
+        return len(self.records) - self.cursor
+
+
+class LabelService:
+    """Queues labelling requests and decodes them on one worker thread that owns the model.
+
+    Args:
+        host: a ``ModelHost`` (or any object with ``load() -> model id``, ``model_id`` and
+            ``labeler(schema, options)``; tests pass one that builds fake labelers).
+        schemas: the startup schemas, name -> (schema, options); compiled at startup and never
+            evicted.
+        config: limits and packing.
+        default_options: options of request-built schemas (Jev / OpenAI question sets).
+
+    ``start()`` starts the worker, which loads the model, compiles the startup schemas and runs a
+    warm-up decode; ``ready`` is set after that (``startup_error`` holds what failed).
+    ``drain()`` refuses new work; ``wait_idle()`` waits for the queued work; ``close()`` stops
+    the worker (failing what is still queued with 503) and joins it.
+
+    Labelers are keyed by ``(schema.source_sha256, options)``: a submitted schema whose sha256 is
+    a startup schema's uses that labeler (and its options); any other gets ``default_options``
+    and a place in a bounded LRU cache (``max_cached_schemas``), so that requests with the same
+    questions share one decoder and are packed together.
+    """
+
+    def __init__(self, host, schemas: dict[str, tuple[Schema, SchemaOptions]] | None = None, *,
+                 config: ServiceConfig = ServiceConfig(), default_options: SchemaOptions = SchemaOptions()):
+        self.host = host
+        self.config = config
+        self.default_options = default_options
+        self.named: dict[str, _Entry] = {}
+        self._pinned: dict[str, _Entry] = {}
+        for name, (schema, options) in (schemas or {}).items():
+            entry = _Entry((schema.source_sha256, options), schema, options, name=name, pinned=True)
+            self.named[name] = entry
+            self._pinned.setdefault(schema.source_sha256, entry)
+        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._cond = threading.Condition()
+        self._queue: deque[_Job] = deque()
+        self._queued_records = 0
+        self._busy = False
+        self._stopping = False
+        self.draining = False
+        self.ready = threading.Event()
+        self.startup_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._rate: deque[tuple[int, float]] = deque(maxlen=64)  # (records, seconds) of recent batches
+        #: counters read by the metrics collector (written by the worker only)
+        self.forward_passes = 0
+        self.records_decoded = 0
+        self.batches = 0
+        #: refusals by reason (queue_full, draining, not_ready, deadline_exceeded)
+        self.refused: Counter[str] = Counter()
+        #: called with each answered request's queue wait in seconds (the app's histogram)
+        self.on_queue_wait: Callable[[float], None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        """The loaded model's id (``backend.model_id``)."""
+        return self.host.model_id
+
+    def start(self) -> None:
+        """Start the worker thread (it loads the model, compiles the startup schemas, warms up)."""
+        self._thread = threading.Thread(target=self._run, name="pcd-label-worker", daemon=True)
+        self._thread.start()
+
+    def drain(self) -> None:
+        """Refuse new work (503) from now on; queued and running requests go on."""
+        with self._cond:
+            self.draining = True
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no decode call running."""
+        with self._cond:
+            return not self._queue and not self._busy
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait (without blocking the event loop) until ``idle``, at most ``timeout`` seconds;
+        returns whether it got idle."""
+        end = time.monotonic() + timeout
+        while not self.idle:
+            if time.monotonic() >= end:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the worker: requests still queued fail with 503; the running decode call ends
+        first; the thread is joined (at most ``timeout`` seconds)."""
+        with self._cond:
+            self._stopping = True
+            self.draining = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._queued_records = 0
+            self._cond.notify_all()
+        for job in left:
+            self._fail(job, ApiError(503, "server_error", "shutting_down",
+                                     "the server shut down before this request was decoded; send it again",
+                                     {"Retry-After": "1"}))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def queue_depth(self) -> tuple[int, int]:
+        """(requests, records) waiting to be decoded."""
+        with self._cond:
+            return len(self._queue), self._queued_records
+
+    def schema_info(self) -> list[dict]:
+        """The startup schemas for ``GET /v1/schemas``: name, fields with their labels, schema and
+        prompt-head sha256 (known once compiled)."""
+        out = []
+        for name, entry in self.named.items():
+            out.append({
+                "name": name,
+                "fields": [{"name": f.name, "type": f.type, "labels": list(f.labels)}
+                           for f in entry.schema.declared],
+                "schema_sha256": entry.schema.source_sha256,
+                "prompt_head_sha256": entry.metadata.get("pcd.prompt_head_sha256"),
+            })
+        return out
+
+    # -- submitting -------------------------------------------------------------------------
+    async def submit(self, schema: Schema, records: Sequence[Record | RecordFailure], *, request_id: str,
+                     deadline: float | None = None,
+                     is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> SubmitResult:
+        """Queue ``records`` for ``schema`` and wait for their results.
+
+        Args:
+            deadline: ``time.monotonic()`` seconds after which the request gets 503 (and
+                nothing more is decoded for it); ``None``: ``config.request_timeout_s`` from now.
+            is_disconnected: polled while waiting; true drops the request (``ClientDisconnected``).
+
+        Raises:
+            ApiError: 503 not ready, draining, or past the deadline; 429 queue full (with
+                ``Retry-After``); 422 the schema cannot be compiled for this model; 500 the decode
+                call holding its records failed (the server goes on).
+            ClientDisconnected: ``is_disconnected`` turned true.
+        """
+        try:
+            return await self._submit(schema, records, request_id, deadline, is_disconnected)
+        except ApiError as exc:
+            if exc.status in (429, 503):
+                self.refused[exc.code] += 1
+            raise
+
+    async def _submit(self, schema, records, request_id, deadline, is_disconnected) -> SubmitResult:
+        if self.draining:
+            raise ApiError(503, "server_error", "draining", "the server is shutting down; send the request to "
+                           "another replica or again in a moment", {"Retry-After": "1"})
+        if not self.ready.is_set():
+            raise ApiError(503, "server_error", "not_ready", "the model is still loading; retry when GET /ready "
+                           "answers 200", {"Retry-After": "1"})
+        if deadline is None and self.config.request_timeout_s is not None:
+            deadline = time.monotonic() + self.config.request_timeout_s
+        loop = asyncio.get_running_loop()
+        job = _Job(request_id, self._entry(schema), list(records), loop, loop.create_future(), time.monotonic(),
+                   results=[None] * len(records))
+        with self._cond:
+            if self.draining:
+                raise ApiError(503, "server_error", "draining", "the server is shutting down",
+                               {"Retry-After": "1"})
+            self._check_room(len(records))
+            if job.records:
+                self._queue.append(job)
+                self._queued_records += len(job.records)
+                self._cond.notify()
+        if not job.records:
+            return SubmitResult([], dict(job.entry.metadata), 0, 0.0, 0.0, job.entry.labeler)
+        log.info("request %s: %d records queued", request_id, len(records))
+        return await self._wait(job, deadline, is_disconnected)
+
+    def _entry(self, schema: Schema) -> _Entry:
+        """The labeler slot for ``schema`` (a startup one by sha256, else the LRU cache's)."""
+        pinned = self._pinned.get(schema.source_sha256)
+        if pinned is not None:
+            return pinned
+        key = (schema.source_sha256, self.default_options)
+        with self._cond:
+            entry = self._cache.get(key)
+            if entry is None:
+                entry = self._cache[key] = _Entry(key, schema, self.default_options)
+                busy = {job.entry.key for job in self._queue}
+                for old in list(self._cache):
+                    if len(self._cache) <= self.config.max_cached_schemas:
+                        break
+                    if old != key and old not in busy:
+                        del self._cache[old]
+            self._cache.move_to_end(key)
+            return entry
+
+    def _check_room(self, n: int) -> None:
+        """429 when ``n`` more records or one more request would overflow the queue (lock held)."""
+        cfg = self.config
+        if len(self._queue) + 1 > cfg.max_queued_requests:
+            raise ApiError(429, "rate_limit_error", "queue_full",
+                           f"{len(self._queue)} requests are queued (--max-queued-requests "
+                           f"{cfg.max_queued_requests}); retry after the Retry-After seconds",
+                           {"Retry-After": str(self._retry_after(max(1, self._queued_records // max(1, len(self._queue)))))})
+        if self._queued_records + n > cfg.max_queued_records:
+            raise ApiError(429, "rate_limit_error", "queue_full",
+                           f"{self._queued_records} records are queued and this request adds {n} "
+                           f"(--max-queued-records {cfg.max_queued_records}); retry after the Retry-After seconds",
+                           {"Retry-After": str(self._retry_after(self._queued_records + n - cfg.max_queued_records))})
+
+    def _retry_after(self, records: int) -> int:
+        """Whole seconds for ``records`` to be decoded at the recent rate (1 to 120; 1 with no
+        rate measured yet)."""
+        done = sum(r for r, _ in self._rate)
+        seconds = sum(s for _, s in self._rate)
+        if done <= 0 or seconds <= 0:
+            return 1
+        return int(min(120, max(1, math.ceil(records / (done / seconds)))))
+
+    @property
+    def records_per_second(self) -> float | None:
+        """Records decoded per second of decoding over the last 64 decode calls."""
+        done, seconds = sum(r for r, _ in self._rate), sum(s for _, s in self._rate)
+        return done / seconds if seconds > 0 else None
+
+    async def _wait(self, job: _Job, deadline: float | None, is_disconnected) -> SubmitResult:
+        while True:
+            timeout = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+            done, _ = await asyncio.wait({job.future}, timeout=timeout)
+            if done:
+                return job.future.result()
+            if deadline is not None and time.monotonic() >= deadline:
+                self._cancel(job)
+                log.info("request %s: past its deadline", job.request_id)
+                raise ApiError(503, "server_error", "deadline_exceeded",
+                               f"the request was not answered within its deadline ({job.cursor} of "
+                               f"{len(job.records)} records decoded; --request-timeout-s); retry later or send "
+                               "fewer records", {"Retry-After": str(self._retry_after(self.queue_depth[1]))})
+            if is_disconnected is not None and await is_disconnected():
+                self._cancel(job)
+                log.info("request %s: client disconnected; dropped", job.request_id)
+                raise ClientDisconnected(job.request_id)
+
+    def _cancel(self, job: _Job) -> None:
+        with self._cond:
+            job.cancelled = True
+            if job in self._queue:
+                self._queue.remove(job)
+                self._queued_records -= job.remaining
+
+    # -- the worker -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._startup()
+        except BaseException as exc:  # noqa: BLE001 - reported by the server, which exits
+            self.startup_error = exc
+            log.error("startup failed: %s", exc)
+            return
+        self.ready.set()
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                batch = self._take()
+                self._busy = True
+            try:
+                self._decode(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+
+    def _startup(self) -> None:
+        """Load the model, compile every startup schema, decode one warm-up record with each."""
+        started = time.perf_counter()
+        model_id = self.host.load()
+        log.info("model %s loaded in %.1f s", model_id, time.perf_counter() - started)
+        for name, entry in self.named.items():
+            labeler = self._labeler(entry)
+            labeler.label_batch([Record("warm-up", "Warm-up record: hello.")])
+            log.info("schema %s compiled and warmed up", name)
+        if not self.named:  # no startup schema: warm the model with a one-field question
+            from ..schema.load import parse_schema
+
+            warm = parse_schema({"name": "warm-up", "fields": {"ok": {"type": "boolean", "description": "ok"}}})
+            self._labeler(_Entry(("warm-up",), warm, self.default_options)).label_batch(
+                [Record("warm-up", "Warm-up record: hello.")])
+
+    def _labeler(self, entry: _Entry):
+        """The entry's labeler, compiled on first use (worker thread)."""
+        if entry.labeler is None:
+            labeler = self.host.labeler(entry.schema, entry.options)
+            entry.metadata = labeler.metadata()
+            entry.labeler = labeler
+        return entry.labeler
+
+    def _take(self) -> list[tuple[_Job, int, int]]:
+        """The next batch: chunks of queued jobs as ``(job, start, end)`` (lock held); jobs with
+        records left go to the back of the queue."""
+        cfg = self.config
+        first = self._queue[0]
+        candidates = [first] + ([j for j in list(self._queue)[1:] if j.entry.key == first.entry.key]
+                                if cfg.packing else [])
+        batch: list[tuple[_Job, int, int]] = []
+        records = tokens = 0
+        now = time.monotonic()
+        for job in candidates:
+            start, end = job.cursor, min(job.cursor + cfg.chunk_records, len(job.records))
+            cost = sum(estimate_tokens(r) for r in job.records[start:end])
+            if batch and (records + end - start > cfg.max_batch_records or tokens + cost > cfg.max_batch_tokens):
+                break
+            batch.append((job, start, end))
+            records, tokens = records + end - start, tokens + cost
+            job.cursor = end
+            if job.started is None:
+                job.started = now
+        for job, start, end in batch:
+            self._queue.remove(job)
+            self._queued_records -= end - start
+            if job.remaining:
+                self._queue.append(job)
+        return batch
+
+    def _decode(self, batch: list[tuple[_Job, int, int]]) -> None:
+        """One decode call for ``batch``; results split back, finished jobs answered. An error
+        fails the batch's requests (422 for a schema that does not compile, else 500)."""
+        batch = [(job, s, e) for job, s, e in batch if not job.cancelled]
+        if not batch:
+            return
+        entry = batch[0][0].entry
+        ids = ",".join(job.request_id for job, _, _ in batch)
+        try:
+            labeler = self._labeler(entry)
+        except PcdError as exc:
+            log.warning("requests %s: schema %s does not compile: %s", ids, entry.schema.name, exc)
+            for job, _, _ in batch:
+                self._drop_and_fail(job, ApiError(422, "invalid_request_error", "schema_not_compilable", str(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - one request's failure never stops the worker
+            log.exception("requests %s: compiling schema %s failed", ids, entry.schema.name)
+            for job, _, _ in batch:
+                self._drop_and_fail(job, _internal(exc))
+            return
+        items = [r for job, s, e in batch for r in job.records[s:e]]
+        passes = labeler.forward_passes
+        started = time.perf_counter()
+        try:
+            out = labeler.label_batch(items)
+            if len(out) != len(items):
+                raise RuntimeError(f"label_batch returned {len(out)} results for {len(items)} records")
+            counts = [_count_tokens(labeler, job.records[s:e]) for job, s, e in batch]
+        except Exception as exc:  # noqa: BLE001
+            log.exception("requests %s: decode call failed", ids)
+            for job, _, _ in batch:
+                self._drop_and_fail(job, _internal(exc))
+            return
+        finally:
+            self.forward_passes += labeler.forward_passes - passes
+        seconds = time.perf_counter() - started
+        self._rate.append((len(items), seconds))
+        self.records_decoded += len(items)
+        self.batches += 1
+        log.info("decode call: %d records of %d requests (%s) in %.1f ms, %d forward passes", len(items),
+                 len(batch), ids, seconds * 1e3, labeler.forward_passes - passes)
+        pos = 0
+        for (job, s, e), tokens in zip(batch, counts):
+            job.results[s:e] = out[pos:pos + e - s]
+            pos += e - s
+            job.decode_s += seconds
+            job.tokens += tokens
+            if not job.remaining and not job.cancelled:
+                self._finish(job, SubmitResult(job.results, dict(entry.metadata), job.tokens,
+                                               (job.started - job.arrived) * 1e3, job.decode_s * 1e3, labeler))
+
+    def _drop_and_fail(self, job: _Job, error: Exception) -> None:
+        with self._cond:
+            if job in self._queue:
+                self._queue.remove(job)
+                self._queued_records -= job.remaining
+        self._fail(job, error)
+
+    def _finish(self, job: _Job, result: SubmitResult) -> None:
+        job.finished = True
+        if self.on_queue_wait is not None:
+            self.on_queue_wait(result.queue_ms / 1e3)
+        _resolve(job, lambda fut: fut.set_result(result))
+
+    def _fail(self, job: _Job, error: Exception) -> None:
+        job.finished = True
+        _resolve(job, lambda fut: fut.set_exception(error))
+
+
+def _resolve(job: _Job, action: Callable[[asyncio.Future], None]) -> None:
+    """Run ``action`` on the job's future in its event loop (a closed loop or a future already
+    settled, e.g. after a deadline, is ignored)."""
+
+    def apply() -> None:
+        if not job.future.done():
+            action(job.future)
+
+    try:
+        job.loop.call_soon_threadsafe(apply)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        pass
+
+
+def _internal(exc: Exception) -> ApiError:
+    return ApiError(500, "server_error", "decode_failed",
+                    f"the decode call holding this request failed ({type(exc).__name__}); the server goes on; "
+                    "the server log has the details under this request id")
+
+
+def _count_tokens(labeler, records: Sequence[Record | RecordFailure]) -> int:
+    """Tokens of the records' texts under the labeler's tokenizer (worker thread); a labeler
+    without one (tests) may give ``count_tokens(text)``."""
+    count = getattr(labeler, "count_tokens", None)
+    if count is None:
+        tokenizer = labeler.backend.tokenizer
+        encode = getattr(tokenizer, "encode_text", None) or tokenizer.encode
+        count = lambda text: len(encode(text))  # noqa: E731
+    return sum(count(r.text) for r in records if isinstance(r, Record))
+

@@ -1,0 +1,90 @@
+"""A fake model host and labeler for the server tests: no model, deterministic results, a call log.
+
+The fake labeler gives every decision of a record a label picked from a CRC of its text, with
+probability 0.7 (the rest shared evenly); a text containing ``FAIL`` fails alone (as a record the
+decoder cannot label), one containing ``CRASH`` makes the whole ``label_batch`` call raise.
+``gate`` (a ``threading.Event``), when given, holds every call until set.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+
+from pcd_cli.errors import CompileError
+from pcd_cli.io.output import output_schema
+from pcd_cli.results import FieldResult, Record, RecordFailure, RecordResult
+from pcd_cli.schema.model import schema_metadata
+
+
+class FakeLabeler:
+    def __init__(self, schema, options, host):
+        self.schema = schema
+        self.options = options
+        self.host = host
+        self.forward_passes = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {"pcd.model": self.host.model_id, **schema_metadata(self.schema),
+                "pcd.prompt_head_sha256": "f" * 64, "pcd.scoring": self.options.scoring}
+
+    def output_schema(self, id_column, id_type, *, all_probs):
+        return output_schema(self.schema, id_column, id_type, all_probs=all_probs)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def label_batch(self, batch):
+        self.host.calls.append([(r.id, getattr(r, "text", None)) for r in batch])
+        self.host.entered.set()
+        if self.host.gate is not None:
+            self.host.gate.wait(30)
+        if self.host.delay:
+            time.sleep(self.host.delay)
+        if any(isinstance(r, Record) and "CRASH" in r.text for r in batch):
+            raise RuntimeError("boom")
+        self.forward_passes += 2
+        return [self._one(r) for r in batch]
+
+    def _one(self, record):
+        if isinstance(record, RecordFailure):
+            return record
+        if "FAIL" in record.text:
+            return RecordFailure(record.id, f"record {record.id!r}: too long for the model (fake)")
+        fields = []
+        for f in self.schema.fields:
+            k = len(f.labels)
+            label = zlib.crc32((f.name + record.text).encode()) % k
+            probs = tuple(0.7 if i == label else 0.3 / (k - 1) for i in range(k))
+            fields.append(FieldResult(label=label, value=f.value(label), prob=probs[label], mass=0.9, probs=probs))
+        return RecordResult(id=record.id, fields=tuple(fields))
+
+
+class FakeHost:
+    """``ModelHost`` stand-in: ``calls`` logs every ``label_batch`` call's (id, text) pairs;
+    ``compiled`` every schema compiled; a schema named ``uncompilable`` raises ``CompileError``."""
+
+    def __init__(self, *, gate: threading.Event | None = None, delay: float = 0.0, load_s: float = 0.0):
+        self.calls: list[list] = []
+        self.compiled: list[str] = []
+        self.gate = gate
+        self.delay = delay
+        self.load_s = load_s
+        self.entered = threading.Event()
+        self.loaded = False
+
+    @property
+    def model_id(self) -> str:
+        return "fake-model"
+
+    def load(self) -> str:
+        time.sleep(self.load_s)
+        self.loaded = True
+        return self.model_id
+
+    def labeler(self, schema, options):
+        if schema.name == "uncompilable":
+            raise CompileError(f"label 'x' of field 'y' needs a token the model lacks (fake)")
+        self.compiled.append(schema.name)
+        return FakeLabeler(schema, options, self)
