@@ -5,7 +5,6 @@ bounded JSON body, the request id, running one record through the service, rende
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
@@ -128,17 +127,15 @@ def config_value(config: Any, name: str, default: Any) -> Any:
 
 
 async def label_one(service: Any, config: Any, schema: Any, record: Any, *, request: Request, rid: str):
-    """Run one record through ``service.submit``; return ``(RecordResult, SubmitResult)``.
+    """Run one record through ``service.submit`` (its deadline: the service's
+    ``request_timeout_s``); return ``(RecordResult, SubmitResult)``.
 
     Raises:
         ApiError: what the service raises (429 queue full, 503 draining or past the deadline),
             or 422 ``record_failed`` with the decoder's message when the record fails (a text too
             long for the model with ``--truncate error``, ...).
     """
-    timeout = config_value(config, "request_timeout_s", None)
-    deadline = time.monotonic() + float(timeout) if timeout else None
-    submitted = await service.submit(schema, [record], request_id=rid, deadline=deadline,
-                                     is_disconnected=request.is_disconnected)
+    submitted = await service.submit(schema, [record], request_id=rid, is_disconnected=request.is_disconnected)
     result = submitted.results[0]
     if not hasattr(result, "fields"):  # a RecordFailure
         raise ApiError(422, "invalid_request_error", "record_failed", f"state: {result.error}")

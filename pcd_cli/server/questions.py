@@ -42,19 +42,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import SchemaError
+from ..results import FieldResult, Record
+from ..schema.load import parse_schema
+from ..schema.model import OUTPUT_SUFFIXES, Schema, json_string
 from .errors import ApiError
-
-try:  # the stage-package layout (issue #26)
-    from pcd_cli.schema.load import parse_schema
-    from pcd_cli.schema.model import OUTPUT_SUFFIXES, Schema, json_string
-except ImportError:  # pragma: no cover - before the layout commit lands
-    from pcd_cli.schema.model import OUTPUT_SUFFIXES, Schema, json_string, parse_schema
-try:
-    from pcd_cli.results import FieldResult, Record
-except ImportError:  # pragma: no cover - before the layout commit lands
-    from pcd_cli.decoding.decode import FieldResult, Record
-
-from pcd_cli.errors import SchemaError
 
 #: Most options a choice question may have (the OpenAI Decisions API's own limit; one byte per label).
 MAX_CHOICE_OPTIONS = 255
