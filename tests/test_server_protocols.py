@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 import yaml
 
@@ -140,18 +141,22 @@ def test_confidence_and_score_formulas():
     assert Q.score_confidence((0.0, 1.0, 0.0)) == pytest.approx(1.0)
     qs, _ = jev_qs({"tone": {"type": "choice", "criteria": {"calm": None, "angry": None, "excited": None}},
                     "u": {"type": "score", "criteria": ["a", "b", "c"]}, "b": {"type": "noul", "instructions": "?"}})
-    fields = (FieldResult(0, "calm", 0.7, 0.9, (0.7, 0.2, 0.1)),
-              FieldResult(2, "2", 0.7, 0.8, (0.1, 0.2, 0.7), raw_probs=(0.2, 0.2, 0.6)),
+    # values exact in float32 (answers carry the float32 probabilities pcd label writes)
+    fields = (FieldResult(0, "calm", 0.625, 0.875, (0.625, 0.25, 0.125)),
+              FieldResult(2, "2", 0.625, 0.75, (0.125, 0.25, 0.625), raw_probs=(0.25, 0.25, 0.5)),
               FieldResult(1, False, 0.75, 0.95, (0.25, 0.75)))
     tone, u, b = Q.answers(qs, fields)
-    assert J.render_answer(tone) == {"type": "choice", "choice": "calm", "confidence": pytest.approx(0.55),
-                                     "probabilities": {"calm": 0.7, "angry": 0.2, "excited": 0.1}}
+    assert J.render_answer(tone) == {"type": "choice", "choice": "calm", "confidence": 0.4375,  # (3*0.625-1)/2
+                                     "probabilities": {"calm": 0.625, "angry": 0.25, "excited": 0.125}}
+    # score 0*0.125 + 1*0.25 + 2*0.625 = 1.5; Var = 0.125*2.25 + 0.25*0.25 + 0.625*0.25 = 0.5; 1 - 0.5/1
     assert J.render_answer(u, ("a", "b", "c")) == {
-        "type": "score", "score": pytest.approx(1.6), "confidence": pytest.approx(0.56),
-        "legend": {"0": "a", "1": "b", "2": "c"}, "probabilities": {"0": 0.1, "1": 0.2, "2": 0.7}}
+        "type": "score", "score": 1.5, "confidence": 0.5,
+        "legend": {"0": "a", "1": "b", "2": "c"}, "probabilities": {"0": 0.125, "1": 0.25, "2": 0.625}}
     assert J.render_answer(b) == {"type": "noul", "noul": 0.25}
     assert J.render_answer(u, ("a", "b", "c"), extras=True)["pcd"] == {
-        "mass": 0.8, "raw_probabilities": {"0": 0.2, "1": 0.2, "2": 0.6}}
+        "mass": 0.75, "raw_probabilities": {"0": 0.25, "1": 0.25, "2": 0.5}}
+    assert Q.answers(qs, (FieldResult(0, "calm", 0.7, 0.9, (0.7, 0.2, 0.1)),) + fields[1:])[0].probs == \
+        (float(np.float32(0.7)), float(np.float32(0.2)), float(np.float32(0.1)))
 
 
 def test_decisions_input_and_questions_share_the_translation():
@@ -224,26 +229,25 @@ class Served:
         self.sock.close()
 
 
-def _app(service):
-    from starlette.applications import Starlette
-
-    return Starlette(routes=J.routes(service) + D.routes(service))
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def _service(backend):
+def _serve(backend, schemas=None):
+    """The real app (``create_app``, API key required) over a started ``LabelService``."""
+    from pcd_cli.server.app import AppConfig, create_app
     from pcd_cli.server.service import LabelService, ModelHost
 
-    service = LabelService(ModelHost(loaded=backend))
+    service = LabelService(ModelHost(loaded=backend), schemas)
     service.start()
     assert service.ready.wait(60), service.startup_error
-    return service
+    return service, Served(create_app(service, AppConfig(api_keys=(KEY,))))
 
 
 @pytest.fixture(scope="module")
 def server(tiny_chat_backend):
     before = set(threading.enumerate())
-    service = _service(tiny_chat_backend)
-    served = Served(_app(service))
+    service, served = _serve(tiny_chat_backend)
     yield served
     served.stop()
     service.close()
@@ -261,7 +265,7 @@ QUESTIONS = {
 
 def test_typesafe_client_round_trip(server):
     state = {"subject": "Duplicate charge", "body": "I was charged twice. Please fix this ASAP."}
-    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key="test-key") as client:
+    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key=KEY) as client:
         r = client.system_one(state=state, questions=QUESTIONS, model="jev-latest")
         models = client.models.list()
     assert r.model == "tiny-random-llama"  # the loaded model, whatever the request named
@@ -292,7 +296,7 @@ def test_typesafe_client_errors(server):
     from typesafe_sdk import RetryPolicy, SystemOneResponse, TypeSafeAPIError, TypeSafeBadRequestError, \
         TypeSafeUnprocessableEntityError
 
-    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key="k", retry=RetryPolicy(max_retries=0)) as client:
+    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key=KEY, retry=RetryPolicy(max_retries=0)) as client:
         with pytest.raises(TypeSafeUnprocessableEntityError) as info:
             client.system_one(state="x", questions=QUESTIONS, model=7)
         assert "model: must be a string" in str(info.value) and info.value.request_id.startswith("req_")
@@ -303,7 +307,7 @@ def test_typesafe_client_errors(server):
         assert info.value.status == 413 and "256 options" in str(info.value)
         # a malformed body, parsed by the client's own response handling
         raw = client._http_client.post(server.url + "/v1/systemone", content=b'{"state": "x",',
-                                       headers={"Content-Type": "application/json"})
+                                       headers={"Content-Type": "application/json", **AUTH})
         with pytest.raises(TypeSafeBadRequestError) as info:
             SystemOneResponse.from_http_response(raw)
         assert info.value.body["error"]["code"] == "invalid_json"
@@ -311,7 +315,7 @@ def test_typesafe_client_errors(server):
 
 def test_typesafe_255_options_and_extras(server):
     labels = [f"CAT_{i:03d}" for i in range(255)]
-    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key="k") as client:
+    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key=KEY) as client:
         r = client.system_one(state="Frozen fish fillets, 20 kg", questions={
             "cat": typesafe_sdk.Choice(criteria=dict.fromkeys(labels))}, extra_body={"pcd_extras": True})
     cat = r.choices["cat"]
@@ -329,15 +333,15 @@ def test_zstd_body_is_read(server):
 
     body = json.dumps({"model": "m", "state": "hello " * 300, "questions": {"a": {"type": "noul",
                                                                                  "instructions": "Greeting?"}}})
-    plain = httpx.post(server.url + "/v1/systemone", content=body.encode(), timeout=30)
+    plain = httpx.post(server.url + "/v1/systemone", content=body.encode(), headers=AUTH, timeout=30)
     packed = httpx.post(server.url + "/v1/systemone", content=zstandard.ZstdCompressor().compress(body.encode()),
-                        headers={"Content-Encoding": "zstd", "Content-Type": "application/json"}, timeout=30)
+                        headers={"Content-Encoding": "zstd", "Content-Type": "application/json", **AUTH}, timeout=30)
     assert plain.status_code == packed.status_code == 200
     assert packed.json()["answers"] == plain.json()["answers"]
 
 
 def test_openai_client_round_trip_matches_jev(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="test-key", max_retries=0)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     questions = [
         {"type": "predicate", "instructions": "Is this about billing?", "name": "billing"},
         {"type": "choice", "instructions": "What is the tone?", "name": "tone",
@@ -363,7 +367,7 @@ def test_openai_client_round_trip_matches_jev(server):
     assert raw.request_id.startswith("req_") and list(raw.http_response.json()) == ["answers", "model", "usage"]
     # the same three questions through the Jev endpoint: the same schema, the same probabilities
     billing, tone, urgency = raw.parse().answers
-    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key="k") as jc:
+    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key=KEY) as jc:
         j = jc.system_one(state=text, questions=QUESTIONS)
     assert billing.probability == j.nouls["billing"].noul
     assert [p.probability for p in tone.probabilities] == list(j.choices["tone"].probabilities.values())
@@ -373,7 +377,7 @@ def test_openai_client_round_trip_matches_jev(server):
 def test_openai_client_errors(server):
     from openai.types.decision import Decision
 
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     with pytest.raises(openai.UnprocessableEntityError) as info:
         client.decisions.create(model="m", input="x", questions=[{"type": "score", "instructions": "?",
                                                                   "levels": [{"label": "only"}]}])
@@ -386,3 +390,53 @@ def test_openai_client_errors(server):
         client.post("/decisions", cast_to=Decision, content=b"{nope", options={"headers": {
             "Content-Type": "application/json"}})
     assert info.value.code == "invalid_json" and info.value.type == "invalid_request_error"
+
+
+def test_both_clients_need_the_key(server):
+    from typesafe_sdk import RetryPolicy, TypeSafeAuthenticationError
+
+    with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key="wrong", retry=RetryPolicy(max_retries=0)) as c:
+        with pytest.raises(TypeSafeAuthenticationError):
+            c.system_one(state="x", questions=QUESTIONS)
+    with pytest.raises(openai.AuthenticationError) as info:
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).decisions.create(
+            model="m", input="x", questions=[{"type": "predicate", "instructions": "?"}])
+    assert info.value.code == "invalid_api_key"
+
+
+def test_systemone_equals_v1_label_on_the_embedded_model(embedded_backend, tmp_path):
+    """The same state and questions through /v1/systemone and through /v1/label with the
+    equivalent schema file: the same probabilities, to the last bit pcd label writes."""
+    import httpx
+
+    questions = {
+        "billing": {"type": "noul", "instructions": "Is this about billing?",
+                    "criteria": {"true": "Charges, refunds, invoices"}},
+        "tone": {"type": "choice", "instructions": "What is the tone?",
+                 "criteria": {"calm": "A neutral message", "angry": None, "excited": None}},
+        "urgency": {"type": "score", "instructions": "How urgent is it?",
+                    "criteria": ["Can wait", "Needs attention this week", "Needs attention today"]},
+    }
+    state = {"subject": "Duplicate charge", "body": "I was charged twice. Please fix this ASAP."}
+    qs, text = jev_qs(questions, state=state)
+    path = tmp_path / "equivalent.yaml"
+    path.write_text(yaml.safe_dump(qs.data, sort_keys=False, allow_unicode=True))
+    from pcd_cli.server.service import SchemaOptions
+
+    before = set(threading.enumerate())
+    service, served = _serve(embedded_backend, {"equivalent": (load_schema(path), SchemaOptions())})
+    try:
+        with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY) as client:
+            j = client.system_one(state=state, questions=questions)
+        rows = httpx.post(served.url + "/v1/label", headers=AUTH, timeout=60, json={
+            "schema": "equivalent", "records": [{"id": "r1", "text": text}], "all_probs": True}).json()["rows"]
+    finally:
+        served.stop()
+        service.close()
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    row = rows[0]
+    assert j.nouls["billing"].noul == row["billing__probs"]["true"]
+    assert j.choices["tone"].probabilities == row["tone__probs"]
+    assert j.choices["tone"].choice == row["tone"]
+    assert {str(k): v for k, v in j.scores["urgency"].probabilities.items()} == row["urgency__probs"]
+    assert j.scores["urgency"].score == pytest.approx(row["urgency__expected"], abs=1e-6)

@@ -39,9 +39,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import questions as Q
-from .errors import ApiError
-from .protocols import (answer_extras, config_value, error_response, extras_envelope, extras_flag, label_one,
-                        read_json, request_id)
+from .protocols import (answer_extras, config_value, extras_envelope, extras_flag, guarded, label_one, read_json,
+                        request_id)
 
 #: The response header the ``openai`` client reads as the request id.
 REQUEST_ID_HEADER = "x-request-id"
@@ -227,24 +226,25 @@ def routes(service: Any, config: Any = None) -> list[Route]:
     """``POST /v1/decisions`` over ``service`` (a ``LabelService``); ``config`` as for ``jev.routes``."""
 
     async def decisions(request: Request) -> JSONResponse:
-        rid = request_id(request)
-        headers = {REQUEST_ID_HEADER: rid}
-        try:
+        rid, headers = request_id(request, REQUEST_ID_HEADER)
+
+        async def answer() -> JSONResponse:
             body = await read_json(request, config_value(config, "max_body_bytes", None))
             max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
             qs, values, text, extras = parse_request(body, max_questions=max_questions)
             result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
                                                 rid=rid)
-        except ApiError as exc:
-            return error_response(exc, headers)
-        tokens = int(submitted.input_tokens)
-        out: dict[str, Any] = {
-            "answers": [render_answer(a, v, extras=extras) for a, v in zip(Q.answers(qs, result.fields), values)],
-            "model": service.model_id,
-            "usage": {"input_tokens": tokens, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 0},
-                      "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": tokens}}
-        if extras:
-            out["pcd"] = extras_envelope(submitted, result, qs)
-        return JSONResponse(out, headers=headers)
+            tokens = int(submitted.input_tokens)
+            out: dict[str, Any] = {
+                "answers": [render_answer(a, v, extras=extras) for a, v in zip(Q.answers(qs, result.fields), values)],
+                "model": service.model_id,
+                "usage": {"input_tokens": tokens, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 0},
+                          "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
+                          "total_tokens": tokens}}
+            if extras:
+                out["pcd"] = extras_envelope(submitted, result, qs)
+            return JSONResponse(out, headers=headers)
+
+        return await guarded(answer, request, headers)
 
     return [Route("/v1/decisions", decisions, methods=["POST"])]

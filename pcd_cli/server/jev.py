@@ -34,9 +34,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import questions as Q
-from .errors import ApiError
-from .protocols import (answer_extras, config_value, error_response, extras_envelope, extras_flag, label_one,
-                        read_json, request_id)
+from .protocols import (answer_extras, config_value, extras_envelope, extras_flag, guarded, label_one, read_json,
+                        request_id)
 
 #: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
 REQUEST_ID_HEADER = "x-typesafe-request-id"
@@ -158,31 +157,31 @@ def routes(service: Any, config: Any = None) -> list[Route]:
     loaded = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
 
     async def systemone(request: Request) -> JSONResponse:
-        rid = request_id(request)
-        headers = {REQUEST_ID_HEADER: rid}
-        try:
+        rid, headers = request_id(request, REQUEST_ID_HEADER)
+
+        async def answer() -> JSONResponse:
             body = await read_json(request, config_value(config, "max_body_bytes", None))
             max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
             qs, text, extras = parse_request(body, max_questions=max_questions)
             result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
                                                 rid=rid)
-        except ApiError as exc:
-            return error_response(exc, headers)
-        legends = {q.key: body["questions"][q.key].get("criteria") for q in qs.questions if q.kind == "score"}
-        answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras)
-                   for a in Q.answers(qs, result.fields)}
-        out: dict[str, Any] = {"model": service.model_id, "answers": answers,
-                               "usage": {"input_tokens": int(submitted.input_tokens), "output_tokens": 0}}
-        if extras:
-            out["pcd"] = extras_envelope(submitted, result, qs)
-        return JSONResponse(out, headers=headers)
+            legends = {q.key: body["questions"][q.key].get("criteria") for q in qs.questions if q.kind == "score"}
+            answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras)
+                       for a in Q.answers(qs, result.fields)}
+            out: dict[str, Any] = {"model": service.model_id, "answers": answers,
+                                   "usage": {"input_tokens": int(submitted.input_tokens), "output_tokens": 0}}
+            if extras:
+                out["pcd"] = extras_envelope(submitted, result, qs)
+            return JSONResponse(out, headers=headers)
+
+        return await guarded(answer, request, headers)
 
     async def models(request: Request) -> JSONResponse:
-        rid = request_id(request)
+        _, headers = request_id(request, REQUEST_ID_HEADER)
         return JSONResponse({"models": [{
             "name": service.model_id,
             "description": f"{service.model_id} served by pcd: exact constrained decoding of closed questions "
                            "(noul, choice, score); any model name in a request is answered by this model",
-            "release_date": loaded}]}, headers={REQUEST_ID_HEADER: rid})
+            "release_date": loaded}]}, headers=headers)
 
     return [Route("/v1/systemone", systemone, methods=["POST"]), Route("/v1/models", models, methods=["GET"])]

@@ -5,6 +5,8 @@ bounded JSON body, the request id, running one record through the service, rende
 from __future__ import annotations
 
 import json
+import logging
+import time
 import uuid
 from typing import Any
 
@@ -13,6 +15,8 @@ from starlette.responses import JSONResponse
 
 from .errors import ApiError
 
+log = logging.getLogger("pcd.server")
+
 #: Default body limit when the server config gives none (issue #27: ``--max-body-bytes`` 8 MiB).
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: The request flag, a top-level body key in both APIs, that asks for pcd's own extras (candidate
@@ -20,14 +24,36 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 EXTRAS_FLAG = "pcd_extras"
 
 
-def request_id(request: Request) -> str:
-    """The request's id: the one the server's middleware gave it (``request.state.request_id``),
-    else a new ``req_<32 hex>``."""
+def request_id(request: Request, header: str) -> tuple[str, dict[str, str]]:
+    """The request's id and the headers that carry it: the id the app's middleware gave it
+    (``request.state.request_id``; the middleware writes ``x-request-id`` itself), else a new
+    ``req_<32 hex>``; ``header`` (the protocol's own request-id header) always carries it."""
     rid = getattr(request.state, "request_id", None)
-    if not rid:
-        rid = "req_" + uuid.uuid4().hex
-        request.state.request_id = rid
-    return rid
+    if rid:
+        return rid, ({header: rid} if header != "x-request-id" else {})
+    rid = "req_" + uuid.uuid4().hex
+    request.state.request_id = rid
+    return rid, {header: rid}
+
+
+async def guarded(handler, request: Request, headers: dict[str, str]):
+    """``await handler()``, with an ``ApiError`` or a crash rendered as the error body carrying
+    ``headers`` (a crash is logged under the request id and never reaches the server); a client
+    that went away gets 499, which nobody reads."""
+    from starlette.responses import Response
+
+    from .service import ClientDisconnected
+
+    try:
+        return await handler()
+    except ApiError as exc:
+        return error_response(exc, headers)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except Exception:  # noqa: BLE001 - one request's crash never stops the server
+        log.exception("%s: unhandled error", request.state.request_id)
+        return error_response(ApiError(500, "server_error", "internal_error", "the server failed on this request; "
+                                       "the log has the details under its request id"), headers)
 
 
 def error_response(exc: ApiError, headers: dict[str, str]) -> JSONResponse:
@@ -127,15 +153,18 @@ def config_value(config: Any, name: str, default: Any) -> Any:
 
 
 async def label_one(service: Any, config: Any, schema: Any, record: Any, *, request: Request, rid: str):
-    """Run one record through ``service.submit`` (its deadline: the service's
-    ``request_timeout_s``); return ``(RecordResult, SubmitResult)``.
+    """Run one record through ``service.submit`` (deadline: ``config.request_timeout_s`` from
+    now, else the service's own); return ``(RecordResult, SubmitResult)``.
 
     Raises:
         ApiError: what the service raises (429 queue full, 503 draining or past the deadline),
             or 422 ``record_failed`` with the decoder's message when the record fails (a text too
             long for the model with ``--truncate error``, ...).
     """
-    submitted = await service.submit(schema, [record], request_id=rid, is_disconnected=request.is_disconnected)
+    timeout = config_value(config, "request_timeout_s", None)
+    submitted = await service.submit(schema, [record], request_id=rid,
+                                     deadline=time.monotonic() + float(timeout) if timeout else None,
+                                     is_disconnected=request.is_disconnected)
     result = submitted.results[0]
     if not hasattr(result, "fields"):  # a RecordFailure
         raise ApiError(422, "invalid_request_error", "record_failed", f"state: {result.error}")

@@ -25,7 +25,8 @@ Rules (docs/serve.md, "Jev and OpenAI clients"):
 * **The record** (``state_text``): a string as it is (surrounding whitespace stripped, as
   ``pcd label`` strips every text); an object or array as ``json.dumps(state, ensure_ascii=False)``
   (key order kept, ``", "`` and ``": "`` separators).
-* **Numbers** (``Answer``): a choice's ``confidence`` is ``(N·p_max − 1)/(N − 1)`` (0 for a uniform
+* **Numbers** (``Answer``): probabilities are the float32 values ``pcd label`` writes in
+  ``<f>__probs`` (so ``/v1/label`` with the same schema gives the same numbers), as JSON floats; a choice's ``confidence`` is ``(N·p_max − 1)/(N − 1)`` (0 for a uniform
   distribution, 1 for a certain one); a score is ``Σ i·p_i`` and its confidence
   ``1 − Var/Var_max`` with ``Var = Σ p_i (i − score)²`` and ``Var_max = (N − 1)²/4`` (the variance of
   half the mass on each end of the scale): 1 when one level has all the mass, 0 when it is split
@@ -41,6 +42,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..errors import SchemaError
 from ..results import FieldResult, Record
@@ -283,7 +286,8 @@ class Answer:
 
     Attributes:
         question: the question.
-        probs: probability of each option, in request order (yes/no: ``(P(true), P(false))``).
+        probs: probability of each option, in request order (yes/no: ``(P(true), P(false))``),
+            rounded to float32 as ``pcd label`` writes them.
         chosen: index of the most probable option (``FieldResult.label``).
         confidence: choice and score (module docstring, "Numbers"); ``None`` for yes/no.
         score: ``Σ i·p_i`` for a score, else ``None``.
@@ -331,12 +335,12 @@ def answers(qs: QuestionSet, fields: tuple[FieldResult, ...]) -> list[Answer]:
     """One ``Answer`` per question from a record's decoded fields (schema order = question order)."""
     out = []
     for q, f in zip(qs.questions, fields):
-        probs = tuple(float(p) for p in f.probs)
-        raw = tuple(float(p) for p in f.raw_probs) if f.raw_probs is not None else probs
+        probs = tuple(float(np.float32(p)) for p in f.probs)
+        raw = tuple(float(np.float32(p)) for p in f.raw_probs) if f.raw_probs is not None else probs
         conf = score = None
         if q.kind == "choice":
             conf = choice_confidence(probs)
         elif q.kind == "score":
             score, conf = expected_score(probs), score_confidence(probs)
-        out.append(Answer(q, probs, int(f.label), conf, score, float(f.mass), raw))
+        out.append(Answer(q, probs, int(f.label), conf, score, float(np.float32(f.mass)), raw))
     return out
