@@ -1,5 +1,5 @@
 """JSON Schema files as tools write them (pydantic's ``model_json_schema()``, hand-written
-files) -> pcd's schema format, for ``pcd_cli.schema.model.parse_schema``.
+files) -> pcd's schema format, for ``pcd_cli.schema.load.parse_schema``.
 
 Accepted properties (JSON Schema 2020-12, https://json-schema.org/draft/2020-12/json-schema-core):
 
