@@ -35,12 +35,15 @@ def jev_qs(questions: dict, state="text"):
 
 
 def test_question_set_becomes_the_schema_a_file_would_hold(tmp_path):
-    qs, _ = jev_qs({
+    questions = {
         "billing": {"type": "noul", "instructions": "Is this about billing", "criteria": {"false": "Anything else"}},
         "tone": {"type": "choice", "instructions": {"task": "tone", "of": "the message"},
                  "criteria": {"calm": "A  neutral\nmessage", "angry": None, "excited": ["eager", "happy"]}},
         "urgency": {"type": "score", "criteria": ["Can wait", "This week?", {"when": "today"}]},
-    })
+    }
+    qs, _ = jev_qs(questions)
+    # another state, the same questions: the same schema (the service shares one decoder by its sha256)
+    assert jev_qs(questions, state="another ticket")[0].schema.source_sha256 == qs.schema.source_sha256
     assert qs.names == ("billing", "tone", "urgency")
     assert qs.data["fields"] == {
         "billing": {"type": "boolean", "description": "Is this about billing. false: Anything else."},
@@ -362,6 +365,11 @@ def test_openai_client_round_trip_matches_jev(server):
     assert [(p.value, p.label) for p in urgency.probabilities] == [(0, "Can wait"), (1, "This week"), (2, "Today")]
     assert urgency.score == pytest.approx(sum(p.value * p.probability for p in urgency.probabilities))
     assert d.usage.output_tokens == 0 and d.usage.total_tokens == d.usage.input_tokens > 5
+    extra = client.decisions.create(model="m", input=text, questions=questions[3:], extra_body={"pcd_extras": True})
+    alone = extra.answers[0]  # no calibration or prior correction: the raw probabilities are the answer's
+    assert extra.answers[0].model_extra["pcd"]["raw_probabilities"] == {
+        "true": alone.probabilities[0].probability, "false": alone.probabilities[1].probability}
+    assert 0.0 < alone.model_extra["pcd"]["mass"] <= 1.0 and extra.model_extra["pcd"]["fields"] == ["q1"]
     raw = client.decisions.with_raw_response.create(model="m", input=[{"role": "user", "content": text}],
                                                     questions=questions[:3])
     assert raw.request_id.startswith("req_") and list(raw.http_response.json()) == ["answers", "model", "usage"]

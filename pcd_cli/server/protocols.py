@@ -115,8 +115,15 @@ async def read_json(request: Request, max_bytes: int | None = None) -> Any:
         import zstandard
 
         try:
-            reader = zstandard.ZstdDecompressor().stream_reader(body)
-            body = reader.read(limit + 1)
+            reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
+            parts, size = [], 0
+            while size <= limit:  # never more than the limit (plus one chunk) in memory
+                part = reader.read(65536)
+                if not part:
+                    break
+                parts.append(part)
+                size += len(part)
+            body = b"".join(parts)
         except zstandard.ZstdError as exc:
             raise ApiError(400, "invalid_request_error", "invalid_body", f"the zstd body cannot be read: {exc}") from None
         if len(body) > limit:

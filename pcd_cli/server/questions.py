@@ -306,6 +306,7 @@ class Answer:
 
     @property
     def labels(self) -> tuple[str, ...]:
+        """The pcd labels of the question's options, in request order."""
         return tuple(label for label, _ in self.question.options)
 
 
