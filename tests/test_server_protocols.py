@@ -341,6 +341,12 @@ def test_zstd_body_is_read(server):
                         headers={"Content-Encoding": "zstd", "Content-Type": "application/json", **AUTH}, timeout=30)
     assert plain.status_code == packed.status_code == 200
     assert packed.json()["answers"] == plain.json()["answers"]
+    # 9 MiB of spaces packs into a few hundred bytes: refused once the unpacked size passes 8 MiB
+    bomb = zstandard.ZstdCompressor().compress(b'{"state": "' + b" " * (9 << 20) + b'"}')
+    assert len(bomb) < 4096
+    refused = httpx.post(server.url + "/v1/systemone", content=bomb, timeout=30,
+                         headers={"Content-Encoding": "zstd", "Content-Type": "application/json", **AUTH})
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == "body_too_large"
 
 
 def test_openai_client_round_trip_matches_jev(server):
