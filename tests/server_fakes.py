@@ -3,7 +3,8 @@
 The fake labeler gives every decision of a record a label picked from a CRC of its text, with
 probability 0.7 (the rest shared evenly); a text containing ``FAIL`` fails alone (as a record the
 decoder cannot label), one containing ``CRASH`` makes the whole ``label_batch`` call raise.
-``gate`` (a ``threading.Event``), when given, holds every call until set.
+``gate`` (a ``threading.Event``), when given, holds every call but the startup warm-up until set;
+``entered`` is set once such a call started.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ class FakeLabeler:
 
     def label_batch(self, batch):
         self.host.calls.append([(r.id, getattr(r, "text", None)) for r in batch])
-        self.host.entered.set()
-        if self.host.gate is not None:
+        self.host.call_schemas.append(self.schema.name)
+        warm_up = [getattr(r, "id", None) for r in batch] == ["warm-up"]
+        if not warm_up:
+            self.host.entered.set()
+        if self.host.gate is not None and not warm_up:
             self.host.gate.wait(30)
         if self.host.delay:
             time.sleep(self.host.delay)
@@ -67,6 +71,7 @@ class FakeHost:
 
     def __init__(self, *, gate: threading.Event | None = None, delay: float = 0.0, load_s: float = 0.0):
         self.calls: list[list] = []
+        self.call_schemas: list[str] = []
         self.compiled: list[str] = []
         self.gate = gate
         self.delay = delay
@@ -88,3 +93,19 @@ class FakeHost:
             raise CompileError(f"label 'x' of field 'y' needs a token the model lacks (fake)")
         self.compiled.append(schema.name)
         return FakeLabeler(schema, options, self)
+
+
+if __name__ == "__main__":  # a server over the fake host, for the SIGTERM test: python tests/server_fakes.py
+    import logging
+    import sys
+
+    from pcd_cli.schema.load import load_schema
+    from pcd_cli.server.app import AppConfig
+    from pcd_cli.server.main import serve
+    from pcd_cli.server.service import LabelService, SchemaOptions
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    service = LabelService(FakeHost(delay=float(sys.argv[1])),
+                           {"sms": (load_schema("schemas/sms_spam.yaml"), SchemaOptions())})
+    sys.exit(serve(service, AppConfig(), port=0, shutdown_timeout_s=float(sys.argv[2]),
+                   on_bound=lambda host, port: print(port, flush=True)))
