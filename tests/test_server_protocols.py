@@ -5,26 +5,25 @@ the app served by uvicorn on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 import time
 
 import numpy as np
+import openai  # the official clients are test dependencies (pyproject's test extra): never skipped
 import pytest
+import typesafe_sdk
 import yaml
 
-from pcd_cli.results import FieldResult
-from pcd_cli.schema.load import load_schema, parse_schema
-from pcd_cli.server import questions as Q
-from pcd_cli.server.errors import ApiError
-from pcd_cli.server import decisions as D
-from pcd_cli.server import jev as J
-
-starlette = pytest.importorskip("starlette")
+starlette = pytest.importorskip("starlette")  # the server extra
 uvicorn = pytest.importorskip("uvicorn")
-typesafe_sdk = pytest.importorskip("typesafe_sdk")
-openai = pytest.importorskip("openai")
+
+from pcd_cli.results import FieldResult  # noqa: E402
+from pcd_cli.schema.load import load_schema  # noqa: E402
+from pcd_cli.server import decisions as D  # noqa: E402
+from pcd_cli.server import jev as J  # noqa: E402
+from pcd_cli.server import questions as Q  # noqa: E402
+from pcd_cli.server.errors import ApiError  # noqa: E402
 
 
 # -- the translation ------------------------------------------------------------------------------
