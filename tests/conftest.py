@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded model, a tiny random-init model, and small schemas."""
+"""Shared fixtures: the embedded model, a tiny random-init model, and small schemas (what they are
+built from lives in tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,7 @@ import pytest
 
 from pcd_cli.schema.load import parse_schema
 
-#: The oracle-test schema of issue #2: a boolean first, shared prefixes, a label that is a
-#: prefix of another, labels colliding on their first token.
-ORACLE_SCHEMA = {
-    "name": "oracle",
-    "fields": {
-        "urgent": {"type": "boolean", "description": "Whether the customer needs help today"},
-        "deadline": {"type": "enum", "description": "Deadline the customer gives",
-                     "labels": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
-        "action": {"type": "enum", "description": "What the agent should do",
-                   "labels": ["CALL", "CALL BACK", "EMAIL"]},
-        "tool": {"type": "enum", "description": "Tool to use", "labels": ["get_weather", "get_time"]},
-        "refund": {"type": "boolean", "description": "Whether a refund is asked for"},
-    },
-}
-
-TEXTS = [
-    "Please call me back within 12 hours, my invoice was charged twice and I want a refund.",
-    "What time is it in Tokyo right now?",
-    "Thanks, all good.",
-]
+from .helpers import ORACLE_SCHEMA, tiny_backend
 
 
 @pytest.fixture(scope="session")
@@ -38,37 +20,6 @@ def embedded_backend():
     from pcd_cli.backends import load_backend
 
     return load_backend(None, device="cpu", dtype="float32")
-
-
-def tiny_backend(chat_template: bool = True, seed: int = 0):
-    """A 2-layer random-init Llama with the embedded model's tokenizer (float32, CPU)."""
-    from transformers import AutoTokenizer
-
-    from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path
-
-    tokenizer = AutoTokenizer.from_pretrained(str(converted_gguf_dir(embedded_gguf_path())))
-    if not chat_template:
-        tokenizer.chat_template = None
-    return tiny_llama_over(tokenizer, seed=seed, name="tiny-random-llama")
-
-
-def tiny_llama_over(tokenizer, *, seed: int = 0, max_positions: int = 8192, name: str = "tiny-random-llama"):
-    """A 2-layer random-init Llama (hidden 64, weights x4) over ``tokenizer``, as a float32 CPU
-    ``TorchBackend`` named ``name``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from pcd_cli.backends.torch_backend import TorchBackend
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                         tie_word_embeddings=True)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # sharper than the default init, so probabilities differ visibly
-        for p in model.parameters():
-            p.mul_(4.0)
-    return TorchBackend(model.float().eval(), tokenizer, name)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from pcd_cli.api import Labeler
 from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.schema.load import parse_schema
 
-from .conftest import tiny_backend
+from .helpers import tiny_backend
 from .oracle_sample import max_oracle_diff
 
 CASES = {c["id"]: c for c in map(json.loads, Path(__file__).with_name("data").joinpath("cases.jsonl")

@@ -13,18 +13,15 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
-from pcd_cli.cli import app
+from .helpers import pcd
 
 CASES_DIR = Path(__file__).with_name("data") / "cases-round2"
 CASES = {c["id"]: c for c in map(json.loads, (CASES_DIR / "cases.jsonl").read_text().splitlines())}
 
 
 def _pcd(*args, code: int = 0):
-    result = CliRunner().invoke(app, ["label", *map(str, args)], prog_name="pcd")
-    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
-    return result
+    return pcd("label", *args, code=code)
 
 
 def _case(name: str, tmp_path: Path) -> Path:

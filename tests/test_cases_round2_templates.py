@@ -16,22 +16,20 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from pcd_cli.api import Labeler
 from pcd_cli.backends.torch_backend import HFTokenizer, converted_gguf_dir, embedded_gguf_path, load_backend
-from pcd_cli.cli import app
 from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.errors import CompileError
 from pcd_cli.decoding.prompt import PREAMBLE
 from pcd_cli.schema.load import load_schema
 
+from .helpers import pcd
 from .oracle_sample import max_oracle_diff
 
 CASES_DIR = Path(__file__).with_name("data") / "cases-round2"
 CASES = {c["id"]: c for c in map(json.loads, (CASES_DIR / "cases.jsonl").read_text().splitlines())}
 TEMPLATE_CASES = sorted(cid for cid, c in CASES.items() if c["kind"] == "chat_template")
-runner = CliRunner()
 
 
 def make_model_folder(case_dir: Path, target: Path) -> Path:
@@ -131,17 +129,16 @@ def test_silently_dropped_system_turn_cli(case_backends, tmp_path):
     """The case's own commands: inspect-schema warns; label exits 0 with the catalog in the prompt."""
     case_dir = CASES_DIR / "template-silently-drops-system-turn"
     folder, _ = case_backends("template-silently-drops-system-turn")
-    result = runner.invoke(app, ["inspect-schema", str(case_dir / "schema.yaml"), "-m", str(folder), "--json"],
-                           prog_name="pcd")
+    result = pcd("inspect-schema", str(case_dir / "schema.yaml"), "-m", str(folder), "--json", code=None)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["chat_template"]["system"] == "merged_dropped"
     merged = [w for w in report["warnings"] if w["kind"] == "system_merged"]
     assert len(merged) == 1 and "drops it silently" in merged[0]["message"]
     out, trace = tmp_path / "out.parquet", tmp_path / "trace.jsonl"
-    result = runner.invoke(app, ["label", str(case_dir / "input.jsonl"), "-s", str(case_dir / "schema.yaml"),
-                                 "--id-field", "id", "-m", str(folder), "--trace", str(trace), "-o", str(out),
-                                 "--quiet"], prog_name="pcd")
+    result = pcd("label", str(case_dir / "input.jsonl"), "-s", str(case_dir / "schema.yaml"),
+                 "--id-field", "id", "-m", str(folder), "--trace", str(trace), "-o", str(out),
+                 "--quiet", code=None)
     assert result.exit_code == 0, result.output
     assert pq.read_table(out).column("id").to_pylist() == ["a1", "a2"]
     contexts = [orjson.loads(line)["context"] for line in trace.read_text().splitlines()]
@@ -160,6 +157,6 @@ def test_template_that_loses_the_instructions_everywhere_exits_3(tmp_path):
     tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(str(folder)))
     with pytest.raises(CompileError, match="missing from the prompt even in the user turn"):
         CompiledSchema(load_schema(case_dir / "schema.yaml"), tokenizer)
-    result = runner.invoke(app, ["inspect-schema", str(case_dir / "schema.yaml"), "-m", str(folder)], prog_name="pcd")
+    result = pcd("inspect-schema", str(case_dir / "schema.yaml"), "-m", str(folder), code=None)
     assert result.exit_code == 3
     assert "instructions and catalog are missing" in result.output

@@ -13,19 +13,19 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from pcd_cli.backends.torch_backend import resolve_model
-from pcd_cli.cli import app
 from pcd_cli.errors import InputError, ModelError, SchemaError
 from pcd_cli.io.readers import InputSpec, RecordReader
 from pcd_cli.schema.load import load_schema
+
+from .helpers import pcd
 
 CASE = Path(__file__).with_name("data") / "cases-round3" / "csv-duplicate-header-columns"
 
 
 def _label(*args):
-    return CliRunner().invoke(app, ["label", *map(str, args)], prog_name="pcd")
+    return pcd("label", *args, code=None)
 
 
 @pytest.mark.parametrize("name, column, positions", [("input.csv", "text", "columns 2 and 4"),
@@ -143,7 +143,7 @@ def test_a_gguf_that_is_a_web_page_or_a_cut_download_exits_3_naming_the_cause(tm
         (tmp_path / "truncated.gguf").write_bytes(fh.read(20_000_000))
     args = (["label", "input.jsonl", "-s", "schema.yaml", "--id-field", "id", "-o", "out.parquet", "--quiet"]
             if command == "label" else ["inspect-schema", "schema.yaml"])
-    result = CliRunner().invoke(app, [*args, "--model", model], prog_name="pcd")
+    result = pcd(*args, "--model", model, code=None)
     assert result.exit_code == 3, result.output
     assert f"error: {message}" in " ".join(result.output.split())
     assert "Traceback" not in result.output and "reshape" not in result.output
@@ -170,11 +170,11 @@ def test_an_optional_field_is_nullable_the_same_way_from_the_json_schema_and_the
     assert from_json == load_schema("models.py:ReviewOptional")
     (sentiment, _) = from_json.fields
     assert (sentiment.labels, sentiment.nullable) == (("negative", "neutral", "positive", "null"), True)
-    result = CliRunner().invoke(app, ["inspect-schema", "review_optional.schema.json"], prog_name="pcd")
+    result = pcd("inspect-schema", "review_optional.schema.json", code=None)
     assert result.exit_code == 0, result.output
 
 
 def test_the_case_json_schema_passes_inspection(monkeypatch):
     monkeypatch.chdir(REFS_CASE)
-    result = CliRunner().invoke(app, ["inspect-schema", "review.schema.json"], prog_name="pcd")
+    result = pcd("inspect-schema", "review.schema.json", code=None)
     assert result.exit_code == 0, result.output

@@ -11,13 +11,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 import pcd_cli
 import pcd_cli.backends
 import pcd_cli.backends.torch_backend
-from pcd_cli.cli import app
 from pcd_cli.schema.load import load_schema
+
+from .helpers import flat, pcd
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "sample_data"
@@ -28,27 +28,6 @@ N = 4  # records per end-to-end run
 FIRST_IDS = [json.loads(line)["id"] for line in (DATA / "airline_tweets.jsonl").read_text().splitlines()[:N]]
 META_KEYS = ("pcd.version", "pcd.model", "pcd.schema_sha256", "pcd.prompt_head_sha256", "pcd.scoring",
              "pcd.created_utc")
-
-runner = CliRunner()
-
-
-def pcd(*args, code: int = 0, env: dict | None = None):
-    """Run ``pcd ARGS`` in process and check its exit code (showing the output if it differs)."""
-    result = runner.invoke(app, [str(a) for a in args], prog_name="pcd", env=env)
-    if result.exit_code != code:
-        detail = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            import traceback
-
-            detail += "\n" + "".join(traceback.format_exception(result.exception))
-        pytest.fail(f"pcd {' '.join(map(str, args))}: exit {result.exit_code}, expected {code}\n{detail}")
-    return result
-
-
-def flat(text: str) -> str:
-    """Collapse rich's line wrapping so messages can be matched as phrases."""
-    return " ".join(text.split())
-
 
 def strict_json(line: str):
     def reject(name):
@@ -405,7 +384,7 @@ def test_help(command, no_model):
 
 
 def test_no_arguments_shows_help():
-    result = runner.invoke(app, [], prog_name="pcd")
+    result = pcd(code=None)
     assert "label" in result.output and "inspect-schema" in result.output
 
 

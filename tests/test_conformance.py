@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from pcd_cli.backends import conformance
 from pcd_cli.backends.conformance import FAMILIES, TOLERANCE, WINDOW, build_tiny_model, run_family
 from pcd_cli.errors import ModelError
+
+from .helpers import pcd
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +59,14 @@ def test_recurrent_architectures_are_refused_at_load_time(family, tmp_path, toke
 
 
 def test_cli_exits_3_naming_the_reason(tmp_path, tokenizer_source):
-    from pcd_cli.cli import app
 
     folder = build_tiny_model("mamba", tmp_path / "mamba", tokenizer_source, refused=True)
     data = tmp_path / "in.jsonl"
     data.write_text('{"text": "hello"}\n')
     schema = tmp_path / "s.yaml"
     schema.write_text("fields:\n  spam:\n    type: boolean\n")
-    result = CliRunner().invoke(app, ["label", str(data), "--schema", str(schema), "--model", str(folder),
-                                      "--device", "cpu", "-o", str(tmp_path / "out.parquet")])
+    result = pcd("label", str(data), "--schema", str(schema), "--model", str(folder),
+                 "--device", "cpu", "-o", str(tmp_path / "out.parquet"), code=None)
     assert result.exit_code == 3, result.output
     assert "model type 'mamba' has recurrent" in result.output
 
@@ -79,7 +79,7 @@ def test_non_finite_logits_fail_the_record_naming_the_dtype(tokenizer_source):
     from pcd_cli.results import Record, RecordFailure
     from pcd_cli.schema.load import parse_schema
 
-    from .conftest import tiny_backend
+    from .helpers import tiny_backend
 
     backend = tiny_backend(seed=11)
     overflow = {"on": False}

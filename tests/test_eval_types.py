@@ -15,10 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from sklearn import metrics as skm
-from typer.testing import CliRunner
 
 from pcd_cli.api import Labeler
-from pcd_cli.cli import app
 from pcd_cli.results import FieldResult, RecordResult
 from pcd_cli.io.readers import InputSpec
 from pcd_cli.io.output import output_schema, results_table
@@ -30,6 +28,8 @@ from pcd_cli.schema.model import NULL_LABEL, schema_metadata
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import gold_records
 
+from .helpers import pcd
+
 SCHEMA = parse_schema({"name": "types", "fields": {
     "product": {"type": "enum", "labels": ["APP", "WEB"], "nullable": True},
     "topics": {"type": "multi", "labels": ["billing", "outage", "login"]},
@@ -38,7 +38,6 @@ SCHEMA = parse_schema({"name": "types", "fields": {
 }})
 OPTIONS = ("billing", "outage", "login")
 N = 60
-runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
@@ -386,8 +385,8 @@ def test_tune_gold_records_expand_multi_to_option_decisions():
 
 def test_pcd_eval_and_calibrate_cli(files, tmp_path):
     preds, gold, *_ = files
-    result = runner.invoke(app, ["eval", str(preds), str(gold), "--json", str(tmp_path / "r.json"), "--compare",
-                                 str(preds)], prog_name="pcd", env={"COLUMNS": "120"})
+    result = pcd("eval", str(preds), str(gold), "--json", str(tmp_path / "r.json"), "--compare",
+                 str(preds), code=None, env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.stdout
     text = " ".join(result.stdout.split())
     for words in ("pcd eval: multi-select fields", "subset accuracy (exact set)", "Hamming loss", "micro-F1",
@@ -404,9 +403,9 @@ def test_pcd_eval_and_calibrate_cli(files, tmp_path):
         "topics": {"type": "multi", "labels": list(OPTIONS)},
         "severity": {"type": "ordinal", "labels": ["LOW", "MEDIUM", "HIGH"], "none_label": "UNKNOWN"},
         "stars": {"type": "integer", "minimum": 1, "maximum": 5, "nullable": True}}}))
-    result = runner.invoke(app, ["calibrate", str(gold), "-s", str(schema_file), "--predictions", str(preds),
-                                 "-o", str(tmp_path / "cal.json"), "--folds", "2", "--coverage", "0.8"],
-                           prog_name="pcd", env={"COLUMNS": "120"})
+    result = pcd("calibrate", str(gold), "-s", str(schema_file), "--predictions", str(preds),
+                 "-o", str(tmp_path / "cal.json"), "--folds", "2", "--coverage", "0.8",
+                 code=None, env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.stdout + str(result.exception)
     text = " ".join(result.stdout.split())
     assert "topics.billing (" in text and "calibrated per option, without label sets" in text

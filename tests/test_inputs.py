@@ -25,12 +25,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from pydantic import BaseModel, Field
-from typer.testing import CliRunner
 
 import pcd_cli.io.readers as pio
 from pcd_cli.api import Labeler, RepeatedIdWarning, _as_record
 from pcd_cli.engines.checkpoint import work_dir_for
-from pcd_cli.cli import app
 from pcd_cli.results import Record, RecordFailure
 from pcd_cli.errors import InputError, Interrupted, MissingExtra, SchemaError
 from pcd_cli.io.readers import InputSpec, RecordReader, read_records
@@ -39,7 +37,7 @@ from pcd_cli.schema.load import load_schema, parse_schema
 from pcd_cli.schema.load import schema_from_model
 from pcd_cli.io.values import CellError, RepeatedIds, cell_text
 
-from .conftest import ORACLE_SCHEMA, tiny_backend
+from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
 
 SCHEMA = parse_schema(ORACLE_SCHEMA)
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
@@ -56,12 +54,6 @@ def _lines(*rows) -> bytes:
 @pytest.fixture(scope="module")
 def backend():
     return tiny_backend(chat_template=True, seed=5)
-
-
-def _cli(*args, code: int, input=None):
-    result = CliRunner().invoke(app, [*map(str, args)], prog_name="pcd", input=input)
-    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
-    return result
 
 
 # -- 3. values that are not strings; ids ----------------------------------------------------------
@@ -249,11 +241,11 @@ def test_cli_reads_standard_input(tmp_path):
     rows = _lines({"id": "s1", "text": "Great flight, thanks!"}, {"id": "s2", "text": "Lost my bag again."})
     schema = SAMPLES.parent / "schemas" / "airline_sentiment.yaml"
     out = tmp_path / "o.parquet"
-    refused = _cli("label", "-", "-s", schema, "-o", out, code=2, input=rows)
+    refused = pcd("label", "-", "-s", schema, "-o", out, code=2, input=rows)
     assert "reading standard input needs --format" in refused.stderr
-    assert "needs -o" in _cli("label", "-", "-s", schema, "--format", "jsonl", code=2, input=rows).stderr
-    _cli("label", "-", "-s", schema, "--format", "jsonl", "--id-field", "id", "-o", out, "-q", code=0,
-         input=gzip.compress(rows))
+    assert "needs -o" in pcd("label", "-", "-s", schema, "--format", "jsonl", code=2, input=rows).stderr
+    pcd("label", "-", "-s", schema, "--format", "jsonl", "--id-field", "id", "-o", out, "-q", code=0,
+        input=gzip.compress(rows))
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == ["s1", "s2"]
     assert table.schema.metadata[b"pcd.input"] == b"<stdin>"
@@ -389,13 +381,13 @@ def test_a_copy_of_the_gguf_reuses_the_conversion(tmp_path, monkeypatch):
 def test_usage_errors_are_json_when_asked(tmp_path):
     schema = SAMPLES.parent / "schemas" / "airline_sentiment.yaml"
     for flag in (["--log-format", "json"], ["--log-format=json"]):
-        result = _cli("label", SAMPLES / "airline_tweets.jsonl", "-s", schema, "--max-errors", "many", *flag, code=2)
+        result = pcd("label", SAMPLES / "airline_tweets.jsonl", "-s", schema, "--max-errors", "many", *flag, code=2)
         (event,) = [json.loads(line) for line in result.stderr.splitlines()]
         assert (event["level"], event["event"], event["exit_code"]) == ("error", "usage_error", 2)
         assert event["message"].startswith("Invalid value for '--max-errors'")
-    (event,) = [json.loads(line) for line in _cli("lable", "x", "--log-format", "json", code=2).stderr.splitlines()]
+    (event,) = [json.loads(line) for line in pcd("lable", "x", "--log-format", "json", code=2).stderr.splitlines()]
     assert "No such command 'lable'" in event["message"]
-    plain = _cli("label", SAMPLES / "airline_tweets.jsonl", "-s", schema, "--max-errors", "many", code=2)
+    plain = pcd("label", SAMPLES / "airline_tweets.jsonl", "-s", schema, "--max-errors", "many", code=2)
     assert "Invalid value for '--max-errors'" in plain.stderr and not plain.stderr.startswith("{")
 
 
@@ -407,11 +399,11 @@ def test_an_internal_error_exits_4_with_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pcd_cli.schema.load, "load_schema", broken)
     args = ("label", SAMPLES / "airline_tweets.jsonl", "-s", "x.yaml", "-o", tmp_path / "o.parquet")
-    text = _cli(*args, code=4)
+    text = pcd(*args, code=4)
     assert text.stderr.strip().splitlines() == [
         "error: internal error: ZeroDivisionError: boom; this is a bug in pcd, please report it (--log-format json "
         "shows the traceback)"]
-    (event,) = [json.loads(line) for line in _cli(*args, "--log-format", "json", code=4).stderr.splitlines()]
+    (event,) = [json.loads(line) for line in pcd(*args, "--log-format", "json", code=4).stderr.splitlines()]
     assert (event["event"], event["exit_code"]) == ("internal_error", 4)
     assert "Traceback" in event["traceback"] and "ZeroDivisionError: boom" in event["traceback"]
 
@@ -546,8 +538,8 @@ def test_schema_option_loads_a_model_from_a_python_file(tmp_path, backend):
         load_schema(models)
     with pytest.raises(SchemaError, match="defines no 'Nope'"):
         load_schema(f"{models}:Nope")
-    result = _cli("label", SAMPLES / "airline_tweets.jsonl", "-s", f"{models}:Broken", "-o", tmp_path / "o.parquet",
-                  code=2)
+    result = pcd("label", SAMPLES / "airline_tweets.jsonl", "-s", f"{models}:Broken", "-o", tmp_path / "o.parquet",
+                 code=2)
     assert "field 'score' of Broken: type float is not supported" in result.stderr
     (tmp_path / "needs.py").write_text("import pydantic_not_installed_here\n")
     with pytest.raises(SchemaError, match="importing .* failed"):

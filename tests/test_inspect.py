@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast
-from typer.testing import CliRunner
 
 from pcd_cli.backends.torch_backend import HFTokenizer, load_tokenizer
-from pcd_cli.cli import app
 from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.inspect import MANY_LABELS, inspect
 from pcd_cli.schema.load import load_schema, parse_schema
+
+from .helpers import pcd
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {c["id"]: c for c in map(json.loads, (ROOT / "tests" / "data" / "cases.jsonl").read_text().splitlines())}
@@ -32,7 +32,6 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TWO_FIELDS = {"fields": {"sentiment": {"type": "enum", "labels": ["positive", "negative"]},
                          "urgent": {"type": "boolean"}}}
-runner = CliRunner()
 
 
 def byte_bpe(split: str | None, merges: list[tuple[str, str]], words: tuple[str, ...] = (),
@@ -324,8 +323,8 @@ def test_more_than_255_labels_is_allowed_with_its_cost():
 
 # -- CLI ------------------------------------------------------------------------------------
 
-def pcd(*args):
-    return runner.invoke(app, ["inspect-schema", *map(str, args)], prog_name="pcd")
+def inspect_schema(*args):
+    return pcd("inspect-schema", *args, code=None)
 
 
 def write(tmp_path, schema: dict) -> Path:
@@ -358,7 +357,7 @@ def check_shape(value, shape):
 
 
 def test_cli_json_shape_and_strict_exit(tmp_path):
-    result = pcd(write(tmp_path, CASES["shared-prefix-labels-no-eos"]["schema"]), "--json", "--strict")
+    result = inspect_schema(write(tmp_path, CASES["shared-prefix-labels-no-eos"]["schema"]), "--json", "--strict")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     check_shape(data, SHAPE)
@@ -377,8 +376,8 @@ def test_cli_json_shape_and_strict_exit(tmp_path):
 
 def test_cli_strict_fails_on_warnings_and_json_lists_them(tmp_path):
     schema = write(tmp_path, {"fields": {"car": {"type": "enum", "labels": ["sedan", "Sedan", "SUV"]}}})
-    assert pcd(schema).exit_code == 0
-    result = pcd(schema, "--json", "--strict")
+    assert inspect_schema(schema).exit_code == 0
+    result = inspect_schema(schema, "--json", "--strict")
     assert result.exit_code == 1
     (w,) = json.loads(result.stdout)["warnings"]
     assert w == {"kind": "case_only", "field": "car", "labels": ["sedan", "Sedan"],
@@ -387,8 +386,8 @@ def test_cli_strict_fails_on_warnings_and_json_lists_them(tmp_path):
 
 
 def test_cli_rich_output_names_fields_collisions_and_warnings():
-    result = runner.invoke(app, ["inspect-schema", str(ROOT / "schemas" / "customs_255.yaml")], prog_name="pcd",
-                           env={"COLUMNS": "250"})
+    result = pcd("inspect-schema", str(ROOT / "schemas" / "customs_255.yaml"), code=None,
+                 env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "layout newline_first" in out and "the newline is glued to the indentation after it" in out
@@ -403,7 +402,7 @@ def test_cli_model_folder_with_config_but_no_weights(tmp_path):
     tok.save_pretrained(folder)
     LlamaConfig(vocab_size=257, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                 num_key_value_heads=1).save_pretrained(folder)
-    result = pcd(write(tmp_path, TWO_FIELDS), "--model", folder, "--json")
+    result = inspect_schema(write(tmp_path, TWO_FIELDS), "--model", folder, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["model"] == "toy" and data["layout"]["chosen"] == "newline_last"
@@ -412,7 +411,7 @@ def test_cli_model_folder_with_config_but_no_weights(tmp_path):
     # "{\n" (257) is beyond this config's 257 logits but only in the context, not in any label's line
     assert data["tokenizer_size"] == 258 and data["warnings"] == []
     LlamaConfig(vocab_size=256).save_pretrained(folder)
-    result = pcd(write(tmp_path, TWO_FIELDS), "--model", folder, "--json", "--strict")
+    result = inspect_schema(write(tmp_path, TWO_FIELDS), "--model", folder, "--json", "--strict")
     assert result.exit_code == 1
     (w,) = json.loads(result.stdout)["warnings"]
     assert (w["kind"], w["field"], w["labels"]) == ("logits_width", "sentiment", ["positive", "negative"])
@@ -427,7 +426,7 @@ def test_cli_unreadable_schema_exits_2(tmp_path, content, message):
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
-    result = pcd(path, "--json")
+    result = inspect_schema(path, "--json")
     assert result.exit_code == 2 and message in " ".join(result.stderr.split()) and result.stdout == ""
 
 
@@ -489,15 +488,15 @@ def test_render_names_colliding_labels_and_escapes_control_characters():
 ])
 def test_cli_refuses_what_label_refuses_with_the_same_message(tmp_path, fields, id_args, message):
     schema = write(tmp_path, {"fields": fields})
-    inspected = pcd(schema, *id_args)
-    labelled = runner.invoke(app, ["label", str(tmp_path / "in.jsonl"), "-s", str(schema), *id_args,
-                                   "-o", str(tmp_path / "out.parquet")], prog_name="pcd")
+    inspected = inspect_schema(schema, *id_args)
+    labelled = pcd("label", str(tmp_path / "in.jsonl"), "-s", str(schema), *id_args,
+                   "-o", str(tmp_path / "out.parquet"), code=None)
     assert (inspected.exit_code, labelled.exit_code) == (2, 2)
     assert inspected.output == f"error: {message}\n"
     assert message in labelled.output
 
 
 def test_cli_id_field_moves_the_id_column(tmp_path):
-    result = pcd(write(tmp_path, {"fields": {"row": {"type": "boolean"}}}), "--id-field", "id", "--json")
+    result = inspect_schema(write(tmp_path, {"fields": {"row": {"type": "boolean"}}}), "--id-field", "id", "--json")
     assert result.exit_code == 0, result.output
     assert [f["name"] for f in json.loads(result.stdout)["fields"]] == ["row"]

@@ -32,7 +32,7 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.decoding.oracle import oracle_field
 from pcd_cli.schema.load import parse_schema
 
-from .conftest import ORACLE_SCHEMA, tiny_backend
+from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "sample_data"
@@ -291,13 +291,7 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_output(tmp_path, uninte
 # -- for cron: quiet, JSON logs, no bar off a terminal, early failures ----------------------------
 
 def _cli(*args, code: int):
-    from typer.testing import CliRunner
-
-    from pcd_cli.cli import app
-
-    result = CliRunner().invoke(app, ["label", *map(str, args)], prog_name="pcd")
-    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
-    return result
+    return pcd("label", *args, code=code)
 
 
 def test_quiet_json_logs_and_progress_bar(tmp_path):

@@ -22,7 +22,7 @@ from pcd_cli.errors import ModelError
 from pcd_cli.backends.conformance import max_oracle_diff
 from pcd_cli.schema.load import load_schema
 
-from .conftest import TEXTS
+from .helpers import TEXTS
 
 HAVE_MLX = mlx_available()
 needs_mlx = pytest.mark.skipif(not HAVE_MLX, reason="mlx-lm is not installed (pip install 'pcd-cli[mlx]')")
@@ -161,7 +161,7 @@ def test_auto_picks_mlx_only_on_apple_silicon_with_mlx_lm(monkeypatch, apple, in
 
 
 def test_backend_mlx_without_mlx_lm_exits_3_with_the_install_command(monkeypatch, tmp_path):
-    from .test_cli import pcd
+    from .helpers import pcd
 
     monkeypatch.setitem(sys.modules, "mlx_lm", None)  # `import mlx_lm` now raises ImportError
     monkeypatch.delitem(sys.modules, "pcd_cli.backends.mlx_backend", raising=False)
@@ -383,7 +383,7 @@ def test_unsupported_architecture_is_a_model_error(tiny_dirs, tmp_path):
 def test_pcd_label_mlx_equals_torch_on_sample_data(tmp_path, scoring):
     import pyarrow.parquet as pq
 
-    from .test_cli import pcd
+    from .helpers import pcd
 
     tables = {}
     for kind in ("torch", "mlx"):

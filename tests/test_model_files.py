@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from pcd_cli.backends.model_files import check_gguf, check_model_folder, check_safetensors, gguf_data_end
 from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path, resolve_model
-from pcd_cli.cli import app
 from pcd_cli.errors import ModelError
+
+from .helpers import pcd
 
 CASE = Path(__file__).with_name("data") / "cases-round3" / "gguf-html-page-or-truncated-download"
 #: The case's HTML page saved under a model's name; tests copy it to a ``.gguf`` name.
@@ -269,7 +269,7 @@ def workdir(tmp_path, monkeypatch):
 def _pcd(command: str, model: str):
     args = (["label", "input.jsonl", "-s", "schema.yaml", "--id-field", "id", "-o", "out.parquet", "--quiet"]
             if command == "label" else ["inspect-schema", "schema.yaml"])
-    return CliRunner().invoke(app, [*args, "--model", model], prog_name="pcd")
+    return pcd(*args, "--model", model, code=None)
 
 
 @pytest.mark.parametrize("command", ["label", "inspect-schema"])

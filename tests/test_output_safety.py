@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from pcd_cli.api import Labeler
 from pcd_cli.engines.checkpoint import work_dir_for
-from pcd_cli.cli import EXIT_BROKEN_PIPE, EXIT_MACHINE, app
+from pcd_cli.cli import EXIT_BROKEN_PIPE, EXIT_MACHINE
 from pcd_cli.errors import InputError, MachineError
 from pcd_cli.io.files import AtomicFile, check_writable, clear_stale, write_atomic, write_target
 from pcd_cli.io.readers import InputSpec, RecordReader, check_input
@@ -29,7 +28,7 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.quality.calibration import Calibration
 from pcd_cli.schema.load import parse_schema
 
-from .conftest import ORACLE_SCHEMA, tiny_backend
+from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = parse_schema(ORACLE_SCHEMA)
@@ -214,7 +213,7 @@ def test_a_read_only_folder_is_refused_before_the_model_loads(tmp_path, option):
 
 def _quick_label(*args) -> tuple[int, str, float]:
     started = time.perf_counter()
-    result = CliRunner().invoke(app, ["label", *map(str, args)], prog_name="pcd")
+    result = pcd("label", *args, code=None)
     return result.exit_code, " ".join(result.output.split()), time.perf_counter() - started
 
 

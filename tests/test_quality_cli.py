@@ -10,32 +10,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 import pcd_cli.backends
 import pcd_cli.backends.torch_backend
-from pcd_cli.cli import app
 from pcd_cli.errors import CalibrationError
 from pcd_cli.io.output import output_schema
 from pcd_cli.quality import Calibration
 from pcd_cli.schema.load import load_schema
 
+from . import helpers
+from .helpers import flat
 from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
-runner = CliRunner()
 
 
 def pcd(*args, code: int = 0):
-    result = runner.invoke(app, [str(a) for a in args], prog_name="pcd", env={"COLUMNS": "100"})
-    if result.exit_code != code:
-        pytest.fail(f"pcd {' '.join(map(str, args))}: exit {result.exit_code}, expected {code}\n"
-                    f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}\n{result.exception!r}")
-    return result
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
+    return helpers.pcd(*args, code=code, env={"COLUMNS": "100"})
 
 
 @pytest.fixture

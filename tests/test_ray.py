@@ -14,13 +14,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
-from pcd_cli.cli import app
 from pcd_cli.engines.ray_engine import EXIT_ONCE_ENV
-from tests.conftest import ORACLE_SCHEMA, tiny_backend
 
-runner = CliRunner()
+from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
+
 
 TEXTS = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:10]
 
@@ -58,8 +56,7 @@ def files(tmp_path_factory):
 
 
 def _label(args, env=None):
-    result = runner.invoke(app, ["label", *map(str, args)], env={"RAY_ADDRESS": None, **(env or {})})
-    return result
+    return pcd("label", *args, code=None, env={"RAY_ADDRESS": None, **(env or {})})
 
 
 def _local(files, source, out, extra=()):

@@ -14,9 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
-from pcd_cli.cli import app
 from pcd_cli.errors import InputError, MissingExtra
 from pcd_cli.decoding.examples import draw_examples
 from pcd_cli.io.readers import InputSpec
@@ -26,8 +24,10 @@ from pcd_cli.quality.review import (check_label_studio, config_path, label_studi
                                     select_for_review, write_review)
 from pcd_cli.schema.load import load_schema
 
+from . import helpers
+from .helpers import flat
+
 ROOT = Path(__file__).resolve().parent.parent
-runner = CliRunner()
 SENTIMENT = ("NEGATIVE", "NEUTRAL", "POSITIVE")
 SCHEMA_YAML = """name: review_test
 fields:
@@ -43,15 +43,7 @@ N = 40
 
 
 def pcd(*args, code: int = 0):
-    result = runner.invoke(app, [str(a) for a in args], prog_name="pcd", env={"COLUMNS": "200"})
-    if result.exit_code != code:
-        pytest.fail(f"pcd {' '.join(map(str, args))}: exit {result.exit_code}, expected {code}\n"
-                    f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}\n{result.exception!r}")
-    return result
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
+    return helpers.pcd(*args, code=code, env={"COLUMNS": "200"})
 
 
 class Case:

@@ -13,11 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 import pcd_cli.backends
 from pcd_cli.api import Labeler
-from pcd_cli.cli import app
 from pcd_cli.results import FieldResult, RecordResult
 from pcd_cli.errors import Interrupted, SchemaError
 from pcd_cli.io.readers import InputSpec
@@ -25,7 +23,7 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.schema.rules import MAX_JOINT_SPACE, RuleSolver, rule_components
 from pcd_cli.schema.load import load_schema, parse_schema
 
-from .conftest import ORACLE_SCHEMA, TEXTS, tiny_backend
+from .helpers import ORACLE_SCHEMA, TEXTS, pcd, tiny_backend
 
 FIELDS = {
     "severity_tier": {"type": "enum", "labels": ["SEV_0_CRITICAL", "SEV_1_MAJOR", "SEV_2_MODERATE", "SEV_3_MINOR"]},
@@ -344,10 +342,9 @@ def test_pcd_label_writes_the_rule_columns_and_resume_keeps_them(backend, plain,
 
     yaml_schema.write_text(yaml.safe_dump(ORACLE_SCHEMA | {"rules": rules}, sort_keys=False))
     monkeypatch.setattr(pcd_cli.backends, "load_backend", lambda *a, **k: backend)
-    runner = CliRunner()
     out = tmp_path / "out.parquet"
-    result = runner.invoke(app, ["label", str(src), "-s", str(yaml_schema), "--id-field", "id", "--all-probs",
-                                 "-o", str(out), "--no-progress"])
+    result = pcd("label", str(src), "-s", str(yaml_schema), "--id-field", "id", "--all-probs",
+                 "-o", str(out), "--no-progress", code=None)
     assert result.exit_code == 0, result.output
     assert "rules between fields moved " in " ".join(result.output.split())
     table = pq.read_table(out)
@@ -376,8 +373,8 @@ def test_pcd_label_writes_the_rule_columns_and_resume_keeps_them(backend, plain,
     js_path = tmp_path / "rules.schema.json"
     js_path.write_text(json.dumps(js))
     out_js = tmp_path / "out_js.parquet"
-    result = runner.invoke(app, ["label", str(src), "-s", str(js_path), "--id-field", "id", "-o", str(out_js),
-                                 "--no-progress"])
+    result = pcd("label", str(src), "-s", str(js_path), "--id-field", "id", "-o", str(out_js),
+                 "--no-progress", code=None)
     assert result.exit_code == 0, result.output
     again = pq.read_table(out_js).to_pylist()
     for name in ("urgent", "refund", "__joint_prob", "urgent__changed_by_rules", "refund__changed_by_rules"):
@@ -437,13 +434,12 @@ def test_the_ray_engine_writes_what_the_local_engine_writes(backend, plain, tmp_
     src.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS * 2)))
     common = [str(src), "--schema", str(schema), "--model", str(model_dir), "--device", "cpu", "--id-field", "id",
               "--all-probs", "--no-progress"]
-    runner = CliRunner()
-    result = runner.invoke(app, ["label", *common, "-o", str(tmp_path / "local.parquet")])
+    result = pcd("label", *common, "-o", str(tmp_path / "local.parquet"), code=None)
     assert result.exit_code == 0, result.output
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        result = runner.invoke(app, ["label", *common, "-o", str(tmp_path / "ray.parquet"), "--engine", "ray",
-                                     "--workers", "1", "--batch-size", "2"], env={"RAY_ADDRESS": None})
+        result = pcd("label", *common, "-o", str(tmp_path / "ray.parquet"), "--engine", "ray",
+                     "--workers", "1", "--batch-size", "2", code=None, env={"RAY_ADDRESS": None})
     finally:
         ray.shutdown()
     assert result.exit_code == 0, result.output
@@ -474,7 +470,7 @@ def test_an_empty_input_gets_the_rule_columns_without_a_model(tmp_path, monkeypa
     src = tmp_path / "empty.jsonl"
     src.write_text("")
     out = tmp_path / "empty.parquet"
-    result = CliRunner().invoke(app, ["label", str(src), "-s", str(schema), "-o", str(out), "--no-progress"])
+    result = pcd("label", str(src), "-s", str(schema), "-o", str(out), "--no-progress", code=None)
     assert result.exit_code == 0, result.output
     table = pq.read_table(out)
     assert table.num_rows == 0 and "__joint_prob" in table.schema.names

@@ -15,13 +15,12 @@ from typing import Annotated, Literal, Optional, Union
 import pytest
 import yaml
 from pydantic import BaseModel, Field, conint, create_model
-from typer.testing import CliRunner
-
-from pcd_cli.cli import app
 from pcd_cli.errors import SchemaError
 from pcd_cli.schema.load import load_schema, parse_schema
 from pcd_cli.schema.jsonschema import integer_bounds
 from pcd_cli.schema.load import schema_from_model
+
+from .helpers import pcd
 
 YAML = """\
 name: Ticket
@@ -323,8 +322,7 @@ def test_inspect_schema_json_and_table_show_every_type(tmp_path, load_once):
     data["fields"]["score"] = {"type": "integer", "minimum": 1, "maximum": 100, "description": "Score, 1 to 100"}
     data["fields"] = {"topics": data["fields"].pop("topics"), **data["fields"]}  # a multi field first
     path = _write(tmp_path, "t.json", json.dumps(data))
-    runner = CliRunner()
-    result = runner.invoke(app, ["inspect-schema", str(path), "--json"], prog_name="pcd")
+    result = pcd("inspect-schema", str(path), "--json", code=None)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     declared = {d["name"]: d for d in report["declared"]}
@@ -350,7 +348,7 @@ def test_inspect_schema_json_and_table_show_every_type(tmp_path, load_once):
     ten = score_paths["10"]  # a prefix of 100: told apart by the token after its digits, the line end
     assert ten["pieces"][:3] == [" ", "1", "0"] and ten["identified_at"] == 4 and ten["pieces"][3] == ","
 
-    table = runner.invoke(app, ["inspect-schema", str(path)], prog_name="pcd", env={"COLUMNS": "200"})
+    table = pcd("inspect-schema", str(path), code=None, env={"COLUMNS": "200"})
     assert table.exit_code == 0, table.output
     out = table.stdout
     words = " ".join(out.split())  # the long lines as words (rich wraps them)

@@ -11,9 +11,6 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from pcd_cli.cli import app
 from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.decoding.decode import Decoder
 from pcd_cli.results import Record
@@ -22,10 +19,9 @@ from pcd_cli.decoding.oracle import oracle_label_logprobs
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, card_mismatches, file_sha256, stratified_holdout, tune
 
-from .conftest import ORACLE_SCHEMA, TEXTS, tiny_backend
+from .helpers import ORACLE_SCHEMA, TEXTS, pcd, tiny_backend
 from .test_examples import EXAMPLES
 
-runner = CliRunner()
 
 #: The oracle schema in three waves: ``refund`` and ``action`` also see the written ``deadline`` line.
 WAVES_SCHEMA = dict(ORACLE_SCHEMA, fields={
@@ -171,9 +167,9 @@ def tune_files(tmp_path_factory):
 
 
 def _tune_cli(files, out, *extra):
-    result = runner.invoke(app, ["tune", str(files["gold"]), "-s", str(files["schema"]), "-o", str(out),
-                                 "--model", files["model"], "--device", "cpu", "--epochs", "2", "--lr", "5e-3",
-                                 "--rank", "4", "--no-progress", *map(str, extra)])
+    result = pcd("tune", str(files["gold"]), "-s", str(files["schema"]), "-o", str(out),
+                 "--model", files["model"], "--device", "cpu", "--epochs", "2", "--lr", "5e-3",
+                 "--rank", "4", "--no-progress", *map(str, extra), code=None)
     assert result.exit_code == 0, result.output
     return result
 
@@ -191,9 +187,9 @@ def test_tuned_folder_labels_through_pcd_label_and_matches_the_oracle(tune_files
     assert card["hyperparameters"]["rank"] == 4 and len(card["epochs"]) == 3
     assert card["epochs"][0]["train_loss"] is None and card["epochs"][1]["train_loss"] > 0
     labelled = tune_files["root"] / "tuned.parquet"
-    run = runner.invoke(app, ["label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model", str(out),
-                              "--device", "cpu", "--id-field", "id", "-o", str(labelled), "--all-probs", "--trace",
-                              str(tune_files["root"] / "tuned.trace.jsonl"), "--no-progress"])
+    run = pcd("label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model", str(out),
+              "--device", "cpu", "--id-field", "id", "-o", str(labelled), "--all-probs", "--trace",
+              str(tune_files["root"] / "tuned.trace.jsonl"), "--no-progress", code=None)
     assert run.exit_code == 0, run.output
     assert "tuned for another" not in run.output
     table = pq.read_table(labelled)
@@ -211,9 +207,9 @@ def test_tuned_folder_labels_through_pcd_label_and_matches_the_oracle(tune_files
         assert row["refund__prob"] == pytest.approx(probs.max(), abs=1e-5)
         assert row["refund__mass"] == pytest.approx(mass, abs=1e-5)
     # labelling with another scoring than the one trained warns
-    warned = runner.invoke(app, ["label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model",
-                                 str(out), "--device", "cpu", "--scoring", "exact", "-o",
-                                 str(tune_files["root"] / "exact.parquet"), "--no-progress"])
+    warned = pcd("label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model",
+                 str(out), "--device", "cpu", "--scoring", "exact", "-o",
+                 str(tune_files["root"] / "exact.parquet"), "--no-progress", code=None)
     assert warned.exit_code == 0, warned.output
     assert "tuned model tuned was tuned for another scoring mode: trained for 'marginal', labelling with 'exact'" \
         in " ".join(warned.output.split())
@@ -228,16 +224,16 @@ def test_adapter_only_applies_on_its_base_like_the_merged_folder(tune_files):
     tables = []
     for extra in (["--model", str(merged)], ["--model", tune_files["model"], "--adapter", str(adapter)]):
         out = tune_files["root"] / f"{len(tables)}.parquet"
-        run = runner.invoke(app, ["label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), *extra,
-                                  "--device", "cpu", "-o", str(out), "--all-probs", "--no-progress"])
+        run = pcd("label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), *extra,
+                  "--device", "cpu", "-o", str(out), "--all-probs", "--no-progress", code=None)
         assert run.exit_code == 0, run.output
         tables.append(pq.read_table(out).to_pylist())
     for a, b in zip(*tables):
         assert a["refund"] == b["refund"]
         assert a["refund__prob"] == pytest.approx(b["refund__prob"], abs=1e-5)
-    bad = runner.invoke(app, ["label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model",
-                              tune_files["model"], "--adapter", str(merged), "--device", "cpu", "-o",
-                              str(tune_files["root"] / "bad.parquet"), "--no-progress"])
+    bad = pcd("label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model",
+              tune_files["model"], "--adapter", str(merged), "--device", "cpu", "-o",
+              str(tune_files["root"] / "bad.parquet"), "--no-progress", code=None)
     assert bad.exit_code == 3 and "no adapter_config.json" in bad.output
 
 
@@ -266,8 +262,8 @@ def test_card_mismatches_name_what_differs():
 def test_tune_refuses_a_gold_file_without_schema_columns(tune_files, tmp_path):
     gold = tmp_path / "g.jsonl"
     gold.write_text('{"id": "a", "text": "hello", "other": 1}\n')
-    result = runner.invoke(app, ["tune", str(gold), "-s", str(tune_files["schema"]), "-o", str(tmp_path / "o"),
-                                 "--model", tune_files["model"], "--device", "cpu", "--no-progress"])
+    result = pcd("tune", str(gold), "-s", str(tune_files["schema"]), "-o", str(tmp_path / "o"),
+                 "--model", tune_files["model"], "--device", "cpu", "--no-progress", code=None)
     assert result.exit_code == 2
     assert "no column for any field of the schema (refund)" in " ".join(result.output.split())
 
@@ -279,9 +275,9 @@ def test_tuned_folder_loads_on_mlx_with_the_same_labels(tune_files):
     tables = {}
     for kind in ("torch", "mlx"):
         path = tune_files["root"] / f"{kind}.parquet"
-        run = runner.invoke(app, ["label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model", str(out),
-                                  "--backend", kind, "--device", "cpu", "--dtype", "float32", "-o", str(path),
-                                  "--all-probs", "--no-progress"])
+        run = pcd("label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model", str(out),
+                  "--backend", kind, "--device", "cpu", "--dtype", "float32", "-o", str(path),
+                  "--all-probs", "--no-progress", code=None)
         assert run.exit_code == 0, run.output
         tables[kind] = pq.read_table(path).to_pylist()
     for a, b in zip(tables["torch"], tables["mlx"]):

@@ -112,7 +112,7 @@ def punct_bpe(*, template: str | None = None):
 
 
 def tiny_backend_for(tokenizer, seed: int = 0):
-    """A 2-layer random-init Llama over ``tokenizer`` (float32, CPU), as ``conftest.tiny_backend``."""
-    from .conftest import tiny_llama_over
+    """A 2-layer random-init Llama over ``tokenizer`` (float32, CPU), as ``helpers.tiny_backend``."""
+    from .helpers import tiny_llama_over
 
     return tiny_llama_over(tokenizer, seed=seed, max_positions=4096, name=f"tiny-random-llama-{seed}")

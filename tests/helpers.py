@@ -1,0 +1,85 @@
+"""What the tests share that is not a fixture: the tiny backends, the oracle schema, the texts and
+the one CLI runner. ``conftest.py`` builds its fixtures from these; test files import them from here."""
+
+from __future__ import annotations
+
+import pytest
+
+#: The oracle-test schema of issue #2: a boolean first, shared prefixes, a label that is a
+#: prefix of another, labels colliding on their first token.
+ORACLE_SCHEMA = {
+    "name": "oracle",
+    "fields": {
+        "urgent": {"type": "boolean", "description": "Whether the customer needs help today"},
+        "deadline": {"type": "enum", "description": "Deadline the customer gives",
+                     "labels": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
+        "action": {"type": "enum", "description": "What the agent should do",
+                   "labels": ["CALL", "CALL BACK", "EMAIL"]},
+        "tool": {"type": "enum", "description": "Tool to use", "labels": ["get_weather", "get_time"]},
+        "refund": {"type": "boolean", "description": "Whether a refund is asked for"},
+    },
+}
+
+TEXTS = [
+    "Please call me back within 12 hours, my invoice was charged twice and I want a refund.",
+    "What time is it in Tokyo right now?",
+    "Thanks, all good.",
+]
+
+
+def tiny_backend(chat_template: bool = True, seed: int = 0):
+    """A 2-layer random-init Llama with the embedded model's tokenizer (float32, CPU)."""
+    from transformers import AutoTokenizer
+
+    from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(converted_gguf_dir(embedded_gguf_path())))
+    if not chat_template:
+        tokenizer.chat_template = None
+    return tiny_llama_over(tokenizer, seed=seed, name="tiny-random-llama")
+
+
+def tiny_llama_over(tokenizer, *, seed: int = 0, max_positions: int = 8192, name: str = "tiny-random-llama"):
+    """A 2-layer random-init Llama (hidden 64, weights x4) over ``tokenizer``, as a float32 CPU
+    ``TorchBackend`` named ``name``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pcd_cli.backends.torch_backend import TorchBackend
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper than the default init, so probabilities differ visibly
+        for p in model.parameters():
+            p.mul_(4.0)
+    return TorchBackend(model.float().eval(), tokenizer, name)
+
+
+def pcd(*args, code: int | None = 0, env: dict | None = None, input=None):
+    """Run ``pcd ARGS`` in process (typer's ``CliRunner``) and return its result.
+
+    With ``code`` (0 unless told), fail the test unless pcd exits with it, showing stdout, stderr
+    and the traceback; with ``code=None``, return whatever happened for the test to check.
+    ``env`` is set (a ``None`` value unsets a variable) and ``input`` is fed to stdin for the run.
+    """
+    from typer.testing import CliRunner
+
+    from pcd_cli.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], prog_name="pcd", env=env, input=input)
+    if code is not None and result.exit_code != code:
+        detail = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            import traceback
+
+            detail += "\n" + "".join(traceback.format_exception(result.exception))
+        pytest.fail(f"pcd {' '.join(map(str, args))}: exit {result.exit_code}, expected {code}\n{detail}")
+    return result
+
+
+def flat(text: str) -> str:
+    """Collapse rich's line wrapping so messages can be matched as phrases."""
+    return " ".join(text.split())
