@@ -960,6 +960,102 @@ def review(
               highlight=False)
 
 
+@app.command(short_help="Serve schemas over HTTP: /v1/label, the Jev and OpenAI decision APIs, one model shared "
+             "(pip install 'pcd-cli\\[serve]'; docs/serve.md).")
+def serve(
+    schema: list[str] = typer.Option(..., "--schema", "-s", help="NAME=PATH (repeatable), a schema file (named by "
+                                     "its stem) or a folder of .yaml/.yml/.json schema files."),
+    model: Optional[str] = _panel(MODEL_OPT, 'Model'),
+    device: Device = _panel(DEVICE_OPT, 'Model'),
+    dtype: DType = _panel(DTYPE_OPT, 'Model'),
+    backend: BackendKind = _panel(BACKEND_OPT, 'Model'),
+    adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Model'),
+    scoring: Scoring = _panel(SCORING_OPT, 'Model'),
+    max_tokens_per_pass: int = _panel(BUDGET_OPT, 'Model'),
+    truncate: Truncate = typer.Option(Truncate.middle, "--truncate", help="A text too long for the model's context "
+                                      "loses its middle, head or tail, or fails (error).", rich_help_panel='Model'),
+    text_field: str = _panel(TEXT_FIELD_OPT, 'Input'),
+    template: Optional[str] = _panel(TEMPLATE_OPT, 'Input'),
+    calibration: Optional[list[str]] = typer.Option(None, "--calibration", help="NAME=PATH (repeatable; a bare PATH "
+                                                    "with one schema): a `pcd calibrate` file for that schema.",
+                                                    rich_help_panel='Quality'),
+    prior_correction: bool = typer.Option(False, "--prior-correction", help="Divide each field's probabilities by "
+                                          "those of content-free records, measured once per schema.",
+                                          rich_help_panel='Quality'),
+    permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback: an API key is "
+                             "required).", rich_help_panel='Network'),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port (bound before the model loads).",
+                             rich_help_panel='Network'),
+    api_key: Optional[list[str]] = typer.Option(None, "--api-key", help="Accept this key (repeatable) as "
+                                                "'Authorization: Bearer KEY' on every route but /health and /ready; "
+                                                "$PCD_API_KEY adds one.", rich_help_panel='Network'),
+    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="File of accepted keys, one a line.",
+                                                rich_help_panel='Network'),
+    allow_public_without_key: bool = typer.Option(False, "--allow-public-without-key", help="Listen beyond "
+                                                  "loopback with no API key: anyone who reaches the port may label.",
+                                                  rich_help_panel='Network'),
+    cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow this browser origin "
+                                                    "(repeatable); no CORS headers without it.", rich_help_panel='Network'),
+    max_body_bytes: int = typer.Option(8 << 20, "--max-body-bytes", min=1024, help="Largest request body; larger is "
+                                       "413, refused before it is read whole.", rich_help_panel='Limits'),
+    max_records_per_request: int = typer.Option(1024, "--max-records-per-request", min=1, help="Most records (or "
+                                                "questions) in one request; more is 413.", rich_help_panel='Limits'),
+    max_queued_records: int = typer.Option(8192, "--max-queued-records", min=1, help="Records waiting beyond which "
+                                           "a request gets 429 with Retry-After.", rich_help_panel='Limits'),
+    max_queued_requests: int = typer.Option(1024, "--max-queued-requests", min=1, help="Requests waiting beyond "
+                                            "which a request gets 429 with Retry-After.", rich_help_panel='Limits'),
+    request_timeout_s: float = typer.Option(60.0, "--request-timeout-s", min=0.1, help="A request not answered "
+                                            "this long after it arrived gets 503.", rich_help_panel='Limits'),
+    shutdown_timeout_s: float = typer.Option(30.0, "--shutdown-timeout-s", min=0.0, help="On SIGTERM, how long "
+                                             "queued and running requests may take to finish.", rich_help_panel='Limits'),
+    max_batch_records: int = typer.Option(64, "--max-batch-records", min=1, help="Most records of concurrent "
+                                          "requests packed into one decode call.", rich_help_panel='Limits'),
+    max_cached_schemas: int = typer.Option(64, "--max-cached-schemas", min=1, help="Question sets (Jev, OpenAI) "
+                                           "kept compiled, least recently used out.", rich_help_panel='Limits'),
+    packing: bool = typer.Option(True, "--packing/--no-packing", help="Pack records of concurrent requests into "
+                                 "shared forward passes (--no-packing: one request per decode call, a baseline).",
+                                 rich_help_panel='Limits'),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only warnings and errors."),
+) -> None:
+    """Serve SCHEMAS over HTTP until SIGTERM: the model loads once and every schema shares it.
+
+    Examples:
+
+      pcd serve --schema tickets=schemas/support_triage.yaml
+
+      PCD_API_KEY=secret pcd serve --schema schemas/ --host 0.0.0.0 --port 8080
+
+    SIGTERM or Ctrl-C drains: /ready answers 503, new work 503, queued requests finish (at most
+    --shutdown-timeout-s), exit 0. Exit codes: 2 bad option or schema (or a public --host without a
+    key); 3 model or compile problem, or the server extra missing.
+    """
+    from .server.command import need_extra, serve_command
+
+    try:
+        need_extra()
+        from .server.app import AppConfig
+        from .server.service import SchemaOptions, ServiceConfig
+
+        options = SchemaOptions(scoring=scoring.value, template=template, text_field=text_field,
+                                truncate=truncate.value, permutations=permutations,
+                                prior_correction=prior_correction, max_tokens_per_pass=max_tokens_per_pass)
+        code = serve_command(
+            schemas=schema, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
+            adapter=str(adapter) if adapter else None, options=options, calibration=calibration or [], host=host,
+            port=port, keys=api_key or [], key_file=api_key_file, allow_public_without_key=allow_public_without_key,
+            cors_origins=cors_origin or [], quiet=quiet, shutdown_timeout_s=shutdown_timeout_s,
+            service_config=ServiceConfig(packing=packing, max_batch_records=max_batch_records,
+                                         max_queued_records=max_queued_records,
+                                         max_queued_requests=max_queued_requests, max_cached_schemas=max_cached_schemas,
+                                         request_timeout_s=request_timeout_s),
+            app_config=AppConfig(max_body_bytes=max_body_bytes, max_records_per_request=max_records_per_request,
+                                 request_timeout_s=request_timeout_s))
+    except PcdError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(code)
+
+
 def _said_written(files: list, what: str, folder: Path) -> None:
     """Say how many plot files were written into ``folder``."""
     out.print(f"wrote {len(files)} {what}{'s' * (len(files) != 1)} to {escape(str(folder))}", highlight=False)

@@ -1,0 +1,183 @@
+"""``pcd serve``: the command's work behind its options (``pcd_cli.cli.serve`` stays thin).
+
+Importable without the server extra: the check for it (``need_extra``) is the first thing
+``serve_command`` does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import InputError, MissingExtra
+
+#: Schema file extensions read from a ``--schema`` folder.
+SCHEMA_SUFFIXES = (".yaml", ".yml", ".json")
+#: Environment variable holding an API key (added to ``--api-key`` and ``--api-key-file``).
+API_KEY_ENV = "PCD_API_KEY"
+
+
+def need_extra() -> None:
+    """Raise ``MissingExtra`` (exit 3) naming the install line when the server extra is missing."""
+    missing = []
+    for module in ("starlette", "uvicorn", "prometheus_client"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise MissingExtra(f"pcd serve needs {', '.join(missing)}, which is not installed; install the server "
+                           "extra with: pip install 'pcd-cli[serve]'")
+
+
+def schema_sources(specs: list[str]) -> dict[str, Path]:
+    """``--schema`` values as name -> file: ``NAME=PATH``, a file (name: its stem) or a folder
+    (each ``.yaml``/``.yml``/``.json`` file in it, name: its stem).
+
+    Raises:
+        InputError: a path that does not exist, an empty folder, a bad or repeated name.
+    """
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path_text = spec.partition("=")
+        if sep and name and not Path(spec).exists():
+            items = [(name.strip(), Path(path_text).expanduser())]
+            if not items[0][1].is_file():
+                raise InputError(f"--schema {spec!r}: no schema file {path_text!r}")
+        else:
+            path = Path(spec).expanduser()
+            if path.is_dir():
+                files = sorted(p for p in path.iterdir() if p.suffix.lower() in SCHEMA_SUFFIXES and p.is_file())
+                if not files:
+                    raise InputError(f"--schema {spec!r}: the folder holds no .yaml, .yml or .json schema file")
+                items = [(p.stem, p) for p in files]
+            elif path.is_file():
+                items = [(path.stem, path)]
+            else:
+                raise InputError(f"--schema {spec!r}: no such file or folder (give NAME=PATH, a file or a folder)")
+        for name, path in items:
+            if not name or not all(c.isalnum() or c in "._-" for c in name):
+                raise InputError(f"--schema {spec!r}: the name {name!r} must be letters, digits, '.', '_' or '-'")
+            if name in out:
+                raise InputError(f"--schema: the name {name!r} is given twice ({out[name]} and {path}); "
+                                 "name one of them with NAME=PATH")
+            out[name] = path
+    if not out:
+        raise InputError("--schema: give at least one schema (NAME=PATH, a file or a folder)")
+    return out
+
+
+def calibrations(specs: list[str], names: list[str]) -> dict[str, str]:
+    """``--calibration`` values as schema name -> file (``NAME=PATH``; a bare PATH when one schema
+    is served).
+
+    Raises:
+        InputError: an unknown schema name, a missing file, a bare path with several schemas.
+    """
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or Path(spec).exists():
+            if len(names) != 1:
+                raise InputError(f"--calibration {spec!r}: several schemas are served; give NAME=PATH")
+            name, path = names[0], spec
+        if name not in names:
+            raise InputError(f"--calibration {spec!r}: no served schema is named {name!r} (served: "
+                             f"{', '.join(names)})")
+        if not Path(path).expanduser().is_file():
+            raise InputError(f"--calibration {spec!r}: no such file {path!r}")
+        out[name] = str(Path(path).expanduser())
+    return out
+
+
+def api_keys(keys: list[str], key_file: Path | None) -> tuple[str, ...]:
+    """The accepted keys: ``--api-key`` values, the lines of ``--api-key-file`` (blank lines and
+    ``#`` comments skipped) and ``$PCD_API_KEY``.
+
+    Raises:
+        InputError: the key file cannot be read or holds no key.
+    """
+    out = [k.strip() for k in keys if k.strip()]
+    if key_file is not None:
+        try:
+            lines = Path(key_file).expanduser().read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise InputError(f"--api-key-file {str(key_file)!r}: {exc.strerror or exc}") from None
+        found = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        if not found:
+            raise InputError(f"--api-key-file {str(key_file)!r} holds no key (one key a line)")
+        out.extend(found)
+    if os.environ.get(API_KEY_ENV, "").strip():
+        out.append(os.environ[API_KEY_ENV].strip())
+    return tuple(dict.fromkeys(out))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_command(*, schemas: list[str], model: str | None, device: str, dtype: str, backend: str, adapter: str | None,
+                  options, calibration: list[str], host: str, port: int, keys: list[str], key_file: Path | None,
+                  allow_public_without_key: bool, cors_origins: list[str], service_config, app_config,
+                  shutdown_timeout_s: float, quiet: bool) -> int:
+    """Run ``pcd serve`` until drained; returns the exit code.
+
+    Args:
+        options: the ``SchemaOptions`` given on the command line (calibration excepted: per
+            schema, from ``calibration``); request-built schemas use them without calibration.
+        service_config, app_config: ``ServiceConfig`` and ``AppConfig`` (keys and CORS added here).
+
+    Raises:
+        MissingExtra: the server extra is not installed (exit 3).
+        InputError: bad ``--schema``, ``--calibration``, key options, or a non-loopback ``--host``
+            without a key and without ``--allow-public-without-key`` (exit 2).
+        SchemaError: a schema file is invalid (exit 2).
+    """
+    need_extra()
+    from ..schema.load import load_schema
+    from .main import serve
+    from .service import LabelService, ModelHost
+
+    sources = schema_sources(schemas)
+    cal = calibrations(calibration, list(sources))
+    parsed = {name: load_schema(path) for name, path in sources.items()}
+    accepted = api_keys(keys, key_file)
+    if not accepted and not is_loopback(host) and not allow_public_without_key:
+        raise InputError(f"--host {host}: listening beyond this machine without an API key; give --api-key, "
+                         f"--api-key-file or ${API_KEY_ENV}, or pass --allow-public-without-key to serve "
+                         "anyone who can reach the port")
+    _logging(quiet)
+    log = logging.getLogger("pcd.server")
+    for name, schema in parsed.items():
+        for warning in schema.warnings:
+            log.warning("schema %s: %s", name, warning)
+    service = LabelService(
+        ModelHost(model, backend=backend, device=device, dtype=dtype, adapter=adapter),
+        {name: (schema, replace(options, calibration=cal.get(name))) for name, schema in parsed.items()},
+        config=service_config, default_options=replace(options, calibration=None))
+    app_config = replace(app_config, api_keys=accepted, cors_origins=tuple(cors_origins))
+    try:
+        return serve(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
+    except OSError as exc:
+        raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+
+
+def _logging(quiet: bool) -> None:
+    """One line per event on stderr: time, level, message (the request id leads request lines)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("pcd.server", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.WARNING if quiet else logging.INFO)
+        logger.propagate = False
