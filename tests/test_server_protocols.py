@@ -17,6 +17,7 @@ import yaml
 
 starlette = pytest.importorskip("starlette")  # the server extra
 uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 
 from pcd_cli.results import FieldResult  # noqa: E402
 from pcd_cli.schema.load import load_schema  # noqa: E402
@@ -24,6 +25,8 @@ from pcd_cli.server import decisions as D  # noqa: E402
 from pcd_cli.server import jev as J  # noqa: E402
 from pcd_cli.server import questions as Q  # noqa: E402
 from pcd_cli.server.errors import ApiError  # noqa: E402
+
+from .server_fakes import FakeHost  # noqa: E402
 
 
 # -- the translation ------------------------------------------------------------------------------
@@ -453,3 +456,43 @@ def test_systemone_equals_v1_label_on_the_embedded_model(embedded_backend, tmp_p
     assert j.choices["tone"].choice == row["tone"]
     assert {str(k): v for k, v in j.scores["urgency"].probabilities.items()} == row["urgency__probs"]
     assert j.scores["urgency"].score == pytest.approx(row["urgency__expected"], abs=1e-6)
+
+
+def test_same_questions_over_other_states_share_one_decode_call():
+    """Concurrent System One requests with the same questions are one schema, so the worker packs
+    their states into one decode call; a request with other questions is decoded apart."""
+    import asyncio
+
+    from pcd_cli.server.app import AppConfig
+    from pcd_cli.server.main import ServerThread
+    from pcd_cli.server.service import LabelService
+
+    host = FakeHost(gate=threading.Event())  # holds every decode call but the warm-up until set
+    questions = {"billing": {"type": "noul", "instructions": "Is this about billing?"},
+                 "tone": {"type": "choice", "criteria": {"calm": None, "angry": None}}}
+    other = {"spam": {"type": "noul", "instructions": "Is this spam?"}}
+    before = set(threading.enumerate())
+    service = LabelService(host)
+
+    async def run(url):
+        async with typesafe_sdk.AsyncTypeSafeClient(base_url=url, api_key=KEY) as client:
+            blocker = asyncio.ensure_future(client.system_one(state="blocker", questions=questions))
+            while not host.entered.is_set():
+                await asyncio.sleep(0.005)
+            futures = []
+            for state, asked in (("s0", questions), ("o", other), ("s1", questions), ("s2", questions)):
+                futures.append(asyncio.ensure_future(client.system_one(state=state, questions=asked)))
+                while service.queue_depth[0] < len(futures):
+                    await asyncio.sleep(0.005)
+            host.gate.set()
+            return await blocker, await asyncio.gather(*futures)
+
+    with ServerThread(service, AppConfig(api_keys=(KEY,))) as srv:
+        blocker, (s0, o, s1, s2) = asyncio.run(run(srv.url))
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert [sorted(text for _, text in call) for call in host.calls[1:]] == [  # after the warm-up
+        ["blocker"], ["s0", "s1", "s2"], ["o"]]
+    assert len(host.compiled) == 3  # the warm-up's, the shared question set's, the other one's
+    fake = {float(np.float32(0.7)), float(np.float32(0.3))}  # the fake labeler's two probabilities
+    assert {r.nouls["billing"].noul for r in (blocker, s0, s1, s2)} <= fake and o.nouls["spam"].noul in fake
+    assert all(r.model == "fake-model" for r in (blocker, s0, o, s1, s2))
