@@ -1016,6 +1016,12 @@ def serve(
     packing: bool = typer.Option(True, "--packing/--no-packing", help="Pack records of concurrent requests into "
                                  "shared forward passes (--no-packing: one request per decode call, a baseline).",
                                  rich_help_panel='Limits'),
+    engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process; ray: --replicas replicas "
+                                  "behind Ray Serve's router, each with its own model (docs/ray.md).",
+                                  rich_help_panel='Network'),
+    replicas: Optional[int] = typer.Option(None, "--replicas", min=1, help="Replicas on Ray Serve (--engine ray; "
+                                           "default 1); each loads the model and packs its own requests.",
+                                           rich_help_panel='Network'),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only warnings and errors."),
 ) -> None:
     """Serve SCHEMAS over HTTP until SIGTERM: the model loads once and every schema shares it.
@@ -1045,6 +1051,7 @@ def serve(
             adapter=str(adapter) if adapter else None, options=options, calibration=calibration or [], host=host,
             port=port, keys=api_key or [], key_file=api_key_file, allow_public_without_key=allow_public_without_key,
             cors_origins=cors_origin or [], quiet=quiet, shutdown_timeout_s=shutdown_timeout_s,
+            engine=engine.value, replicas=replicas,
             service_config=ServiceConfig(packing=packing, max_batch_records=max_batch_records,
                                          max_queued_records=max_queued_records,
                                          max_queued_requests=max_queued_requests, max_cached_schemas=max_cached_schemas,

@@ -129,21 +129,29 @@ def is_loopback(host: str) -> bool:
 def serve_command(*, schemas: list[str], model: str | None, device: str, dtype: str, backend: str, adapter: str | None,
                   options, calibration: list[str], host: str, port: int, keys: list[str], key_file: Path | None,
                   allow_public_without_key: bool, cors_origins: list[str], service_config, app_config,
-                  shutdown_timeout_s: float, quiet: bool) -> int:
+                  shutdown_timeout_s: float, quiet: bool, engine: str = "local", replicas: int | None = None) -> int:
     """Run ``pcd serve`` until drained; returns the exit code.
 
     Args:
         options: the ``SchemaOptions`` given on the command line (calibration excepted: per
             schema, from ``calibration``); request-built schemas use them without calibration.
         service_config, app_config: ``ServiceConfig`` and ``AppConfig`` (keys and CORS added here).
+        engine, replicas: ``local`` (this process) or ``ray``: ``replicas`` replicas on Ray Serve
+            (``pcd_cli.server.ray_serve``), each building the same service and app.
 
     Raises:
-        MissingExtra: the server extra is not installed (exit 3).
+        MissingExtra: the server extra, or Ray Serve for ``--engine ray``, is not installed (exit 3).
         InputError: bad ``--schema``, ``--calibration``, key options, or a non-loopback ``--host``
             without a key and without ``--allow-public-without-key`` (exit 2).
         SchemaError: a schema file is invalid (exit 2).
     """
     need_extra()
+    if replicas is not None and engine != "ray":
+        raise InputError("--replicas applies to --engine ray only")
+    if engine == "ray":
+        from .ray_serve import require_serve
+
+        require_serve()
     from ..schema.load import load_schema
     from .main import serve
     from .service import LabelService, ModelHost
@@ -166,6 +174,13 @@ def serve_command(*, schemas: list[str], model: str | None, device: str, dtype: 
         {name: (schema, replace(options, calibration=cal.get(name))) for name, schema in parsed.items()},
         config=service_config, default_options=replace(options, calibration=None))
     app_config = replace(app_config, api_keys=accepted, cors_origins=tuple(cors_origins))
+    if engine == "ray":
+        from .ray_serve import ReplicaSpec, serve_on_ray
+
+        spec = ReplicaSpec({n: (e.schema, e.options) for n, e in service.named.items()},
+                           model=model, backend=backend, device=device, dtype=dtype, adapter=adapter,
+                           service=service_config, default_options=service.default_options, app=app_config)
+        return serve_on_ray(spec, host=host, port=port, replicas=replicas or 1, shutdown_timeout_s=shutdown_timeout_s)
     try:
         return serve(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
     except OSError as exc:
