@@ -230,14 +230,15 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
     address = address or os.environ.get("RAY_ADDRESS") or None
     stop = stop or threading.Event()
     previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
     started_here = False
     code = 0
     try:
         started_here, seconds = connect(address)
         log.info("Ray %s in %.1f s", "started" if started_here else "joined", seconds)
+        if threading.current_thread() is threading.main_thread():
+            # after ray.init, which installs its own SIGTERM handler (it aborts the process)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: stop.set())
         num_cpus, num_gpus = replica_resources(ray, replicas, spec.device, started_here)
         serve.start(http_options={"host": host, "port": port})
         log.info("Ray Serve proxy on http://%s:%d; starting %d replica(s)", host, port, replicas)
