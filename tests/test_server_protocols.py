@@ -107,6 +107,16 @@ def test_limits_255_options_and_2_to_10_levels():
     with pytest.raises(ApiError) as info:
         jev_qs({"s": {"type": "score", "criteria": [str(i) for i in range(11)]}})
     assert (info.value.status, info.value.code) == (413, "too_many_levels")
+    # a 255-option first question prepares every later question after each of its answers: 255 × 16 at most
+    big = {"type": "choice", "criteria": dict.fromkeys(labels)}
+    nouls = {f"n{i}": {"type": "noul", "instructions": f"{i}?"} for i in range(8)}  # 16 options
+    assert len(jev_qs({"cat": big, **nouls})[0].schema.fields) == 9
+    assert len(jev_qs({**nouls, "cat": big, "cat2": big})[0].schema.fields) == 10  # a yes/no first: 2 × 526
+    with pytest.raises(ApiError) as info:
+        jev_qs({"cat": big, **nouls, "one_more": {"type": "noul", "instructions": "?"}})
+    assert (info.value.status, info.value.code) == (413, "too_many_options")
+    assert "has 255 options and the later ones 18 in all" in info.value.message
+    assert "255 × 18 = 4590, at most 4096" in info.value.message
     with pytest.raises(ApiError) as info:
         J.parse_request({"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(5)}},
                         max_questions=4)

@@ -58,6 +58,11 @@ MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 2, 10
 #: Most questions one request may ask (the OpenAI Decisions API's limit); the server's
 #: ``--max-records-per-request`` lowers it.
 MAX_QUESTIONS = 400
+#: Most ``first question's options × later questions' options`` in one request: pcd compiles every
+#: later question after each answer the first can write (``CompiledSchema.seam_moves``, for both
+#: layouts), so the compile cost grows with this product (255 × 16 is a few seconds of the worker's
+#: time on a 2-core CPU; 255 × 256 was a minute, during which no other request is decoded).
+MAX_ANSWER_CONTEXTS = 4096
 #: Question sets whose schema is kept built (``build``); the core's compile cache is separate.
 CACHE_SIZE = 64
 #: The kinds of question, as pcd fields.
@@ -188,7 +193,8 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS) 
 
     Raises:
         ApiError: 413 for more than ``max_questions`` questions, more than
-            ``MAX_CHOICE_OPTIONS`` options or ``MAX_SCORE_LEVELS`` levels; 422 for no questions,
+            ``MAX_CHOICE_OPTIONS`` options or ``MAX_SCORE_LEVELS`` levels, or a first question's
+            options times the later questions' over ``MAX_ANSWER_CONTEXTS``; 422 for no questions,
             a choice with fewer than two options or a score with fewer than ``MIN_SCORE_LEVELS``,
             and option labels pcd cannot tell apart (empty, only whitespace, or equal once their
             surrounding whitespace is stripped).
@@ -222,6 +228,12 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS) 
             if n < MIN_SCORE_LEVELS:
                 raise invalid(f"{q.where}: a score needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} levels, got {n}",
                               "too_few_levels")
+    first, later = len(questions[0].options), sum(len(q.options) for q in questions[1:])
+    if first * later > MAX_ANSWER_CONTEXTS:
+        raise too_large(f"questions: the first question ({questions[0].where}) has {first} options and the later ones "
+                        f"{later} in all; pcd prepares every later question after each answer to the first "
+                        f"({first} × {later} = {first * later}, at most {MAX_ANSWER_CONTEXTS} per request): ask a "
+                        "question with few options first, or split the request", "too_many_options")
 
 
 @dataclass(frozen=True)
