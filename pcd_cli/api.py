@@ -10,28 +10,24 @@ The CLI (``pcd label``) is a thin layer over this class.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import warnings
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator
-
-from dataclasses import replace
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .version import __version__
 from .decoding.compile import CompiledSchema
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
-from .results import FieldResult, Record, RecordFailure, RecordResult
 from .decoding.examples import resolve_examples
+from .io.output import base_metadata
 from .io.readers import InputSpec, _row_to_record
-from .schema.rules import rules_metadata
-from .schema.model import Example, Schema, schema_metadata
-from .schema.load import load_schema
 from .io.values import RepeatedIds
+from .results import FieldResult, Record, RecordFailure, RecordResult
+from .schema.load import load_schema
+from .schema.model import Example, Schema
 
 
 class RepeatedIdWarning(UserWarning):
@@ -154,19 +150,8 @@ class Labeler:
                                           logits_width=backend.logits_width, examples=shots)
         self.compiled = orderings[0] if orderings else CompiledSchema(
             self.schema, backend.tokenizer, scoring=scoring, logits_width=backend.logits_width, examples=shots)
-        if self.calibration is not None:
-            self.calibration.check(self.metadata())
-        #: what differs between the tuned model's card and this run (schema, prompt head,
-        #: scoring); the CLI prints each as a warning ("train what you will read")
-        self.tune_warnings: list[str] = []
-        if self.tune_card is not None:
-            from .tune import card_mismatches
-
-            self.tune_warnings = [f"{self._tune_source} was tuned for another {m}" for m in
-                                  card_mismatches(self.tune_card, self.metadata())]
         self.decoder = Decoder(backend, self.compiled, orderings=orderings, max_tokens_per_pass=max_tokens_per_pass,
-                               trace=trace,
-                               pack_records=pack_records, truncate=truncate)
+                               trace=trace, pack_records=pack_records, truncate=truncate)
         #: field name -> (k,) mean probabilities on content-free records (``prior_correction``)
         self.priors: dict[str, np.ndarray] | None = None
         if prior_correction:
@@ -181,6 +166,17 @@ class Labeler:
             from .schema.rules import RuleSolver
 
             self.rules = RuleSolver(self.schema)
+        # everything metadata() reads exists from here on
+        if self.calibration is not None:
+            self.calibration.check(self.metadata())
+        #: what differs between the tuned model's card and this run (schema, prompt head,
+        #: scoring); the CLI prints each as a warning ("train what you will read")
+        self.tune_warnings: list[str] = []
+        if self.tune_card is not None:
+            from .tune import card_mismatches
+
+            self.tune_warnings = [f"{self._tune_source} was tuned for another {m}" for m in
+                                  card_mismatches(self.tune_card, self.metadata())]
 
     @property
     def set_fields(self) -> tuple[str, ...]:
@@ -201,31 +197,26 @@ class Labeler:
         ``pcd.schema_json`` is the compact JSON ``{field: [labels...]}`` (``pcd eval`` reads the
         labels from it when no schema is given).
         """
-        return {
-            "pcd.version": __version__,
-            "pcd.model": self.backend.model_id,
-            **schema_metadata(self.schema),
+        return base_metadata(self.backend.model_id, self.schema) | {
             "pcd.prompt_head_sha256": self.compiled.prompt.head_sha256,
             "pcd.scoring": self.compiled.scoring,
             "pcd.layout": self.compiled.layout.name,
             "pcd.chat_template": str(self.compiled.prompt.chat_template).lower(),
-            "pcd.truncate": self.decoder.truncate if hasattr(self, "decoder") else "",
+            "pcd.truncate": self.decoder.truncate,
             "pcd.examples": str(len(self.examples)),
             "pcd.head_tokens": str(len(self.compiled.prompt.head_ids)),
-            "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         } | ({"pcd.calibration_sha256": self.calibration.sha256} if self.calibration is not None else {}) \
           | ({"pcd.label_sets": json.dumps({name: self.calibration.fields[name].conformal.coverage
                                             for name in self.set_fields}),
               "pcd.abstain_unless_single": str(self.abstain_unless_single).lower()} if self.set_fields else {}) \
           | ({"pcd.prior_correction": json.dumps({name: [round(float(p), 6) for p in prior]
                                                    for name, prior in self.priors.items()})}
-             if getattr(self, "priors", None) is not None else {}) \
+             if self.priors is not None else {}) \
           | ({"pcd.abstain_below": json.dumps(self.abstain_thresholds),
               "pcd.abstain_fields": json.dumps(list(self.abstain_fields))} if self.abstain_fields else {}) \
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
-             if getattr(self, "tune_card", None) is not None else {}) \
-          | rules_metadata(self.schema) \
-          | (self._permutations_metadata() if hasattr(self, "decoder") else {})
+             if self.tune_card is not None else {}) \
+          | self._permutations_metadata()
 
     def output_schema(self, id_column: str, id_type, *, all_probs: bool):
         """The Arrow schema of this labeler's output (``pcd_cli.io.output.output_schema`` with its
@@ -339,8 +330,8 @@ class Labeler:
             InputError: ``template`` is malformed, or a needed column is missing from ``df``.
         """
         from .errors import InputError
-        from .io.readers import InputSpec, row_to_record
         from .io.output import results_table
+        from .io.readers import InputSpec, row_to_record
 
         spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
         missing = [c for c in spec.columns_needed() if c not in df.columns]

@@ -33,12 +33,12 @@ from rich.table import Table
 
 from .api import Labeler
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .results import Record, RecordResult
+from .decoding.prompt import answer_object
 from .errors import InputError
 from .io.files import write_atomic
-from .io.readers import InputSpec, read_records
 from .io.output import declared_values
-from .decoding.prompt import answer_object
+from .io.readers import InputSpec, read_records
+from .results import Record, RecordResult
 from .schema.model import Schema
 
 METHODS = ("generate", "generate_cached", "pcd")

@@ -23,17 +23,25 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from .version import __version__
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
-from .errors import (CompileError, InputError, Interrupted, MachineError, MissingExtra, ModelError, NothingLabelled,
-                     PcdError, SchemaError, TooManyErrors)
 from .engines.local import DEFAULT_BATCH_RECORDS
+from .errors import (
+    EXIT_CODES,
+    InputError,
+    Interrupted,
+    MachineError,
+    NothingLabelled,
+    PcdError,
+    TooManyErrors,
+    exit_code,
+)
+from .version import __version__
 
 #: Exit code of an unexpected internal exception (a bug), apart from 1 (--max-errors).
 EXIT_INTERNAL = 4
 #: Exit code when the machine could not do it (no space left, read-only folder, permission
 #: denied, I/O error, file too large): not a bug, and not a bad option either.
-EXIT_MACHINE = 5
+EXIT_MACHINE = EXIT_CODES[MachineError]
 #: Exit code when standard output or error was closed by its reader (128 + SIGPIPE, as the
 #: shell reports a tool killed by SIGPIPE).
 EXIT_BROKEN_PIPE = 141
@@ -133,8 +141,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
 out = Console()
 
-EXIT_CODES = {SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3, MissingExtra: 3,
-              MachineError: EXIT_MACHINE}
 
 
 class Scoring(str, Enum):
@@ -235,7 +241,7 @@ def draw_shots(examples: Optional[Path], schema, spec, *, shots: int, seed: int)
 
 def _fail(exc: PcdError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-    return typer.Exit(next((code for cls, code in EXIT_CODES.items() if isinstance(exc, cls)), 1))
+    return typer.Exit(exit_code(exc))
 
 
 def _version(value: bool) -> None:
@@ -384,10 +390,16 @@ def label(
     after committing the current batch: rerun with --resume.
     """
     from .api import Labeler
-    from .io.readers import DEFAULT_ID_COLUMN, InputSpec, check_input, is_stdin
     from .engines.checkpoint import work_dir_for
-    from .engines.local import (check_columns, check_paths, default_errors, default_output, id_column, label_file,
-                      stop_on_signals, write_empty_output)
+    from .engines.local import (
+        check_job,
+        default_errors,
+        default_output,
+        label_file,
+        stop_on_signals,
+        write_empty_output,
+    )
+    from .io.readers import DEFAULT_ID_COLUMN, InputSpec, is_stdin
     from .schema.load import load_schema
 
     report = Reporter(log_format, quiet)
@@ -431,17 +443,11 @@ def label(
             spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit,
                              csv_delimiter=csv_delimiter)
             parsed = load_schema(schema)
-            check_columns(parsed, id_column(spec), all_probs=all_probs)
             for warning in parsed.warnings:
                 report("warning", {"message": warning}, "warning")
-            if not stdin and not input.is_file():
-                raise InputError(f"{str(input)!r}: " + ("is a folder, not a file" if input.is_dir() else
-                                                        "no such input file"))
-            has_rows = check_input(input, spec, fmt.value if fmt else None)  # header, encoding: before the model
-            if output.is_dir():
-                raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
-                                 f"{str(output / default_output(input).name)!r}")
-            for folder in check_paths(input, output, errors, trace):  # writable, not locked by another run
+            has_rows, created = check_job(parsed, input, spec, output=output, errors_path=errors, trace_path=trace,
+                                          all_probs=all_probs, fmt=fmt.value if fmt else None)
+            for folder in created:  # writable, not locked by another run
                 report("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
                                           "folder": str(folder)})
             if output.suffix.lower() not in (".parquet", ".pq"):
@@ -477,7 +483,7 @@ def label(
         raise typer.Exit(1) from None
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
-        raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+        raise typer.Exit(exit_code(exc)) from None
     _done(report, stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
 
 
@@ -516,8 +522,8 @@ def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quie
 def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
                fmt, spec_args: dict, examples, shots: int, seed: int, resume: bool, trace, **engine_args):
     """``pcd label --engine ray``: the same checks and options, run by ``pcd_cli.engines.ray_engine``."""
+    from .engines.local import check_job
     from .io.readers import InputSpec
-    from .engines.local import check_columns, id_column
     from .schema.load import load_schema
 
     try:
@@ -528,9 +534,10 @@ def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_op
             raise InputError("--trace is for the local engine only; drop it or --engine ray")
         spec = InputSpec(**spec_args)
         parsed = load_schema(schema)
-        check_columns(parsed, id_column(spec), all_probs=engine_args["all_probs"])
         for warning in parsed.warnings:
             report("warning", {"message": warning}, "warning")
+        check_job(parsed, input, spec, output=output, errors_path=errors, trace_path=None,
+                  all_probs=engine_args["all_probs"], fmt=fmt)
         from .engines.ray_engine import label_files
 
         options = {k: v.resolve() if isinstance(v, Path) else v for k, v in labeler_options.items()}  # for workers
@@ -546,7 +553,7 @@ def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_op
         raise typer.Exit(1) from None
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
-        raise typer.Exit(next((c for cls, c in EXIT_CODES.items() if isinstance(exc, cls)), 1)) from None
+        raise typer.Exit(exit_code(exc)) from None
     return run.stats
 
 
@@ -564,10 +571,11 @@ def inspect_schema(
                                            "here as label refuses it."),
 ) -> None:
     """Probe the model's tokenizer (no weights) for label collisions, naming and layout traps."""
+    from .engines.local import id_column
     from .inspect import inspect
     from .inspect_render import render_inspection, report_json
+    from .io.output import check_columns
     from .io.readers import InputSpec
-    from .engines.local import check_columns, id_column
     from .schema.load import load_schema
 
     try:
@@ -820,7 +828,8 @@ def tune(
     from .quality.data import drop_example_rows
     from .quality.render import render_tune
     from .schema.load import load_schema
-    from .tune import TuneConfig, gold_records, make_card, tune as run_tune
+    from .tune import TuneConfig, gold_records, make_card
+    from .tune import tune as run_tune
 
     try:
         require_peft()

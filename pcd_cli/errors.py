@@ -77,3 +77,14 @@ class Interrupted(RunStopped):
 
 class NothingLabelled(RunStopped):
     """Every row failed: the errors file is written, an earlier output is left as it was."""
+
+
+#: Exit status for an error pcd raised on purpose, by class (the first that matches); any other
+#: ``PcdError`` (``TooManyErrors``, ``NothingLabelled``, ``EngineError``) exits 1.
+EXIT_CODES: dict[type, int] = {Interrupted: 130, SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3,
+                               MissingExtra: 3, MachineError: 5}
+
+
+def exit_code(exc: PcdError) -> int:
+    """The process exit status for ``exc`` (``EXIT_CODES``; 1 when no class matches)."""
+    return next((code for cls, code in EXIT_CODES.items() if isinstance(exc, cls)), 1)

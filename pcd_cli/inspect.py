@@ -50,11 +50,19 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 
 from .decoding.compile import CompiledSchema, FieldForest, WavePlan
-from .errors import CompileError, RecordError
-from .decoding.prompt import HEAD_PROBES, INPUT_LABEL, Layout, catalog_line, common_prefix_len, render_turns, system_text
-from .schema.rules import rule_components
-from .schema.model import Schema, json_string
+from .decoding.prompt import (
+    HEAD_PROBES,
+    INPUT_LABEL,
+    Layout,
+    catalog_line,
+    common_prefix_len,
+    render_turns,
+    system_text,
+)
 from .decoding.seams import TAIL_PROBES
+from .errors import CompileError, RecordError
+from .schema.model import Schema, json_string
+from .schema.rules import rule_components
 
 #: Characters of the JSON around a label (quotes, separators, line ends): never its meaning.
 JSON_PUNCTUATION = ' "\n\r\t,{}:'

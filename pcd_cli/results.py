@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
 @dataclass(frozen=True)
 class Record:
     """One input: its id (as given, or the row number) and the text put in the prompt.

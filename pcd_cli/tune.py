@@ -24,15 +24,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .version import __version__
 from .decoding.compile import CompiledSchema
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
-from .results import Record, RecordFailure
 from .errors import InputError
 from .io.readers import InputSpec, row_to_record
 from .quality import metrics as M
 from .quality.data import FieldSpec, _is_present, _present_gold, gold_label_index, gold_options
+from .results import Record, RecordFailure
 from .schema.model import Schema
+from .version import __version__
 
 
 @dataclass(frozen=True)

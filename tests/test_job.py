@@ -456,7 +456,7 @@ def test_outputs_that_would_overwrite_the_input_are_refused(backend, tmp_path, o
                                              ("tool__mass", "'tool__mass' of field 'tool' clashes with the id")])
 def test_id_column_clashing_with_an_output_column_is_refused(id_field, clash):
     from pcd_cli.errors import SchemaError
-    from pcd_cli.engines.local import check_columns
+    from pcd_cli.io.output import check_columns
 
     with pytest.raises(SchemaError, match=clash):
         check_columns(SCHEMA, id_field)

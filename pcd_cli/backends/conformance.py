@@ -32,10 +32,10 @@ import numpy as np
 
 from ..decoding.compile import CompiledSchema
 from ..decoding.decode import Decoder
-from ..results import Record, RecordResult
 from ..decoding.oracle import oracle_field
-from ..schema.model import Schema
+from ..results import Record, RecordResult
 from ..schema.load import parse_schema
+from ..schema.model import Schema
 
 #: Largest allowed |pcd - oracle| over probabilities and candidate mass, in float32.
 TOLERANCE = 1e-4

@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..errors import CompileError, RecordError
-from .prompt import INPUT_LABEL, LAYOUTS, Layout, Prompt, build_prompt, common_prefix_len
 from ..schema.model import Schema
+from .prompt import INPUT_LABEL, LAYOUTS, Layout, Prompt, build_prompt, common_prefix_len
 from .seams import TAIL_PROBES, RecordTail, encode_after, fixed_tail_len, pick_anchor
 
 SCORING_MODES = ("marginal", "exact")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .prompt import common_prefix_len
 from ..schema.model import Field
+from .prompt import common_prefix_len
 
 
 def oracle_field(backend, context: str, field: Field, lines: list[tuple[int, str]], scoring: str

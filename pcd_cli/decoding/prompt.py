@@ -20,7 +20,8 @@ exchanges are plain-text blocks. Being part of the head, their KV is computed on
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 
 from ..errors import CompileError, RecordError
 from ..schema.model import Field, Schema, json_string

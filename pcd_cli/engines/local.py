@@ -7,7 +7,6 @@ loses at most the batch in flight. The outputs appear only when every input row 
 
 from __future__ import annotations
 
-import datetime as _dt
 import importlib.metadata
 import signal
 import threading
@@ -19,16 +18,15 @@ from typing import Callable, Iterator
 import pyarrow as pa
 from tqdm import tqdm
 
-from ..version import __version__
 from ..api import Labeler
-from .checkpoint import WorkDir, check_unlocked
-from ..results import RecordFailure, RecordResult
-from ..errors import InputError, Interrupted, NothingLabelled, SchemaError, TooManyErrors
+from ..errors import InputError, Interrupted, NothingLabelled, TooManyErrors
 from ..io.files import check_writable, clear_stale
+from ..io.output import ParquetSink, base_metadata, check_columns, output_schema, results_table
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
-from ..io.output import TRUNCATED_COLUMN, ParquetSink, output_schema, results_table
-from ..schema.rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields, rules_metadata
-from ..schema.model import Schema, schema_metadata
+from ..results import RecordFailure, RecordResult
+from ..schema.model import Schema
+from ..version import __version__
+from .checkpoint import WorkDir, check_unlocked
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -59,26 +57,28 @@ def id_column(spec: InputSpec) -> str:
     return spec.id_field or "row"
 
 
-def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> None:
-    """Refuse a schema whose output columns would clash with each other or with the id column.
+def check_job(schema: Schema, input_path: str | Path, spec: InputSpec, *, output: Path, errors_path: Path,
+              trace_path: Path | None, all_probs: bool, fmt: str | None) -> tuple[bool, list[Path]]:
+    """Every check of a ``pcd label`` job that needs no model, in the order a user meets them: the
+    output columns (``check_columns``), the input (a file, or ``-``; its header and encoding:
+    ``check_input``), ``-o`` not a folder, the output paths (``check_paths``). The one preflight of
+    the CLI, ``label_file`` and the Ray engine.
+
+    Returns:
+        Whether the input has a row, and the folders created for the outputs.
 
     Raises:
-        SchemaError: names the two clashing columns (e.g. a field ``x__prob`` next to field
-            ``x``, a field named ``__truncated``, or ``--id-field sentiment__prob``).
+        SchemaError, InputError: names the option, column or file and the problem.
     """
-    schema.check_output_columns(id_col)
-    if id_col == TRUNCATED_COLUMN:
-        raise SchemaError(f"--id-field {id_col!r} clashes with pcd's output column {TRUNCATED_COLUMN!r}")
-    if schema.rules and id_col in (JOINT_COLUMN, *(f"{n}{CHANGED_SUFFIX}" for n in rule_fields(schema))):
-        raise SchemaError(f"--id-field {id_col!r} clashes with an output column the schema's rules add")
-    seen: dict[str, str] = {id_col: "the id column", TRUNCATED_COLUMN: "pcd's truncation column"}
-    for f in schema.fields:
-        for col in (f.name, f"{f.name}__prob", f"{f.name}__mass", f"{f.name}__raw_prob") + (
-                (f"{f.name}__probs",) if all_probs else ()):
-            if col in seen:
-                raise SchemaError(f"output column {col!r} of field {f.name!r} clashes with {seen[col]}; "
-                                  "rename the field" + (" or pass another --id-field" if col == id_col else ""))
-            seen[col] = f"a column of field {f.name!r}"
+    check_columns(schema, id_column(spec), all_probs=all_probs)
+    if not is_stdin(input_path) and not Path(input_path).is_file():
+        raise InputError(f"{str(input_path)!r}: " + ("is a folder, not a file" if Path(input_path).is_dir() else
+                                                     "no such input file"))
+    has_rows = check_input(input_path, spec, fmt)  # header, encoding: before the model
+    if output.is_dir():
+        raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
+                         f"{str(output / default_output(input_path).name)!r}")
+    return has_rows, check_paths(input_path, output, errors_path, trace_path)
 
 
 def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_path: Path | None) -> list[Path]:
@@ -128,12 +128,9 @@ def write_empty_output(schema: Schema, input_path: str | Path, spec: InputSpec, 
     column = id_column(spec)
     arrow_schema = output_schema(schema, column, pa.string() if spec.id_field else pa.int64(),
                                  all_probs=all_probs, calibrated=calibrated)
-    metadata = {
-        "pcd.version": __version__, "pcd.model": f"{model or 'default'} (not loaded: the input has no rows)",
-        **schema_metadata(schema),
-        "pcd.input": STDIN_NAME if is_stdin(input_path) else Path(input_path).name, "pcd.records_read": "0",
-        "pcd.records_labelled": "0", "pcd.records_failed": "0", "pcd.records_truncated": "0",
-        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} | rules_metadata(schema)
+    stats = RunStats(schema)
+    metadata = base_metadata(f"{model or 'default'} (not loaded: the input has no rows)", schema) \
+        | stats.metadata(_input_name(input_path))
     sink = ParquetSink(output, arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()}))
     try:
         clear_stale(errors_path)
@@ -143,7 +140,7 @@ def write_empty_output(schema: Schema, input_path: str | Path, spec: InputSpec, 
         sink.abort()
         raise
     sink.close()
-    return RunStats(schema)
+    return stats
 
 
 def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,
@@ -177,6 +174,11 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
 FINGERPRINT_LIBRARIES = ("torch", "transformers")
 #: How standard input is named in fingerprints and output metadata.
 STDIN_NAME = "<stdin>"
+
+
+def _input_name(input_path: str | Path) -> str:
+    """How output metadata names the input: its file name, or ``<stdin>``."""
+    return STDIN_NAME if is_stdin(input_path) else Path(input_path).name
 
 
 def _version_of(name: str) -> str | None:
@@ -225,11 +227,10 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     """
     emit = on_event or (lambda _name, _fields: None)
     column = id_column(spec)
-    check_columns(labeler.schema, column, all_probs=all_probs)
     output, errors_path = Path(output), Path(errors_path)
     trace_path = Path(trace_path) if trace_path else None
-    check_paths(input_path, output, errors_path, trace_path)
-    check_input(input_path, spec, fmt)  # encoding and header, before a row is decoded
+    check_job(labeler.schema, input_path, spec, output=output, errors_path=errors_path, trace_path=trace_path,
+              all_probs=all_probs, fmt=fmt)
     arrow_schema = labeler.output_schema(column, pa.string() if spec.id_field else pa.int64(), all_probs=all_probs)
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None)
@@ -318,10 +319,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             raise stopped(NothingLabelled, f"no row could be labelled: all {stats.failures} failed; see "
                           f"{errors_path}")
         timed()
-        metadata = labeler.metadata() | {
-            "pcd.input": STDIN_NAME if is_stdin(input_path) else Path(input_path).name, "pcd.records_read": str(stats.read),
-            "pcd.records_labelled": str(stats.records), "pcd.records_failed": str(stats.failures),
-            "pcd.records_truncated": str(stats.truncated)}
+        metadata = labeler.metadata() | stats.metadata(_input_name(input_path))
         work.finish(output, errors_path=errors_path, trace_path=trace_path, metadata=metadata)
     return stats
 

@@ -48,11 +48,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..results import Record, RecordFailure, RecordResult
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..io.files import check_writable, clear_stale, write_atomic, write_target
-from ..io.readers import EXTENSIONS, InputSpec, detect_format, read_records, row_to_record
 from ..io.output import output_schema, results_table
+from ..io.readers import EXTENSIONS, InputSpec, detect_format, read_records, row_to_record
+from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
 from .summary import RunStats
 
@@ -581,10 +581,8 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
         raise NothingLabelled(f"no row could be labelled: all {stats.failures} failed; see {errors_path}",
                               stats, None)
     metadata = (json.loads(metas.pop()) if metas else {}) | {
-        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "pcd.input": input_path.name, "pcd.records_read": str(stats.read),
-        "pcd.records_labelled": str(stats.records), "pcd.records_failed": str(stats.failures),
-        "pcd.records_truncated": str(stats.truncated)}
+        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
+        | stats.metadata(input_path.name)
     arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
                                  all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata,
                                  sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..results import RecordResult
-from ..schema.rules import CHANGED_SUFFIX, rule_fields
-from ..schema.model import Schema
 from ..io.values import RepeatedIds
+from ..results import RecordResult
+from ..schema.model import CHANGED_SUFFIX, Schema
+from ..schema.rules import rule_fields
 
 
 @dataclass
@@ -104,6 +104,13 @@ class RunStats:
     def read(self) -> int:
         """Input rows read: labelled + failed."""
         return self.records + self.failures
+
+    def metadata(self, input_name: str) -> dict[str, str]:
+        """The run's part of the output's key-value metadata: ``pcd.input`` (the input file's
+        name, or ``<stdin>``) and the counts ``pcd.records_read|labelled|failed|truncated``."""
+        return {"pcd.input": input_name, "pcd.records_read": str(self.read),
+                "pcd.records_labelled": str(self.records), "pcd.records_failed": str(self.failures),
+                "pcd.records_truncated": str(self.truncated)}
 
     @property
     def records_per_second(self) -> float:

@@ -8,19 +8,48 @@ one by one (``Schema.fields``) and written together (``chosen_options``, ``multi
 
 from __future__ import annotations
 
+import datetime as _dt
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import SchemaError
 from ..results import RecordResult
+from ..schema.model import (
+    ABSTAINED_SUFFIX,
+    CHANGED_SUFFIX,
+    EXPECTED_SUFFIX,
+    JOINT_COLUMN,
+    MASS_SUFFIX,
+    ORDER_SPREAD_SUFFIX,
+    PROB_SUFFIX,
+    PROBS_SUFFIX,
+    RAW_PROB_SUFFIX,
+    SET_SUFFIX,
+    TRUNCATED_COLUMN,
+    Schema,
+    schema_metadata,
+)
+from ..schema.rules import rule_fields, rules_metadata
+from ..version import __version__
 from .files import AtomicFile, machine_errors
-from ..schema.rules import CHANGED_SUFFIX, JOINT_COLUMN, rule_fields
-from ..schema.model import Schema
 
-#: Output column marking records whose text was cut to fit the model's context.
-TRUNCATED_COLUMN = "__truncated"
+#: Who owns a column that is not a field's (``output_columns``), as clash messages name them.
+ID_OWNER = "the id column"
+TRUNCATED_OWNER = "pcd's truncation column"
+RULES_OWNER = "a column the schema's rules add"
+
+
+def base_metadata(model: str, schema: Schema) -> dict[str, str]:
+    """The key-value metadata every output carries, whoever writes it: ``pcd.version``, ``pcd.model``,
+    the schema's part (``schema_metadata``), its rules' part (``rules_metadata``) and
+    ``pcd.created_utc`` (UTC, to the second). ``Labeler.metadata`` adds the decoder's part and
+    ``RunStats.metadata`` the run's counts."""
+    return {"pcd.version": __version__, "pcd.model": model, **schema_metadata(schema),
+            "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **rules_metadata(schema)}
 
 
 def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool,
@@ -41,30 +70,68 @@ def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_p
     over options of P(yes) or P(no) as chosen), ``<f>__mass`` the smallest candidate mass of its
     option decisions, ``<f>__probs`` (always) a map option -> P(yes).
     """
-    cols = [pa.field(id_column, id_type)]
+    return pa.schema([column for column, _ in output_columns(schema, id_column, id_type, all_probs=all_probs,
+                                                             calibrated=calibrated, sets=sets, abstain=abstain,
+                                                             spread=spread)])
+
+
+def output_columns(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool,
+                   calibrated: bool = False, sets: tuple[str, ...] = (), abstain: tuple[str, ...] = (),
+                   spread: bool = False) -> list[tuple[pa.Field, str]]:
+    """The output's columns in order (``output_schema``), each with its owner: ``ID_OWNER``,
+    ``"a column of field 'x'"``, ``RULES_OWNER`` or ``TRUNCATED_OWNER``. The one place that
+    names output columns: ``check_columns`` and the writer both read them from here."""
+    cols = [(pa.field(id_column, id_type), ID_OWNER)]
     ruled = set(rule_fields(schema))
     for f in schema.declared:
-        cols.append(pa.field(f.name, _value_type(f)))
-        cols.append(pa.field(f"{f.name}__prob", pa.float32()))
-        cols.append(pa.field(f"{f.name}__mass", pa.float32()))
+        owner = f"a column of field {f.name!r}"
+        cols.append((pa.field(f.name, _value_type(f)), owner))
+        cols.append((pa.field(f.name + PROB_SUFFIX, pa.float32()), owner))
+        cols.append((pa.field(f.name + MASS_SUFFIX, pa.float32()), owner))
         if calibrated:
-            cols.append(pa.field(f"{f.name}__raw_prob", pa.float32()))
+            cols.append((pa.field(f.name + RAW_PROB_SUFFIX, pa.float32()), owner))
         if all_probs or f.is_multi:
-            cols.append(pa.field(f"{f.name}__probs", pa.map_(pa.string(), pa.float32())))
+            cols.append((pa.field(f.name + PROBS_SUFFIX, pa.map_(pa.string(), pa.float32())), owner))
         if f.is_scale:
-            cols.append(pa.field(f"{f.name}__expected", pa.float32()))
+            cols.append((pa.field(f.name + EXPECTED_SUFFIX, pa.float32()), owner))
         if f.name in sets:
-            cols.append(pa.field(f"{f.name}__set", pa.list_(pa.string())))
+            cols.append((pa.field(f.name + SET_SUFFIX, pa.list_(pa.string())), owner))
         if f.name in abstain:
-            cols.append(pa.field(f"{f.name}__abstained", pa.bool_()))
+            cols.append((pa.field(f.name + ABSTAINED_SUFFIX, pa.bool_()), owner))
         if spread and not f.is_multi:
-            cols.append(pa.field(f"{f.name}__order_spread", pa.float32()))
+            cols.append((pa.field(f.name + ORDER_SPREAD_SUFFIX, pa.float32()), owner))
         if f.name in ruled:
-            cols.append(pa.field(f"{f.name}{CHANGED_SUFFIX}", pa.bool_()))
+            cols.append((pa.field(f.name + CHANGED_SUFFIX, pa.bool_()), RULES_OWNER))
     if ruled:
-        cols.append(pa.field(JOINT_COLUMN, pa.float32()))
-    cols.append(pa.field(TRUNCATED_COLUMN, pa.bool_()))
-    return pa.schema(cols)
+        cols.append((pa.field(JOINT_COLUMN, pa.float32()), RULES_OWNER))
+    cols.append((pa.field(TRUNCATED_COLUMN, pa.bool_()), TRUNCATED_OWNER))
+    return cols
+
+
+def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> None:
+    """Refuse a schema whose output columns would clash with each other or with the id column,
+    reading the names off ``output_columns`` (with a calibration's ``__raw_prob`` columns, which a
+    later ``--calibration`` adds).
+
+    Raises:
+        SchemaError: names the two clashing columns (e.g. a field ``x__prob`` next to field
+            ``x``, a field named ``__truncated``, or ``--id-field sentiment__prob``).
+    """
+    schema.check_output_columns(id_col)
+    if id_col == TRUNCATED_COLUMN:
+        raise SchemaError(f"--id-field {id_col!r} clashes with pcd's output column {TRUNCATED_COLUMN!r}")
+    columns = output_columns(schema, id_col, pa.string(), all_probs=all_probs, calibrated=True)
+    if schema.rules and id_col in (c.name for c, owner in columns if owner == RULES_OWNER):
+        raise SchemaError(f"--id-field {id_col!r} clashes with an output column the schema's rules add")
+    # the id and record columns first, so a field's column is named as the one that clashes
+    ordered = sorted(columns, key=lambda c: not (c[1] in (ID_OWNER, TRUNCATED_OWNER)))
+    seen: dict[str, str] = {}
+    for column, owner in ordered:
+        if column.name in seen:
+            raise SchemaError(f"output column {column.name!r} of field {owner.split('field ', 1)[-1]} clashes with "
+                              f"{seen[column.name]}; rename the field"
+                              + (" or pass another --id-field" if column.name == id_col else ""))
+        seen[column.name] = owner
 
 
 def _value_type(field) -> pa.DataType:

@@ -28,8 +28,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..results import Record, RecordFailure
 from ..errors import InputError
+from ..results import Record, RecordFailure
 from ..schema.model import unescape_template
 from .values import CellError, cell_text
 

@@ -14,8 +14,14 @@ the rows to check as Label Studio / Argilla / spreadsheet files), ``annotations`
 exports read back as gold).
 """
 
-from .calibration import (Calibration, CalibrationReport, FieldCalibration, FieldCalibrationReport, Scores,
-                          fit_calibration)
+from .calibration import (
+                          Calibration,
+                          CalibrationReport,
+                          FieldCalibration,
+                          FieldCalibrationReport,
+                          Scores,
+                          fit_calibration,
+)
 from .data import read_gold, read_predictions
 from .evaluate import EvalReport, FieldReport, evaluate
 

@@ -28,10 +28,10 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from ..version import __version__
 from ..errors import CalibrationError, InputError
 from ..io.files import check_writable, write_atomic
 from ..schema.model import Schema
+from ..version import __version__
 from . import metrics as M
 from .conformal import ConformalSet, conformal_split, fit_conformal
 from .data import FieldData, MultiFieldData, field_specs, join

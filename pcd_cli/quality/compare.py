@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-
-import numpy as np
 
 from . import metrics as M
 from .evaluate import EvalReport, FieldReport, MultiFieldReport

@@ -468,24 +468,36 @@ def gold_options(value, spec: FieldSpec) -> tuple[bool, ...] | None:
     return tuple(option in chosen for option in spec.labels)
 
 
-def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, matched_pred: np.ndarray,
-                matched_gold: np.ndarray, gold_ids: list[str]) -> FieldData:
+def _gold_rows(spec: FieldSpec, gold: pd.DataFrame, matched_pred: np.ndarray, matched_gold: np.ndarray, *,
+               present, read, shown) -> tuple[list[int], list[int], list, int, Counter]:
+    """The matched rows whose gold value for ``spec`` can be evaluated: gold row indices, prediction
+    row indices and the gold values as ``read`` gives them (a label index, or the options chosen),
+    plus the count of rows whose gold is not ``present`` (null) and a ``Counter`` of the values
+    ``read`` refused (``None``), each as ``shown``."""
     gold_values = gold[spec.name].tolist()
-    keep_gold, keep_pred, gold_idx = [], [], []
+    keep_gold, keep_pred, values = [], [], []
     null = 0
     invalid: Counter = Counter()
     for g, p in zip(matched_gold.tolist(), matched_pred.tolist()):
         value = gold_values[g]
-        if not _is_present(value):
+        if not present(value):
             null += 1
             continue
-        index = gold_label_index(value, spec)
-        if index is None:
-            invalid[repr(value) if not isinstance(value, str) else value] += 1
+        read_value = read(value, spec)
+        if read_value is None:
+            invalid[shown(value)] += 1
             continue
         keep_gold.append(g)
         keep_pred.append(p)
-        gold_idx.append(index)
+        values.append(read_value)
+    return keep_gold, keep_pred, values, null, invalid
+
+
+def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, matched_pred: np.ndarray,
+                matched_gold: np.ndarray, gold_ids: list[str]) -> FieldData:
+    keep_gold, keep_pred, gold_idx, null, invalid = _gold_rows(
+        spec, gold, matched_pred, matched_gold, present=_is_present, read=gold_label_index,
+        shown=lambda value: repr(value) if not isinstance(value, str) else value)
     all_rows = np.array(keep_pred, dtype=np.int64)
     sets = set_gold = None
     if f"{spec.name}__set" in predictions.columns:
@@ -537,22 +549,8 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
 
 def _multi_field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, matched_pred: np.ndarray,
                       matched_gold: np.ndarray, gold_ids: list[str]) -> MultiFieldData:
-    gold_values = gold[spec.name].tolist()
-    keep_gold, keep_pred, gold_sel = [], [], []
-    null = 0
-    invalid: Counter = Counter()
-    for g, p in zip(matched_gold.tolist(), matched_pred.tolist()):
-        value = gold_values[g]
-        if not _present_gold(value):
-            null += 1
-            continue
-        selection = gold_options(value, spec)
-        if selection is None:
-            invalid[_quoted(value)] += 1
-            continue
-        keep_gold.append(g)
-        keep_pred.append(p)
-        gold_sel.append(selection)
+    keep_gold, keep_pred, gold_sel, null, invalid = _gold_rows(
+        spec, gold, matched_pred, matched_gold, present=_present_gold, read=gold_options, shown=_quoted)
     all_rows = np.array(keep_pred, dtype=np.int64)
     values = predictions[spec.name].to_numpy(dtype=object)[all_rows] if len(all_rows) else []
     decided = [i for i, v in enumerate(values) if _has_pairs(v)]  # a null list: no choice written

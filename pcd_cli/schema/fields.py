@@ -12,8 +12,18 @@ import json
 from typing import Any
 
 from ..errors import SchemaError
-from .model import (BOOLEAN_LABELS, FIELD_KEYS, FIELD_TYPES, JSON_TEXT, MAX_INTEGER_VALUES, MAX_MULTI_OPTIONS,
-                    NULL_LABEL, Field, Unparsed, json_string)
+from .model import (
+    BOOLEAN_LABELS,
+    FIELD_KEYS,
+    FIELD_TYPES,
+    JSON_TEXT,
+    MAX_INTEGER_VALUES,
+    MAX_MULTI_OPTIONS,
+    NULL_LABEL,
+    Field,
+    Unparsed,
+    json_string,
+)
 
 
 def _as_read(value: Any) -> str:
@@ -249,14 +259,7 @@ def check_keys(mapping: dict, known: tuple[str, ...], where: str, problems: list
         SchemaError: ``<where>: unknown key 'descripton' (did you mean 'description'?)``, when
             ``problems`` is not given (else the messages are appended to it).
     """
-    import difflib
-
-    found = []
-    for key in mapping:
-        if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]!r}?" if near else f"known keys: {', '.join(known)}"
-            found.append(f"{where}: unknown key {key!r} ({hint})")
+    found = unknown_key_problems(mapping, known, where)
     if problems is None:
         raise_all(found, "schema")
     else:
@@ -282,4 +285,26 @@ def depends_problems(name: str, depends_on: list[str], all_names: set[str], firs
             found.append(f"field {name!r}: depends_on names the field itself")
     if first and depends_on:
         found.append(f"field {name!r}: the first field is decided first and cannot depend on others")
+    return found
+
+
+def nearest(name: object, known, *, cutoff: float = 0.6) -> str | None:
+    """The known name closest to ``name`` (``difflib.get_close_matches``, similarity ratio at least
+    ``cutoff``), or ``None``: the "did you mean" of every unknown key or field message."""
+    import difflib
+
+    near = difflib.get_close_matches(str(name), list(known), n=1, cutoff=cutoff)
+    return near[0] if near else None
+
+
+def unknown_key_problems(mapping, known: tuple[str, ...], where: str, *, cutoff: float = 0.6) -> list[str]:
+    """One problem per key of ``mapping`` not in ``known``:
+    ``<where>: unknown key 'descripton' (did you mean 'description'?)``, or the known keys listed
+    when none is near (``nearest``)."""
+    found = []
+    for key in mapping:
+        if key not in known:
+            near = nearest(key, known, cutoff=cutoff)
+            hint = f"did you mean {near!r}?" if near else f"known keys: {', '.join(known)}"
+            found.append(f"{where}: unknown key {key!r} ({hint})")
     return found

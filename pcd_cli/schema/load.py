@@ -58,8 +58,17 @@ import yaml
 from ..errors import SchemaError
 from .fields import check_keys, depends_problems, parse_field, raise_all
 from .jsonschema import from_json_schema
-from .model import (BOOLEAN_LABELS, JSON_TEXT, OUTPUT_SUFFIXES, TOP_KEYS, Example, Field, Schema, decision_labels,
-                    type_options)
+from .model import (
+    BOOLEAN_LABELS,
+    JSON_TEXT,
+    OUTPUT_SUFFIXES,
+    TOP_KEYS,
+    Example,
+    Field,
+    Schema,
+    decision_labels,
+    type_options,
+)
 from .rules import parse_rules
 
 

@@ -13,9 +13,23 @@ from dataclasses import dataclass
 
 from ..errors import SchemaError
 
-#: Suffixes pcd appends to a field name to form its output columns.
-OUTPUT_SUFFIXES = ("__prob", "__mass", "__probs", "__raw_prob", "__set", "__abstained", "__expected",
-                   "__changed_by_rules")
+#: Suffixes pcd appends to a field name to form its output columns (``pcd_cli.io.output``
+#: builds every column name from these; a field named like one of them is refused).
+PROB_SUFFIX = "__prob"
+MASS_SUFFIX = "__mass"
+PROBS_SUFFIX = "__probs"
+RAW_PROB_SUFFIX = "__raw_prob"
+SET_SUFFIX = "__set"
+ABSTAINED_SUFFIX = "__abstained"
+EXPECTED_SUFFIX = "__expected"
+ORDER_SPREAD_SUFFIX = "__order_spread"
+CHANGED_SUFFIX = "__changed_by_rules"
+OUTPUT_SUFFIXES = (PROB_SUFFIX, MASS_SUFFIX, PROBS_SUFFIX, RAW_PROB_SUFFIX, SET_SUFFIX, ABSTAINED_SUFFIX,
+                   EXPECTED_SUFFIX, ORDER_SPREAD_SUFFIX, CHANGED_SUFFIX)
+#: Whole-record output columns: the text was cut to fit the context; the joint probability of
+#: the labels the rules between fields name.
+TRUNCATED_COLUMN = "__truncated"
+JOINT_COLUMN = "__joint_prob"
 BOOLEAN_LABELS = ("true", "false")
 FIELD_TYPES = ("boolean", "enum", "ordinal", "integer", "multi")
 #: The null option of a nullable field: its label in ``Field.labels`` (the last one) and in

@@ -39,7 +39,6 @@ such record at 10^6 assignments, 0.1-0.3 ms for a few small fields (measured on 
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from dataclasses import dataclass, replace
@@ -47,15 +46,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .fields import nearest, unknown_key_problems
+from .model import JOINT_COLUMN
+
 #: Largest joint space (product of label counts) of the fields one group of linked rules
 #: names; larger ones are refused at schema load.
 MAX_JOINT_SPACE = 1_000_000
 #: Keys a rule may have.
 RULE_KEYS = ("if", "then", "not", "at_most_one", "exactly_one")
-#: The per-record output column with the written assignment's joint probability.
-JOINT_COLUMN = "__joint_prob"
-#: Suffix of the per-field column saying a rule moved the field's label.
-CHANGED_SUFFIX = "__changed_by_rules"
 
 Cond = tuple[tuple[str, tuple[int, ...]], ...]  # (field name, label indices), in the order written
 
@@ -258,11 +256,7 @@ def _parse_rule(i: int, spec: Any, by_name: dict, found: list[str]) -> Rule | No
                      "or {at_most_one: [field, field]}")
         return None
     before = len(found)
-    for key in spec:
-        if key not in RULE_KEYS:
-            near = difflib.get_close_matches(str(key), RULE_KEYS, n=1, cutoff=0.5)
-            hint = f"did you mean {near[0]!r}?" if near else f"known keys: {', '.join(RULE_KEYS)}"
-            found.append(f"{where}: unknown key {key!r} ({hint})")
+    found.extend(unknown_key_problems(spec, RULE_KEYS, where, cutoff=0.5))
     counts = [k for k in ("at_most_one", "exactly_one") if k in spec]
     if counts:
         others = [k for k in spec if k in ("if", "then", "not") or k in counts[1:]]
@@ -369,8 +363,8 @@ def _field(where: str, name: Any, by_name: dict, found: list[str]):
     """The declared field ``name``, or ``None`` with the problem appended."""
     field = by_name.get(name) if isinstance(name, str) else None
     if field is None:
-        near = difflib.get_close_matches(str(name), list(by_name), n=1, cutoff=0.6)
-        found.append(f"{where}: names an unknown field {name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        near = nearest(name, by_name)
+        found.append(f"{where}: names an unknown field {name!r}" + (f" (did you mean {near!r}?)" if near else ""))
         return None
     if getattr(field, "is_multi", False):
         found.append(f"{where}: field {name!r} is multi-select; rules take fields with one label each "
