@@ -33,9 +33,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..engines.local import check_columns
 from ..errors import PcdError
-from ..io.output import results_table
+from ..io.output import check_columns, results_table
 from ..io.readers import DEFAULT_ID_COLUMN, InputSpec, row_to_record
 from ..results import RecordResult
 from .errors import ApiError

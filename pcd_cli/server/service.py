@@ -482,6 +482,8 @@ class LabelService:
             self.startup_error = exc
             log.error("startup failed: %s", exc)
             return
+        if self._stopping:
+            return
         self.ready.set()
         while True:
             with self._cond:
@@ -503,6 +505,9 @@ class LabelService:
         model_id = self.host.load()
         log.info("model %s loaded in %.1f s", model_id, time.perf_counter() - started)
         for name, entry in self.named.items():
+            if self._stopping:  # SIGTERM while loading: stop between schemas
+                log.info("stopped while starting")
+                return
             labeler = self._labeler(entry)
             labeler.label_batch([Record("warm-up", "Warm-up record: hello.")])
             log.info("schema %s compiled and warmed up", name)
