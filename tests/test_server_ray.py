@@ -152,3 +152,20 @@ def test_replicas_need_engine_ray():
     result = pcd("serve", "--replicas", "2", "--schema", f"sms={SMS}", code=None)
     assert result.exit_code == 2, result.output
     assert "--replicas applies to --engine ray only" in " ".join(result.output.split())
+
+
+@pytest.mark.full
+def test_a_replica_that_cannot_load_the_model_exits_3_with_the_reason_and_leaves_nothing(tmp_path):
+    pytest.importorskip("ray.serve")
+    bad = tmp_path / "not-a-model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")  # a folder the replica cannot load
+    before = _ray_and_pcd_processes()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    result = subprocess.run([sys.executable, "-m", "pcd_cli.cli", "serve", "--engine", "ray", "--schema", f"sms={SMS}",
+                             "--model", str(bad), "--device", "cpu", "--port", str(_free_port())],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert f"the replicas could not start: pcd_cli.errors.ModelError: --model '{bad}'" in result.stderr
+    time.sleep(1)
+    assert {pid: line for pid, line in _ray_and_pcd_processes().items() if pid not in before} == {}

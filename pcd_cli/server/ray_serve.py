@@ -247,7 +247,7 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
         try:
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         except Exception as exc:  # noqa: BLE001 - Serve wraps the replica's error in its own
-            log.error("the replicas could not start: %s", _first_line(exc))
+            log.error("the replicas could not start: %s", _first_line(_deployment_message(serve) or str(exc)))
             code = 3
         if code == 0:
             log.info("%d replica(s) ready on http://%s:%d", replicas, host, port)
@@ -270,10 +270,21 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
     return code
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    for line in lines:  # the pcd error inside Ray's wrapping, when there is one
-        if "pcd_cli" in line and "Error" in line:
-            return line.strip()
-    return lines[-1].strip() if lines else type(exc).__name__
+def _deployment_message(serve) -> str | None:
+    """Serve's status message of the pcd deployment (a failed replica's traceback), if any."""
+    try:
+        app = serve.status().applications.get(APP_NAME)
+        deployment = app.deployments.get(DEPLOYMENT_NAME) if app is not None else None
+        return deployment.message if deployment is not None and deployment.message else None
+    except Exception:  # noqa: BLE001 - only a better message is lost
+        return None
+
+
+def _first_line(text: str) -> str:
+    """The line naming the pcd error in a replica's traceback (``pcd_cli.errors.ModelError: ...``),
+    else the last line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("pcd_cli.") and "Error" in line.split(":", 1)[0]:
+            return line
+    return lines[-1] if lines else "unknown reason"
