@@ -413,10 +413,13 @@ def test_drain_finishes_queued_work_and_refuses_new():
     with serve(host) as srv:
         async def run():
             async with httpx.AsyncClient(timeout=30) as client:
-                inflight = [asyncio.ensure_future(client.post(srv.url + "/v1/label",
-                                                              json={"schema": "sms", "records": [f"r{i}"] * 3}))
-                            for i in range(3)]
-                while srv.service.queue_depth[0] < 2:
+                running = asyncio.ensure_future(client.post(srv.url + "/v1/label",
+                                                            json={"schema": "sms", "records": ["running"]}))
+                while not host.entered.is_set():  # the worker holds it
+                    await asyncio.sleep(0.005)
+                inflight = [running] + [asyncio.ensure_future(client.post(
+                    srv.url + "/v1/label", json={"schema": "sms", "records": [f"r{i}"] * 3})) for i in range(2)]
+                while srv.service.queue_depth[0] < 2:  # both queued behind it
                     await asyncio.sleep(0.005)
                 srv.drain()
                 ready = await client.get(srv.url + "/ready")
