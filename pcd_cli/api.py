@@ -84,6 +84,12 @@ class Labeler:
             and renormalise ("calibrate before use", ``pcd_cli.decoding.prior``); measured once here, on
             this prompt head. Not with ``calibration`` (its per-label biases do the same job,
             fitted on gold rows).
+        tuned_calibration: when ``calibration`` is ``None`` and ``model`` (or ``adapter``) is a
+            folder written by ``pcd tune`` holding ``pcd-calibration.json``, apply that
+            calibration (fitted by the tune on its holdout; ``calibration_source`` names it).
+            It is skipped, with a ``tune_warnings`` line, when this run reads another schema,
+            prompt head or scoring mode than it was fitted for, and with ``prior_correction``.
+            ``False`` (``pcd label --no-calibration``): the raw probabilities.
 
     A schema's rules between fields (``pcd_cli.schema.rules``) are applied to every record after
     calibration or prior correction and before abstaining: a field a rule moves gets
@@ -101,7 +107,7 @@ class Labeler:
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
                  template: str | None = None, calibration=None, adapter: str | Path | None = None,
                  abstain_unless_single: bool = False, abstain_below: float | None = None,
-                 prior_correction: bool = False, permutations: int = 1):
+                 prior_correction: bool = False, permutations: int = 1, tuned_calibration: bool = True):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -113,6 +119,9 @@ class Labeler:
         self.examples = tuple(self.schema.examples if examples is None else examples)
         shots = resolve_examples(self.examples, template)
         self.calibration = _load_calibration(calibration)
+        #: where the calibration came from: ``"file"`` (``calibration``), the tuned folder's name
+        #: (``tuned_calibration``), or ``None`` without one
+        self.calibration_source: str | None = "file" if self.calibration is not None else None
         if prior_correction and self.calibration is not None:
             from .errors import CalibrationError
 
@@ -177,6 +186,25 @@ class Labeler:
 
             self.tune_warnings = [f"{self._tune_source} was tuned for another {m}" for m in
                                   card_mismatches(self.tune_card, self.metadata())]
+        if self.calibration is None and tuned_calibration and not prior_correction:
+            self._apply_tuned_calibration(adapter if adapter is not None else model)
+
+    def _apply_tuned_calibration(self, source) -> None:
+        """Load the ``pcd-calibration.json`` a ``pcd tune`` folder holds, if any, and use it when
+        it was fitted for this run's schema, prompt head and scoring (its model is the folder,
+        whatever the folder is called now); else say why in ``tune_warnings``."""
+        path = tuned_calibration_path(source)
+        if path is None:
+            return
+        from .errors import CalibrationError
+
+        try:
+            calibration = replace(_load_calibration(path), model=self.backend.model_id)
+            calibration.check(self.metadata())
+        except CalibrationError as exc:
+            self.tune_warnings.append(f"{self._tune_source}: its calibration is not applied ({exc})")
+            return
+        self.calibration, self.calibration_source = calibration, self._tune_source
 
     @property
     def set_fields(self) -> tuple[str, ...]:
@@ -350,6 +378,18 @@ class Labeler:
         result.attrs["errors"] = errors
         result.attrs["metadata"] = self.metadata()
         return result
+
+
+def tuned_calibration_path(source) -> Path | None:
+    """``pcd-calibration.json`` inside a ``pcd tune`` folder (``--model DIR`` or ``--adapter
+    DIR``, the card ``pcd-tune.json`` beside it), or ``None``."""
+    if source is None or not Path(str(source)).expanduser().is_dir():
+        return None
+    from .tune import CALIBRATION_NAME
+
+    folder = Path(str(source)).expanduser()
+    path = folder / CALIBRATION_NAME
+    return path if path.is_file() and (folder / "pcd-tune.json").is_file() else None
 
 
 def _tune_card(source) -> tuple[dict | None, str]:

@@ -25,6 +25,7 @@ from rich.markup import escape
 
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .engines.local import DEFAULT_BATCH_RECORDS
+from .tune import DEFAULT_MASS_WEIGHT
 from .errors import (
     EXIT_CODES,
     InputError,
@@ -350,6 +351,9 @@ def label(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
                                             "(default: only on a terminal, never with --quiet or json logs).", rich_help_panel='Cron'),
     calibration: Optional[Path] = _panel(CALIBRATION_OPT, 'Quality'),
+    no_calibration: bool = typer.Option(False, "--no-calibration", help="Write the raw probabilities of a "
+                                        "--model or --adapter folder from pcd tune (by default its "
+                                        "pcd-calibration.json is applied).", rich_help_panel='Quality'),
     abstain_unless_single: bool = typer.Option(False, "--abstain-unless-single", help="With a --calibration "
                                                "fitted with --coverage: write a null label where the field's "
                                                "label set is not a single label.", rich_help_panel='Quality'),
@@ -389,7 +393,7 @@ def label(
     permission, I/O error): free it and rerun with --resume; 130 interrupted (SIGINT/SIGTERM)
     after committing the current batch: rerun with --resume.
     """
-    from .api import Labeler
+    from .api import Labeler, tuned_calibration_path
     from .engines.checkpoint import work_dir_for
     from .engines.local import (
         check_job,
@@ -420,7 +424,11 @@ def label(
                            max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
                            template=template, calibration=calibration, adapter=adapter,
                            abstain_unless_single=abstain_unless_single, abstain_below=abstain_below,
-                           prior_correction=prior_correction, permutations=permutations)
+                           prior_correction=prior_correction, permutations=permutations,
+                           tuned_calibration=not no_calibration)
+    if no_calibration and calibration is not None:
+        report("error", {"message": "--calibration and --no-calibration exclude each other: choose one"}, "error")
+        raise typer.Exit(2)
     if engine is Engine.ray:
         if stdin or output is None:
             report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},
@@ -454,7 +462,10 @@ def label(
                 report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
             if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
                 stats = write_empty_output(parsed, input, spec, output=output, errors_path=errors, trace_path=trace,
-                                           all_probs=all_probs, calibrated=calibration is not None, model=model)
+                                           all_probs=all_probs, model=model,
+                                           calibrated=calibration is not None or (
+                                               not no_calibration and not prior_correction
+                                               and tuned_calibration_path(adapter or model) is not None))
             else:
                 shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
                 labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
@@ -660,6 +671,8 @@ def eval_(
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0.0, max=1.0,
                                                     help="Also find the probability (and mass) threshold, and "
                                                     "its coverage, that reach this accuracy."),
+    min_mass: float = typer.Option(0.5, "--min-mass", min=0.0, max=1.0, help="Report the share of rows whose "
+                                   "candidate mass is below M (the model wanted to answer off the menu)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: docs/quality.md)."),
     plot: Optional[Path] = PLOT_OPT,
     compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
@@ -681,7 +694,8 @@ def eval_(
         parsed = load_schema(schema) if schema else None
         frame, _ = read_predictions(predictions)
         gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
-        report = evaluate(frame, gold_frame, parsed, id_field=id_field, target_accuracy=target_accuracy)
+        report = evaluate(frame, gold_frame, parsed, id_field=id_field, target_accuracy=target_accuracy,
+                          min_mass=min_mass)
         out.print(f"scored {escape(str(predictions))} against {escape(str(gold))}", highlight=False)
         render_eval(report, out)
         if compare is not None:
@@ -762,7 +776,7 @@ def calibrate(
             labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
                               scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
                               examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed), adapter=adapter,
-                              permutations=permutations)
+                              permutations=permutations, tuned_calibration=False)
             gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
             if dropped:
                 out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
@@ -809,6 +823,9 @@ def tune(
     epochs: int = typer.Option(3, "--epochs", min=1, help="Passes over the training rows."),
     rank: int = typer.Option(8, "--rank", min=1, help="LoRA rank."),
     lr: float = typer.Option(5e-4, "--lr", min=0.0, help="AdamW learning rate."),
+    mass_weight: float = typer.Option(DEFAULT_MASS_WEIGHT, "--mass-weight", min=0.0, help="Weight of the gold "
+                                      "label's full-vocabulary NLL added to the loss: keeps the candidate mass "
+                                      "(0: the cross-entropy over the labels alone; docs/quality.md)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
                              "initialisation and the --examples draw."),
     max_tokens_per_pass: int = BUDGET_OPT,
@@ -817,8 +834,10 @@ def tune(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar with the loss and ETA."),
 ) -> None:
     """Train a LoRA adapter (peft) with cross-entropy over each field's labels, scored exactly as
-    pcd label reads them (same prompt head, forest and waves); keep the epoch with the best
-    holdout NLL; write a model folder with a pcd-tune.json card. Exit 2 on a bad gold file or
+    pcd label reads them (same prompt head, forest and waves), plus --mass-weight times the gold
+    label's full-vocabulary NLL; keep the epoch with the best holdout NLL; fit a calibration on
+    that epoch's holdout predictions; write a model folder with a pcd-tune.json card and
+    pcd-calibration.json (pcd label --model DIR applies it). Exit 2 on a bad gold file or
     option, 3 on a model problem or without peft, 130 if interrupted (the best adapter so far
     is written first)."""
     from .api import Labeler
@@ -828,7 +847,7 @@ def tune(
     from .quality.data import drop_example_rows
     from .quality.render import render_tune
     from .schema.load import load_schema
-    from .tune import TuneConfig, gold_records, make_card
+    from .tune import CALIBRATION_NAME, TuneConfig, calibration_card, fit_tune_calibration, gold_records, make_card
     from .tune import tune as run_tune
 
     try:
@@ -842,7 +861,8 @@ def tune(
         check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
         labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend="torch",
                           scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
-                          examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed))
+                          examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed),
+                          tuned_calibration=False)
         gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
         if dropped:
             out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
@@ -852,19 +872,24 @@ def tune(
             err.print(f"[yellow]warning:[/] {len(skipped)} gold rows are not used (e.g. {escape(skipped[0])})",
                       highlight=False)
         config = TuneConfig(epochs=epochs, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
-                            max_tokens_per_pass=max_tokens_per_pass)
+                            max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight)
         bar = _TuneProgress(progress, epochs)
         result, trainer = run_tune(labeler.backend, parsed, records, labels, config,
                                    examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch)
         bar.close()
-        render_tune(result, out)
+        # the pcd.model that pcd label records for the result: a folder's name, or the adapter's base
+        label_model = labeler.backend.model_id if adapter_only else Path(output).expanduser().name
+        calibration, notes = fit_tune_calibration(result, parsed, labeler.metadata(), model=label_model, seed=seed)
+        render_tune(result, out, calibration=calibration, notes=notes)
         from .backends.torch_backend import model_content_key
 
         card = make_card(base_model=labeler.backend.model_id, base_key=model_content_key(model),
                          metadata=labeler.metadata(), gold_path=gold, records=records, result=result, config=config,
-                         adapter_only=adapter_only)
+                         adapter_only=adapter_only,
+                         calibration=calibration_card(calibration, notes, result.holdout_rows))
         try:
-            trainer.save(output, adapter_only=adapter_only, card=card)
+            trainer.save(output, adapter_only=adapter_only, card=card,
+                         files={CALIBRATION_NAME: calibration.to_json()} if calibration is not None else None)
         except OSError as exc:
             raise InputError(f"-o {str(output)!r}: cannot write ({exc.strerror or exc})") from None
         use = (f"pcd label INPUT -s {schema} --adapter {output}" + (f" --model {model}" if model else "")

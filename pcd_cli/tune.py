@@ -4,7 +4,9 @@ Training is the decoder run backwards (DESIGN.md §4): ``Decoder.training_reads`
 same head (few-shot examples included), record segment, answer-line forest and waves as
 ``pcd label``, in the same packed passes bounded by the same token budget, with the
 backend's autograd path; the loss is each field's cross-entropy over its allowed labels,
-each label scored as the decoder scores it (``--scoring``). Later waves see the gold answer
+each label scored as the decoder scores it (``--scoring``), plus ``--mass-weight`` times the
+gold label's full-vocabulary negative log-likelihood at the same positions, which keeps the
+candidate mass (``pcd_cli.backends.torch_tune.field_loss``). Later waves see the gold answer
 line of earlier fields (teacher forcing), or the decoder's own pick where the gold row
 lacks that field. The framework half (peft, optimiser, saving) is in
 ``pcd_cli.backends.torch_tune``.
@@ -12,6 +14,9 @@ lacks that field. The framework half (peft, optimiser, saving) is in
 Per epoch: the training rows in a seeded shuffle, one optimiser step per packed group; then
 the seeded, stratified holdout (never trained on) is labelled by the plain decoder and
 scored with ``pcd eval``'s metrics; the epoch with the lowest mean holdout NLL is kept.
+Then the calibration those holdout rows can support (``fit_tune_calibration``) is fitted on
+the kept epoch's holdout predictions and written into the tuned folder, where ``pcd label
+--model DIR`` finds it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ from .schema.model import Schema
 from .version import __version__
 
 
+#: ``--mass-weight``'s default (chosen by ``benchmarks/tune_quality.py``; docs/quality.md).
+DEFAULT_MASS_WEIGHT = 1.0
+
+
 @dataclass(frozen=True)
 class TuneConfig:
     """Hyperparameters of ``pcd tune`` (recorded in the card).
@@ -46,6 +55,8 @@ class TuneConfig:
             (then the last epoch is kept).
         scoring: ``marginal`` or ``exact``, the scoring ``pcd label`` will read.
         max_tokens_per_pass: the token budget of one packed pass, hence of one training step.
+        mass_weight: weight of the gold label's full-vocabulary NLL in the loss (``field_loss``);
+            0 is the renormalised cross-entropy alone.
     """
 
     epochs: int = 3
@@ -55,17 +66,24 @@ class TuneConfig:
     holdout: float = 0.2
     scoring: str = "marginal"
     max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
+    mass_weight: float = DEFAULT_MASS_WEIGHT
+
+
+#: File name of the calibration ``pcd tune`` writes into its output folder.
+CALIBRATION_NAME = "pcd-calibration.json"
 
 
 @dataclass(frozen=True)
 class FieldScores:
-    """Holdout metrics of one field (``pcd eval``'s definitions, ``pcd_cli.quality.metrics``)."""
+    """Holdout metrics of one field (``pcd eval``'s definitions, ``pcd_cli.quality.metrics``);
+    ``mass``: mean candidate mass of the field on those rows."""
 
     n: int
     accuracy: float | None
     macro_f1: float | None
     nll: float | None
     ece: float | None
+    mass: float | None = None
 
 
 @dataclass
@@ -91,6 +109,8 @@ class TuneResult:
     steps: int = 0
     train_seconds: float = 0.0
     trainable_parameters: int = 0
+    #: the kept epoch's holdout predictions: field index -> ((n, k) probabilities, (n,) gold)
+    holdout_predictions: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
 
 def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], list[list[int | None]], list[str]]:
@@ -160,8 +180,12 @@ def stratified_holdout(labels: Sequence[int | None], fraction: float, seed: int)
 
 
 def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence[Sequence[int | None]],
-                   schema: Schema) -> dict[str, FieldScores]:
-    """Label ``records`` with ``decoder`` and score each field against ``labels``."""
+                   schema: Schema, predictions: dict | None = None) -> dict[str, FieldScores]:
+    """Label ``records`` with ``decoder`` and score each field against ``labels``.
+
+    ``predictions``, if given, is filled with field index -> ``((n, k) probabilities, (n,)
+    gold indices)`` of the rows that have a gold label for that field (for the calibration).
+    """
     results = decoder.decode(records)
     out = {}
     for fi, f in enumerate(schema.fields):
@@ -171,11 +195,14 @@ def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence
             continue
         probs = np.array([r.fields[fi].probs for r, _ in rows])
         gold = np.array([g for _, g in rows])
+        if predictions is not None:
+            predictions[fi] = (probs, gold)
         pred = probs.argmax(1)
         correct = pred == gold
         out[f.name] = FieldScores(n=len(rows), accuracy=M.accuracy(gold, pred),
                                   macro_f1=M.macro_f1(M.label_scores(gold, pred, f.labels)),
-                                  nll=M.nll(probs, gold), ece=M.ece(probs.max(1), correct))
+                                  nll=M.nll(probs, gold), ece=M.ece(probs.max(1), correct),
+                                  mass=float(np.mean([r.fields[fi].mass for r, _ in rows])))
     return out
 
 
@@ -220,18 +247,21 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
     trainer = LoraTrainer(backend, rank=config.rank, lr=config.lr, seed=config.seed)
     rng = np.random.default_rng(config.seed)
 
+    predictions: dict = {}
+
     def evaluate() -> dict[str, FieldScores]:
+        predictions.clear()
         if not hold_records:
             return {}
         decoder = Decoder(backend, compiled, max_tokens_per_pass=config.max_tokens_per_pass)
-        return holdout_scores(decoder, hold_records, hold_labels, schema)
+        return holdout_scores(decoder, hold_records, hold_labels, schema, predictions)
 
     t0 = time.perf_counter()
     log = [EpochLog(0, None, evaluate(), time.perf_counter() - t0)]
     if on_epoch:
         on_epoch(log[0])
     result = TuneResult(epochs=log, best_epoch=0, train_rows=len(train), holdout_rows=len(hold_records),
-                        trainable_parameters=trainer.trainable_parameters)
+                        trainable_parameters=trainer.trainable_parameters, holdout_predictions=dict(predictions))
     best_state, best_nll = trainer.adapter_state(), _mean_nll(log[0].holdout)
     decoder = Decoder(backend, compiled, max_tokens_per_pass=config.max_tokens_per_pass)
     train_start = time.perf_counter()
@@ -245,7 +275,7 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
             for g, group in enumerate(groups):
                 rows = [order[i] for i in group]
                 reads = decoder.training_reads([records[i] for i in rows], [labels[i] for i in rows])
-                terms = [field_loss(forest, rd, len(schema.fields[fi].labels), labels[i][fi])
+                terms = [field_loss(forest, rd, len(schema.fields[fi].labels), labels[i][fi], config.mass_weight)
                          for i, per_field in zip(rows, reads) for fi, (forest, rd) in per_field.items()
                          if labels[i][fi] is not None]
                 if not terms:
@@ -263,11 +293,63 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
             nll = _mean_nll(entry.holdout)
             if not hold_records or not (nll >= best_nll):  # NaN-safe: a first finite value wins
                 best_state, best_nll, result.best_epoch = trainer.adapter_state(), nll, epoch
+                result.holdout_predictions = dict(predictions)
     except KeyboardInterrupt:
         result.interrupted = True
     result.train_seconds = time.perf_counter() - train_start
     trainer.load_adapter_state(best_state)
     return result, trainer
+
+
+#: ``fit_tune_calibration``: a field with fewer holdout rows than this is left uncalibrated.
+MIN_CALIBRATION_ROWS = 10
+
+
+def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str, str], *, model: str,
+                         seed: int = 0):
+    """The calibration a tune can trust, fitted on the kept epoch's holdout predictions (rows
+    the adapter never trained on; they only chose the epoch), per field by
+    ``pcd_cli.quality.calibration.fit_trusted``: a temperature alone when rows are few
+    (fewer than ``BIAS_ROWS_PER_LABEL`` per label), else temperature and per-label biases if
+    their cross-validated NLL is lower.
+
+    Args:
+        metadata: the tuning ``Labeler.metadata()`` (schema, prompt head and scoring the
+            calibration is tied to). model: the ``pcd.model`` that ``pcd label`` will record
+            for the tuned model (a merged folder: the folder's name; an adapter: its base's id).
+
+    Returns:
+        ``(Calibration or None, notes)``: ``None`` when no field has ``MIN_CALIBRATION_ROWS``
+        holdout rows (``--holdout 0`` keeps none); notes say which fields were left out and why.
+    """
+    from .quality.calibration import Calibration, fit_trusted
+
+    fields, notes = {}, []
+    for fi, f in enumerate(schema.fields):
+        probs, gold = result.holdout_predictions.get(fi, (np.zeros((0, len(f.labels))), np.zeros(0, dtype=int)))
+        if len(gold) < MIN_CALIBRATION_ROWS:
+            notes.append(f"field {f.name!r}: {len(gold)} holdout rows, fewer than {MIN_CALIBRATION_ROWS}: not calibrated")
+            continue
+        fields[f.name] = fit_trusted(f.name, f.labels, probs, gold, seed=seed)
+    if not fields:
+        return None, notes
+    return Calibration(pcd_version=__version__, model=model, schema_sha256=metadata["pcd.schema_sha256"],
+                       prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
+                       fields=fields), notes
+
+
+def calibration_card(calibration, notes: Sequence[str], holdout_rows: int) -> dict:
+    """The card's ``calibration`` entry: the file (or ``None``), what it was fitted on, and per
+    field the method, why, T, biases and its cross-validated before/after scores."""
+    if calibration is None:
+        return {"file": None, "notes": list(notes)}
+    return {"file": CALIBRATION_NAME,
+            "fitted_on": f"the kept epoch's predictions of the {holdout_rows} holdout rows (never trained on)",
+            "fields": {name: {"method": fc.cv["method"], "reason": fc.cv["reason"], "temperature": fc.temperature,
+                              "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n,
+                              "cv_before": fc.cv["before"], "cv_after": fc.cv["after"]}
+                       for name, fc in calibration.fields.items()},
+            "notes": list(notes)}
 
 
 def file_sha256(path: str | Path) -> str:
@@ -280,10 +362,12 @@ def file_sha256(path: str | Path) -> str:
 
 
 def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_path: str | Path,
-              records: Sequence[Record], result: TuneResult, config: TuneConfig, adapter_only: bool) -> dict:
+              records: Sequence[Record], result: TuneResult, config: TuneConfig, adapter_only: bool,
+              calibration: dict | None = None) -> dict:
     """The provenance card ``pcd-tune.json``: base model and its content key, the schema and
     prompt head it was trained for (``Labeler.metadata`` keys), the gold file's sha256 and the
-    ids of the rows used, the hyperparameters, and per-epoch loss and holdout metrics."""
+    ids of the rows used, the hyperparameters, per-epoch loss and holdout metrics (mean
+    candidate mass included), and ``calibration`` (``calibration_card``)."""
     return {
         "pcd_version": __version__,
         "kind": "adapter" if adapter_only else "merged",
@@ -307,7 +391,7 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
         "train_seconds": round(result.train_seconds, 2),
         "epochs": [{"epoch": e.epoch, "train_loss": e.train_loss, "seconds": round(e.seconds, 2),
                     "holdout": {k: asdict(v) for k, v in e.holdout.items()}} for e in result.epochs],
-    }
+    } | ({"calibration": calibration} if calibration is not None else {})
 
 
 def card_mismatches(card: dict, metadata: dict[str, str]) -> list[str]:

@@ -207,6 +207,19 @@ def test_evaluate_hand_case():
     assert len(d["fields"]["f"]["bins"]) == 15
 
 
+def test_evaluate_reports_mean_mass_and_the_share_below_min_mass():
+    preds = frame(range(4), f_probs=[[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.7, 0.2, 0.1], [0.2, 0.2, 0.6]],
+                  mass=np.array([0.9, 0.3, 0.45, 0.7]), flag=[True, False, True, False],
+                  flag_prob=[0.9, 0.8, 0.7, 0.6])
+    gold = pd.DataFrame({"id": ["0", "1", "2", "3"], "f": ["A", "B", "A", "C"], "flag": [True, False, True, True]})
+    f = evaluate(preds, gold, SCHEMA).field("f")
+    assert f.mean_mass == pytest.approx(0.5875)
+    assert (f.min_mass, f.below_min_mass) == (0.5, 0.5)  # 0.3 and 0.45
+    f = evaluate(preds, gold, SCHEMA, min_mass=0.4).field("f")
+    assert (f.min_mass, f.below_min_mass) == (0.4, 0.25)
+    assert f.to_dict()["below_min_mass"] == 0.25
+
+
 def test_evaluate_without_schema_reads_labels_from_metadata_or_probs():
     with_meta = evaluate(hand_predictions(), hand_gold())
     assert [f.field for f in with_meta.fields] == ["f", "flag"]

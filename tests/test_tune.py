@@ -111,6 +111,56 @@ def test_one_step_changes_only_adapter_weights():
     assert len(changed) >= len(adapter) // 2  # lora_B starts at 0 and moves first; lora_A moves from step 2
 
 
+def test_field_loss_adds_the_gold_full_vocabulary_nll_times_the_mass_weight():
+    from pcd_cli.backends.torch_tune import field_loss, label_logprobs
+
+    backend = tiny_backend(seed=4)
+    schema = parse_schema(ORACLE_SCHEMA)
+    decoder = Decoder(backend, CompiledSchema(schema, backend.tokenizer, logits_width=backend.logits_width))
+    with torch.no_grad():
+        forest, rd = decoder.training_reads([Record(0, TEXTS[0])], [[0, 1, 2, 0, 1]])[0][2]
+    lp = label_logprobs(forest, rd, len(schema.fields[2].labels)).numpy().astype(np.float64)
+    ce = np.logaddexp.reduce(lp) - lp[1]  # -log p(gold) over the labels
+    assert float(field_loss(forest, rd, len(lp), 1)) == pytest.approx(ce, rel=1e-5)
+    assert float(field_loss(forest, rd, len(lp), 1, 0.5)) == pytest.approx(ce - 0.5 * lp[1], rel=1e-5)
+    assert -lp[1] > 5  # a random model's mass is tiny: the full-vocabulary term is large
+
+
+def _gold_probability_after_steps(mass_weight: float, steps: int = 4):
+    """Mean over 8 keyword rows of (gold's full-vocabulary probability q, its share p among the
+    labels), before and after ``steps`` full-batch steps on a tiny model."""
+    from pcd_cli.backends.torch_tune import LoraTrainer, field_loss, label_logprobs
+
+    backend = tiny_backend(seed=6)
+    schema = parse_schema(KEYWORD_SCHEMA)
+    rows = _keyword_rows(8)
+    records = [Record(r["id"], r["text"]) for r in rows]
+    gold = [[0 if r["refund"] else 1] for r in rows]
+    trainer = LoraTrainer(backend, rank=4, lr=1e-2, seed=0)
+    decoder = Decoder(backend, CompiledSchema(schema, backend.tokenizer, logits_width=backend.logits_width))
+
+    def measure():
+        with torch.no_grad():
+            lp = np.array([label_logprobs(*r[0], 2).numpy() for r in decoder.training_reads(records, gold)])
+        q = np.exp(lp[np.arange(len(gold)), [g[0] for g in gold]])
+        return float(q.mean()), float((q / np.exp(lp).sum(1)).mean())
+
+    before = measure()
+    for _ in range(steps):
+        reads = decoder.training_reads(records, gold)
+        trainer.step([field_loss(*r[0], 2, g[0], mass_weight) for r, g in zip(reads, gold)])
+    return before, measure()
+
+
+def test_the_mass_term_raises_the_gold_labels_full_vocabulary_probability():
+    (q0, p0), (q_ce, p_ce) = _gold_probability_after_steps(0.0)
+    (q0_again, _), (q_mass, p_mass) = _gold_probability_after_steps(1.0)
+    assert q0 == q0_again and q0 < 1e-5  # the random model puts ~1e-6 on the gold line
+    assert p_ce > p0 and p_mass > p0  # both raise the gold label's share among the labels
+    assert q_mass > 1000 * q0  # measured: 1.5e-6 -> 0.030
+    assert q_mass > 100 * q_ce  # the renormalised loss alone: 1.5e-6 -> 1.8e-5
+
+
 KEYWORD_SCHEMA = {"name": "keyword", "instructions": "Does the message ask for a refund?",
                   "fields": {"refund": {"type": "boolean", "description": "Asks for a refund"}}}
 NOUNS = ["order", "ticket", "parcel", "invoice", "booking", "seat", "bag", "meal", "upgrade", "voucher"]
@@ -132,7 +182,10 @@ def test_a_tiny_model_learns_a_keyword_task():
     rows = _keyword_rows()
     records = [Record(r["id"], r["text"]) for r in rows]
     labels = [[0 if r["refund"] else 1] for r in rows]
-    result, _ = tune(backend, schema, records, labels, TuneConfig(epochs=10, lr=1e-2, rank=4, holdout=0.25))
+    # the cross-entropy alone: on a random model the mass term (mass ~1e-6, 13 nats) outweighs it for
+    # the first epochs (test_the_mass_term_raises_the_gold_labels_full_vocabulary_probability)
+    result, _ = tune(backend, schema, records, labels,
+                     TuneConfig(epochs=10, lr=1e-2, rank=4, holdout=0.25, mass_weight=0.0))
     before, best = result.epochs[0].holdout["refund"], result.epochs[result.best_epoch].holdout["refund"]
     assert result.holdout_rows == 16 and result.train_rows == 44  # 8 of each label (round(7.5) = 8)
     assert before.accuracy < 0.8
@@ -235,6 +288,74 @@ def test_adapter_only_applies_on_its_base_like_the_merged_folder(tune_files):
               tune_files["model"], "--adapter", str(merged), "--device", "cpu", "-o",
               str(tune_files["root"] / "bad.parquet"), "--no-progress", code=None)
     assert bad.exit_code == 3 and "no adapter_config.json" in bad.output
+
+
+def test_tune_writes_the_calibration_that_pcd_label_applies(tune_files):
+    from pcd_cli.quality.calibration import Calibration
+
+    merged, adapter = tune_files["root"] / "cal-m", tune_files["root"] / "cal-a"
+    _tune_cli(tune_files, merged, "--epochs", "1", "--holdout", "0.5")  # 20 holdout rows
+    _tune_cli(tune_files, adapter, "--epochs", "1", "--holdout", "0.5", "--adapter-only")
+    card = json.loads((merged / "pcd-tune.json").read_text())
+    cal = Calibration.load(merged / "pcd-calibration.json")
+    entry = card["calibration"]["fields"]["refund"]
+    assert card["calibration"]["file"] == "pcd-calibration.json" and cal.model == "cal-m"
+    # 20 rows for 2 labels, fewer than 10 per label: a temperature alone, biases 0
+    assert entry["method"] == "temperature" and cal.fields["refund"].biases == (0.0, 0.0)
+    assert entry["temperature"] == cal.fields["refund"].temperature and cal.fields["refund"].n == 20
+    assert Calibration.load(adapter / "pcd-calibration.json").model == "tiny-model"  # the adapter's base
+
+    def label(name, *extra):
+        out = tune_files["root"] / f"{name}.parquet"
+        run = pcd("label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), *extra, "--device", "cpu",
+                  "--id-field", "id", "-o", str(out), "--all-probs", "--no-progress", code=None)
+        assert run.exit_code == 0, run.output
+        table = pq.read_table(out)
+        return table.to_pylist(), {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
+
+    auto, auto_meta = label("auto", "--model", str(merged))
+    given, given_meta = label("given", "--model", str(merged), "--calibration", str(merged / "pcd-calibration.json"))
+    raw, raw_meta = label("raw", "--model", str(merged), "--no-calibration")
+    assert auto_meta["pcd.calibration_sha256"] == given_meta["pcd.calibration_sha256"] == cal.sha256
+    assert "pcd.calibration_sha256" not in raw_meta and "refund__raw_prob" not in raw[0]
+    for a, g, r in zip(auto, given, raw):
+        assert a["refund__probs"] == g["refund__probs"]
+        assert a["refund__raw_prob"] == pytest.approx(r["refund__prob"], abs=1e-6)
+        expected = cal.fields["refund"].apply(np.array([p for _, p in r["refund__probs"]]))
+        assert [p for _, p in a["refund__probs"]] == pytest.approx(expected.tolist(), abs=1e-6)
+    via_adapter, meta = label("adapter", "--model", tune_files["model"], "--adapter", str(adapter))
+    assert meta["pcd.calibration_sha256"] == Calibration.load(adapter / "pcd-calibration.json").sha256
+    assert "refund__raw_prob" in via_adapter[0]
+    both = pcd("label", str(tune_files["fresh"]), "-s", str(tune_files["schema"]), "--model", str(merged),
+               "--no-calibration", "--calibration", str(merged / "pcd-calibration.json"), "--device", "cpu",
+               "-o", str(tune_files["root"] / "both.parquet"), "--no-progress", code=None)
+    assert both.exit_code == 2 and "exclude each other" in both.output
+
+
+def test_fit_trusted_uses_a_temperature_alone_when_rows_are_few():
+    from pcd_cli.quality.calibration import fit_temperature_biases, fit_trusted
+
+    rng = np.random.default_rng(0)
+    labels = tuple("abcdefg")
+    few_gold = rng.integers(0, 7, 18)
+    few = np.full((18, 7), 0.02)
+    few[np.arange(18), few_gold] = 0.88  # over-confident where right...
+    few[:6] = np.roll(few[:6], 1, axis=1)  # ...and wrong on a third of the rows
+    fc = fit_trusted("intent", labels, few, few_gold)
+    assert fc.cv["method"] == "temperature" and fc.biases == (0.0,) * 7
+    assert "18 rows for 7 labels, fewer than 10 per label" in fc.cv["reason"]
+    assert fc.temperature == pytest.approx(fit_temperature_biases(few, few_gold, biases=False)[0])
+    assert fc.temperature > 1  # softens
+    # 400 rows of two labels whose probabilities lean to "a" by a factor 4: the biases pay off
+    gold = rng.integers(0, 2, 400)
+    signal = np.where(gold == 0, 0.75, 0.25) + rng.normal(0, 0.1, 400)
+    p_a = np.clip(4 * signal / (4 * signal + 1 - signal), 0.01, 0.99)
+    probs = np.stack([p_a, 1 - p_a], axis=1)
+    fc = fit_trusted("spam", ("a", "b"), probs, gold)
+    assert fc.cv["method"] == "temperature+biases"
+    assert fc.cv["nll_by_method"]["temperature+biases"] < fc.cv["nll_by_method"]["temperature"]
+    assert fc.biases[0] < fc.biases[1]  # pulls back the lean to "a"
+    assert fc.cv["after"]["nll"] < fc.cv["before"]["nll"]
 
 
 def test_seed_reproduces_the_adapter():

@@ -9,7 +9,9 @@ result as a model folder (weights merged) or as an adapter alone.
 The loss is the article's recipe (../shared/seeds/002, "Do you need to train anything?"):
 cross-entropy restricted to a field's allowed labels, where a label's log-score is exactly
 what ``score_forest`` reads for it (its trie paths' summed log-probabilities, marginal or
-exact, spellings combined by log-sum-exp), renormalised over the labels.
+exact, spellings combined by log-sum-exp), renormalised over the labels; plus, with
+``mass_weight``, the gold label's full-vocabulary negative log-likelihood, which keeps the
+candidate mass (``field_loss``).
 """
 
 from __future__ import annotations
@@ -63,11 +65,25 @@ def label_logprobs(forest, reads, n_labels: int) -> torch.Tensor:
                         torch.tensor(float("-inf"), device=device) for paths in per_label])
 
 
-def field_loss(forest, reads, n_labels: int, gold: int) -> torch.Tensor:
-    """Cross-entropy of ``gold`` over the field's labels: ``-log p(gold)``, ``p`` the label
-    probabilities renormalised over the allowed labels (``FieldResult.probs``). Scalar tensor."""
+def field_loss(forest, reads, n_labels: int, gold: int, mass_weight: float = 0.0) -> torch.Tensor:
+    """One field decision's training loss (nats), a scalar tensor:
+
+        -log p(gold)  +  mass_weight * -log q(gold)
+
+    ``p`` are the label probabilities renormalised over the allowed labels
+    (``FieldResult.probs``): the cross-entropy of the article's recipe. ``q(gold)`` is the gold
+    label's unrenormalised probability, its trie path(s) read on the model's full next-token
+    distribution at the same positions (``label_logprobs``; its sum over labels is the
+    candidate mass, DESIGN.md §2 rule 7). Since ``log q(gold) = log p(gold) + log mass``, the
+    second term is ``mass_weight * (-log p(gold) - log mass)``: it keeps probability on the
+    menu, which the renormalised term alone does not (a tune with ``mass_weight = 0`` halved
+    the mean mass on airline tweets, issue 29).
+    """
     lp = label_logprobs(forest, reads, n_labels)
-    return torch.logsumexp(lp, 0) - lp[gold]
+    loss = torch.logsumexp(lp, 0) - lp[gold]
+    if mass_weight:
+        loss = loss - mass_weight * lp[gold]
+    return loss
 
 
 class LoraTrainer:
@@ -131,14 +147,14 @@ class LoraTrainer:
 
         set_peft_model_state_dict(self.peft_model, state)
 
-    def save(self, directory: Path, *, adapter_only: bool, card: dict) -> None:
+    def save(self, directory: Path, *, adapter_only: bool, card: dict, files: dict[str, bytes] | None = None) -> None:
         """Write the result to ``directory`` atomically (a temporary folder beside it, then renamed).
 
         ``adapter_only``: peft's adapter files (``adapter_config.json``,
         ``adapter_model.safetensors``); else the base model with the adapter merged in
         (``config.json``, safetensors weights), loadable as any model folder. Both get the
-        tokenizer (with its chat template) and the card ``pcd-tune.json``. The live model keeps
-        its adapter unmerged.
+        tokenizer (with its chat template), the card ``pcd-tune.json`` and ``files`` (name ->
+        bytes, e.g. the calibration). The live model keeps its adapter unmerged.
 
         A symlinked ``directory`` is replaced at its target; the link stays (``pcd_cli.io.files``).
 
@@ -158,6 +174,8 @@ class LoraTrainer:
                 merged.save_pretrained(str(tmp))
             self.backend.tokenizer._tok.save_pretrained(str(tmp))
             (tmp / CARD_NAME).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n")
+            for name, data in (files or {}).items():
+                (tmp / name).write_bytes(data)
             if directory.exists():
                 shutil.rmtree(directory)
             os.replace(tmp, directory)

@@ -51,7 +51,8 @@ class FieldReport:
             rows whose gold value is not a label; invalid_values: up to 5 (value, count).
         accuracy, macro_f1: see ``metrics``; majority_label, majority_accuracy: the
             majority-class baseline on the same rows.
-        mean_prob: mean ``<f>__prob``; mean_mass: mean ``<f>__mass``.
+        mean_prob: mean ``<f>__prob``; mean_mass: mean ``<f>__mass``; below_min_mass: share of
+            the rows whose ``<f>__mass`` is below ``min_mass`` (``pcd eval --min-mass``).
         ece: 15-bin expected calibration error of ``<f>__prob``; bins: its reliability bins.
         brier: Brier score; brier_form: ``multiclass`` (from ``<f>__probs``, 0..2) or
             ``top_label`` (chosen label correct or not, 0..1).
@@ -113,6 +114,8 @@ class FieldReport:
     mae: float | None = None
     within_one: float | None = None
     qwk: float | None = None
+    min_mass: float = 0.5
+    below_min_mass: float | None = None
     ids: tuple = dc_field(default=(), repr=False, compare=False)
     correct: tuple = dc_field(default=(), repr=False, compare=False)
 
@@ -226,7 +229,7 @@ SMALL_SAMPLE = 100
 
 
 def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None = None, *, id_field: str = "id",
-             target_accuracy: float | None = None) -> EvalReport:
+             target_accuracy: float | None = None, min_mass: float = 0.5) -> EvalReport:
     """Score a pcd output against human gold labels, per field.
 
     Args:
@@ -237,6 +240,7 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         id_field: the gold id column; also the predictions' id column when it has one
             (else ``row``). Ids are compared as strings.
         target_accuracy: also find the ``__prob`` (and ``__mass``) threshold reaching it.
+        min_mass: a field's ``below_min_mass`` is the share of its rows with ``__mass`` below this.
 
     Returns:
         An ``EvalReport``; every gold row is evaluated or counted (no prediction, null gold,
@@ -264,8 +268,8 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
             examples = ", ".join(f"{v!r} ({c})" for v, c in data.invalid_values)
             warnings.append(f"field {data.spec.name!r}: {data.gold_invalid} gold values are not labels: {examples}")
     asked = json.loads(metadata.get("pcd.label_sets", "{}") or "{}")
-    fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name)) for d in joined.fields
-                   if isinstance(d, FieldData))
+    fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name), min_mass=min_mass)
+                   for d in joined.fields if isinstance(d, FieldData))
     multi = tuple(multi_field_report(d) for d in joined.fields if isinstance(d, MultiFieldData))
     for f in fields:
         if f.n and f.accuracy < f.majority_accuracy:
@@ -309,9 +313,10 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
 
 
 def field_report(data: FieldData, target_accuracy: float | None = None, *,
-                 asked: float | None = None) -> FieldReport:
+                 asked: float | None = None, min_mass: float = 0.5) -> FieldReport:
     """Every figure of ``FieldReport`` from one field's aligned rows (``asked``: the coverage
-    the label sets were fitted for, from the output's ``pcd.label_sets`` metadata)."""
+    the label sets were fitted for, from the output's ``pcd.label_sets`` metadata;
+    ``min_mass``: the candidate mass below which a row counts in ``below_min_mass``)."""
     labels, k = data.spec.labels, len(data.spec.labels)
     correct = (data.gold == data.pred).astype(np.float64)
     scores = M.label_scores(data.gold, data.pred, labels)
@@ -329,6 +334,7 @@ def field_report(data: FieldData, target_accuracy: float | None = None, *,
         majority_label=labels[major[0]] if major else None, majority_accuracy=major[1] if major else None,
         mean_prob=float(data.prob.mean()) if len(data.prob) else None,
         mean_mass=float(data.mass.mean()) if has_mass else None,
+        min_mass=min_mass, below_min_mass=float((data.mass < min_mass).mean()) if has_mass else None,
         ece=M.ece(data.prob, correct), bins=tuple(M.reliability_bins(data.prob, correct)),
         brier=brier, brier_form=form, nll=nll, auroc=M.auroc(data.prob, correct.astype(bool)),
         per_label=tuple(scores), confusion=tuple(map(tuple, M.confusion_matrix(data.gold, data.pred, k).tolist())),

@@ -64,6 +64,8 @@ def _summary(report, console: Console) -> None:
         ("macro-F1", lambda f: _f(f.macro_f1) + _ci(f, "macro_f1")),
         ("mean probability", lambda f: _f(f.mean_prob)),
         ("mean candidate mass", lambda f: _f(f.mean_mass)),
+        ("rows with mass below --min-mass", lambda f: "-" if f.below_min_mass is None
+         else f"{_f(f.below_min_mass)} (< {f.min_mass:g})"),
         ("ECE (15 bins)", lambda f: _f(f.ece) + _ci(f, "ece")),
         ("Brier", lambda f: _f(f.brier) + ("" if f.brier_form == "multiclass" else " *")),
         ("NLL", lambda f: _f(f.nll)),
@@ -234,19 +236,21 @@ def _biases(labels, biases) -> str:
     return text + (f"{', ' if shown else ''}the other {rest} 0.000" if rest else "")
 
 
-def render_tune(result, console: Console) -> None:
-    """``pcd tune``'s before -> after table: per field, holdout accuracy, macro-F1, NLL and ECE of
-    the model before training (epoch 0) and of the kept epoch; then the training's cost."""
+def render_tune(result, console: Console, *, calibration=None, notes=()) -> None:
+    """``pcd tune``'s before -> after table: per field, holdout accuracy, macro-F1, NLL, ECE and
+    mean candidate mass of the model before training (epoch 0) and of the kept epoch; then the
+    training's cost; then, per field, the calibration fitted on the holdout (method, why, and
+    its cross-validated ECE before -> after), or why there is none."""
     before, after = result.epochs[0].holdout, result.epochs[result.best_epoch].holdout
     table = _table(f"pcd tune: holdout ({result.holdout_rows} rows, never trained on), before -> epoch "
                    f"{result.best_epoch}")
     table.add_column("field")
-    for metric in ("accuracy", "macro-F1", "NLL", "ECE"):
+    for metric in ("accuracy", "macro-F1", "NLL", "ECE", "mass"):
         table.add_column(metric, justify="right")
     for name, b in before.items():
         a = after.get(name, b)
         table.add_row(escape(name), *(f"{_f(getattr(b, k))} -> {_f(getattr(a, k))}"
-                                      for k in ("accuracy", "macro_f1", "nll", "ece")))
+                                      for k in ("accuracy", "macro_f1", "nll", "ece", "mass")))
     if before:
         console.print(table)
     else:
@@ -254,3 +258,10 @@ def render_tune(result, console: Console) -> None:
     console.print(f"{result.train_rows} training rows, {result.steps} optimiser steps, "
                   f"{result.train_seconds:.0f} s; {result.trainable_parameters:,} adapter parameters",
                   highlight=False)
+    if calibration is not None:
+        for name, fc in calibration.fields.items():
+            console.print(f"calibration of {escape(name)}: {escape(fc.cv['reason'])}; T = {fc.temperature:.3f}; "
+                          f"cross-validated ECE {_f(fc.cv['before']['ece'])} -> {_f(fc.cv['after']['ece'])}",
+                          highlight=False)
+    for note in notes:
+        console.print(escape(note), highlight=False)
