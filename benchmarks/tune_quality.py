@@ -2,6 +2,27 @@
 
     python benchmarks/tune_quality.py [--sets sms_spam,airline_tweets,intents,trec_questions]
                                       [--epochs 3] [--json benchmarks/tune_quality.json]
+    python benchmarks/tune_quality.py --sets airline_tweets,sms_spam --mass-weights 0,1 --epochs 2 \
+                                      --max-rows 300 --json benchmarks/tune_mass.json
+
+With ``--mass-weights W1,W2,...`` (issue 29: mass kept, calibrated by construction) each set is
+tuned once per ``--mass-weight`` from the same base model and split, and every tune is scored
+on the test rows for mean candidate mass (before: the base model; after: each tune), accuracy,
+macro-F1 and ECE raw and with the calibration ``pcd tune`` writes into its folder
+(``fit_tune_calibration``, fitted on the tuner's own holdout, never on test rows), ECE with
+its 95 % percentile-bootstrap interval (``metrics.bootstrap_interval``, 1000 resamples), and
+``flips_when_reversed``: test rows whose label changes when the schema's enum list is reversed
+(``prior_correction.reversed_schema``; a boolean's order is fixed, so 0 there by construction).
+
+    python benchmarks/tune_quality.py --sets airline_tweets --order --epochs 2 --max-rows 300 \
+                                      --json benchmarks/tune_order.json
+
+With ``--order`` (issue 29 item 4) the set is tuned twice, plainly and with ``--permutations 2``
+(the label list and its reversal, each a loss term), and each model, the base model included,
+is read on the test rows with one ordering at a time: ``flips`` counts the rows whose label
+changes between the list and its reversal (each read alone, values listed after the record as
+``--permutations`` lists them); ``plain_flips`` the same for the plain prompt (values in the
+system catalog, schema list reversed). Accuracy is that of the prompt the model was tuned for.
 
 For each labelled set of ../shared/data: one seeded, stratified split (60 % train, 40 %
 test; seed 0). Everything is fitted on the train rows only and every figure is measured on
@@ -40,13 +61,15 @@ sys.path.insert(0, str(ROOT))
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
 from pcd_cli.io.readers import InputSpec  # noqa: E402
+from pcd_cli.results import Record  # noqa: E402
 from pcd_cli.quality import fit_calibration  # noqa: E402
 from pcd_cli.quality import metrics as M  # noqa: E402
 from pcd_cli.schema.load import load_schema
-from pcd_cli.tune import TuneConfig, gold_records, stratified_holdout, tune  # noqa: E402
+from pcd_cli.tune import TuneConfig, fit_tune_calibration, gold_records, stratified_holdout, tune  # noqa: E402
 
 from quality import DATA  # noqa: E402  (benchmarks/quality.py: the same data folder and set table)
 from quality import SETS as QUALITY_SETS  # noqa: E402
+from prior_correction import reversed_schema  # noqa: E402
 
 #: The sets of benchmarks/quality.py that the tune benchmark runs (file, schema, field).
 SETS = {name: QUALITY_SETS[name] for name in ("sms_spam", "airline_tweets", "intents", "trec_questions")}
@@ -56,6 +79,27 @@ def scores(probs: np.ndarray, gold: np.ndarray, labels) -> dict:
     pred = probs.argmax(1)
     return {"accuracy": M.accuracy(gold, pred), "macro_f1": M.macro_f1(M.label_scores(gold, pred, labels)),
             "ece": M.ece(probs.max(1), pred == gold), "nll": M.nll(probs, gold)}
+
+
+def ece_interval(probs: np.ndarray, gold: np.ndarray) -> list[float] | None:
+    """95 % percentile-bootstrap interval of the ECE (rows resampled, ``metrics.bootstrap_interval``)."""
+    pred = probs.argmax(1)
+    ci = M.bootstrap_interval(lambda c, k: M.ece(c, k), (probs.max(1), (pred == gold).astype(float)))
+    return list(ci) if ci is not None else None
+
+
+def mass_scores(probs: np.ndarray, mass: np.ndarray, gold: np.ndarray, labels, min_mass: float = 0.5) -> dict:
+    """``scores`` plus the ECE's bootstrap interval, mean candidate mass and share of rows below ``min_mass``."""
+    return scores(probs, gold, labels) | {"ece_ci": ece_interval(probs, gold), "mean_mass": float(mass.mean()),
+                                          "below_min_mass": float((mass < min_mass).mean())}
+
+
+def flips_when_reversed(schema, backend, rows: pd.DataFrame, field: str, frame: pd.DataFrame) -> int | None:
+    """Rows of ``frame`` (labelled with ``schema``) whose label changes under the reversed enum list."""
+    if all(f.is_boolean for f in schema.fields):
+        return None
+    back = Labeler(reversed_schema(schema), backend=backend).label_frame(rows, id_field="id", all_probs=False)
+    return int((frame[field].astype(str).to_numpy() != back[field].astype(str).to_numpy()).sum())
 
 
 def label_probs(labeler: Labeler, rows: pd.DataFrame, field: str) -> tuple[np.ndarray, float, pd.DataFrame]:
@@ -81,6 +125,138 @@ def baseline(train: pd.DataFrame, test: pd.DataFrame, field: str, labels) -> tup
     probs[:, model.classes_] = model.predict_proba(test["text"])
     gold = np.array([labels.index(str(v).lower() if isinstance(v, bool) else v) for v in test[field]])
     return scores(probs, gold, labels), seconds
+
+
+def run_mass_set(name: str, epochs: int, lr: float, weights: list[float], max_rows: int | None,
+                 holdout: float) -> dict:
+    """One set, one split: the baseline, the base model and one tune per mass weight (see the
+    module's docstring), every figure on the test rows."""
+    data_file, schema_file, field = SETS[name]
+    schema = load_schema(ROOT / "schemas" / schema_file)
+    f = schema.fields[schema.field_index(field)]
+    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", field]]
+    if max_rows:
+        rows = rows.iloc[:max_rows].reset_index(drop=True)
+    spec = InputSpec(text_field="text", id_field="id")
+    test_idx = stratified_holdout([f.label_index(v) for v in rows[field]], 0.4, 0)
+    test = rows.iloc[test_idx].reset_index(drop=True)
+    train = rows.drop(index=rows.index[test_idx]).reset_index(drop=True)
+    gold_test = np.array([f.label_index(v) for v in test[field]])
+    out: dict = {"rows": {"train": len(train), "test": len(test)}, "holdout": holdout}
+    out["tfidf_logreg"], out["baseline_train_seconds"] = baseline(train, test, field, f.labels)
+    records, labels, _ = gold_records(train, schema, spec)
+    for weight in weights:
+        backend = load_backend(None, device="cpu", dtype="float32")
+        if "base" not in out:
+            base = Labeler(schema, backend=backend)
+            probs, out["seconds_per_record_before"], frame = label_probs(base, test, field)
+            out["base"] = mass_scores(probs, frame[f"{field}__mass"].to_numpy(), gold_test, f.labels)
+            out["base"]["flips_when_reversed"] = flips_when_reversed(schema, backend, test, field, frame)
+        config = TuneConfig(epochs=epochs, lr=lr, seed=0, holdout=holdout, mass_weight=weight)
+        started = time.perf_counter()
+        result, trainer = tune(backend, schema, records, labels, config,
+                               on_epoch=lambda e: print(f"  {name} w={weight} epoch {e.epoch}: loss {e.train_loss} "
+                                                        f"holdout { {k: (round(v.accuracy or 0, 3), round(v.mass or 0, 3)) for k, v in e.holdout.items()} }",
+                                                        file=sys.stderr, flush=True))
+        run: dict = {"tune_seconds": time.perf_counter() - started, "best_epoch": result.best_epoch,
+                     "holdout_rows": result.holdout_rows}
+        run["epochs"] = [{"epoch": e.epoch, "train_loss": e.train_loss, "holdout_accuracy": e.holdout[field].accuracy,
+                          "holdout_nll": e.holdout[field].nll, "holdout_mass": e.holdout[field].mass}
+                         for e in result.epochs]
+        tuned = Labeler(schema, backend=backend)  # the adapter is live in backend's model: labels as the folder does
+        calibration, notes = fit_tune_calibration(result, schema, tuned.metadata(), model="tuned", seed=0)
+        probs, run["seconds_per_record_after"], frame = label_probs(tuned, test, field)
+        mass = frame[f"{field}__mass"].to_numpy()
+        run["raw"] = mass_scores(probs, mass, gold_test, f.labels)
+        run["raw"]["flips_when_reversed"] = flips_when_reversed(schema, backend, test, field, frame)
+        if calibration is not None and field in calibration.fields:
+            fc = calibration.fields[field]
+            run["calibration"] = {"method": fc.cv["method"], "reason": fc.cv["reason"], "temperature": fc.temperature,
+                                  "n": fc.n}
+            run["calibrated"] = mass_scores(fc.apply(probs), mass, gold_test, f.labels)
+        else:
+            run["calibration"] = {"notes": notes}
+        out[f"tune_w{weight:g}"] = run
+        del trainer, tuned, backend
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def render_mass(results: dict) -> str:
+    """The mass-weight table: per set, baseline, base model and each tune (raw and calibrated)."""
+    def ci(m):
+        return f"[{m['ece_ci'][0]:.3f}, {m['ece_ci'][1]:.3f}]" if m.get("ece_ci") else "-"
+
+    lines = [f"{'set':15} {'configuration':24} {'acc':>5} {'F1':>5} {'ECE':>5} {'ECE 95% CI':>15} {'mass':>5} "
+             f"{'<0.5':>5} {'flips':>5}  notes", "-" * 106]
+    for name, r in results.items():
+        rows = [("TF-IDF + logreg", r["tfidf_logreg"], "")]
+        rows.append(("base (zero-shot)", r["base"], f"{r['seconds_per_record_before']:.3f} s/record"))
+        for key, run in r.items():
+            if not key.startswith("tune_w"):
+                continue
+            rows.append((f"tune {key[5:]}", run["raw"], f"{run['tune_seconds']:.0f} s, best epoch {run['best_epoch']}"))
+            if "calibrated" in run:
+                rows.append((f"tune {key[5:]} +tune's cal.", run["calibrated"],
+                             f"{run['calibration']['method']}, {run['calibration']['n']} holdout rows"))
+        for i, (config, m, note) in enumerate(rows):
+            lines.append(f"{name if i == 0 else '':15} {config:24} {_f(m.get('accuracy'))} {_f(m.get('macro_f1'))} "
+                         f"{_f(m.get('ece'))} {ci(m):>15} {_f(m.get('mean_mass'))} {_f(m.get('below_min_mass'))}"
+                         f" {'-' if m.get('flips_when_reversed') is None else m['flips_when_reversed']:>5}  {note}")
+        lines.append(f"{'':15} train {r['rows']['train']} / test {r['rows']['test']} rows")
+    return "\n".join(lines)
+
+
+def order_flips(schema, backend, test: pd.DataFrame, field: str, gold: np.ndarray) -> dict:
+    """Labels of ``test`` under ordering 0 (the list) and 1 (its reversal), each read alone;
+    the rows that change, and each ordering's and the combined (K = 2) accuracy."""
+    from pcd_cli.decoding.decode import Decoder
+    from pcd_cli.decoding.permute import compile_orderings, combine
+
+    records = [Record(str(i), t) for i, t in zip(test["id"], test["text"])]
+    orderings = compile_orderings(schema, backend.tokenizer, 2, logits_width=backend.logits_width)
+    fi = schema.field_index(field)
+    per = [Decoder(backend, c).decode(records) for c in orderings]
+    labels = [np.array([r.fields[fi].label for r in results]) for results in per]
+    combined = np.array([combine(list(pair), schema).fields[fi].label for pair in zip(*per)])
+    return {"flips": int((labels[0] != labels[1]).sum()), "accuracy_list": float((labels[0] == gold).mean()),
+            "accuracy_reversed": float((labels[1] == gold).mean()), "accuracy_k2": float((combined == gold).mean())}
+
+
+def run_order_set(name: str, epochs: int, lr: float, weight: float, max_rows: int | None, holdout: float) -> dict:
+    """One set, one split: base, plain tune and ``--permutations 2`` tune, read one ordering at a time."""
+    data_file, schema_file, field = SETS[name]
+    schema = load_schema(ROOT / "schemas" / schema_file)
+    f = schema.fields[schema.field_index(field)]
+    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", field]]
+    if max_rows:
+        rows = rows.iloc[:max_rows].reset_index(drop=True)
+    test_idx = stratified_holdout([f.label_index(v) for v in rows[field]], 0.4, 0)
+    test = rows.iloc[test_idx].reset_index(drop=True)
+    train = rows.drop(index=rows.index[test_idx]).reset_index(drop=True)
+    gold_test = np.array([f.label_index(v) for v in test[field]])
+    records, labels, _ = gold_records(train, schema, InputSpec(text_field="text", id_field="id"))
+    out: dict = {"rows": {"train": len(train), "test": len(test)}, "mass_weight": weight}
+    for key, k in (("tune_k1", 1), ("tune_k2", 2)):
+        backend = load_backend(None, device="cpu", dtype="float32")
+        if "base" not in out:
+            out["base"] = order_flips(schema, backend, test, field, gold_test)
+            _, _, frame = label_probs(Labeler(schema, backend=backend), test, field)
+            out["base"]["plain_flips"] = flips_when_reversed(schema, backend, test, field, frame)
+            out["base"]["accuracy_plain"] = float((frame[field].map(f.label_index).to_numpy() == gold_test).mean())
+        started = time.perf_counter()
+        config = TuneConfig(epochs=epochs, lr=lr, seed=0, holdout=holdout, mass_weight=weight, permutations=k)
+        result, trainer = tune(backend, schema, records, labels, config,
+                               on_epoch=lambda e: print(f"  {name} K={k} epoch {e.epoch}: loss {e.train_loss}",
+                                                        file=sys.stderr, flush=True))
+        run = {"tune_seconds": time.perf_counter() - started, "best_epoch": result.best_epoch}
+        run |= order_flips(schema, backend, test, field, gold_test)
+        _, _, frame = label_probs(Labeler(schema, backend=backend), test, field)
+        run["plain_flips"] = flips_when_reversed(schema, backend, test, field, frame)
+        run["accuracy_plain"] = float((frame[field].map(f.label_index).to_numpy() == gold_test).mean())
+        out[key] = run
+        del trainer, backend
+    return out
 
 
 def run_set(name: str, epochs: int, lr: float) -> dict:
@@ -164,7 +340,36 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "tune_quality.json")
+    parser.add_argument("--mass-weights", default=None, help="comma-separated --mass-weight values: the mass and "
+                        "calibration comparison (issue 29) instead of the default table")
+    parser.add_argument("--max-rows", type=int, default=None, help="first N rows of each set")
+    parser.add_argument("--holdout", type=float, default=0.25, help="the tuner's holdout (with --mass-weights)")
+    parser.add_argument("--order", action="store_true", help="flips under reversal, tune with and without "
+                        "--permutations 2 (issue 29 item 4)")
+    parser.add_argument("--mass-weight", type=float, default=0.3, help="the tunes' --mass-weight (with --order)")
     args = parser.parse_args()
+    if args.order:
+        results = {}
+        for name in args.sets.split(","):
+            results[name] = run_order_set(name, args.epochs, args.lr, args.mass_weight, args.max_rows, args.holdout)
+            args.json.write_text(json.dumps({"model": "smollm2-135m-instruct", "epochs": args.epochs, "lr": args.lr,
+                                             "max_rows": args.max_rows, "holdout": args.holdout,
+                                             "split": "stratified 60/40, seed 0", "sets": results}, indent=2))
+        print(json.dumps(results, indent=2))
+        return
+    if args.mass_weights is not None:
+        weights = [float(w) for w in args.mass_weights.split(",")]
+        results = json.loads(args.json.read_text())["sets"] if args.json.exists() else {}
+        for name in args.sets.split(","):
+            started = time.perf_counter()
+            results[name] = run_mass_set(name, args.epochs, args.lr, weights, args.max_rows, args.holdout)
+            print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            args.json.write_text(json.dumps({
+                "model": "smollm2-135m-instruct", "epochs": args.epochs, "lr": args.lr, "mass_weights": weights,
+                "max_rows": args.max_rows, "holdout": args.holdout, "split": "stratified 60/40, seed 0",
+                "min_mass": 0.5, "sets": results}, indent=2))
+        print(render_mass(results))
+        return
     results = json.loads(args.json.read_text())["sets"] if args.json.exists() else {}
     for name in args.sets.split(","):
         started = time.perf_counter()

@@ -826,6 +826,9 @@ def tune(
     mass_weight: float = typer.Option(DEFAULT_MASS_WEIGHT, "--mass-weight", min=0.0, help="Weight of the gold "
                                       "label's full-vocabulary NLL added to the loss: keeps the candidate mass "
                                       "(0: the cross-entropy over the labels alone; docs/quality.md)."),
+    permutations: int = typer.Option(1, "--permutations", min=1, help="K >= 2: train over the K label orderings "
+                                     "that pcd label --permutations K reads (each a loss term); label with the "
+                                     "same K."),
     seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
                              "initialisation and the --examples draw."),
     max_tokens_per_pass: int = BUDGET_OPT,
@@ -862,7 +865,7 @@ def tune(
         labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend="torch",
                           scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
                           examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed),
-                          tuned_calibration=False)
+                          tuned_calibration=False, permutations=permutations)
         gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
         if dropped:
             out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
@@ -872,7 +875,8 @@ def tune(
             err.print(f"[yellow]warning:[/] {len(skipped)} gold rows are not used (e.g. {escape(skipped[0])})",
                       highlight=False)
         config = TuneConfig(epochs=epochs, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
-                            max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight)
+                            max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
+                            permutations=permutations)
         bar = _TuneProgress(progress, epochs)
         result, trainer = run_tune(labeler.backend, parsed, records, labels, config,
                                    examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch)

@@ -22,6 +22,7 @@ the kept epoch's holdout predictions and written into the tuned folder, where ``
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from .version import __version__
 
 
 #: ``--mass-weight``'s default (chosen by ``benchmarks/tune_quality.py``; docs/quality.md).
-DEFAULT_MASS_WEIGHT = 1.0
+DEFAULT_MASS_WEIGHT = 0.3
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class TuneConfig:
         max_tokens_per_pass: the token budget of one packed pass, hence of one training step.
         mass_weight: weight of the gold label's full-vocabulary NLL in the loss (``field_loss``);
             0 is the renormalised cross-entropy alone.
+        permutations: ``K >= 2``: train over the K label orderings ``pcd label --permutations
+            K`` reads (``pcd_cli.decoding.permute``): every ordering's branch of a record is a
+            loss term, the holdout is labelled with the orderings combined. 1: the plain prompt.
     """
 
     epochs: int = 3
@@ -67,6 +71,7 @@ class TuneConfig:
     scoring: str = "marginal"
     max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
     mass_weight: float = DEFAULT_MASS_WEIGHT
+    permutations: int = 1
 
 
 #: File name of the calibration ``pcd tune`` writes into its output folder.
@@ -235,8 +240,14 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
     """
     from .backends.torch_tune import LoraTrainer, field_loss
 
-    compiled = CompiledSchema(schema, backend.tokenizer, scoring=config.scoring,
-                              logits_width=backend.logits_width, examples=examples)
+    orderings: list[CompiledSchema] = []
+    if config.permutations > 1:
+        from .decoding.permute import compile_orderings
+
+        orderings = compile_orderings(schema, backend.tokenizer, config.permutations, scoring=config.scoring,
+                                      logits_width=backend.logits_width, examples=examples)
+    compiled = orderings[0] if orderings else CompiledSchema(
+        schema, backend.tokenizer, scoring=config.scoring, logits_width=backend.logits_width, examples=examples)
     first = [lab[0] for lab in labels]
     held = set(stratified_holdout(first, config.holdout, config.seed).tolist())
     train = [i for i in range(len(records)) if i not in held]
@@ -253,7 +264,7 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
         predictions.clear()
         if not hold_records:
             return {}
-        decoder = Decoder(backend, compiled, max_tokens_per_pass=config.max_tokens_per_pass)
+        decoder = Decoder(backend, compiled, orderings=orderings, max_tokens_per_pass=config.max_tokens_per_pass)
         return holdout_scores(decoder, hold_records, hold_labels, schema, predictions)
 
     t0 = time.perf_counter()
@@ -263,7 +274,7 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
     result = TuneResult(epochs=log, best_epoch=0, train_rows=len(train), holdout_rows=len(hold_records),
                         trainable_parameters=trainer.trainable_parameters, holdout_predictions=dict(predictions))
     best_state, best_nll = trainer.adapter_state(), _mean_nll(log[0].holdout)
-    decoder = Decoder(backend, compiled, max_tokens_per_pass=config.max_tokens_per_pass)
+    decoder = Decoder(backend, compiled, orderings=orderings, max_tokens_per_pass=config.max_tokens_per_pass)
     train_start = time.perf_counter()
     try:
         for epoch in range(1, config.epochs + 1):
@@ -274,10 +285,10 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
             losses = []
             for g, group in enumerate(groups):
                 rows = [order[i] for i in group]
-                reads = decoder.training_reads([records[i] for i in rows], [labels[i] for i in rows])
+                reads = decoder.training_reads_by_ordering([records[i] for i in rows], [labels[i] for i in rows])
                 terms = [field_loss(forest, rd, len(schema.fields[fi].labels), labels[i][fi], config.mass_weight)
-                         for i, per_field in zip(rows, reads) for fi, (forest, rd) in per_field.items()
-                         if labels[i][fi] is not None]
+                         for i, per_ordering in zip(rows, reads) for per_field in per_ordering
+                         for fi, (forest, rd) in per_field.items() if labels[i][fi] is not None]
                 if not terms:
                     continue
                 loss = trainer.step(terms)
@@ -396,9 +407,15 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
 
 def card_mismatches(card: dict, metadata: dict[str, str]) -> list[str]:
     """What differs between a tuned model's card and a labelling run's metadata: schema, prompt
-    head (template, examples) or scoring mode. Empty when the run reads what was trained."""
+    head (template, examples), scoring mode or label orderings (``--permutations``). Empty
+    when the run reads what was trained."""
     checks = [("schema", "schema_sha256", "pcd.schema_sha256"),
               ("prompt head (instructions, catalog, examples)", "prompt_head_sha256", "pcd.prompt_head_sha256"),
               ("scoring mode", "scoring", "pcd.scoring")]
-    return [f"{what}: trained for {card.get(key)!r}, labelling with {metadata.get(meta)!r}"
-            for what, key, meta in checks if card.get(key) is not None and card.get(key) != metadata.get(meta)]
+    out = [f"{what}: trained for {card.get(key)!r}, labelling with {metadata.get(meta)!r}"
+           for what, key, meta in checks if card.get(key) is not None and card.get(key) != metadata.get(meta)]
+    trained = (card.get("hyperparameters") or {}).get("permutations")
+    reading = json.loads(metadata.get("pcd.permutations") or '{"k": 1}').get("k", 1)
+    if trained is not None and trained != reading:
+        out.append(f"label orderings (--permutations): trained for {trained}, labelling with {reading}")
+    return out

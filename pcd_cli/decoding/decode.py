@@ -352,21 +352,42 @@ class Decoder:
 
         Raises:
             RecordError: a record cannot be labelled (too long, seams).
+            ValueError: the decoder has several label orderings (use
+                ``training_reads_by_ordering``).
+        """
+        if len(self.orderings) > 1:
+            raise ValueError("training_reads: this decoder has label orderings; use training_reads_by_ordering")
+        return [per[0] for per in self.training_reads_by_ordering(records, written)]
+
+    def training_reads_by_ordering(self, records: Sequence[Record], written: Sequence[Sequence[int | None]]
+                                   ) -> list[list[dict[int, tuple[FieldForest, list]]]]:
+        """``training_reads`` for every label ordering of the decoder (``pcd tune
+        --permutations K``): the record's shared tokens fed once, each ordering a branch, as
+        ``decode`` feeds them; every branch writes the same gold lines (``written``).
+
+        Returns:
+            per record, per ordering (``self.orderings`` order; one entry without orderings),
+            ``{field index: (forest, reads)}`` as ``training_reads``; label indices are the
+            schema's in every ordering.
+
+        Raises:
+            RecordError: a record cannot be labelled (too long, seams).
         """
         slots = []
         for record, labels in zip(records, written):
             slot = self._prepare(record)
-            slot.written = tuple(labels)
+            for s in [slot, *slot.branches]:
+                s.written = tuple(labels)
             slots.append(slot)
         if len({slot.variant for slot in slots}) > 1:
             raise ValueError("training_reads: records of different RoPE variants in one group (use training_groups)")
         cache = self.backend.prefill_train(self.compiled.prompt.head_ids, variant=slots[0].variant)
         self._training = True
         try:
-            self._decode_group(slots, cache)
+            self._decode_group([t for slot in slots for t in [slot, *slot.branches]], cache)
         finally:
             self._training = False
-        return [slot.reads for slot in slots]
+        return [[b.reads for b in slot.branches] if slot.branches else [slot.reads] for slot in slots]
 
     def _decode_group(self, group: list[_Slot], cache) -> None:
         """Decode ``group``'s slots wave by wave (a record's shared slot, when ``orderings``
