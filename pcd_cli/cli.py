@@ -533,7 +533,8 @@ def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quie
 def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
                fmt, spec_args: dict, examples, shots: int, seed: int, resume: bool, trace, **engine_args):
     """``pcd label --engine ray``: the same checks and options, run by ``pcd_cli.engines.ray_engine``."""
-    from .engines.local import check_job
+    from .engines.local import id_column
+    from .io.output import check_columns
     from .io.readers import InputSpec
     from .schema.load import load_schema
 
@@ -547,8 +548,8 @@ def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_op
         parsed = load_schema(schema)
         for warning in parsed.warnings:
             report("warning", {"message": warning}, "warning")
-        check_job(parsed, input, spec, output=output, errors_path=errors, trace_path=None,
-                  all_probs=engine_args["all_probs"], fmt=fmt)
+        # the columns here; inputs (files, folders, globs) and the output folder in ray_engine.label_files
+        check_columns(parsed, id_column(spec), all_probs=engine_args["all_probs"])
         from .engines.ray_engine import label_files
 
         options = {k: v.resolve() if isinstance(v, Path) else v for k, v in labeler_options.items()}  # for workers

@@ -62,7 +62,8 @@ def check_job(schema: Schema, input_path: str | Path, spec: InputSpec, *, output
     """Every check of a ``pcd label`` job that needs no model, in the order a user meets them: the
     output columns (``check_columns``), the input (a file, or ``-``; its header and encoding:
     ``check_input``), ``-o`` not a folder, the output paths (``check_paths``). The one preflight of
-    the CLI, ``label_file`` and the Ray engine.
+    the CLI and ``label_file``; the Ray engine, whose input may be a folder or glob and whose
+    output is a folder, runs ``check_columns`` and then its own ``ray_engine.check_outputs``.
 
     Returns:
         Whether the input has a row, and the folders created for the outputs.

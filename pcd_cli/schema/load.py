@@ -351,7 +351,7 @@ def _waves(fields: list[Field], problems: list[str], *, checked: bool = False,
     """Decision waves: the first field alone, then ``depends_on`` levels (DESIGN.md §2 rule 8).
 
     Cycles are appended to ``problems`` (each once); so are unknown names, a field naming
-    itself and a first field that depends, unless ``checked`` (``schema_fields.parse_field`` did). A
+    itself and a first field that depends, unless ``checked`` (``fields.parse_field`` did). A
     dependency on a field not in ``fields`` (one that could not be read) is skipped;
     ``first_read``: ``fields[0]`` is the schema's first field (else it is walked like the rest).
     """
