@@ -69,13 +69,15 @@ class FakeHost:
     """``ModelHost`` stand-in: ``calls`` logs every ``label_batch`` call's (id, text) pairs;
     ``compiled`` every schema compiled; a schema named ``uncompilable`` raises ``CompileError``."""
 
-    def __init__(self, *, gate: threading.Event | None = None, delay: float = 0.0, load_s: float = 0.0):
+    def __init__(self, *, gate: threading.Event | None = None, delay: float = 0.0, load_s: float = 0.0,
+                 load_gate: threading.Event | None = None):
         self.calls: list[list] = []
         self.call_schemas: list[str] = []
         self.compiled: list[str] = []
         self.gate = gate
         self.delay = delay
         self.load_s = load_s
+        self.load_gate = load_gate  # load() waits for it (a test decides when the model is loaded)
         self.entered = threading.Event()
         self.loaded = False
 
@@ -85,6 +87,8 @@ class FakeHost:
 
     def load(self) -> str:
         time.sleep(self.load_s)
+        if self.load_gate is not None:
+            self.load_gate.wait(30)
         self.loaded = True
         return self.model_id
 

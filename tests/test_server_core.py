@@ -396,12 +396,14 @@ def test_cors_only_with_origins():
 
 
 def test_ready_waits_for_the_model_while_health_answers():
-    host = FakeHost(load_s=0.5)
+    loaded = threading.Event()
+    host = FakeHost(load_gate=loaded)
     with serve(host, wait_ready=False) as srv:
         assert httpx.get(srv.url + "/health").status_code == 200
         early = httpx.get(srv.url + "/ready")
         work = post(srv.url, {"schema": "sms", "records": ["a"]})
-        srv.service.ready.wait(10)
+        loaded.set()
+        assert srv.service.ready.wait(10)
         late = httpx.get(srv.url + "/ready")
     assert early.status_code == 503 and early.json()["error"]["code"] == "not_ready"
     assert work.status_code == 503 and late.status_code == 200

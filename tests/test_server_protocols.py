@@ -424,6 +424,13 @@ def test_both_clients_need_the_key(server):
     with typesafe_sdk.TypeSafeClient(base_url=server.url, api_key="wrong", retry=RetryPolicy(max_retries=0)) as c:
         with pytest.raises(TypeSafeAuthenticationError):
             c.system_one(state="x", questions=QUESTIONS)
+    import httpx
+
+    for path in ("/v1/systemone", "/v1/models"):  # the Jev header on the middleware's 401 too
+        refused = httpx.request("POST" if path.endswith("one") else "GET", server.url + path, json={})
+        assert refused.status_code == 401
+        assert refused.headers["x-typesafe-request-id"] == refused.headers["x-request-id"]
+    assert "x-typesafe-request-id" not in httpx.post(server.url + "/v1/decisions", json={}).headers
     with pytest.raises(openai.AuthenticationError) as info:
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).decisions.create(
             model="m", input="x", questions=[{"type": "predicate", "instructions": "?"}])

@@ -148,10 +148,16 @@ def error_response(exc: ApiError) -> Response:
 
 
 class RequestContext:
-    """ASGI middleware: request id, API key check, the access log line and request metrics."""
+    """ASGI middleware: request id, API key check, the access log line and request metrics.
 
-    def __init__(self, app, *, api_keys: tuple[str, ...], metrics: Metrics, known_paths: Iterable[str]):
+    Every response carries ``x-request-id``; a protocol route whose module names another
+    request-id header (``id_headers``: path -> header, e.g. the Jev routes' ``x-typesafe-request-id``)
+    carries that one too, the middleware's own answers (401) included."""
+
+    def __init__(self, app, *, api_keys: tuple[str, ...], metrics: Metrics, known_paths: Iterable[str],
+                 id_headers: dict[str, str] | None = None):
         self.app = app
+        self.id_headers = {path: h.encode() for path, h in (id_headers or {}).items()}
         self.keys = tuple(k.encode() for k in api_keys)
         self.metrics = metrics
         self.known = frozenset(known_paths)
@@ -170,7 +176,11 @@ class RequestContext:
         async def send_with_id(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                headers = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                own = self.id_headers.get(path)  # e.g. x-typesafe-request-id on a 401 from /v1/systemone
+                if own is not None and all(k.lower() != own for k, _ in headers):
+                    headers.append((own, rid.encode()))
+                message["headers"] = headers
             await send(message)
 
         try:
@@ -371,6 +381,7 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+    id_headers: dict[str, str] = {}  # path -> the protocol's own request-id header, on errors too
     for name in PROTOCOL_MODULES:
         try:
             module = importlib.import_module(name)
@@ -378,7 +389,11 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
             if exc.name != name:
                 raise
             continue
-        routes.extend(module.routes(service, config))
+        added = module.routes(service, config)
+        header = getattr(module, "REQUEST_ID_HEADER", REQUEST_ID_HEADER)
+        if header != REQUEST_ID_HEADER:
+            id_headers.update({r.path: header for r in added if hasattr(r, "path")})
+        routes.extend(added)
     routes.extend(extra_routes)
     metrics_ = Metrics(service)
     middleware = []
@@ -390,7 +405,7 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
                                      allow_headers=["authorization", "content-type", "x-api-key", "x-request-id"],
                                      expose_headers=["x-request-id", "x-typesafe-request-id", "retry-after"]))
     middleware.append(Middleware(RequestContext, api_keys=tuple(config.api_keys), metrics=metrics_,
-                                 known_paths=[r.path for r in routes if hasattr(r, "path")]))
+                                 known_paths=[r.path for r in routes if hasattr(r, "path")], id_headers=id_headers))
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={ApiError: _api_error, ClientDisconnected: _disconnected, Exception: _crash})
     app.state.service = service
