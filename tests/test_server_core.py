@@ -436,6 +436,38 @@ def test_drain_finishes_queued_work_and_refuses_new():
     assert [r.status_code for r in done] == [200, 200, 200]
 
 
+def test_a_drain_past_its_timeout_answers_the_queued_503_at_once():
+    """Past --shutdown-timeout-s the queued requests hear 503 while the server can still answer
+    (not after the HTTP server stopped); only the decode call running then is waited for."""
+    host = FakeHost(gate=threading.Event())
+    with serve(host, shutdown_timeout_s=0.5) as srv:
+        async def run():
+            async with httpx.AsyncClient(timeout=30) as client:
+                running = asyncio.ensure_future(client.post(srv.url + "/v1/label",
+                                                            json={"schema": "sms", "records": ["running"]}))
+                while not host.entered.is_set():
+                    await asyncio.sleep(0.005)
+                queued = [asyncio.ensure_future(client.post(srv.url + "/v1/label",
+                                                            json={"schema": "sms", "records": [f"q{i}"]}))
+                          for i in range(2)]
+                while srv.service.queue_depth[0] < 2:
+                    await asyncio.sleep(0.005)
+                started = time.monotonic()
+                srv.drain()
+                shed = await asyncio.gather(*queued)
+                waited = time.monotonic() - started
+                host.gate.set()  # the running call ends after the timeout: its answer still goes out
+                return waited, shed, await running
+        waited, shed, running = asyncio.run(run())
+        srv.thread.join(10)
+        assert not srv.thread.is_alive()
+    assert [r.status_code for r in shed] == [503, 503]
+    assert {r.json()["error"]["code"] for r in shed} == {"shutting_down"} and shed[0].headers["retry-after"] == "1"
+    assert 0.5 <= waited < 5, waited
+    assert running.status_code == 200 and len(running.json()["rows"]) == 1
+    assert [c[0][1] for c in host.calls][1:] == ["running"]  # after the warm-up; the shed were never decoded
+
+
 def test_sigterm_drains_requests_in_flight_and_exits_0():
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "server_fakes.py"), "0.3", "20"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -38,7 +38,8 @@ def make_server(service: LabelService, app_config: AppConfig, *, host: str, port
 
     The first SIGTERM or SIGINT (``handle_exit``) drains: ``/ready`` and new work answer 503,
     queued and running requests finish (at most ``shutdown_timeout_s``), then the server stops;
-    a second signal stops it at once.
+    past ``shutdown_timeout_s`` the still-queued requests are answered 503 at once (``shed``) and
+    only the decode call running then is waited for. A second signal stops it at once.
 
     Raises:
         OSError: the address cannot be bound (in use, not local).
@@ -57,8 +58,13 @@ def make_server(service: LabelService, app_config: AppConfig, *, host: str, port
 
         async def on_tick(self, counter: int) -> bool:
             if self.drain_since is not None and not self.should_exit:
-                if service.idle or time.monotonic() - self.drain_since >= shutdown_timeout_s:
-                    log.info("drained in %.1f s; stopping", time.monotonic() - self.drain_since)
+                waited = time.monotonic() - self.drain_since
+                if service.idle:
+                    log.info("drained in %.1f s; stopping", waited)
+                    self.should_exit = True
+                elif waited >= shutdown_timeout_s:  # answer the queued 503 now, while responses can go out
+                    log.warning("not drained after %.1f s: %d queued requests answered 503; stopping after the "
+                                "decode call running now", waited, service.shed())
                     self.should_exit = True
             if service.startup_error is not None:
                 self.should_exit = True
@@ -101,7 +107,9 @@ def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.
         server.run(sockets=[sock])
     finally:
         sock.close()
-        service.close(timeout=shutdown_timeout_s)
+        # the decode call running now (one chunk) ends; the drain has used most of the budget already
+        spent = time.monotonic() - server.drain_since if server.drain_since is not None else 0.0
+        service.close(timeout=max(RESPONSE_GRACE_S, shutdown_timeout_s - spent))
     if service.startup_error is not None:
         from ..errors import CalibrationError, InputError, SchemaError
 

@@ -314,9 +314,11 @@ class LabelService:
             await asyncio.sleep(0.02)
         return True
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop the worker: requests still queued fail with 503; the running decode call ends
-        first; the thread is joined (at most ``timeout`` seconds)."""
+    def shed(self) -> int:
+        """Stop taking work and fail every request still queued with 503 (``shutting_down``) at
+        once, so its client hears while the HTTP server can still answer; the decode call
+        running now goes on. Returns how many requests were failed. Called when a drain runs
+        past ``--shutdown-timeout-s`` and by ``close``."""
         with self._cond:
             self._stopping = True
             self.draining = True
@@ -328,6 +330,12 @@ class LabelService:
             self._fail(job, ApiError(503, "server_error", "shutting_down",
                                      "the server shut down before this request was decoded; send it again",
                                      {"Retry-After": "1"}))
+        return len(left)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the worker: requests still queued fail with 503 (``shed``); the running decode
+        call ends first; the thread is joined (at most ``timeout`` seconds)."""
+        self.shed()
         if self._thread is not None:
             self._thread.join(timeout)
 
