@@ -279,9 +279,14 @@ MULTI = "a multi-select is an array whose items are an enum of strings (list[Lit
      "every part is a const or an enum, or when one part is left beside null parts (Optional[...])"),
     ({"anyOf": [{"type": "string"}, {"type": "null"}]}, None,  # Optional[str]: the part is what is refused
      f"field 'x': type 'string' without enum (free text) is not supported; {KINDS}: list the labels with enum"),
-    ({"enum": [1, 2]}, None, "s.json has 2 problems:\n"
-                             "  field 'x': label #1 is the number 1, not a string; quote it: \"1\"\n"
-                             "  field 'x': label #2 is the number 2, not a string; quote it: \"2\""),
+    ({"enum": [1, 5]}, None, "field 'x': enum lists whole numbers with gaps (1, 5); an integer field reads every "
+                             "whole number from its lower to its upper bound: to keep integers in the output, allow "
+                             "the range, Annotated[int, Field(ge=1, le=5)] (JSON Schema: \"minimum\": 1, "
+                             "\"maximum\": 5); or make the values labels, Literal['1', '5'], and the output column "
+                             "holds strings ('5', not 5)"),
+    ({"enum": [True]}, None, "field 'x': enum allows only True, one fixed value, which is not a decision; use bool "
+                             "(true or false), or drop the field"),
+    ({"enum": [1, "a"]}, None, "field 'x': label #1 is the number 1, not a string; quote it: \"1\""),
     ({"enum": ["yes", True]}, None, "field 'x': label #2 is the boolean True, not a string; quote it: \"true\""),
 ])
 def test_json_schema_constructs_pcd_cannot_express_name_the_field_and_the_construct(tmp_path, prop, defs, message):
@@ -376,17 +381,18 @@ fields:
 def test_every_problem_of_a_json_schema_is_listed(tmp_path):
     data = {"title": "Review", "type": "object", "$defs": {"S": {"enum": ["neg", "pos", "neg"]}},
             "properties": {"sentiment": {"$ref": "#/$defs/S"}, "note": {"type": "string"},
-                           "ok": {"type": "boolean"}, "stars": {"enum": [1, 2, 3]},
+                           "ok": {"type": "boolean"}, "stars": {"enum": [1, 3, 5]},
                            "maybe": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}
     (tmp_path / "review.json").write_text(json.dumps(data))
     with pytest.raises(SchemaError) as info:
         load_schema(tmp_path / "review.json")
-    assert str(info.value) == f"""{tmp_path / 'review.json'} has 6 problems:
+    assert str(info.value) == f"""{tmp_path / 'review.json'} has 4 problems:
   field 'sentiment': duplicate label 'neg'
   field 'note': type 'string' without enum (free text) is not supported; {KINDS}: list the labels with enum
-  field 'stars': label #1 is the number 1, not a string; quote it: "1"
-  field 'stars': label #2 is the number 2, not a string; quote it: "2"
-  field 'stars': label #3 is the number 3, not a string; quote it: "3"
+  field 'stars': enum lists whole numbers with gaps (1, 3, 5); an integer field reads every whole number from \
+its lower to its upper bound: to keep integers in the output, allow the range, Annotated[int, Field(ge=1, le=5)] \
+(JSON Schema: "minimum": 1, "maximum": 5); or make the values labels, Literal['1', '3', '5'], and the output \
+column holds strings ('5', not 5)
   field 'maybe': type 'number' (a decimal number) is not supported; use type 'integer' with minimum and maximum, \
 or list the values with enum"""
 

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..io.readers import InputSpec, detect_format, read_table_rows, row_to_record
-from ..schema.model import NULL_LABEL, Field, FieldKind, Schema
+from ..schema.model import NULL_LABEL, Field, FieldKind, Schema, whole_number
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
 METADATA_ATTR = "metadata"
@@ -401,8 +401,10 @@ def gold_label_index(value, spec: FieldSpec) -> int | None:
     """Index of a gold value in ``spec.labels``; ``None`` when it is not a label.
 
     Booleans: ``True``/``False`` or the strings ``true``/``false`` in any case. Enums and
-    ordinals: the exact label string. Integers: a whole number (not a boolean) or its decimal
-    string (spaces around it ignored). A nullable field's null option: the string ``"null"``
+    ordinals: the exact label string, or, for a label that is a whole number (``"4"``), that
+    number as tools write it (``4``, ``4.0``, ``"4.0"``). Integers: a whole number (not a
+    boolean) as ``model.whole_number`` reads it: ``4``, ``4.0`` (pandas writes an integer
+    column with gaps as float), ``"4"``, ``" 4.0 "``. A nullable field's null option: the string ``"null"``
     (a null gold cell is "no gold", never this label).
     """
     if spec.is_boolean:
@@ -412,20 +414,19 @@ def gold_label_index(value, spec: FieldSpec) -> int | None:
             text = value.strip().lower()
         else:
             return None
-    elif spec.type == "integer" and not isinstance(value, (bool, np.bool_, str)):
-        if isinstance(value, (float, np.floating)) and float(value).is_integer():
-            value = int(value)
-        if not isinstance(value, (int, np.integer)):
-            return None
-        text = str(int(value))
+    elif spec.type == "integer":
+        number = whole_number(value)
+        text = str(number) if number is not None else value.strip() if isinstance(value, str) else None
     elif isinstance(value, str):
-        text = value.strip() if spec.type == "integer" else value
+        text = value
     else:
-        return None
-    try:
+        text = None
+    if text in spec.labels:
         return spec.labels.index(text)
-    except ValueError:
-        return None
+    number = whole_number(value)  # an ordinal (enum) label "4" written 4 or 4.0 (pandas, a float column)
+    if number is not None and str(number) in spec.labels:
+        return spec.labels.index(str(number))
+    return None
 
 
 def gold_options(value, spec: FieldSpec) -> tuple[bool, ...] | None:

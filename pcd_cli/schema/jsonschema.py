@@ -117,6 +117,39 @@ def apply_extensions(where: str, keys: dict, spec: dict) -> str | None:
     return None
 
 
+def typed_choice(where: str, values: list, construct: str) -> dict:
+    """The field spec of a closed set of values, keeping their JSON type: strings -> an enum;
+    ``true`` and ``false`` -> a boolean; whole numbers forming a contiguous range (``[1, 2,
+    3]``, an ``IntEnum``, ``Literal[1, 2, 3]``) -> an integer field ``minimum..maximum``, whose
+    output column holds integers. Shared by JSON Schema ``enum``/``const`` unions and Pydantic
+    ``Literal``/``Enum`` types, so a model and its ``model_json_schema()`` give the same field.
+
+    Other mixes are left as an enum of the raw values (the label check names each non-string).
+
+    Raises:
+        ValueError: whole numbers with gaps (``[0, 5, 10, 25]``) or a single boolean; the message
+            starts with ``where``, names ``construct`` and gives a fix that keeps the types, or
+            says plainly that the output would be strings.
+    """
+    if values and all(isinstance(v, bool) for v in values):
+        if set(values) == {True, False}:
+            return {"type": "boolean"}
+        raise ValueError(f"{where}: {construct} allows only {values[0]!r}, one fixed value, which is not a decision; "
+                         "use bool (true or false), or drop the field")
+    if len(values) >= 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        lo, hi = min(values), max(values)
+        if len(set(values)) == hi - lo + 1 and hi - lo + 1 <= MAX_INTEGER_VALUES:
+            return {"type": "integer", "minimum": lo, "maximum": hi}
+        shown = ", ".join(map(str, sorted(set(values))))
+        quoted = ", ".join(repr(str(v)) for v in sorted(set(values)))
+        raise ValueError(f"{where}: {construct} lists whole numbers with gaps ({shown}); an integer field reads "
+                         f"every whole number from its lower to its upper bound: to keep integers in the output, "
+                         f"allow the range, Annotated[int, Field(ge={lo}, le={hi})] (JSON Schema: \"minimum\": {lo}, "
+                         f"\"maximum\": {hi}); or make the values labels, Literal[{quoted}], and the output column "
+                         "holds strings ('5', not 5)")
+    return {"type": "enum", "labels": list(values)}
+
+
 def _json_decision(name: str, node: dict, root: dict, warnings: list[str]) -> dict:
     """The field spec (type, labels or bounds, ``nullable``) of a resolved property node."""
     ftype = node.get("type")
@@ -136,7 +169,7 @@ def _json_decision(name: str, node: dict, root: dict, warnings: list[str]) -> di
         if isinstance(values, list) and None in values:  # Optional[...] written as an enum with null
             nullable = True
             values = [v for v in values if v is not None]
-        spec = {"type": "enum", "labels": values}
+        spec = _typed(name, values, "enum") if isinstance(values, list) else {"type": "enum", "labels": values}
     elif "const" in node:
         raise _NotExpressible(f"field {name!r}: const {node['const']!r} (one fixed value) is not a decision; "
                               "give at least two labels with enum, or drop the field")
@@ -233,7 +266,10 @@ def _json_array(name: str, node: dict, root: dict, warnings: list[str]) -> dict:
                  "const items" if "const" in item else "items of any value")
         raise _NotExpressible(f"field {name!r}: type 'array' of {shown} is not supported; {fix}")
     labels = _json_decision(name, item, root, warnings)
-    if labels.get("nullable") or labels.get("type") != "enum":
+    if labels.get("type") != "enum":
+        shown = "whole numbers" if labels.get("type") == "integer" else "booleans"
+        raise _NotExpressible(f"field {name!r}: type 'array' of {shown} is not supported; {fix}")
+    if labels.get("nullable"):
         raise _NotExpressible(f"field {name!r}: type 'array' of items that may be null is not supported; {fix}")
     spec: dict[str, Any] = {"type": "multi", "labels": labels["labels"]}
     for key, ours in (("minItems", "min_items"), ("maxItems", "max_items")):
@@ -345,6 +381,10 @@ def _json_union(name: str, key: str, branches: Any, root: dict, warnings: list[s
         elif isinstance(node.get("enum"), list):
             nullable = nullable or None in node["enum"]
             labels.extend(v for v in node["enum"] if v is not None)
+        elif all(part.get("type") == "object" or "properties" in part for part in rest):
+            raise _NotExpressible(f"field {name!r}: {key} of objects (a union of objects, such as a discriminated "
+                                  "union) is not supported; pcd labels flat fields: give each choice's fields a "
+                                  "property of their own, e.g. an enum for the kind and Optional fields for the rest")
         else:
             shown = node.get("type") or next((k for k in ("anyOf", "oneOf", "allOf") if k in node), None)
             part = f"a {shown!r} part" if isinstance(shown, str) else "a part with no type, const or enum"
@@ -354,7 +394,15 @@ def _json_union(name: str, key: str, branches: Any, root: dict, warnings: list[s
     if described:
         warnings.append(f"field {name!r}: the titles and descriptions of its {key} labels are not shown to the "
                         "model (pcd's catalog lists the labels only); put what matters in the field's description")
-    spec = {"type": "enum", "labels": labels}
+    spec = _typed(name, labels, key)
     if nullable:
         spec["nullable"] = True
     return spec
+
+
+def _typed(name: str, values: list, construct: str) -> dict:
+    """``typed_choice`` for a JSON property (its problem as ``_NotExpressible``)."""
+    try:
+        return typed_choice(f"field {name!r}", values, construct)
+    except ValueError as exc:
+        raise _NotExpressible(str(exc)) from None

@@ -42,6 +42,30 @@ MAX_INTEGER_VALUES = 500
 MAX_MULTI_OPTIONS = 64
 
 
+def whole_number(value: object) -> int | None:
+    """The whole number a gold or example cell holds as tools write it, or ``None``: an int (not
+    a bool), a float or numpy number with no fraction (pandas writes an integer column that has
+    gaps as float: ``4.0``), or a string of one (``"4"``, ``" 4.0 "``, ``"4.00"``; a CSV from
+    such a column)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if not text or not (text[0].isdigit() or text[0] in "+-."):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def unescape_template(template: str) -> str:
     """``--template`` / ``--csv-delimiter`` as typed on a command line: the two-character
     escapes ``\\n`` and ``\\t`` become a newline and a tab."""
@@ -142,8 +166,10 @@ class Field(FieldKind):
 
     def label_index(self, value: object, *, where: str = "") -> int:
         """Index of a gold or example value: a label string; for booleans ``True``/``False``
-        or ``"true"``/``"false"`` (any case); for integers an int or its decimal string;
-        ``None`` for the null option of a nullable field.
+        or ``"true"``/``"false"`` (any case); for integers a whole number as tools write it
+        (``4``, ``4.0``, ``"4"``, ``"4.0"``: ``whole_number``); for enum and ordinal labels
+        that are whole numbers (``"4"``), also such a number; ``None`` for the null option of
+        a nullable field.
 
         Raises:
             SchemaError: the value is not a label of this field (names ``where`` and the field).
@@ -157,14 +183,13 @@ class Field(FieldKind):
             elif isinstance(value, str):
                 key = value.strip().lower()
         elif self.type == "integer":
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, int) and not isinstance(value, bool):
-                key = str(value)
-            elif isinstance(value, str):
-                key = value.strip()
+            number = whole_number(value)
+            key = str(number) if number is not None else value.strip() if isinstance(value, str) else value
         if isinstance(key, str) and key in self.labels and not (self.nullable and key == NULL_LABEL):
             return self.labels.index(key)
+        number = None if self.is_boolean or self.type == "integer" else whole_number(value)
+        if number is not None and str(number) in self.labels:  # an ordinal 1..5 written 4 or 4.0
+            return self.labels.index(str(number))
         allowed = " | ".join(self.labels) if self.type != "integer" else f"{self.labels[0]}..{self.labels[-1]}"
         raise SchemaError(f"{where + ': ' if where else ''}field {self.name!r}: {value!r} is not one of its labels "
                           f"({allowed})")

@@ -3,7 +3,9 @@
 A model's fields become the schema's fields in declaration order:
 
 * ``bool`` -> boolean; ``Literal["a", "b"]`` and ``enum.Enum`` subclasses -> enum (labels in
-  declared order; an Enum gives its members' values, which must be strings);
+  declared order; an Enum gives its members' values); a ``Literal`` or Enum (``IntEnum``) of
+  whole numbers forming a range -> integer, of ``True`` and ``False`` -> boolean, as their JSON
+  Schema reads (``jsonschema.typed_choice``; whole numbers with gaps are refused with a fix);
 * ``int`` with both bounds (``Annotated[int, Field(ge=1, le=5)]``, ``Field(ge=..., le=...)``,
   also ``gt``/``lt``, ``conint(...)``) -> integer;
 * ``list[...]``, ``set[...]``, ``frozenset[...]`` of a ``Literal`` or a str ``Enum`` -> multi
@@ -18,8 +20,9 @@ A model's fields become the schema's fields in declaration order:
   ``model_config = {"json_schema_extra": {"x-pcd-rules": [...]}}``.
 
 A model and its own ``model_json_schema()`` give the same schema (same ``source_sha256``).
-Any other type (``str``, ``float``, an ``int`` without both bounds, a union of types) is a
-``SchemaError`` naming the field and the type. The result goes through ``parse_schema``, so
+Any other type (``str``, ``float``, an ``int`` without both bounds, a union of types or of
+models) is a ``SchemaError`` naming the field and the type as written (never the module name
+the file was imported under). The result goes through ``parse_schema``, so
 the same validation applies as to YAML schemas, and every problem of the model is reported
 at once.
 
@@ -38,7 +41,7 @@ import typing
 from pathlib import Path
 
 from ..errors import MissingExtra, SchemaError
-from .jsonschema import RULES_KEY, apply_extensions, integer_bounds
+from .jsonschema import RULES_KEY, apply_extensions, integer_bounds, typed_choice
 from .model import MAX_INTEGER_VALUES, Unparsed
 
 
@@ -105,6 +108,10 @@ def _field_type(model_name: str, name: str, annotation: object, metadata: tuple 
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
         rest = [a for a in args if a is not type(None)]
+        if all(is_pydantic_model(a) for a in rest):
+            raise SchemaError(f"{where}: type {_type_name(annotation)} (a union of objects, such as a discriminated "
+                              "union) is not supported; pcd labels flat fields: give each choice's fields a field of "
+                              "their own, e.g. a Literal for the kind and Optional[...] fields for the rest")
         if len(rest) == len(args):
             raise SchemaError(f"{where}: type {_type_name(annotation)} (a union of types) is not supported; "
                               f"{_USE}")
@@ -120,19 +127,10 @@ def _field_type(model_name: str, name: str, annotation: object, metadata: tuple 
     if annotation is int:
         return _integer(where, metadata)
     if typing.get_origin(annotation) is typing.Literal:
-        labels = list(typing.get_args(annotation))
-        bad = [v for v in labels if not isinstance(v, str)]
-        if bad:
-            raise SchemaError(f"{where}: Literal value {bad[0]!r} is a {type(bad[0]).__name__}; "
-                              "labels must be strings")
-        return {"type": "enum", "labels": labels}
+        return _choice(where, list(typing.get_args(annotation)), _type_name(annotation), "Literal value")
     if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
-        labels = [member.value for member in annotation]
-        bad = [v for v in labels if not isinstance(v, str)]
-        if bad:
-            raise SchemaError(f"{where}: {annotation.__name__} has the value {bad[0]!r} "
-                              f"({type(bad[0]).__name__}); labels must be strings")
-        return {"type": "enum", "labels": labels}
+        return _choice(where, [member.value for member in annotation], annotation.__name__,
+                       f"{annotation.__name__} has the value")
     if origin in (list, set, frozenset):
         (item,) = typing.get_args(annotation) or (typing.Any,)
         try:
@@ -200,10 +198,42 @@ def _enum_doc(annotation: object) -> str:
     return ""
 
 
+def _choice(where: str, values: list, construct: str, value_is: str) -> dict:
+    """A ``Literal``'s or ``Enum``'s values as a field spec (``jsonschema.typed_choice``: strings
+    -> enum, ``True``/``False`` -> boolean, a contiguous range of ints -> integer), the same as
+    its JSON Schema gives; a mix with other values is refused naming the first one."""
+    try:
+        spec = typed_choice(where, values, construct)
+    except ValueError as exc:
+        raise SchemaError(str(exc)) from None
+    bad = [v for v in spec.get("labels", ()) if not isinstance(v, str)]
+    if bad:
+        raise SchemaError(f"{where}: {value_is} {bad[0]!r} ({type(bad[0]).__name__}) among string values; labels "
+                          "are strings (a Literal or Enum of only whole numbers, or of True and False, keeps "
+                          "its type)")
+    return spec
+
+
 def _type_name(annotation: object) -> str:
-    """``Sentiment``, ``Literal['a', 'b']``: a type as written in the model, without module prefixes."""
-    if inspect.isclass(annotation):
+    """``Sentiment``, ``Literal['a', 'b']``, ``Union[Refund, Replace]``: a type as written in the
+    model, without module prefixes (not the name pcd imported the model file under)."""
+    if annotation is type(None):
+        return "None"
+    if inspect.isclass(annotation) and not typing.get_args(annotation):
         return annotation.__name__
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(map(repr, args))}]"
+    if origin is types.UnionType:
+        return " | ".join(map(_type_name, args))
+    if origin is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            return f"Optional[{_type_name(rest[0])}]"
+        return f"Union[{', '.join(map(_type_name, args))}]"
+    if origin is not None and args:  # List[str] as written, list[str] too
+        head = repr(annotation).split("[", 1)[0].rsplit(".", 1)[-1]
+        return f"{head}[{', '.join(map(_type_name, args))}]"
     return repr(annotation).replace("typing.", "")
 
 
