@@ -472,6 +472,13 @@ def label(
                 for warning in labeler.tune_warnings:
                     report("warning", {"message": warning + " (train what you will read: pcd tune with the same "
                                        "schema, --examples, --template and --scoring)"}, "warning")
+                if labeler.calibration is not None:
+                    from .quality.calibration import worse_calibration_warnings
+
+                    source = "--calibration" if labeler.calibration_source == "file" else \
+                        f"the calibration of {labeler.calibration_source} (--no-calibration leaves it out)"
+                    for warning in worse_calibration_warnings(labeler.calibration, source):
+                        report("warning", {"message": warning}, "warning")
                 stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                    fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                    min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -528,6 +535,8 @@ def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quie
     if stats.repeated_ids.count:
         report("warning", {"message": stats.repeated_ids.message(), "repeated_ids": stats.repeated_ids.count},
                "warning")
+    for warning in stats.one_label_warnings():
+        report("warning", {"message": warning}, "warning")
 
 
 def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
@@ -700,11 +709,13 @@ def eval_(
         out.print(f"scored {escape(str(predictions))} against {escape(str(gold))}", highlight=False)
         render_eval(report, out)
         if compare is not None:
+            from .quality.compare import compare as compare_outputs
             from .quality.compare import render_comparison
 
             baseline, _ = read_predictions(compare)
-            before = evaluate(baseline, gold_frame, parsed, id_field=id_field)
-            render_comparison(before, report, out, before_name=compare.name, after_name=predictions.name)
+            render_comparison(compare_outputs(baseline, report, frame, gold_frame, parsed, id_field=id_field,
+                                              min_mass=min_mass),
+                              out, before_name=compare.name, after_name=predictions.name)
         if json_out:
             _write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
@@ -792,6 +803,10 @@ def calibrate(
         calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
                                               seed=seed, coverage=coverage)
         render_calibration(report, out)
+        from .quality.calibration import worse_calibration_warnings
+
+        for line in worse_calibration_warnings(calibration, "this calibration"):
+            out.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
         saved = calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:

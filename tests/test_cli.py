@@ -256,7 +256,7 @@ def test_bad_records_go_to_the_errors_file(tmp_path):
 
 def test_every_record_failing_exits_1(tmp_path):
     src = tmp_path / "bad.jsonl"
-    src.write_text('{"id": "a"}\nnot json\n')
+    src.write_text('{"id": "a", "text": null}\nnot json\n')  # a JSONL without the text key at all: exit 2
     # the errors file is this run's; an earlier run's trace (and output) are left as they were
     (tmp_path / "o.errors.jsonl").write_text('{"record": "old", "error": "old"}\n' * 5)
     (tmp_path / "trace.jsonl").write_text('{"record": "old"}\n')

@@ -429,7 +429,7 @@ def test_an_earlier_runs_files_survive_until_the_new_output_is_complete(backend,
     from pcd_cli.errors import NothingLabelled
 
     broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"id": "x", "txt": "a typo in the column name"}\n')
+    broken.write_text('{"id": "x", "text": ""}\n')  # (a typo in the key's name is refused before: exit 2)
     with pytest.raises(NothingLabelled):  # a run where every row fails keeps the earlier good output
         _run(backend, broken, out)
     assert out.read_bytes() == before[0] and not work_dir_for(out).exists()
@@ -511,7 +511,7 @@ def test_stray_temp_files_of_a_killed_assembly_are_removed(tmp_path):
 
 def test_cli_all_rows_failing_and_empty_input(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "a"}\nnot json\n')
+    bad.write_text('{"id": "a", "text": "  "}\nnot json\n')
     result = _cli(bad, "-s", AIRLINE, "-o", tmp_path / "o.parquet", "-q", code=1)
     assert "no row could be labelled: all 2 failed" in result.stderr
     empty = tmp_path / "empty.csv"

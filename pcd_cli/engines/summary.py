@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..io.values import RepeatedIds
+from ..quality.metrics import one_label
 from ..results import RecordResult
 from ..schema.model import CHANGED_SUFFIX, Schema
 from ..schema.rules import rule_fields
@@ -138,6 +139,21 @@ class RunStats:
             "repeated_ids": self.repeated_ids.count, "repeated_id_examples": list(self.repeated_ids.examples),
         } | ({"changed_by_rules": {name: self.rule_changes[name] for name in rule_fields(self.schema)}}
              if self.schema.rules else {})
+
+    def one_label_warnings(self) -> list[str]:
+        """A warning per field where one label took (nearly) every labelled row
+        (``quality.metrics.one_label``, the rule ``pcd eval`` warns by), with the rows' mean
+        probability of the chosen label."""
+        lines = []
+        for f, st in zip(self.schema.fields, self.fields):
+            found = one_label({k: v for k, v in st.labels.items() if k != ABSTAINED}, len(f.labels))
+            if found:
+                label, count, n = found
+                written = "every row" if count == n else f"{count} of {n} rows"
+                lines.append(f"field {f.name!r}: {written} labelled {label!r} (mean probability of the chosen label "
+                             f"{st.prob_sum / max(self.records, 1):.3f}): the model may not tell the labels apart on "
+                             "these records; score a sample against human labels (pcd eval) before using them")
+        return lines
 
     def render(self, console: Console) -> None:
         """Print the summary: totals, one row per field, the worst low-mass pairs."""

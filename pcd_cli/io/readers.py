@@ -467,9 +467,42 @@ def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> bo
         check_encoding(path, compression)
     rows = ROW_READERS[kind](Path(path), spec, compression)
     try:
-        return next(rows, None) is not None
+        first = next(rows, None)
+        if kind == "jsonl" and first is not None:
+            check_jsonl_keys(path, [first, *itertools.islice(rows, JSONL_HEAD_ROWS - 1)], spec)
+        return first is not None
     finally:
         rows.close()
+
+
+#: JSONL rows ``check_input`` reads before the model loads to find the keys pcd needs.
+JSONL_HEAD_ROWS = 100
+
+
+def check_jsonl_keys(path: str | Path, head: list[RawRow], spec: InputSpec) -> None:
+    """Refuse a JSONL input whose first objects (``head``: up to ``JSONL_HEAD_ROWS`` rows, at
+    most ``--limit``) never hold a key ``spec`` needs (the text field, the id field, a template
+    placeholder): every row would fail after the model loaded, as a CSV or Parquet header without
+    the column is refused. A key present in one of them passes (null or missing on some rows is a
+    row's failure, written to the errors file); rows that are not JSON objects are not counted.
+
+    Raises:
+        InputError: names the file, the missing key, how many rows were read and the keys they have.
+    """
+    objects = [row for _, row, _ in head[: spec.limit or None] if isinstance(row, dict)]
+    if not objects:
+        return
+    keys = list(dict.fromkeys(k for row in objects for k in row))
+    missing = [c for c in spec.columns_needed() if c not in keys]
+    if not missing:
+        return
+    name = missing[0]
+    template = spec.template is not None and name in spec.columns_needed()[:-1 if spec.id_field else None]
+    role = "template column" if template else "id field" if name == spec.id_field else "text field"
+    shown = ", ".join(keys[:20]) + (f", ... ({len(keys)} keys)" if len(keys) > 20 else "")
+    within = "its only JSON object" if len(objects) == 1 else f"any of its first {len(objects)} JSON objects"
+    raise InputError(f"{str(path)!r}: no key {name!r} (the {role}) in {within} (keys: {shown}); "
+                     "see --text-field, --template and --id-field")
 
 
 #: The column ``pcd label`` takes as the record id when ``--id-field`` is not given.

@@ -353,6 +353,44 @@ def fit_trusted(name: str, labels: tuple[str, ...], probs: np.ndarray, gold: np.
     return FieldCalibration(name, tuple(labels), t, tuple(float(x) for x in b), n, cv)
 
 
+#: How much worse a held-out figure must be before ``held_out_worse`` names it: NLL up by this
+#: share of its value before, accuracy or macro-F1 down by this much (below: noise of a few rows).
+WORSE_NLL_SHARE, WORSE_SCORE = 0.01, 0.01
+
+
+def held_out_worse(cv: dict) -> list[str]:
+    """The cross-validated figures a calibration made worse on rows its fit did not see, as
+    ``"NLL 0.387 -> 0.464"`` phrases (``cv``: ``FieldCalibration.cv``, whose ``before`` and
+    ``after`` hold ``accuracy``, ``macro_f1`` and ``nll``); ``[]`` when none is, or unknown.
+    The NLL is the figure the fit minimises: when it rises held out, the fit learnt the rows'
+    noise (too few gold rows), and the raw probabilities serve better."""
+    before, after = cv.get("before") or {}, cv.get("after") or {}
+    worse = []
+    b, a = before.get("nll"), after.get("nll")
+    if b is not None and a is not None and a > b * (1 + WORSE_NLL_SHARE):
+        worse.append(f"NLL {b:.3f} -> {a:.3f}")
+    for key, name in (("macro_f1", "macro-F1"), ("accuracy", "accuracy")):
+        b, a = before.get(key), after.get(key)
+        if b is not None and a is not None and a < b - WORSE_SCORE:
+            worse.append(f"{name} {b:.3f} -> {a:.3f}")
+    return worse
+
+
+def worse_calibration_warnings(calibration: "Calibration", source: str = "the calibration") -> list[str]:
+    """One line per field whose ``calibration`` made held-out figures worse when it was fitted
+    (``held_out_worse`` of its stored ``cv``), saying what to do: ``pcd label`` says it before
+    using such a file, ``pcd calibrate`` when it writes one."""
+    lines = []
+    for name, fc in calibration.fields.items():
+        worse = held_out_worse(fc.cv)
+        if worse:
+            lines.append(f"field {name!r}: {source} makes it worse on gold rows its fit did not see "
+                         f"({', '.join(worse)}; {fc.cv.get('folds', '?')}-fold cross-validation on {fc.n} rows): "
+                         "label without it (the raw probabilities scored better), or fit it again on more gold "
+                         "rows" + (" (the label sets keep their coverage either way)" if fc.conformal else ""))
+    return lines
+
+
 @dataclass(frozen=True)
 class Scores:
     """Accuracy, macro-F1, ECE (15 bins) and NLL of one set of probabilities on gold rows."""

@@ -1,14 +1,23 @@
-"""Before/after: two evaluations of the same gold rows side by side (``pcd eval --compare``)."""
+"""Before/after: two evaluations of the same gold rows side by side (``pcd eval --compare``).
+
+Two outputs that cover different gold rows (4 labelled rows before, 120 after) are compared on
+the gold rows both have a prediction for, never each on its own rows (``compare``).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..errors import InputError
 from . import metrics as M
-from .evaluate import EvalReport, FieldReport, MultiFieldReport
+from .data import _id_strings
+from .evaluate import EvalReport, FieldReport, MultiFieldReport, evaluate
 
 #: The figures compared, as (FieldReport attribute, column title, higher is better).
 FIGURES = (("accuracy", "accuracy", True), ("macro_f1", "macro-F1", True), ("ece", "ECE", False),
@@ -16,6 +25,60 @@ FIGURES = (("accuracy", "accuracy", True), ("macro_f1", "macro-F1", True), ("ece
 #: A multi-select field's figure (``MultiFieldReport`` attribute, ``None``: none) in each column
 #: of ``FIGURES``: the exact-set accuracy, macro-F1 over options, per-option ECE and NLL.
 MULTI_FIGURES = {"accuracy": "subset_accuracy", "macro_f1": "macro_f1", "ece": "ece", "nll": "nll", "auroc": None}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two evaluations of the same gold rows (``compare``).
+
+    Attributes:
+        before, after: the reports compared, both on the same gold rows.
+        rows: how many gold rows both are on (gold rows with a prediction in both outputs).
+        before_matched, after_matched: gold rows each output has a prediction for on its own.
+    """
+
+    before: EvalReport
+    after: EvalReport
+    rows: int
+    before_matched: int
+    after_matched: int
+
+    @property
+    def same_rows(self) -> bool:
+        """Whether both outputs had predictions for the same gold rows (nothing was left out)."""
+        return self.before_matched == self.after_matched == self.rows
+
+
+def _prediction_ids(predictions: pd.DataFrame, id_field: str) -> set[str]:
+    """The ids of a pcd output as ``data.join`` matches them (its ``id_field`` column, else ``row``)."""
+    column = id_field if id_field in predictions.columns else "row"
+    return set(_id_strings(predictions[column], "predictions", column)) if column in predictions.columns else set()
+
+
+def compare(before_predictions: pd.DataFrame, after: EvalReport, after_predictions: pd.DataFrame,
+            gold: pd.DataFrame, schema=None, *, id_field: str = "id", min_mass: float = 0.5) -> Comparison:
+    """Evaluate ``before_predictions`` and set it beside ``after`` (the report of
+    ``after_predictions``) on the gold rows both outputs have a prediction for. When the two
+    outputs cover different gold rows, both are evaluated again on the shared ones only, so a
+    4-row "before" is never set beside a 120-row "after".
+
+    Raises:
+        InputError: as ``evaluate``; also when the outputs share no gold row.
+    """
+    before = evaluate(before_predictions, gold, schema, id_field=id_field, min_mass=min_mass)
+    gold_ids = _id_strings(gold[id_field], "gold", id_field)
+    in_before, in_after = _prediction_ids(before_predictions, id_field), _prediction_ids(after_predictions, id_field)
+    shared = [rid in in_before and rid in in_after for rid in gold_ids]
+    rows = int(sum(shared))
+    if rows == before.matched == after.matched:
+        return Comparison(before, after, rows, before.matched, after.matched)
+    if not rows:
+        raise InputError(f"--compare: the two outputs have no gold row in common (before: {before.matched} gold "
+                         f"rows, after: {after.matched}); label the same records to compare them")
+    kept = gold.loc[np.array(shared)]
+    return Comparison(evaluate(before_predictions, kept, schema, id_field=id_field, min_mass=min_mass),
+                      evaluate(after_predictions, kept, schema, id_field=id_field, min_mass=min_mass),
+                      rows, before.matched, after.matched)
 
 
 def comparison_rows(before: EvalReport, after: EvalReport) -> list[dict]:
@@ -48,11 +111,22 @@ def paired_test(before: FieldReport | MultiFieldReport, after: FieldReport | Mul
     return M.mcnemar(pairs[:, 0], pairs[:, 1])
 
 
-def render_comparison(before: EvalReport, after: EvalReport, console: Console, *,
+def render_comparison(comparison: Comparison, console: Console, *,
                       before_name: str = "before", after_name: str = "after") -> None:
     """A table per field: each figure before and after, the better one in green, and McNemar's
-    paired test of the accuracy change (rows right only before / only after, two-sided p)."""
-    table = Table(title=f"{escape(before_name)} -> {escape(after_name)} (same gold rows)")
+    paired test of the accuracy change (rows right only before / only after, two-sided p).
+    When the outputs cover different gold rows a warning says so and which rows the table is on."""
+    before, after = comparison.before, comparison.after
+    if comparison.same_rows:
+        title = f"{escape(before_name)} -> {escape(after_name)} (the same {comparison.rows} gold rows)"
+    else:
+        title = f"{escape(before_name)} -> {escape(after_name)} (only the {comparison.rows} gold rows both have)"
+        console.print(f"[yellow]warning:[/] {escape(before_name)} has a prediction for {comparison.before_matched} "
+                      f"gold rows, {escape(after_name)} for {comparison.after_matched}: both are compared on the "
+                      f"{comparison.rows} gold rows both have (the figures above are on all "
+                      f"{comparison.after_matched} rows of {escape(after_name)}); label the same records to "
+                      "compare the whole set", highlight=False)
+    table = Table(title=title)
     table.add_column("field")
     table.add_column("n", justify="right")
     for _, title, _ in FIGURES:

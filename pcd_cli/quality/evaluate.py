@@ -275,11 +275,14 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         if f.n and f.accuracy < f.majority_accuracy:
             warnings.append(f"field {f.field!r}: accuracy {f.accuracy:.3f} is below the majority-class baseline "
                             f"{f.majority_accuracy:.3f} (always {f.majority_label!r}); see pcd calibrate")
-        if f.n and len({c for row in f.confusion for c, v in enumerate(row) if v}) == 1:
-            only = f.labels[next(c for row in f.confusion for c, v in enumerate(row) if v)]
-            warnings.append(f"field {f.field!r}: every row was labelled {only!r}; the accuracy {f.accuracy:.3f} is "
-                            f"the share of {only!r} in the gold labels, not a sign the model tells the labels apart "
-                            f"(macro-F1 {f.macro_f1:.3f})")
+        dominant = M.one_label({s.label: s.predicted for s in f.per_label}, len(f.labels))
+        if dominant:
+            only, count, n = dominant
+            gold_share = next(s.support for s in f.per_label if s.label == only) / n
+            written = "every row was labelled" if count == n else f"{count} of {n} rows were labelled"
+            warnings.append(f"field {f.field!r}: {written} {only!r}; the accuracy {f.accuracy:.3f} is near the share "
+                            f"of {only!r} in the gold labels ({gold_share:.3f}), not a sign the model tells the "
+                            f"labels apart (macro-F1 {f.macro_f1:.3f})")
         if 0 < f.n < SMALL_SAMPLE:
             low, high = f.intervals["accuracy"]
             warnings.append(f"field {f.field!r}: only {f.n} rows: the accuracy is somewhere in [{low:.2f}, {high:.2f}] "

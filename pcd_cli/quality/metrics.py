@@ -111,6 +111,31 @@ def majority(gold: np.ndarray, k: int) -> tuple[int, float] | None:
     return best, float(counts[best] / len(gold))
 
 
+#: ``one_label``: a label written on at least this share of a field's rows ...
+ONE_LABEL_SHARE = 0.95
+#: ... of at least this many rows, for a field with at least this many labels.
+ONE_LABEL_MIN_ROWS, ONE_LABEL_MIN_LABELS = 10, 3
+
+
+def one_label(counts: dict[str, int], n_labels: int) -> tuple[str, int, int] | None:
+    """``(label, rows with it, rows)`` when one label takes (nearly) every row of a field: at
+    least ``ONE_LABEL_SHARE`` of at least ``ONE_LABEL_MIN_ROWS`` rows, on a field with at least
+    ``ONE_LABEL_MIN_LABELS`` labels; else ``None``. The sign of a model that does not tell the
+    labels apart (the embedded model zero-shot calls every tweet NEGATIVE). A yes/no field is
+    left out: the same answer on nearly every row is often the truth there (a rare event).
+    The one rule of ``pcd eval``'s and ``pcd label``'s warning.
+
+    Args:
+        counts: label -> rows written with it (rows without a label left out).
+        n_labels: how many labels the field has.
+    """
+    n = sum(counts.values())
+    if n < ONE_LABEL_MIN_ROWS or n_labels < ONE_LABEL_MIN_LABELS:
+        return None
+    label, count = max(counts.items(), key=lambda item: item[1])
+    return (label, count, n) if count >= ONE_LABEL_SHARE * n else None
+
+
 def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> list[ReliabilityBin]:
     """Equal-width bins ``((m-1)/M, m/M]`` of the chosen label's probability (a 0 goes in the first)."""
     index = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)

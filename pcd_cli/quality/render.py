@@ -204,7 +204,8 @@ def render_calibration(report, console: Console) -> None:
         if f.temperature >= MAX_TEMPERATURE * 0.999:
             console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its bound: the "
                           "model's probabilities carry no usable signal on these rows (higher probability is not "
-                          "more often right), so the calibration only sets the label priors", highlight=False)
+                          "more often right), so the calibration only sets the label priors; it cannot teach "
+                          "the model the task: train it (pcd tune) or pass a larger --model", highlight=False)
         elif f.temperature <= MIN_TEMPERATURE * 1.001:
             console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its lower bound: "
                           "the gold rows are separated perfectly and the fit sharpens the probabilities as far as "
