@@ -222,3 +222,25 @@ def test_pcd_label_warns_when_every_row_gets_one_label(tiny_chat_backend, tmp_pa
     few = pcd("label", src, "-s", AIRLINE, "--id-field", "id", "--limit", "9", "-o", tmp_path / "p.parquet",
               "--no-progress")
     assert "may not tell the labels apart" not in flat(few.output)
+
+
+# -- plots: named, and never overwritten by another evaluation -------------------------------------------
+
+def test_evals_into_one_plot_folder_never_overwrite_each_other(tmp_path):
+    """make demo's evals: the zero-shot and the tuned output against the same gold, then the tuned
+    one against the review export: three diagrams, each named after its two files and said."""
+    gold = tmp_path / "airline_tweets.jsonl"
+    gold.write_text("".join(json.dumps({"id": f"t{i}", "sentiment": LABELS[i % 3]}) + "\n" for i in range(12)))
+    export = tmp_path / "airline.review.export.jsonl"
+    export.write_text("".join(json.dumps({"id": f"t{i}", "sentiment": LABELS[i % 3]}) + "\n" for i in range(6)))
+    zero = _write_output(tmp_path / "airline.zero.parquet", [(f"t{i}", 0, _probs(0, 0.6)) for i in range(12)])
+    tuned = _write_output(tmp_path / "airline.tuned.parquet", [(f"t{i}", i % 3, _probs(i % 3, 0.8)) for i in range(12)])
+    plots = tmp_path / "plots"
+    said = [flat(pcd("eval", out, g, "--plot", plots, env={"COLUMNS": "200"}).stdout)
+            for out, g in ((zero, gold), (tuned, gold), (tuned, export))]
+    names = ["airline.zero.vs.airline_tweets.sentiment.reliability.png",
+             "airline.tuned.vs.airline_tweets.sentiment.reliability.png",
+             "airline.tuned.vs.airline.review.export.sentiment.reliability.png"]
+    assert sorted(p.name for p in plots.iterdir()) == sorted(names)
+    for text, name in zip(said, names):
+        assert f"wrote 1 reliability diagram to {plots}: {name}" in text

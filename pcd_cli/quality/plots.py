@@ -70,10 +70,30 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
+#: Extensions a plot name leaves out of a file's name (formats, then compressions).
+_EXTENSIONS = (".gz", ".zst", ".parquet", ".pq", ".jsonl", ".ndjson", ".json", ".csv")
+
+
+def file_stem(path: str | Path) -> str:
+    """A file's name without its format and compression extensions
+    (``out/airline.tuned.parquet`` -> ``airline.tuned``, ``x.jsonl.gz`` -> ``x``)."""
+    name = Path(path).name
+    for ext in _EXTENSIONS:
+        if name.lower().endswith(ext) and len(name) > len(ext):
+            name = name[: -len(ext)]
+    return name
+
+
+def eval_plot_name(predictions: str | Path, gold: str | Path) -> str:
+    """``<predictions stem>.vs.<gold stem>``: the name ``pcd eval --plot`` gives its diagrams,
+    so that two evaluations into one folder (another output, or the same output against another
+    gold file) never overwrite each other."""
+    return f"{file_stem(predictions)}.vs.{file_stem(gold)}"
+
+
 def eval_plots(report, directory: str | Path, name: str = "") -> list[Path]:
     """One reliability diagram PNG per field of an ``EvalReport``: ``<dir>/<name>.<field>.reliability.png``
-    (``name``: the scored file's stem, so that evaluating another file does not overwrite them;
-    ``<dir>/<field>.reliability.png`` without it)."""
+    (``name``: ``eval_plot_name`` of the scored files; ``<dir>/<field>.reliability.png`` without it)."""
     plt = require_matplotlib()
     directory = _out_dir(directory)
     written = []
@@ -85,9 +105,11 @@ def eval_plots(report, directory: str | Path, name: str = "") -> list[Path]:
     return written
 
 
-def calibration_plots(report, directory: str | Path) -> list[Path]:
+def calibration_plots(report, directory: str | Path, name: str = "") -> list[Path]:
     """Before/after reliability diagrams (cross-validated) per field of a ``CalibrationReport``:
-    ``<dir>/<field>.calibration.png``."""
+    ``<dir>/<name>.<field>.calibration.png`` (``name``: the calibration file's ``file_stem``, so
+    that two calibrations into one folder never overwrite each other; ``<dir>/<field>.calibration.png``
+    without it)."""
     plt = require_matplotlib()
     directory = _out_dir(directory)
     written = []
@@ -95,5 +117,6 @@ def calibration_plots(report, directory: str | Path) -> list[Path]:
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
         _draw(left, f.before_bins, f"{f.field}: before", f.before.ece)
         _draw(right, f.after_bins, f"{f.field}: after ({f.folds}-fold CV)", f.after.ece)
-        written.append(_save(plt, fig, directory / f"{_safe(f.field)}.calibration.png"))
+        prefix = f"{_safe(name)}." if name else ""
+        written.append(_save(plt, fig, directory / f"{prefix}{_safe(f.field)}.calibration.png"))
     return written
