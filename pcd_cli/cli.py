@@ -720,9 +720,7 @@ def eval_(
             _write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
-            from .quality.plots import eval_plot_name
-
-            _said_written(eval_plots(report, plot, eval_plot_name(predictions, gold)), "reliability diagram", plot)
+            _said_written(eval_plots(report, plot, predictions.name.split(".")[0]), "reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -812,10 +810,7 @@ def calibrate(
         saved = calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
-            from .quality.plots import file_stem
-
-            _said_written(calibration_plots(report, plot, file_stem(output)), "before/after reliability diagram",
-                          plot)
+            _said_written(calibration_plots(report, plot), "before/after reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -1017,6 +1012,15 @@ def review(
         "" if to is ReviewTarget.csv or check is False else " (not checked: pip install 'pcd-cli\\[review]')"
     out.print(f"wrote {len(selection.rows)} of {selection.total} rows, most uncertain first, to {shown}{note}",
               highlight=False)
+    if to is ReviewTarget.argilla:
+        from .quality.review import argilla_renamed
+
+        renamed = argilla_renamed(selection)
+        if renamed:
+            out.print("note: Argilla's server accepts lower case names only (letters, digits, _ and -): question "
+                      + ", ".join(f"{k!r} is {v!r}" for k, v in renamed.items())
+                      + " (its title keeps the field's name; pcd eval reads the answers back under the field)",
+                      highlight=False, markup=False)
 
 
 @app.command(short_help="Serve schemas over HTTP: /v1/label, the Jev and OpenAI decision APIs, one model shared "
@@ -1123,10 +1127,8 @@ def serve(
 
 
 def _said_written(files: list, what: str, folder: Path) -> None:
-    """Say how many plot files were written into ``folder``, and their names."""
-    names = ", ".join(Path(f).name for f in files)
-    out.print(f"wrote {len(files)} {what}{'s' * (len(files) != 1)} to {escape(str(folder))}"
-              + (f": {escape(names)}" if names else ""), highlight=False)
+    """Say how many plot files were written into ``folder``."""
+    out.print(f"wrote {len(files)} {what}{'s' * (len(files) != 1)} to {escape(str(folder))}", highlight=False)
 
 
 def _write_json(path: Path, value: dict) -> None:

@@ -4,28 +4,40 @@ calibrate``, ``pcd tune``, ``pcd bench --gold``) and the few-shot ``--examples``
 through here, so review -> recalibrate is two commands.
 
 Every reader gives plain gold rows: the record's data (its id, its ``text``) and one value per
-field, the label a person chose (``None`` where nobody did); booleans come back as the strings
-``"true"``/``"false"``, which the gold readers accept.
+field, the label the annotators chose (``None`` where nobody did, or where they tied);
+booleans come back as the strings ``"true"``/``"false"``, which the gold readers accept.
+Where several people answered, the gold is the answer most of them gave (``resolve``): a tie
+is no gold, never broken by who answered last; ``pcd eval`` reports the disagreements and the
+agreement (``agreement``) from the counted answers ``read_gold`` keeps in
+``frame.attrs[GOLD_ATTR]``.
 
 What is recognised, by content (not by file name):
 
 - **Label Studio** (``Export -> JSON``): a JSON list of tasks, each ``{"id", "data": {...},
   "annotations": [{"result": [{"from_name": FIELD, "type": "choices", "value": {"choices":
-  [LABEL]}}], "was_cancelled", "ground_truth", "created_at", "updated_at"}]}``. Per task the
-  annotation read is the latest (``updated_at``, else ``created_at``, else list order) that
-  is not cancelled, a ``ground_truth`` one first. One choice gives that label; several (or
-  none: a ``choices`` result left empty) give the list, a multi-select field's options; a
-  field without a result has no gold. The record id is ``data.<id column>`` (the
-  key ``pcd review`` wrote), never Label Studio's own task ``id``. The JSON-MIN and CSV
-  exports put Label Studio's task id in the ``id`` column and are refused.
+  [LABEL]}}], "completed_by", "was_cancelled", "ground_truth", "created_at", "updated_at"}]}``.
+  Counted per task (``task_answers``): annotations not cancelled (skipped); where one is a
+  ``ground_truth`` annotation, those alone; one per annotator (``completed_by``), the latest.
+  One choice gives that label; several (or none: a ``choices`` result left empty) give the
+  list, a multi-select field's options; an annotation without a result for a multi-select
+  field answers "none of these" (``[]``; Label Studio writes no result when nothing is
+  ticked), for another field it gives nothing. Predictions (pre-annotations) are never gold.
+  The record id is ``data.<id column>`` (the key ``pcd review`` wrote), never Label Studio's
+  own task ``id``. Refused: the JSON-MIN export and the CSV/TSV export (``id`` is Label
+  Studio's task id, one row per annotation, cancelled ones dropped without a trace, several
+  choices as a JSON cell).
 - **Argilla 2.x**: the records written by ``dataset.records.to_json(PATH)``, the folder
   written by ``dataset.to_disk(FOLDER)`` (its ``records.json``), a JSON list of
   ``record.to_dict()`` (``{"id", "fields", "metadata", "suggestions", "responses": {QUESTION:
-  [{"value", "user_id", "status"?}]}}``), or flattened rows (``dataset.records.to_list(flatten=
-  True)``, ``to_datasets()`` saved as JSONL or Parquet: ``QUESTION.responses`` and
-  ``QUESTION.responses.status`` lists). Per question the gold is the value most responses
-  give (submitted ones where a status is recorded); a tie leaves it ``None``. The record id
-  is the record's ``id``.
+  [{"value", "user_id"}]}}``), or flattened rows (``dataset.records.to_list(flatten=True)``
+  saved as JSON, ``to_datasets()`` saved as JSONL or Parquet: ``QUESTION.responses``,
+  ``QUESTION.responses.users`` and ``QUESTION.responses.status`` lists). Only ``submitted``
+  responses count where the status is recorded: in the flattened forms. The nested forms
+  (``to_json``, ``to_disk``) keep no status, so draft and discarded responses cannot be told
+  apart there: every response counts, and ``pcd eval`` warns (``take_notes``). One answer
+  per user; a user's submitted response without a multi-select question answers "none of
+  these" (``[]``). The record id is the record's ``id``; question names are those
+  ``server_name`` gives the schema's fields.
 - **The review spreadsheet**: a column ``<field>__gold`` replaces the column ``<field>`` (the
   model's label): an empty cell is no gold for that row.
 - Any other JSON list of flat objects is read as gold rows as they are.
@@ -35,6 +47,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -47,6 +60,21 @@ GOLD_SUFFIX = "__gold"
 ARGILLA_RECORDS = "records.json"
 #: Keys of a Label Studio JSON-MIN export row that a task list never has at its top level.
 _JSON_MIN_KEYS = ("annotator", "annotation_id", "lead_time")
+#: Columns label-studio-sdk's converter writes into every Label Studio CSV/TSV export.
+_LS_CSV_KEYS = ("annotator", "annotation_id", "created_at", "updated_at", "lead_time")
+#: Key under which the readers leave a row's counted answers (one ``{field: value}`` per
+#: annotator) until ``take_notes`` moves them out.
+ANSWERS_KEY = "__pcd_answers__"
+#: Key under which the Argilla readers leave whether the responses' status was recorded.
+STATUS_KEY = "__pcd_response_status__"
+#: ``DataFrame.attrs`` key of a gold frame's notes (``take_notes``): counted answers per row,
+#: whether a response status was read, warnings for ``pcd eval``.
+GOLD_ATTR = "pcd.gold"
+#: Argilla server's rule for field, question and metadata property names
+#: (argilla-server's ``*_CREATE_NAME_REGEX``; argilla-io/argilla#3548).
+ARGILLA_NAME = re.compile(r"^(?=.*[a-z0-9])[a-z0-9_-]+$")
+#: Most options argilla-server accepts in a label question (``LABEL_SELECTION_OPTIONS_MAX_ITEMS``).
+ARGILLA_MAX_OPTIONS = 500
 
 
 def is_export(path: str | Path) -> bool:
@@ -70,7 +98,8 @@ def read_export(path: str | Path, *, id_field: str | None = "id") -> tuple[str, 
 
     Returns:
         ``(kind, rows)``: kind ``"label-studio"``, ``"argilla"`` or ``"json"`` (a plain list of
-        rows); each row a dict (the record's data and one value per field).
+        rows); each row a dict (the record's data and one value per field; annotation tools'
+        rows also the private ``ANSWERS_KEY``/``STATUS_KEY``, for ``take_notes``).
 
     Raises:
         InputError: not JSON, not a list of objects, a JSON-MIN export, a task without ``data``,
@@ -113,7 +142,7 @@ def read_export(path: str | Path, *, id_field: str | None = "id") -> tuple[str, 
         rows = [argilla_row(item, id_field or "id", f"{shown} record {i}") for i, item in enumerate(items)]
     else:
         rows = [normalize_row(item) for item in items]
-    if id_field and rows and not any(id_field in row for row in rows):
+    if id_field and rows and not any(id_field in row or "row" in row for row in rows):
         where = "data" if kind == "label-studio" else "records"
         keys = sorted({k for row in rows[:50] for k in row})
         raise InputError(f"{shown}: the {where} have no id {id_field!r} (keys: {', '.join(map(str, keys[:12]))}); "
@@ -139,9 +168,11 @@ def export_kind(items: list[dict]) -> str:
 
 
 def label_studio_rows(tasks: list[dict], where: str = "the export") -> list[dict]:
-    """Gold rows from Label Studio tasks (module doc): ``data`` and, per ``choices`` result of
-    the chosen annotation, ``row[from_name] = the choice`` (the list of choices unless there is
-    exactly one: a list on a single-label field is reported by ``pcd eval`` as not a label).
+    """Gold rows from Label Studio tasks (module doc): ``data`` and, per field, the answer most
+    of the task's counted annotations give (``task_answers``: not cancelled, the ground-truth
+    ones alone where there are any, one per annotator); a tie gives ``None``. One choice is
+    that label, several the list (a list on a single-label field is reported by ``pcd eval``
+    as not a label). The counted answers stay on the row under ``ANSWERS_KEY``.
 
     Raises:
         InputError: a task without a ``data`` object.
@@ -153,34 +184,53 @@ def label_studio_rows(tasks: list[dict], where: str = "the export") -> list[dict
         if not isinstance(data, dict):
             raise InputError(f"{name}: no 'data' object; is this a Label Studio JSON export?")
         row = dict(data)
-        annotation = _chosen_annotation(task.get("annotations", task.get("completions")) or [])
-        for result in (annotation or {}).get("result") or []:
-            if not isinstance(result, dict) or result.get("type", "choices") != "choices":
-                continue
-            value = result.get("value") if isinstance(result.get("value"), dict) else {}
-            choices = value.get("choices")
-            field = result.get("from_name")
-            if not isinstance(field, str) or not isinstance(choices, list):
-                continue
-            row[field] = choices[0] if len(choices) == 1 else list(choices)
+        answers = task_answers(task.get("annotations", task.get("completions")) or [])
+        for field in dict.fromkeys(f for answer in answers for f in answer):
+            row[field] = resolve(answers, field)[0]
+        row[ANSWERS_KEY] = answers
         rows.append(row)
     return rows
 
 
-def _chosen_annotation(annotations: list) -> dict | None:
-    """The annotation read from a task: not cancelled; a ground-truth one first, then the latest."""
+def task_answers(annotations: list) -> list[dict]:
+    """The answers a Label Studio task's annotations count for, one ``{field: value}`` per
+    annotator: cancelled (skipped) annotations never count; where some annotation is marked
+    ``ground_truth`` only those count; an annotator with several annotations counts once, with
+    the latest (``updated_at``, else ``created_at``, else list order). A ``choices`` result
+    gives its one choice, or the list of its choices (empty or several); other results are
+    ignored."""
     kept = [(i, a) for i, a in enumerate(annotations)
             if isinstance(a, dict) and not a.get("was_cancelled") and not a.get("skipped")]
-    if not kept:
-        return None
-    _, best = max(kept, key=lambda p: (bool(p[1].get("ground_truth")),
-                                       str(p[1].get("updated_at") or p[1].get("created_at") or ""), p[0]))
-    return best
+    truth = [(i, a) for i, a in kept if a.get("ground_truth")]
+    latest: dict = {}
+    for i, a in truth or kept:
+        user = a.get("completed_by")
+        user = user.get("id", user.get("email")) if isinstance(user, dict) else user
+        key = ("user", str(user)) if user is not None else ("annotation", i)
+        stamp = (str(a.get("updated_at") or a.get("created_at") or ""), i)
+        if key not in latest or stamp > latest[key][0]:
+            latest[key] = (stamp, a)
+    answers = []
+    for _, annotation in sorted(latest.values(), key=lambda p: p[0][1]):
+        answer = {}
+        for result in annotation.get("result") or []:
+            if not isinstance(result, dict) or result.get("type", "choices") != "choices":
+                continue
+            value = result.get("value") if isinstance(result.get("value"), dict) else {}
+            choices, field = value.get("choices"), result.get("from_name")
+            if isinstance(field, str) and isinstance(choices, list):
+                answer[field] = choices[0] if len(choices) == 1 else list(choices)
+        answers.append(answer)
+    return answers
 
 
 def argilla_row(record: dict, id_field: str = "id", where: str = "record") -> dict:
     """A gold row from one nested Argilla record (``record.to_dict()``): its fields, its id
-    under ``id_field``, and per question the responses' consensus (module doc).
+    under ``id_field``, and per question the answer most of the counted responses give
+    (``resolve``; one answer per ``user_id``). A response whose ``status`` is recorded counts
+    only when ``submitted``; ``records.to_json``/``to_disk`` record none (argilla 2.x's
+    ``record.to_dict`` keeps ``value`` and ``user_id`` only), and then every response counts
+    and the row says so under ``STATUS_KEY`` (``"absent"``).
 
     Raises:
         InputError: ``fields`` or ``responses`` of the wrong shape (names ``where``).
@@ -191,12 +241,67 @@ def argilla_row(record: dict, id_field: str = "id", where: str = "record") -> di
         raise InputError(f"{where}: 'fields' and 'responses' must be objects; is this an Argilla export?")
     row = dict(fields)
     row.setdefault(id_field, record.get("id"))
+    triples, status_seen = [], False
     for question, answers in responses.items():
         if not isinstance(answers, list):
             raise InputError(f"{where}: responses to {question!r} are not a list")
-        row[question] = consensus([a.get("value") for a in answers if isinstance(a, dict)
-                                   and a.get("status", "submitted") in (None, "submitted")])
+        for j, a in enumerate(answers):
+            if isinstance(a, dict):
+                status_seen = status_seen or "status" in a
+                triples.append((question, a.get("value"), a.get("user_id") or f"#{question}.{j}", a.get("status")))
+    return _argilla_answers(row, triples, list(responses), "read" if status_seen or not triples else "absent")
+
+
+def _argilla_answers(row: dict, triples: list, questions: list, status: str) -> dict:
+    """``row`` with, per question, the consensus of the counted responses ``(question, value,
+    user, status)`` (submitted, or of unknown status), and ``ANSWERS_KEY``/``STATUS_KEY``."""
+    by_user: dict = {}
+    for question, value, user, state in triples:
+        if state in (None, "submitted"):
+            by_user.setdefault(str(user), {})[question] = _plain(value)
+    answers = list(by_user.values())
+    for question in questions:
+        row[question] = resolve(answers, question)[0]
+    row[ANSWERS_KEY] = answers
+    row[STATUS_KEY] = status
     return row
+
+
+def resolve(answers: list[dict], field: str, missing: object = None) -> tuple[object, bool]:
+    """The gold value of ``field`` from several annotators' ``answers`` (``{field: value}``
+    each): the value most of them give (``consensus``), and whether that was a tie (no gold).
+    An answer without ``field`` counts as ``missing`` (``None``: it does not count; ``[]`` for
+    a multi-select field, where ticking nothing is the answer "none of these")."""
+    values = [a.get(field, missing) for a in answers]
+    value = consensus(values)
+    return value, value is None and len({_hashable(v) for v in values if _present(v)}) > 1
+
+
+def agreement(answers: dict[str, list[dict]], field: str, ids, *, multi: bool = False) -> dict:
+    """How the annotators of ``field`` agree on the rows ``ids`` (ids as strings, keys of
+    ``answers``): ``rows`` with two answers or more, ``disagree`` (not all the same), ``ties``
+    (no single most given answer: no gold) with up to 5 ``tie_ids``, and ``agreement``, the
+    mean over those rows of the share of annotator pairs that gave the same answer (observed
+    agreement, the basis of Fleiss' kappa; ``None`` without such rows). Lists compare as sets."""
+    rows = disagree = ties = 0
+    shares, tie_ids = [], []
+    for rid in ids:
+        values = [_set_like(a.get(field, [] if multi else None)) for a in answers.get(rid, ())]
+        values = [v for v in values if _present(v)]
+        if len(values) < 2:
+            continue
+        rows += 1
+        counts = Counter(values)
+        disagree += len(counts) > 1
+        pairs = len(values) * (len(values) - 1) / 2
+        shares.append(sum(c * (c - 1) / 2 for c in counts.values()) / pairs)
+        top = counts.most_common(2)
+        if len(top) > 1 and top[0][1] == top[1][1]:
+            ties += 1
+            if len(tie_ids) < 5:
+                tie_ids.append(rid)
+    return {"rows": rows, "disagree": disagree, "ties": ties, "tie_ids": tie_ids,
+            "agreement": sum(shares) / len(shares) if shares else None}
 
 
 def consensus(values: list) -> object:
@@ -212,8 +317,9 @@ def consensus(values: list) -> object:
 
 def normalize_row(row: dict) -> dict:
     """A gold row with the annotation-tool columns resolved: ``<field>__gold`` over ``<field>``
-    (empty -> ``None``), Argilla's flattened ``<q>.responses`` (+ ``.status``) -> ``<q>``, a
-    nested Argilla record -> its row. Other rows are returned as they are."""
+    (empty -> ``None``), Argilla's flattened ``<q>.responses`` (with ``.users`` and
+    ``.status``: only submitted responses count, one per user) -> ``<q>``, a nested Argilla
+    record -> its row. Other rows are returned as they are."""
     if isinstance(row.get("fields"), dict) and isinstance(row.get("responses"), dict):
         return argilla_row(row)
     if not any(isinstance(k, str) and (k.endswith(GOLD_SUFFIX) or k.endswith(".responses")) for k in row):
@@ -223,17 +329,79 @@ def normalize_row(row: dict) -> dict:
            if not (isinstance(k, str) and (k.endswith(GOLD_SUFFIX) or ".responses" in k or ".suggestion" in k
                                            or (flattened and k in ("_server_id", "status"))))}
     for key, value in row.items():
-        if not isinstance(key, str):
-            continue
-        if key.endswith(GOLD_SUFFIX) and key != GOLD_SUFFIX:
+        if isinstance(key, str) and key.endswith(GOLD_SUFFIX) and key != GOLD_SUFFIX:
             out[key[: -len(GOLD_SUFFIX)]] = value if _present(value) else None
-        elif key.endswith(".responses"):
-            values = _as_list(value)
-            status = _as_list(row.get(f"{key}.status"))
-            if len(status) == len(values):
-                values = [v for v, s in zip(values, status) if s in (None, "submitted")]
-            out[key[: -len(".responses")]] = consensus(values)
-    return out
+    if not flattened:
+        return out
+    triples, questions, status_seen = [], [], False
+    for key, value in row.items():
+        if not (isinstance(key, str) and key.endswith(".responses")):
+            continue
+        question = key[: -len(".responses")]
+        questions.append(question)
+        values, users = _as_list(value), _as_list(row.get(f"{key}.users"))
+        status = _as_list(row.get(f"{key}.status"))
+        status_seen = status_seen or f"{key}.status" in row
+        for j, v in enumerate(values):
+            user = users[j] if len(users) == len(values) and users[j] is not None else f"#{question}.{j}"
+            triples.append((question, v, user, status[j] if len(status) == len(values) else None))
+    return _argilla_answers(out, triples, questions, "read" if status_seen or not triples else "absent")
+
+
+def take_notes(rows: list[dict], id_field: str | None, where: str) -> dict:
+    """Move the readers' private keys (``ANSWERS_KEY``, ``STATUS_KEY``) out of ``rows`` (in
+    place) into the notes ``read_gold`` keeps in ``frame.attrs[GOLD_ATTR]``: ``answers`` (``{row
+    id as a string: [answer per annotator]}``, the rows of an annotation tool's export, keyed
+    by ``id_field``, else ``row``), ``status`` (``"read"``, ``"absent"`` or ``None``) and
+    ``warnings`` (the export keeps no response status, naming ``where``)."""
+    key = id_field if id_field and any(id_field in r for r in rows) else "row"
+    answers, statuses = {}, set()
+    for row in rows:
+        counted = row.pop(ANSWERS_KEY, None)
+        statuses.add(row.pop(STATUS_KEY, None))
+        if counted is not None and _present(row.get(key)):
+            value = row[key]
+            answers[str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)] = counted
+    statuses.discard(None)
+    warnings = []
+    if "absent" in statuses:
+        warnings.append(f"{where}: this Argilla export keeps no response status (dataset.records.to_json and "
+                        "dataset.to_disk write only each response's value and user): draft and discarded "
+                        "answers cannot be told from submitted ones and all count as answers; for submitted "
+                        "answers only, export dataset.records.to_list(flatten=True) as JSON or "
+                        "dataset.records.to_datasets().to_parquet(FILE), which keep <question>.responses.status")
+    return {"answers": answers, "status": "absent" if "absent" in statuses else "read" if statuses else None,
+            "warnings": warnings}
+
+
+def server_name(name: str) -> str:
+    """A name as Argilla's server accepts it for a question, field or metadata property
+    (``ARGILLA_NAME``: lower case letters, digits, ``_`` and ``-``, at least one letter or
+    digit): lower-cased, any other character replaced by ``_``. ``pcd review --to argilla``
+    writes these names and ``pcd eval`` maps them back to the schema's fields."""
+    return re.sub(r"[^a-z0-9_-]", "_", name.lower())
+
+
+def is_label_studio_csv(columns) -> bool:
+    """Whether a CSV/TSV header is Label Studio's CSV export (label-studio-sdk's converter
+    always writes ``annotator``, ``annotation_id``, ``created_at``, ``updated_at`` and
+    ``lead_time``): one row per annotation, Label Studio's task id in ``id``, several choices
+    as a JSON cell, cancelled annotations left out without a trace."""
+    return all(key in columns for key in _LS_CSV_KEYS)
+
+
+def _plain(value):
+    """A response value as Python data (a Parquet list cell is a numpy array)."""
+    if value is None or isinstance(value, (str, bool, int, float, dict, list)):
+        return value
+    try:
+        return [v for v in value]
+    except TypeError:
+        return value
+
+
+def _set_like(value):
+    return tuple(sorted(map(str, value))) if isinstance(value, (list, tuple)) else value
 
 
 def gold_rows(path: str | Path, spec, *, fmt: str | None = None) -> Iterator[tuple[int | None, "dict | str"]]:
@@ -248,9 +416,16 @@ def gold_rows(path: str | Path, spec, *, fmt: str | None = None) -> Iterator[tup
 
     if fmt is None and is_export(path):
         _, rows = read_export(path, id_field=None)
+        take_notes(rows, None, str(path))
         return ((None, row) for row in rows)
-    return ((line, normalize_row(row) if isinstance(row, dict) else row)
+    return ((line, _private_dropped(normalize_row(row)) if isinstance(row, dict) else row)
             for line, row in read_table_rows(path, spec, fmt=fmt))
+
+
+def _private_dropped(row: dict) -> dict:
+    row.pop(ANSWERS_KEY, None)
+    row.pop(STATUS_KEY, None)
+    return row
 
 
 def _present(value) -> bool:
@@ -260,7 +435,7 @@ def _present(value) -> bool:
 
 
 def _hashable(value):
-    return tuple(value) if isinstance(value, list) else value
+    return tuple(sorted(value, key=str)) if isinstance(value, list) else value
 
 
 def _as_list(value) -> list:

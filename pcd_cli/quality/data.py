@@ -172,6 +172,10 @@ class Joined:
         gold_without_prediction, predictions_without_gold: unmatched rows of each side.
         unmatched_gold_ids: up to 5 ids of gold rows with no prediction (for messages).
         id_column: the predictions' id column.
+        answered, matched_answered: gold rows with an answer (a gold value for some field:
+            not a skipped or untouched task), and those of them with a prediction.
+        gold_column: per field, the gold column read for it (its name, or the name
+            ``annotations.server_name`` gives it, as ``pcd review --to argilla`` writes it).
     """
 
     fields: tuple[FieldData | MultiFieldData, ...]
@@ -183,6 +187,9 @@ class Joined:
     predictions_without_gold: int
     unmatched_gold_ids: tuple[str, ...]
     id_column: str
+    answered: int = 0
+    matched_answered: int = 0
+    gold_column: tuple[tuple[str, str], ...] = ()
 
 
 def read_predictions(path: str | Path) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -213,39 +220,54 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
 
     JSONL values keep their JSON types; CSV cells are strings (an empty cell is null). A Label
     Studio JSON export, an Argilla export (a records JSON file or a ``to_disk`` folder) and a
-    filled ``pcd review --to csv`` spreadsheet are read as gold too (``quality.annotations``).
+    filled ``pcd review --to csv`` spreadsheet are read as gold too (``quality.annotations``);
+    their notes (each row's counted answers, whether a response status was read, warnings) are
+    in ``frame.attrs[annotations.GOLD_ATTR]``. Without an ``id_field`` column, a ``row`` column
+    (what ``pcd review`` writes for an output whose ids are row numbers) is the id, renamed
+    ``id_field``.
 
     Raises:
         InputError: missing file, unknown format, an unreadable row (names its line), no
-            ``id_field`` column, an unusable annotation-tool export (names the task or record).
+            ``id_field`` (nor ``row``) column, an unusable annotation-tool export (names the task
+            or record), Label Studio's CSV export.
     """
-    from .annotations import is_export, normalize_row, read_export
+    from .annotations import GOLD_ATTR, is_export, is_label_studio_csv, normalize_row, read_export, take_notes
 
     path = Path(path)
+    shown = repr(str(path))
     if not path.is_file() and not path.is_dir():
-        raise InputError(f"{str(path)!r}: no such gold file")
+        raise InputError(f"{shown}: no such gold file")
     kind = "export" if fmt is None and is_export(path) else detect_format(path, fmt)
     if kind == "export":
         _, rows = read_export(path, id_field=id_field)
-        frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
     elif kind == "parquet":
         try:
             frame = pq.read_table(path).to_pandas()
         except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from None
-        if any(str(c).endswith(("__gold", ".responses")) for c in frame.columns):
-            frame = pd.DataFrame.from_records([normalize_row(r) for r in frame.to_dict("records")])
+            raise InputError(f"{shown}: not a readable Parquet file ({exc})") from None
+        rows = [normalize_row(r) for r in frame.to_dict("records")] \
+            if any(str(c).endswith(("__gold", ".responses")) for c in frame.columns) else None
     else:
         spec = InputSpec(text_field=id_field, csv_delimiter=csv_delimiter)
         rows = []
         for line, row in read_table_rows(path, spec, fmt=fmt):  # compressed gold files too
             if isinstance(row, str):
-                raise InputError(f"{str(path)!r} line {line}: {row}; fix the gold file (every gold row counts)")
+                raise InputError(f"{shown} line {line}: {row}; fix the gold file (every gold row counts)")
+            if kind == "csv" and not rows and is_label_studio_csv(row):
+                raise InputError(f"{shown}: a Label Studio CSV export (columns annotator, annotation_id, lead_time): "
+                                 "one row per annotation, its 'id' Label Studio's own task id, skipped annotations "
+                                 "dropped without a trace and several choices as a JSON cell; export as JSON (the "
+                                 "full format) instead")
             rows.append(normalize_row({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row))
+    notes = take_notes(rows, id_field, shown) if rows is not None else {"answers": {}, "status": None, "warnings": []}
+    if rows is not None:
         frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
+    if id_field not in frame.columns and "row" in frame.columns:
+        frame = frame.rename(columns={"row": id_field})  # pcd review's id for an output without ids
     if id_field not in frame.columns:
-        raise InputError(f"{str(path)!r}: no id column {id_field!r} (columns: {', '.join(map(str, frame.columns))}); "
+        raise InputError(f"{shown}: no id column {id_field!r} (columns: {', '.join(map(str, frame.columns))}); "
                          "pass --id-field")
+    frame.attrs[GOLD_ATTR] = notes
     return frame
 
 
@@ -358,6 +380,7 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
         seen = f"e.g. {pred_ids[0]!r} in column {pred_id!r}" if pred_ids else "none: the predictions have no rows"
         raise InputError(f"no gold id matches a prediction id (gold ids e.g. {gold_ids[0]!r} in column {id_field!r}; "
                          f"prediction ids {seen}); pass the --id-field used when labelling")
+    gold, columns = _gold_columns(gold, specs, gold_ids)
     fields, without = [], []
     for spec in specs:
         if spec.name not in gold.columns:
@@ -368,11 +391,51 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
     if not fields:
         raise InputError(f"no field has a gold column (fields: {', '.join(s.name for s in specs)}; gold columns: "
                          f"{', '.join(map(str, gold.columns))})")
+    answers = (gold.attrs.get(_gold_attr()) or {}).get("answers") or {}
+    present = [any(_present_gold(v) if s.is_multi else _is_present(v) for s, v in zip(specs, values))
+               for values in zip(*(gold[s.name].tolist() if s.name in gold.columns else [None] * len(gold_ids)
+                                   for s in specs))] if specs else [False] * len(gold_ids)
+    present = [p or any(answers.get(rid, ())) for p, rid in zip(present, gold_ids)]  # a tie is an answer
     return Joined(fields=tuple(fields), fields_without_gold=tuple(without), gold_rows=len(gold_ids),
                   prediction_rows=len(pred_ids), matched=len(matched_gold),
                   gold_without_prediction=len(unmatched),
                   predictions_without_gold=sum(1 for rid in pred_ids if rid not in gold_pos),
-                  unmatched_gold_ids=tuple(unmatched[:5]), id_column=pred_id)
+                  unmatched_gold_ids=tuple(unmatched[:5]), id_column=pred_id, answered=sum(present),
+                  matched_answered=sum(1 for i in matched_gold.tolist() if present[i]),
+                  gold_column=tuple(columns.items()))
+
+
+def _gold_attr() -> str:
+    from .annotations import GOLD_ATTR
+
+    return GOLD_ATTR
+
+
+def _gold_columns(gold: pd.DataFrame, specs: list[FieldSpec], gold_ids: list[str]) -> tuple[pd.DataFrame, dict]:
+    """``gold`` with a column named after each field that has gold: its own column, else the
+    one ``server_name`` names (Argilla's rule); a multi-select field of an annotation tool's
+    export answered anew from the counted answers, an annotator's answer without it being
+    "none of these" (``[]``). Returns the frame (a copy when changed) and ``{field: column read}``."""
+    from .annotations import GOLD_ATTR, resolve, server_name
+
+    answers = (gold.attrs.get(GOLD_ATTR) or {}).get("answers") or {}
+    out, columns = gold, {}
+    for spec in specs:
+        column = spec.name if spec.name in gold.columns else server_name(spec.name) \
+            if server_name(spec.name) in gold.columns else None
+        if column is None and not (spec.is_multi and answers):
+            continue
+        columns[spec.name] = column or server_name(spec.name)
+        values = gold[column].tolist() if column is not None else [None] * len(gold_ids)
+        if spec.is_multi and answers:
+            values = [resolve(answers[rid], columns[spec.name], missing=[])[0] if rid in answers else v
+                      for rid, v in zip(gold_ids, values)]
+        elif column == spec.name:
+            continue
+        if out is gold:
+            out = gold.copy()
+        out[spec.name] = pd.Series(values, index=out.index, dtype=object)
+    return out, columns
 
 
 def _is_present(value) -> bool:

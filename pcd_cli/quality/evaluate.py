@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..schema.model import Schema
 from . import metrics as M
+from .annotations import GOLD_ATTR, agreement
 from .data import METADATA_ATTR, FieldData, MultiFieldData, field_specs, join
 
 #: Coverages of the selective-prediction figures.
@@ -186,6 +187,11 @@ class EvalReport:
         id_field: gold id column; id_column: the predictions' id column.
         gold_rows, prediction_rows, matched: row counts.
         gold_without_prediction, predictions_without_gold: unmatched rows (reported, not dropped).
+        answered, matched_answered: gold rows with an answer (a gold value for some field; a
+            skipped or untouched annotation task has none), and those matched.
+        agreement: per field answered by several annotators (an annotation tool's export), over
+            the matched rows: ``annotations.agreement``'s ``rows``, ``disagree``, ``ties``,
+            ``tie_ids`` and ``agreement``.
         fields: one report per field with gold labels, multi-select fields aside;
             multi_fields: one per multi-select field with gold labels; fields_without_gold: the others.
         metadata: the predictions' ``pcd.*`` metadata (model, schema hash...), if known.
@@ -206,6 +212,9 @@ class EvalReport:
     metadata: dict
     warnings: tuple[str, ...]
     multi_fields: tuple[MultiFieldReport, ...] = ()
+    answered: int = 0
+    matched_answered: int = 0
+    agreement: dict = dc_field(default_factory=dict)
 
     def field(self, name: str) -> FieldReport | MultiFieldReport:
         return next(f for f in (*self.fields, *self.multi_fields) if f.field == name)
@@ -215,11 +224,13 @@ class EvalReport:
         return {
             "id_field": self.id_field, "id_column": self.id_column, "gold_rows": self.gold_rows,
             "prediction_rows": self.prediction_rows, "matched": self.matched,
+            "gold_rows_with_answer": self.answered, "matched_with_answer": self.matched_answered,
             "gold_without_prediction": self.gold_without_prediction,
             "predictions_without_gold": self.predictions_without_gold,
             "fields": {f.field: f.to_dict() for f in self.fields},
             "multi_fields": {f.field: f.to_dict() for f in self.multi_fields},
             "fields_without_gold": list(self.fields_without_gold),
+            "agreement": {k: dict(v) for k, v in self.agreement.items()},
             "metadata": dict(self.metadata), "warnings": list(self.warnings),
         }
 
@@ -260,6 +271,16 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
     if schema is not None and metadata.get("pcd.schema_sha256") not in (None, schema.source_sha256):
         warnings.append(f"the predictions were labelled with another schema (sha256 "
                         f"{metadata['pcd.schema_sha256'][:12]}..., this one {schema.source_sha256[:12]}...)")
+    notes = gold.attrs.get(GOLD_ATTR) or {}
+    warnings.extend(notes.get("warnings") or ())
+    agreements = _agreements(joined, notes, predictions)
+    for name, a in agreements.items():
+        if a["disagree"]:
+            ties = (f"; {a['ties']} tied (no answer most given: no gold, e.g. id {a['tie_ids'][0]!r})"
+                    if a["ties"] else "")
+            warnings.append(f"field {name!r}: the annotators disagree on {a['disagree']} of the {a['rows']} rows "
+                            f"answered more than once (pairwise agreement {a['agreement']:.3f}); the gold is the "
+                            f"answer most of them gave{ties}")
     if joined.gold_without_prediction:
         warnings.append(f"{joined.gold_without_prediction} gold rows have no prediction (e.g. id "
                         f"{joined.unmatched_gold_ids[0]!r}); they are not in the figures")
@@ -312,7 +333,27 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         gold_without_prediction=joined.gold_without_prediction,
         predictions_without_gold=joined.predictions_without_gold,
         fields=fields, fields_without_gold=joined.fields_without_gold, metadata=metadata, warnings=tuple(warnings),
-        multi_fields=multi)
+        multi_fields=multi, answered=joined.answered, matched_answered=joined.matched_answered,
+        agreement=agreements)
+
+
+def _agreements(joined, notes: dict, predictions: pd.DataFrame) -> dict:
+    """``annotations.agreement`` per field with gold, over the matched gold rows, for the fields
+    some row of which was answered by two annotators or more."""
+    answers = notes.get("answers") or {}
+    if not answers:
+        return {}
+    column = predictions[joined.id_column].tolist()
+    predicted = {str(int(v)) if isinstance(v, float) and v.is_integer() else str(v) for v in column}
+    ids = [rid for rid in answers if rid in predicted]
+    columns = dict(joined.gold_column)
+    out = {}
+    for data in joined.fields:
+        name = data.spec.name
+        stats = agreement(answers, columns.get(name, name), ids, multi=data.spec.is_multi)
+        if stats["rows"]:
+            out[name] = stats
+    return out
 
 
 def field_report(data: FieldData, target_accuracy: float | None = None, *,

@@ -35,9 +35,19 @@ def _set_coverage(f) -> str:
 def render_eval(report, console: Console) -> None:
     """Summary table (a column per field), then per field: labels, confusion, selective prediction;
     then the multi-select fields: their summary table and each one's options."""
-    console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
-                  f"({report.prediction_rows} predictions; {report.gold_without_prediction} gold rows without "
-                  f"prediction, {report.predictions_without_gold} predictions without gold)", highlight=False)
+    if report.answered >= report.gold_rows:
+        console.print(f"{report.matched} of {report.gold_rows} gold rows matched a prediction "
+                      f"({report.prediction_rows} predictions; {report.gold_without_prediction} gold rows without "
+                      f"prediction, {report.predictions_without_gold} predictions without gold)", highlight=False)
+    else:  # skipped or untouched tasks of an annotation tool: rows without an answer are not gold
+        console.print(f"{report.matched_answered} of {report.answered} gold rows with an answer matched a prediction "
+                      f"({report.gold_rows - report.answered} of the {report.gold_rows} rows in the gold file have no "
+                      f"answer: skipped or not annotated; {report.prediction_rows} predictions; "
+                      f"{report.gold_without_prediction} gold rows without prediction)", highlight=False)
+    for name, a in report.agreement.items():
+        agreed = "-" if a["agreement"] is None else f"{a['agreement']:.3f}"
+        console.print(f"annotators on {escape(name)}: {a['rows']} rows answered more than once, {a['disagree']} "
+                      f"disagree, {a['ties']} tied (no gold); pairwise agreement {agreed}", highlight=False)
     if report.fields:
         _summary(report, console)
     for f in report.fields:

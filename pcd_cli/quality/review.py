@@ -23,7 +23,10 @@ The writers (``write_review``):
 - ``argilla``: a folder in the layout of Argilla's ``Dataset.to_disk`` (``records.json``,
   ``.argilla/settings.json``, ``.argilla/dataset.json``), imported by
   ``rg.Dataset.from_disk(FOLDER, client=client)``: a ``TextField`` and a ``LabelQuestion`` per
-  field (``MultiLabelQuestion`` for a multi-select one); per record a ``Suggestion`` per field
+  field (``MultiLabelQuestion`` for a multi-select one, not required: a response without it
+  answers "none of these"), named as the server accepts (``argilla_names``: ``Sentiment`` ->
+  ``sentiment``, its title the field's name; a field with more than 500 labels is refused);
+  per record a ``Suggestion`` per field
   (value, score, agent: the model) and metadata ``pcd_score``, ``<f>__prob`` (filterable),
   ``<f>__probs`` (the per-label distribution; P(yes) per option for a multi-select field) and
   ``<f>__set``. Export with ``dataset.to_disk(FOLDER)`` or ``dataset.records.to_json(FILE)``.
@@ -54,7 +57,7 @@ import orjson
 from ..errors import InputError, MissingExtra
 from ..io.readers import InputSpec, read_table_rows, row_to_record
 from ..schema.model import Schema
-from .annotations import GOLD_SUFFIX
+from .annotations import ARGILLA_MAX_OPTIONS, ARGILLA_NAME, GOLD_SUFFIX, server_name
 from .data import FieldSpec, _id_strings, _is_present, field_specs, read_predictions
 
 #: What ``pcd review --to`` writes.
@@ -250,8 +253,9 @@ def _label(value, spec: FieldSpec, abstained: bool):
 
 
 def text_name(fields) -> str:
-    """Name of the text in the files (``text``, or ``record_text`` when a field is called ``text``)."""
-    return "record_text" if any(f.name == "text" for f in fields) else "text"
+    """Name of the text in the files (``text``, or ``record_text`` when a field is called
+    ``text``, or would be in Argilla: ``server_name``)."""
+    return "record_text" if any(f.name == "text" or server_name(f.name) == "text" for f in fields) else "text"
 
 
 def label_studio_config(fields) -> str:
@@ -356,9 +360,46 @@ def write_label_studio(selection: ReviewSelection, output: str | Path, *,
 # --- Argilla -------------------------------------------------------------------------------------
 
 
+def argilla_names(fields) -> dict[str, str]:
+    """The question name of each field in Argilla: the field's name as the server accepts it
+    (``annotations.server_name``: ``Sentiment`` -> ``sentiment``, ``needs.reply`` ->
+    ``needs_reply``); ``pcd eval`` maps the names back. The question's title keeps the
+    field's name.
+
+    Raises:
+        InputError: a name that stays outside the server's rule (no letter or digit), two
+            fields with the same name in Argilla, or a field with more labels than a label
+            question may have (``ARGILLA_MAX_OPTIONS``).
+    """
+    names: dict[str, str] = {}
+    for f in fields:
+        name = server_name(f.name)
+        if not ARGILLA_NAME.match(name):
+            raise InputError(f"field {f.name!r}: Argilla's server accepts only names of lower case letters, digits, "
+                             "'_' and '-' with at least one letter or digit, and this one has none; rename the "
+                             "field, or review it with --to label-studio or --to csv")
+        twin = next((other for other, n in names.items() if n == name), None)
+        if twin is not None:
+            raise InputError(f"fields {twin!r} and {f.name!r} are both {name!r} in Argilla, whose names are lower "
+                             "case letters, digits, '_' and '-'; rename one, or review with --to label-studio")
+        if len(f.labels) > ARGILLA_MAX_OPTIONS:
+            raise InputError(f"field {f.name!r} has {len(f.labels)} labels; Argilla's server accepts at most "
+                             f"{ARGILLA_MAX_OPTIONS} options in a label question; review it with --to label-studio "
+                             "or --to csv, or narrow the field")
+        names[f.name] = name
+    return names
+
+
+def argilla_renamed(selection: ReviewSelection) -> dict[str, str]:
+    """The fields whose question name in Argilla differs from their name (``argilla_names``)."""
+    return {k: v for k, v in argilla_names(selection.fields).items() if k != v}
+
+
 def argilla_settings(selection: ReviewSelection) -> dict:
-    """The dataset settings as ``rg.Settings.serialize()`` writes them (``.argilla/settings.json``)."""
+    """The dataset settings as ``rg.Settings.serialize()`` writes them (``.argilla/settings.json``):
+    question and metadata names as ``argilla_names`` gives them, titles the fields' names."""
     name = text_name(selection.fields)
+    names = argilla_names(selection.fields)
 
     def stamp(item: dict) -> dict:
         return {"id": None, "inserted_at": None, "updated_at": None} | item
@@ -369,8 +410,8 @@ def argilla_settings(selection: ReviewSelection) -> dict:
                     "visible_options": len(f.labels) if len(f.labels) >= 3 else None}
         if f.type == "multi":
             settings["options_order"] = "natural"
-        return stamp({"name": f.name, "settings": settings, "title": f.name, "description": None,
-                      "required": True, "dataset_id": None, "type": kind})
+        return stamp({"name": names[f.name], "settings": settings, "title": f.name, "description": None,
+                      "required": f.type != "multi", "dataset_id": None, "type": kind})
 
     questions = [question(f) for f in selection.fields]
     fields = [stamp({"name": name, "settings": {"type": "text", "use_markdown": False}, "title": name,
@@ -378,7 +419,7 @@ def argilla_settings(selection: ReviewSelection) -> dict:
     metadata = [stamp({"name": key, "settings": {"visible_for_annotators": True, "min": 0.0, "max": 1.0,
                                                   "type": "float"},
                        "title": key, "visible_for_annotators": True, "dataset_id": None})
-                for key in ["pcd_score", *(f"{f.name}__prob" for f in selection.fields)]]
+                for key in ["pcd_score", *(f"{names[f.name]}__prob" for f in selection.fields)]]
     return {"guidelines": _guidelines(selection), "questions": questions, "fields": fields, "vectors": [],
             "metadata": metadata, "allow_extra_metadata": True,
             "distribution": {"strategy": "overlap", "min_submitted": 1}, "mapping": None}
@@ -399,19 +440,22 @@ def argilla_dataset(selection: ReviewSelection, name: str) -> dict:
 
 
 def argilla_records(selection: ReviewSelection) -> list[dict]:
-    """The records as ``record.to_dict()`` gives them (``records.json``), in review order."""
+    """The records as ``record.to_dict()`` gives them (``records.json``), in review order
+    (question and metadata names as ``argilla_names`` gives them)."""
     name = text_name(selection.fields)
+    names = argilla_names(selection.fields)
     records = []
     for row in selection.rows:
         metadata: dict = {"pcd_score": row.score}
         for f in selection.fields:
             if row.probs[f.name] is not None:
-                metadata[f"{f.name}__prob"] = row.probs[f.name]
+                metadata[f"{names[f.name]}__prob"] = row.probs[f.name]
             if f.name in row.distributions:
-                metadata[f"{f.name}__probs"] = row.distributions[f.name]
+                metadata[f"{names[f.name]}__probs"] = row.distributions[f.name]
             if f.name in row.sets:
-                metadata[f"{f.name}__set"] = list(row.sets[f.name])
-        suggestions = {f.name: {"value": row.labels[f.name], "score": row.probs[f.name], "agent": selection.model}
+                metadata[f"{names[f.name]}__set"] = list(row.sets[f.name])
+        suggestions = {names[f.name]: {"value": row.labels[f.name], "score": row.probs[f.name],
+                                       "agent": selection.model}
                        for f in selection.fields if row.labels[f.name] is not None}
         records.append({"id": str(row.id), "fields": {name: row.text}, "metadata": metadata,
                         "suggestions": suggestions, "responses": {}, "vectors": {}, "status": "pending",
@@ -452,18 +496,20 @@ def argilla_objects(selection: ReviewSelection):
     import argilla as rg
 
     name = text_name(selection.fields)
+    names = argilla_names(selection.fields)
     settings = rg.Settings(
         fields=[rg.TextField(name=name, use_markdown=False)],
         questions=[(rg.MultiLabelQuestion if f.type == "multi" else rg.LabelQuestion)(
-            name=f.name, labels=list(f.labels)) for f in selection.fields],
+            name=names[f.name], title=f.name, labels=list(f.labels), required=f.type != "multi")
+            for f in selection.fields],
         metadata=[rg.FloatMetadataProperty(name=key, min=0.0, max=1.0)
-                  for key in ["pcd_score", *(f"{f.name}__prob" for f in selection.fields)]],
+                  for key in ["pcd_score", *(f"{names[f.name]}__prob" for f in selection.fields)]],
         guidelines=_guidelines(selection), allow_extra_metadata=True)
     records = []
     for row, plain in zip(selection.rows, argilla_records(selection)):
         records.append(rg.Record(
             id=str(row.id), fields={name: row.text}, metadata=plain["metadata"],
-            suggestions=[rg.Suggestion(question_name=f.name, value=row.labels[f.name], score=row.probs[f.name],
+            suggestions=[rg.Suggestion(question_name=names[f.name], value=row.labels[f.name], score=row.probs[f.name],
                                        agent=selection.model)
                          for f in selection.fields if row.labels[f.name] is not None]))
     return settings, records
@@ -500,6 +546,12 @@ def check_argilla(selection: ReviewSelection, settings: dict, dataset: dict, rec
         if read.serialize() != built_settings.serialize():
             raise RuntimeError("the Argilla settings pcd wrote differ from those rg.Settings builds")
         DatasetModel(**dataset)
+        for kind in ("fields", "questions", "metadata"):  # the server's rules, which the SDK does not check
+            for item in settings[kind]:
+                if not ARGILLA_NAME.match(item["name"]):
+                    raise RuntimeError(f"Argilla {kind[:-1]} name {item['name']!r} breaks the server's name rule")
+                if len(item.get("settings", {}).get("options") or []) > ARGILLA_MAX_OPTIONS:
+                    raise RuntimeError(f"Argilla question {item['name']!r} has more than {ARGILLA_MAX_OPTIONS} options")
         labels = {q.name: set(q.labels) for q in read.questions}
         for i, (plain, built) in enumerate(zip(records, built_records)):
             record = rg.Record.from_dict(plain)
