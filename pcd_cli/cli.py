@@ -720,7 +720,9 @@ def eval_(
             _write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
-            _said_written(eval_plots(report, plot, predictions.name.split(".")[0]), "reliability diagram", plot)
+            from .quality.plots import eval_plot_name
+
+            _said_written(eval_plots(report, plot, eval_plot_name(predictions, gold)), "reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -810,7 +812,10 @@ def calibrate(
         saved = calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
-            _said_written(calibration_plots(report, plot), "before/after reliability diagram", plot)
+            from .quality.plots import file_stem
+
+            _said_written(calibration_plots(report, plot, file_stem(output)), "before/after reliability diagram",
+                          plot)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -1127,8 +1132,10 @@ def serve(
 
 
 def _said_written(files: list, what: str, folder: Path) -> None:
-    """Say how many plot files were written into ``folder``."""
-    out.print(f"wrote {len(files)} {what}{'s' * (len(files) != 1)} to {escape(str(folder))}", highlight=False)
+    """Say how many plot files were written into ``folder``, and their names."""
+    names = ", ".join(Path(f).name for f in files)
+    out.print(f"wrote {len(files)} {what}{'s' * (len(files) != 1)} to {escape(str(folder))}"
+              + (f": {escape(names)}" if names else ""), highlight=False)
 
 
 def _write_json(path: Path, value: dict) -> None:

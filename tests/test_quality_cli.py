@@ -81,9 +81,10 @@ def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
     assert f["by_prob"]["target"] == {"target": 0.8, "threshold": pytest.approx(0.71), "coverage": pytest.approx(5 / 6),
                                       "n": 5, "accuracy": 0.8}
     assert report["metadata"]["pcd.model"] == "fake-model"
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["preds.f.reliability.png",
-                                                                        "preds.flag.reliability.png"]
-    assert (tmp_path / "plots" / "preds.f.reliability.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["preds.vs.gold.f.reliability.png",
+                                                                        "preds.vs.gold.flag.reliability.png"]
+    assert (tmp_path / "plots" / "preds.vs.gold.f.reliability.png").read_bytes()[:4] == b"\x89PNG"
+    assert "reliability diagrams to " in text and "preds.vs.gold.f.reliability.png, preds.vs.gold.flag" in text
     assert f"scored {preds} against {gold}" in " ".join(text.split())
     assert "field 'f': only 6 rows: the accuracy is somewhere in [0.30, 0.90] (95 %, Wilson)" in " ".join(text.split())
 
@@ -147,7 +148,7 @@ def test_calibrate_from_predictions(tmp_path, no_model):
     assert f"f: temperature {calibration.fields['f'].temperature:.3f}; biases A " in text
     assert "not calibrated (no gold column): flag" in text
     assert f"wrote {tmp_path / 'cal.json'} (sha256 {calibration.sha256[:12]}...)" in text
-    assert [p.name for p in (tmp_path / "plots").iterdir()] == ["f.calibration.png"]
+    assert [p.name for p in (tmp_path / "plots").iterdir()] == ["cal.f.calibration.png"]
     calibration.check(metadata())
     # predictions made with a calibration: refused, exit 2
     write_predictions(tmp_path / "c.parquet", df, metadata(**{"pcd.calibration_sha256": calibration.sha256}))
