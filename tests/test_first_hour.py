@@ -244,3 +244,18 @@ def test_evals_into_one_plot_folder_never_overwrite_each_other(tmp_path):
     assert sorted(p.name for p in plots.iterdir()) == sorted(names)
     for text, name in zip(said, names):
         assert f"wrote 1 reliability diagram to {plots}: {name}" in text
+
+
+def test_ray_engine_refuses_a_jsonl_without_the_text_key_before_ray_starts(tmp_path):
+    """The same preflight for every file of an --engine ray input (a folder here), before Ray."""
+    from pcd_cli.engines.ray_engine import label_files
+    from pcd_cli.errors import InputError
+    from pcd_cli.io.readers import InputSpec
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"id": "a", "text": "fine"}\n')
+    (folder / "b.jsonl").write_text('{"id": "b", "message": "the key is another"}\n')
+    with pytest.raises(InputError, match=r"b\.jsonl': no key 'text' \(the text field\) in its only JSON object "
+                                         r"\(keys: id, message\)"):
+        label_files(folder, SCHEMA, InputSpec(id_field="id"), {}, output=tmp_path / "out", errors_path=tmp_path / "e")

@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..io.files import check_writable, clear_stale, write_atomic, write_target
 from ..io.output import output_schema, results_table
-from ..io.readers import EXTENSIONS, InputSpec, detect_format, read_records, row_to_record
+from ..io.readers import EXTENSIONS, InputSpec, check_input, detect_format, read_records, row_to_record
 from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
 from .summary import RunStats
@@ -499,7 +499,8 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler
     input_path, output, errors_path = Path(input_path), Path(output), Path(errors_path)
     files, kind = resolve_inputs(input_path, fmt)
     check_outputs(files, input_path, output, errors_path)
-    for f in files:  # the whole-file checks (columns, header, Parquet footer) here, before Ray starts
+    for f in files:  # the whole-file checks (columns, header, Parquet footer, JSONL keys) here, before Ray starts
+        check_input(f, spec, fmt)
         next(iter(read_records(f, spec, fmt=kind, batch_size=1)), None)
     ray = require_ray()
     started_here, startup = connect(address)
