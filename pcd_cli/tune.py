@@ -133,7 +133,10 @@ def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], l
     Raises:
         InputError: no field of the schema has a gold column.
     """
+    from .quality.data import resolve_gold_columns
+
     specs = [(FieldSpec.of(f), len(part)) for f, part in schema.declared_parts()]
+    gold = resolve_gold_columns(gold, [s for s, _ in specs], spec.id_field or "id")  # Argilla names, multi []
     if not any(s.name in gold.columns for s, _ in specs):
         raise InputError(f"the gold file has no column for any field of the schema "
                          f"({', '.join(s.name for s, _ in specs)}); columns: {', '.join(map(str, gold.columns))}")

@@ -404,3 +404,27 @@ def test_eval_reads_the_row_ids_pcd_review_wrote(tmp_path):
     reviewed = [case.ids[t["data"]["row"]] for t in tasks]
     assert report["fields"]["sentiment"]["accuracy"] == pytest.approx(case.accuracy(reviewed, "sentiment"))
     assert report["fields_without_gold"] == ["urgent"]
+
+
+def test_tune_reads_argilla_names_and_none_of_these_as_eval_does(tmp_path):
+    from pcd_cli.io.readers import InputSpec
+    from pcd_cli.tune import gold_records
+
+    (tmp_path / "schema.yaml").write_text("name: t\nfields:\n  Sentiment: {type: enum, labels: [NEGATIVE, POSITIVE]}\n"
+                                          "  tags: {type: multi, labels: [outage, billing]}\n")
+    schema = load_schema(tmp_path / "schema.yaml")
+    with offline_argilla() as (rg, _):
+        from argilla.records._io import GenericIO
+
+        u1 = uuid.UUID(int=1)
+        records = [rg.Record(id="t1", fields={"text": "down"}, responses=[
+                       rg.Response("sentiment", "NEGATIVE", user_id=u1, status="submitted"),
+                       rg.Response("tags", ["outage"], user_id=u1, status="submitted")]),
+                   rg.Record(id="t2", fields={"text": "fine"}, responses=[
+                       rg.Response("sentiment", "POSITIVE", user_id=u1, status="submitted")])]
+        (tmp_path / "flat.json").write_text(json.dumps(GenericIO.to_list(records, flatten=True)))
+    gold = read_gold(tmp_path / "flat.json")
+    found, labels, skipped = gold_records(gold, schema, InputSpec(id_field="id"))
+    assert [r.id for r in found] == ["t1", "t2"] and skipped == []
+    # Sentiment (0 NEGATIVE), then per option 0 = chosen: t2 answered without tags: none chosen
+    assert labels == [[0, 0, 1], [1, 1, 1]]

@@ -405,6 +405,17 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
                   gold_column=tuple(columns.items()))
 
 
+def resolve_gold_columns(gold: pd.DataFrame, specs: list[FieldSpec], id_field: str = "id") -> pd.DataFrame:
+    """``gold`` with a column named after each field, as ``join`` reads it: the field's own
+    column, else the one Argilla names it (``annotations.server_name``: ``pcd review --to
+    argilla`` writes ``Sentiment`` as ``sentiment``), and a multi-select field of an
+    annotation tool's export answered "none of these" (``[]``) where an annotator's answer
+    leaves it out. For readers of gold rows that do not ``join`` (``pcd tune``)."""
+    ids = [str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+           for v in (gold[id_field].tolist() if id_field in gold.columns else range(len(gold)))]
+    return _gold_columns(gold, specs, ids)[0]
+
+
 def _gold_attr() -> str:
     from .annotations import GOLD_ATTR
 
