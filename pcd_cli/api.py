@@ -141,12 +141,19 @@ class Labeler:
             from .decoding.permute import orderings_for
 
             orderings_for(self.schema, permutations)
+        if adapter is not None and (backend is None or backend in ("auto", "torch")):
+            from .backends.torch_tune import check_adapter_folder
+
+            check_adapter_folder(adapter, model)  # a model folder as --adapter: refused before the model loads
         if backend is None or isinstance(backend, str):
             from .backends import load_backend
 
             backend = load_backend(model, backend=backend or "auto", device=device, dtype=dtype)
+        #: what does not fit between the adapter and the model without stopping the run (another
+        #: base model named in its config, config keys of a newer peft); the CLI prints each
+        self.adapter_warnings: list[str] = []
         if adapter is not None:
-            backend = _with_adapter(backend, adapter)
+            backend, self.adapter_warnings = _with_adapter(backend, adapter, model)
         self.backend = backend
         #: the ``pcd-tune.json`` card of a tuned model folder or adapter (``None`` otherwise)
         self.tune_card, self._tune_source = _tune_card(adapter if adapter is not None else model)
@@ -409,8 +416,9 @@ def _tune_card(source) -> tuple[dict | None, str]:
     return (card if isinstance(card, dict) else None), f"{kind} {folder.name}"
 
 
-def _with_adapter(backend, adapter):
-    """``backend`` with a ``pcd tune --adapter-only`` adapter merged in (torch backend only)."""
+def _with_adapter(backend, adapter, model: str | None = None):
+    """``(backend with a LoRA adapter merged in, warnings)`` (torch backend only;
+    ``pcd_cli.backends.torch_tune.apply_adapter``: a misfit raises ``ModelError``)."""
     from .errors import ModelError
 
     if type(backend).__name__ != "TorchBackend":
@@ -418,7 +426,7 @@ def _with_adapter(backend, adapter):
                          "model folder with pcd tune (without --adapter-only) and pass it as --model")
     from .backends.torch_tune import apply_adapter
 
-    return apply_adapter(backend, adapter)
+    return apply_adapter(backend, adapter, model)
 
 
 def _id_type(id_field: str | None):

@@ -469,6 +469,8 @@ def label(
             else:
                 shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
                 labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
+                for warning in labeler.adapter_warnings:
+                    report("warning", {"message": warning}, "warning")
                 for warning in labeler.tune_warnings:
                     report("warning", {"message": warning + " (train what you will read: pcd tune with the same "
                                        "schema, --examples, --template and --scoring)"}, "warning")
@@ -861,11 +863,15 @@ def tune(
     pcd label reads them (same prompt head, forest and waves), plus --mass-weight times the gold
     label's full-vocabulary NLL; keep the epoch with the best holdout NLL; fit a calibration on
     that epoch's holdout predictions; write a model folder with a pcd-tune.json card and
-    pcd-calibration.json (pcd label --model DIR applies it). Exit 2 on a bad gold file or
-    option, 3 on a model problem or without peft, 130 if interrupted (the best adapter so far
+    pcd-calibration.json (pcd label --model DIR applies it). An earlier pcd tune folder as -o:
+    only the files its card lists are replaced, and a folder holding other files is refused.
+    Exit 2 on a bad gold file or option, an -o folder holding other files, or a training that
+    diverges (NaN or exploding loss, collapsed candidate mass, flat probabilities: nothing is
+    written); 3 on a model problem or without peft; 130 if interrupted (the best adapter so far
     is written first)."""
     from .api import Labeler
     from .backends.torch_tune import require_peft
+    from .backends.tune_folder import check_tune_output
     from .io.readers import InputSpec, check_frame_columns
     from .quality import read_gold
     from .quality.data import drop_example_rows
@@ -876,9 +882,7 @@ def tune(
 
     try:
         require_peft()
-        if output.exists() and (not output.is_dir() or (any(output.iterdir())
-                                                        and not (output / "pcd-tune.json").is_file())):
-            raise InputError(f"-o {str(output)!r} exists and is not a pcd tune folder; give a new folder")
+        check_tune_output(output)  # a team's files in it: refused before the model loads
         parsed = load_schema(schema)
         spec = InputSpec(text_field=text_field, template=template, id_field=id_field, csv_delimiter=csv_delimiter)
         gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
@@ -899,9 +903,13 @@ def tune(
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations)
         bar = _TuneProgress(progress, epochs)
-        result, trainer = run_tune(labeler.backend, parsed, records, labels, config,
-                                   examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch)
-        bar.close()
+        try:
+            result, trainer = run_tune(labeler.backend, parsed, records, labels, config,
+                                       examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch)
+        finally:
+            bar.close()
+        for warning in result.warnings:
+            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         # the pcd.model that pcd label records for the result: a folder's name, or the adapter's base
         label_model = labeler.backend.model_id if adapter_only else Path(output).expanduser().name
         calibration, notes = fit_tune_calibration(result, parsed, labeler.metadata(), model=label_model, seed=seed)
@@ -913,7 +921,7 @@ def tune(
                          adapter_only=adapter_only,
                          calibration=calibration_card(calibration, notes, result.holdout_rows))
         try:
-            trainer.save(output, adapter_only=adapter_only, card=card,
+            trainer.save(output, adapter_only=adapter_only, card=card, base_name=labeler.backend.model_id,
                          files={CALIBRATION_NAME: calibration.to_json()} if calibration is not None else None)
         except OSError as exc:
             raise InputError(f"-o {str(output)!r}: cannot write ({exc.strerror or exc})") from None

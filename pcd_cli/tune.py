@@ -14,6 +14,10 @@ lacks that field. The framework half (peft, optimiser, saving) is in
 Per epoch: the training rows in a seeded shuffle, one optimiser step per packed group; then
 the seeded, stratified holdout (never trained on) is labelled by the plain decoder and
 scored with ``pcd eval``'s metrics; the epoch with the lowest mean holdout NLL is kept.
+An epoch that collapses (``divergence``: a NaN or exploding loss, a candidate mass fallen
+a hundredfold, probabilities gone flat) fails the run (``TrainingDiverged``), so a
+collapse is never kept as "best"; a holdout of fewer than ``MIN_HOLDOUT_ROWS`` rows is
+named as too small to choose an epoch (``TuneResult.warnings``).
 Then the calibration those holdout rows can support (``fit_tune_calibration``) is fitted on
 the kept epoch's holdout predictions and written into the tuned folder, where ``pcd label
 --model DIR`` finds it.
@@ -30,16 +34,22 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .backends.tune_folder import CALIBRATION_NAME
 from .decoding.compile import CompiledSchema
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
 from .errors import InputError
 from .io.readers import InputSpec, row_to_record
 from .quality import metrics as M
-from .quality.data import FieldSpec, _is_present, _present_gold, gold_label_index, gold_options
+from .quality.data import (
+    FieldSpec,
+    _is_present,
+    _present_gold,
+    gold_label_index,
+    gold_options,
+)
 from .results import Record, RecordFailure
 from .schema.model import Schema
 from .version import __version__
-
 
 #: ``--mass-weight``'s default (chosen by ``benchmarks/tune_quality.py``; docs/quality.md).
 DEFAULT_MASS_WEIGHT = 0.3
@@ -74,8 +84,24 @@ class TuneConfig:
     permutations: int = 1
 
 
-#: File name of the calibration ``pcd tune`` writes into its output folder.
-CALIBRATION_NAME = "pcd-calibration.json"
+#: A holdout with fewer rows (for the field with the most) is too small to choose an epoch: the
+#: choice is kept but named as such (``TuneResult.warnings``). The NLL of a few rows moves by
+#: more than an epoch's change (one row of 3 flipping moves it by a third of its loss).
+MIN_HOLDOUT_ROWS = 10
+#: ``divergence``: a field's holdout candidate mass below this share of its mass before
+#: training is a collapse (the model stopped writing the labels at all).
+MASS_COLLAPSE = 0.01
+#: ``divergence``: every holdout row's probabilities within this of ``1/k`` (and not so before
+#: training) is flat: the labels carry no information.
+FLAT_TOLERANCE = 1e-3
+#: ``divergence``: a training loss above this many times the first step's loss (at least 1 nat)
+#: has exploded.
+LOSS_EXPLOSION = 10.0
+
+
+class TrainingDiverged(InputError):
+    """Training collapsed (``divergence``): nothing is written. Exit 2, as a bad option: the
+    usual cause is the learning rate (``--lr``)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +136,8 @@ class TuneResult:
     train_rows: int
     holdout_rows: int
     skipped: list[str] = field(default_factory=list)
+    #: what the user should know about the choice of epoch (a holdout too small to choose one)
+    warnings: list[str] = field(default_factory=list)
     interrupted: bool = False
     steps: int = 0
     train_seconds: float = 0.0
@@ -214,6 +242,46 @@ def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence
     return out
 
 
+def divergence(before: dict[str, FieldScores], after: dict[str, FieldScores],
+               predictions: dict[int, tuple[np.ndarray, np.ndarray]], before_flat: dict[int, bool],
+               schema: Schema) -> str | None:
+    """Why an epoch's holdout shows a collapsed model, or ``None``.
+
+    Checked per field with holdout rows: the NLL is NaN or infinite; the mean candidate mass
+    fell below ``MASS_COLLAPSE`` times its value before training; every row's probabilities
+    lie within ``FLAT_TOLERANCE`` of ``1/k`` when they did not before training
+    (``before_flat[field index]``). A flat model lowers the NLL of a wrong one (``log k``), so
+    without this check such an epoch looks like an improvement.
+
+    Args:
+        before, after: ``holdout_scores`` of epoch 0 and of this epoch.
+        predictions: this epoch's ``(probabilities, gold)`` per field index (``holdout_scores``).
+    """
+    for fi, f in enumerate(schema.fields):
+        b, a = before.get(f.name), after.get(f.name)
+        if a is None or not a.n:
+            continue
+        if a.nll is None or not np.isfinite(a.nll):
+            return f"field {f.name!r}: the holdout NLL is {a.nll} (NaN or infinite probabilities)"
+        if b is not None and b.mass and a.mass is not None and a.mass < MASS_COLLAPSE * b.mass:
+            return (f"field {f.name!r}: the candidate mass collapsed from {b.mass:.3g} to {a.mass:.2g} on the holdout "
+                    "(the model no longer writes any label)")
+        probs = predictions.get(fi, (None, None))[0]
+        if probs is not None and _flat(probs) and not before_flat.get(fi, False):
+            return (f"field {f.name!r}: the probabilities went flat (every label 1/{probs.shape[1]} on every "
+                    "holdout row)")
+    return None
+
+
+def _flat(probs: np.ndarray) -> bool:
+    return bool(len(probs)) and bool(np.all(np.abs(probs - 1.0 / probs.shape[1]) < FLAT_TOLERANCE))
+
+
+def _diverged(reason: str, epoch: int, config: TuneConfig) -> TrainingDiverged:
+    return TrainingDiverged(f"training diverged in epoch {epoch}: {reason}. --lr {config.lr:g} is probably too high "
+                            f"(the default is {TuneConfig.lr:g}); nothing was written")
+
+
 def _mean_nll(scores: dict[str, FieldScores]) -> float:
     values = [s.nll for s in scores.values() if s.nll is not None]
     return float(np.mean(values)) if values else float("nan")
@@ -239,7 +307,9 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
 
     Raises:
         ModelError: peft missing or the model cannot take an adapter. InputError: no
-        training rows are left after the holdout.
+        training rows are left after the holdout. TrainingDiverged: a step's loss is NaN or
+        infinite or exploded (over ``LOSS_EXPLOSION`` times the first step's), or an epoch's
+        holdout shows a collapse (``divergence``); training stops there.
     """
     from .backends.torch_tune import LoraTrainer, field_loss
 
@@ -274,8 +344,17 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
     log = [EpochLog(0, None, evaluate(), time.perf_counter() - t0)]
     if on_epoch:
         on_epoch(log[0])
+    before_flat = {fi: _flat(probs) for fi, (probs, _) in predictions.items()}
     result = TuneResult(epochs=log, best_epoch=0, train_rows=len(train), holdout_rows=len(hold_records),
                         trainable_parameters=trainer.trainable_parameters, holdout_predictions=dict(predictions))
+    most = max((s.n for s in log[0].holdout.values()), default=0)
+    if not hold_records:
+        result.warnings.append("no holdout (--holdout 0): the last epoch is kept, unchecked against held-out rows")
+    elif most < MIN_HOLDOUT_ROWS:
+        result.warnings.append(f"the holdout has {most} row{'s' if most != 1 else ''}, too few to choose an epoch "
+                               f"(fewer than {MIN_HOLDOUT_ROWS}: the NLL of so few rows moves more than an epoch "
+                               "changes it); the kept epoch is a guess: give more gold rows or a larger --holdout")
+    first_loss: float | None = None
     best_state, best_nll = trainer.adapter_state(), _mean_nll(log[0].holdout)
     decoder = Decoder(backend, compiled, orderings=orderings, max_tokens_per_pass=config.max_tokens_per_pass)
     train_start = time.perf_counter()
@@ -295,6 +374,12 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
                 if not terms:
                     continue
                 loss = trainer.step(terms)
+                if not np.isfinite(loss):
+                    raise _diverged(f"the training loss is {loss} at step {g + 1}", epoch, config)
+                first_loss = loss if first_loss is None else first_loss
+                if loss > LOSS_EXPLOSION * max(first_loss, 1.0):
+                    raise _diverged(f"the training loss exploded to {loss:.4g} at step {g + 1} (the first step's: "
+                                    f"{first_loss:.4g})", epoch, config)
                 losses.append((loss, len(terms)))
                 result.steps += 1
                 if on_step:
@@ -304,13 +389,19 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
             log.append(entry)
             if on_epoch:
                 on_epoch(entry)
+            reason = divergence(log[0].holdout, entry.holdout, predictions, before_flat, schema)
+            if reason is not None:
+                raise _diverged(reason, epoch, config)
             nll = _mean_nll(entry.holdout)
-            if not hold_records or not (nll >= best_nll):  # NaN-safe: a first finite value wins
+            if not hold_records or (np.isfinite(nll) and not nll >= best_nll):  # a finite NLL beats a NaN one
                 best_state, best_nll, result.best_epoch = trainer.adapter_state(), nll, epoch
                 result.holdout_predictions = dict(predictions)
     except KeyboardInterrupt:
         result.interrupted = True
     result.train_seconds = time.perf_counter() - train_start
+    if hold_records and result.best_epoch == 0 and len(log) > 1:
+        result.warnings.append("no epoch improved on the holdout NLL: the written model is the base model "
+                               "(epoch 0, untrained)")
     trainer.load_adapter_state(best_state)
     return result, trainer
 
@@ -379,8 +470,8 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
               records: Sequence[Record], result: TuneResult, config: TuneConfig, adapter_only: bool,
               calibration: dict | None = None) -> dict:
     """The provenance card ``pcd-tune.json``: base model and its content key, the schema and
-    prompt head it was trained for (``Labeler.metadata`` keys), the gold file's sha256 and the
-    ids of the rows used, the hyperparameters, per-epoch loss and holdout metrics (mean
+    prompt head it was trained for (``Labeler.metadata`` keys), the gold file's name (not its
+    path: no path of the training machine is written) and sha256 and the ids of the rows used, the hyperparameters, per-epoch loss and holdout metrics (mean
     candidate mass included), and ``calibration`` (``calibration_card``)."""
     return {
         "pcd_version": __version__,
@@ -392,7 +483,7 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
         "prompt_head_sha256": metadata["pcd.prompt_head_sha256"],
         "scoring": metadata["pcd.scoring"],
         "examples": int(metadata["pcd.examples"]),
-        "gold_file": str(gold_path),
+        "gold_file": Path(gold_path).name,  # its name: the folder travels, this machine's paths do not
         "gold_sha256": file_sha256(gold_path),
         "rows_used": len(records),
         "train_rows": result.train_rows,
@@ -401,6 +492,7 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
         "hyperparameters": asdict(config),
         "trainable_parameters": result.trainable_parameters,
         "best_epoch": result.best_epoch,
+        "warnings": list(result.warnings),
         "interrupted": result.interrupted,
         "train_seconds": round(result.train_seconds, 2),
         "epochs": [{"epoch": e.epoch, "train_loss": e.train_loss, "seconds": round(e.seconds, 2),

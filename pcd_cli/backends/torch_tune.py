@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ModelError
 from ..io.files import machine_error, machine_errors, write_target
+from .tune_folder import CARD_NAME, folder_files, model_name_key, read_card, written_by_pcd
 
 #: peft's name for every linear layer of the transformer blocks (the LM head excluded).
 LORA_TARGETS = "all-linear"
@@ -147,7 +148,19 @@ class LoraTrainer:
 
         set_peft_model_state_dict(self.peft_model, state)
 
-    def save(self, directory: Path, *, adapter_only: bool, card: dict, files: dict[str, bytes] | None = None) -> None:
+    def adapter_sha256(self) -> str:
+        """SHA-256 (hex) over the adapter's weights (names, shapes, float32 bytes, in name order):
+        the same adapter gives the same digest in its adapter card and in a merged folder's card."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.adapter_state().items()):
+            digest.update(f"{name}:{tuple(tensor.shape)}".encode())
+            digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
+    def save(self, directory: Path, *, adapter_only: bool, card: dict, files: dict[str, bytes] | None = None,
+             base_name: str | None = None) -> None:
         """Write the result to ``directory`` atomically (a temporary folder beside it, then renamed).
 
         ``adapter_only``: peft's adapter files (``adapter_config.json``,
@@ -156,6 +169,14 @@ class LoraTrainer:
         tokenizer (with its chat template), the card ``pcd-tune.json`` and ``files`` (name ->
         bytes, e.g. the calibration). The live model keeps its adapter unmerged.
 
+        The card gets ``files`` (every file written, relative paths: what a later run may
+        replace, ``tune_folder``) and ``adapter_sha256``. The adapter's config names its base
+        as ``base_name`` (the model id, never a path of this machine); peft's boilerplate
+        ``README.md`` (it repeats that path) is not written.
+
+        An existing ``directory`` (an earlier pcd tune folder, checked by
+        ``tune_folder.check_tune_output`` before training) is swapped for the new one when it
+        holds only pcd's files; files that appeared in it since are kept, pcd's own replaced one by one.
         A symlinked ``directory`` is replaced at its target; the link stays (``pcd_cli.io.files``).
 
         Raises:
@@ -169,16 +190,17 @@ class LoraTrainer:
         try:
             if adapter_only:
                 self.peft_model.save_pretrained(str(tmp))
+                _scrub_adapter_config(tmp / "adapter_config.json", base_name)
+                (tmp / "README.md").unlink(missing_ok=True)
             else:
                 merged = copy.deepcopy(self.peft_model).merge_and_unload()
                 merged.save_pretrained(str(tmp))
             self.backend.tokenizer._tok.save_pretrained(str(tmp))
-            (tmp / CARD_NAME).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n")
             for name, data in (files or {}).items():
                 (tmp / name).write_bytes(data)
-            if directory.exists():
-                shutil.rmtree(directory)
-            os.replace(tmp, directory)
+            card = dict(card, adapter_sha256=self.adapter_sha256(), files=sorted({*folder_files(tmp), CARD_NAME}))
+            (tmp / CARD_NAME).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n")
+            _replace_folder(tmp, directory)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise machine_error(exc, given) from exc
@@ -187,29 +209,246 @@ class LoraTrainer:
             raise
 
 
-#: The provenance card every ``pcd tune`` output folder holds.
-CARD_NAME = "pcd-tune.json"
+def _scrub_adapter_config(path: Path, base_name: str | None) -> None:
+    """Name the base model in a written ``adapter_config.json`` by ``base_name`` (the model id),
+    not by the folder path peft records (a path of the machine that trained it)."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base_name
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def apply_adapter(backend, adapter_dir: str | Path):
-    """``backend`` with the LoRA adapter in ``adapter_dir`` merged into its weights (``--adapter``).
+def _replace_folder(tmp: Path, directory: Path) -> None:
+    """Put the finished folder ``tmp`` at ``directory``: renamed into place when new; an earlier
+    pcd tune folder is set aside, replaced and then deleted when it holds only pcd's files;
+    else (files appeared since ``check_tune_output``) pcd's old files are replaced one by one
+    and the others kept."""
+    if not directory.exists():
+        os.replace(tmp, directory)
+        return
+    ours, others = written_by_pcd(directory)
+    if not others:
+        aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+        os.replace(directory, aside / "old")
+        os.replace(tmp, directory)
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    new = folder_files(tmp)
+    for name in ours:
+        if name not in new:
+            (directory / name).unlink(missing_ok=True)
+    for name in new:
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / name, directory / name)
+    shutil.rmtree(tmp, ignore_errors=True)
 
-    Returns a new ``TorchBackend`` over the merged model (the labelling cost is unchanged).
+
+def _adapter_name(adapter_dir: Path) -> str:
+    return f"--adapter {str(adapter_dir)!r}"
+
+
+def _examples(keys, limit: int = 2) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:limit]) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def check_adapter_folder(adapter_dir: str | Path, model: str | None = None) -> dict:
+    """The checks ``apply_adapter`` makes before any weight loads; returns the parsed
+    ``adapter_config.json``.
 
     Raises:
-        ModelError: peft missing, or the folder is not a peft adapter for this model.
+        ModelError: no such folder; a model folder (``config.json``, no ``adapter_config.json``:
+            a merged folder goes to ``--model``); no ``adapter_config.json``; a config that is
+            not JSON; ``--adapter`` is the ``--model`` folder, or the adapter is already merged
+            into the ``--model`` folder (their pcd tune cards carry the same ``adapter_sha256``).
+    """
+    adapter_dir = Path(adapter_dir).expanduser()
+    name = _adapter_name(adapter_dir)
+    if not adapter_dir.is_dir():
+        raise ModelError(f"{name}: no such folder")
+    config_path = adapter_dir / "adapter_config.json"
+    if not config_path.is_file():
+        if (adapter_dir / "config.json").is_file():
+            raise ModelError(f"{name}: no adapter_config.json there: it is a model folder (config.json and weights), "
+                             "not a LoRA adapter; a merged model folder (pcd tune without --adapter-only) goes to "
+                             "--model")
+        raise ModelError(f"{name}: no adapter_config.json there (write one with pcd tune --adapter-only)")
+    model_dir = Path(model).expanduser() if model else None
+    if model_dir is not None and model_dir.is_dir():
+        if model_dir.resolve() == adapter_dir.resolve():
+            raise ModelError(f"{name} is the --model folder itself; give the base model as --model")
+        mine, theirs = read_card(adapter_dir), read_card(model_dir)
+        if mine and theirs and theirs.get("kind") == "merged" and _same_training(mine, theirs):
+            raise ModelError(f"{name} is already merged into --model {str(model)!r} (their pcd-tune.json cards "
+                             "name the same training); applying it again would count it twice: label with "
+                             f"--model {str(model)!r} alone, or give the base model as --model")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{name}: adapter_config.json is not readable JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ModelError(f"{name}: adapter_config.json is not a JSON object")
+    return config
+
+
+def _same_training(a: dict, b: dict) -> bool:
+    """Two pcd tune cards of the same adapter: the same ``adapter_sha256``, or (cards without
+    it) the same base weights, gold rows, hyperparameters and kept epoch."""
+    if a.get("adapter_sha256") or b.get("adapter_sha256"):
+        return a.get("adapter_sha256") == b.get("adapter_sha256")
+    keys = ("base_model_key", "gold_sha256", "record_ids_sha256", "hyperparameters", "best_epoch")
+    return all(a.get(k) is not None for k in keys) and all(a.get(k) == b.get(k) for k in keys)
+
+
+def _peft_config(peft, raw: dict, name: str):
+    """The peft config of ``raw``, with the keys this peft does not know left out; returns
+    ``(config, ignored keys)``."""
+    import dataclasses
+
+    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
+
+    kind = raw.get("peft_type")
+    if kind not in PEFT_TYPE_TO_CONFIG_MAPPING:
+        raise ModelError(f"{name}: adapter_config.json has peft_type {kind!r}, which peft {peft.__version__} "
+                         f"does not know (written by a newer peft? pip install -U peft)")
+    cls = PEFT_TYPE_TO_CONFIG_MAPPING[kind]
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    ignored = sorted(k for k in raw if k not in known)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = cls(**{k: v for k, v in raw.items() if k in known})
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"{name}: peft {peft.__version__} cannot read its adapter_config.json "
+                         f"({str(exc).splitlines()[0]})") from exc
+    config.inference_mode = True
+    return config, ignored
+
+
+def _adapter_weights(adapter_dir: Path, name: str) -> dict:
+    """The adapter's tensors (``adapter_model.safetensors``, else ``adapter_model.bin``)."""
+    safetensors_path, bin_path = adapter_dir / "adapter_model.safetensors", adapter_dir / "adapter_model.bin"
+    try:
+        if safetensors_path.is_file():
+            from safetensors.torch import load_file
+
+            from .model_files import check_safetensors
+
+            check_safetensors(safetensors_path)
+            return load_file(str(safetensors_path))
+        if bin_path.is_file():
+            return torch.load(str(bin_path), map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ModelError(f"{name}: cannot read its weights ({str(exc).splitlines()[0]})") from exc
+    raise ModelError(f"{name}: no adapter_model.safetensors (or adapter_model.bin) there")
+
+
+def _missing_targets(model, targets) -> tuple[list[str], list[str]]:
+    """``(target module names no layer of ``model`` has, the model's linear layer names)``; a
+    regex or ``all-linear`` target is left to peft (empty list)."""
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n}
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    if targets is None or isinstance(targets, str):
+        return [], linear
+    return sorted(t for t in targets if t.rsplit(".", 1)[-1] not in names), linear
+
+
+def fit_report(expected: dict, given: dict, base_params: set[str]) -> str | None:
+    """Why an adapter's tensors do not fit the model, or ``None``.
+
+    Args:
+        expected: name -> shape of the tensors the adapter should have on this model (peft's
+            saved names, ``get_peft_model_state_dict`` of the injected adapter).
+        given: name -> shape of the adapter file's tensors.
+        base_params: the base model's parameter names with peft's ``base_model.model.``
+            prefix: a tensor saved for one of them (peft saves resized embeddings) is expected.
+
+    Returns:
+        ``"the adapter's weights match no layer of the model ..."``, missing or unexpected keys
+        (counted, two named), or the first shapes that differ (``shapes of another model``).
+    """
+    extra = {k for k in given if k not in expected and k not in base_params}
+    missing = [k for k in expected if k not in given]
+    if not set(given) & set(expected):
+        return (f"the adapter's weights match no layer of the model: its {len(given)} tensors are named like "
+                f"{_examples(given, 1)}, the model's LoRA layers like {_examples(expected, 1)}; it would label with "
+                "the plain model")
+    if missing or extra:
+        parts = ([f"{len(missing)} of the model's adapter tensors are missing ({_examples(missing)})"] if missing else []) \
+            + ([f"{len(extra)} tensors match no layer ({_examples(extra)})"] if extra else [])
+        return "missing or unexpected keys: " + "; ".join(parts)
+    wrong = [(k, tuple(given[k]), tuple(v)) for k, v in expected.items() if tuple(given[k]) != tuple(v)]
+    if wrong:
+        k, got, want = wrong[0]
+        return (f"shapes of another model: {k} is {got} in the adapter but {want} on this model"
+                + (f" ({len(wrong)} tensors differ)" if len(wrong) > 1 else "") + "; the adapter was made for a model "
+                "with other layer sizes")
+    return None
+
+
+def apply_adapter(backend, adapter_dir: str | Path, model: str | None = None):
+    """``backend`` with the LoRA adapter in ``adapter_dir`` merged into its weights (``--adapter``).
+
+    Checked before anything is merged (peft itself loads a misfit as a no-op with a warning):
+    ``check_adapter_folder``; the config's target modules against the model's layers; every
+    tensor of the adapter file against the tensors the adapter should have on this model
+    (``fit_report``). The adapter's ``base_model_name_or_path`` is compared by name
+    (``tune_folder.model_name_key``) with ``model`` and the backend's model id.
+
+    Args:
+        model: the ``--model`` given (a folder, a GGUF file, a hub id or ``None``), for the
+            checks that compare the adapter with it.
+
+    Returns:
+        ``(TorchBackend over the merged model, warnings)``: warnings name keys of the adapter's
+        config this peft does not know (written by a newer peft; ignored) and a base model
+        the config names that is not this one.
+
+    Raises:
+        ModelError: peft missing; see ``check_adapter_folder``; target modules the model lacks;
+            weights matching no layer, missing or unexpected keys, shapes of another model.
+            The backend's model is left as it was.
     """
     from .torch_backend import TorchBackend
 
     peft = require_peft()
-    adapter_dir = Path(adapter_dir)
-    if not (adapter_dir / "adapter_config.json").is_file():
-        raise ModelError(f"--adapter {str(adapter_dir)!r}: no adapter_config.json there (write one with "
-                         "pcd tune --adapter-only)")
+    adapter_dir = Path(adapter_dir).expanduser()
+    name = _adapter_name(adapter_dir)
+    raw = check_adapter_folder(adapter_dir, model)
+    config, ignored = _peft_config(peft, raw, name)
+    said: list[str] = []
+    if ignored:
+        said.append(f"{name}: adapter_config.json has keys peft {peft.__version__} does not know "
+                    f"({', '.join(ignored)}): written by a newer peft; they are ignored (pip install -U peft "
+                    "reads them)")
+    base = raw.get("base_model_name_or_path")
+    ours = {model_name_key(backend.model_id)} | ({model_name_key(model)} if model else set())
+    if isinstance(base, str) and base and model_name_key(base) not in ours:
+        said.append(f"{name} was made for another base model ({base!r} in its adapter_config.json), not "
+                    f"{backend.model_id!r}: its labels may mean little")
+    missing, linear = _missing_targets(backend.model, config.target_modules)
+    if missing and len(missing) == len(config.target_modules):
+        raise ModelError(f"{name}: its target modules ({', '.join(missing)}) are not layers of {backend.model_id!r} "
+                         f"(its linear layers: {', '.join(linear)}); the adapter was made for another model family")
+    if missing:
+        said.append(f"{name}: target modules {', '.join(missing)} are not layers of {backend.model_id!r}; left out")
+    given = _adapter_weights(adapter_dir, name)
+    base_params = {f"base_model.model.{k}" for k, _ in backend.model.named_parameters()}
     try:
-        merged = peft.PeftModel.from_pretrained(backend.model, str(adapter_dir)).merge_and_unload()
-    except (ValueError, RuntimeError, KeyError, OSError) as exc:
-        raise ModelError(f"--adapter {str(adapter_dir)!r}: does not fit model {backend.model_id!r} "
-                         f"({str(exc).splitlines()[0]})") from exc
-    tuned = TorchBackend(merged, backend.tokenizer._tok, backend.model_id)
-    return tuned
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peft_model = peft.get_peft_model(backend.model, config)
+    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+        raise ModelError(f"{name}: does not fit model {backend.model_id!r} ({str(exc).splitlines()[0]})") from exc
+    try:
+        expected = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(peft_model).items()}
+        problem = fit_report(expected, {k: tuple(v.shape) for k, v in given.items()}, base_params)
+        if problem is not None:
+            raise ModelError(f"{name} does not fit model {backend.model_id!r}: {problem}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peft.set_peft_model_state_dict(peft_model, given)
+        merged = peft_model.merge_and_unload()
+    except BaseException:
+        peft_model.unload()  # the backend's model without the adapter's layers, as it was
+        raise
+    return TorchBackend(merged, backend.tokenizer._tok, backend.model_id), said

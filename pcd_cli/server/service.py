@@ -114,7 +114,9 @@ class ModelHost:
             if self.adapter is not None:
                 from ..api import _with_adapter
 
-                backend = _with_adapter(backend, self.adapter)
+                backend, said = _with_adapter(backend, self.adapter, self.model)
+                for warning in said:  # another base model named, config keys of a newer peft
+                    log.warning("%s", warning)
             self.backend = backend
         return self.backend.model_id
 
