@@ -285,7 +285,9 @@ def gold_accuracy(report: BenchReport, gold, schema: Schema, *, id_field: str = 
         ``invalid``; ``n`` counts the benchmarked records with a gold label for the field.
     """
     from .errors import SchemaError
+    from .quality.data import FieldSpec, resolve_gold_columns
 
+    gold = resolve_gold_columns(gold, [FieldSpec.of(f) for f in schema.declared], id_field)  # Argilla's names
     gold_by_id = {str(k): row for k, row in zip(gold[id_field], gold.to_dict("records"))}
     out: dict = {}
     for f in schema.declared:

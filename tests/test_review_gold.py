@@ -428,3 +428,15 @@ def test_tune_reads_argilla_names_and_none_of_these_as_eval_does(tmp_path):
     assert [r.id for r in found] == ["t1", "t2"] and skipped == []
     # Sentiment (0 NEGATIVE), then per option 0 = chosen: t2 answered without tags: none chosen
     assert labels == [[0, 0, 1], [1, 1, 1]]
+
+
+def test_bench_gold_reads_argilla_names():
+    from pcd_cli.bench import BenchReport, BenchRow, gold_accuracy
+    from pcd_cli.schema.load import parse_schema
+
+    schema = parse_schema({"fields": {"Sentiment": {"type": "enum", "labels": ["NEGATIVE", "POSITIVE"]}}})
+    report = BenchReport("s", "m", "cpu", 2, 10, rows=[
+        BenchRow("a", "pcd", 0.1, 1, 0, True, True, (), 1.0, {"Sentiment": "NEGATIVE"}),
+        BenchRow("b", "pcd", 0.1, 1, 0, True, True, (), 1.0, {"Sentiment": "NEGATIVE"})])
+    gold = pd.DataFrame({"id": ["a", "b"], "sentiment": ["NEGATIVE", "POSITIVE"]})  # as Argilla names it
+    assert gold_accuracy(report, gold, schema)["Sentiment"]["pcd"] == {"accuracy": 0.5, "n": 2, "invalid": 0}
