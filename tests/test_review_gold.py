@@ -440,3 +440,14 @@ def test_bench_gold_reads_argilla_names():
         BenchRow("b", "pcd", 0.1, 1, 0, True, True, (), 1.0, {"Sentiment": "NEGATIVE"})])
     gold = pd.DataFrame({"id": ["a", "b"], "sentiment": ["NEGATIVE", "POSITIVE"]})  # as Argilla names it
     assert gold_accuracy(report, gold, schema)["Sentiment"]["pcd"] == {"accuracy": 0.5, "n": 2, "invalid": 0}
+
+
+def test_the_text_never_takes_a_field_name_in_the_label_studio_config():
+    from label_studio_sdk.label_interface import LabelInterface
+
+    from pcd_cli.quality.review import text_name
+
+    fields = [FieldSpec(name, ("a", "b"), False, "enum") for name in ("Text", "record_text")]
+    assert text_name(fields) == "record_text_2"
+    LabelInterface(label_studio_config(fields)).validate()  # the SDK's (and server's) unique-name rule
+    assert text_name([FieldSpec("sentiment", ("a", "b"), False, "enum")]) == "text"

@@ -253,9 +253,12 @@ def _label(value, spec: FieldSpec, abstained: bool):
 
 
 def text_name(fields) -> str:
-    """Name of the text in the files (``text``, or ``record_text`` when a field is called
-    ``text``, or would be in Argilla: ``server_name``)."""
-    return "record_text" if any(f.name == "text" or server_name(f.name) == "text" for f in fields) else "text"
+    """Name of the text in the files: ``text``, else (a field is called so, or would be in
+    Argilla: ``server_name``) ``record_text``, ``record_text_2``...: never a field's name, as
+    Label Studio's config needs unique names."""
+    taken = {n for f in fields for n in (f.name, server_name(f.name))}
+    candidates = ("text", "record_text", *(f"record_text_{i}" for i in range(2, len(taken) + 3)))
+    return next(name for name in candidates if name not in taken)
 
 
 def label_studio_config(fields) -> str:
