@@ -259,3 +259,27 @@ def test_ray_engine_refuses_a_jsonl_without_the_text_key_before_ray_starts(tmp_p
     with pytest.raises(InputError, match=r"b\.jsonl': no key 'text' \(the text field\) in its only JSON object "
                                          r"\(keys: id, message\)"):
         label_files(folder, SCHEMA, InputSpec(id_field="id"), {}, output=tmp_path / "out", errors_path=tmp_path / "e")
+
+
+def test_pcd_label_with_a_calibration_that_was_worse_held_out_says_so(tiny_chat_backend, tmp_path, monkeypatch):
+    """The calibration file keeps its cross-validated figures; pcd label repeats the warning
+    before using one whose held-out NLL and macro-F1 got worse (the demo's review loop)."""
+    from pcd_cli.api import Labeler
+    from pcd_cli.quality.calibration import FieldCalibration
+
+    monkeypatch.setattr(pcd_cli.backends, "load_backend", lambda *a, **k: tiny_chat_backend)
+    meta = Labeler(SCHEMA).metadata()
+    cv = {"folds": 5, "seed": 0, "n": 40, "before": {"accuracy": 0.85, "macro_f1": 0.844, "ece": 0.1, "nll": 0.387},
+          "after": {"accuracy": 0.85, "macro_f1": 0.802, "ece": 0.09, "nll": 0.464}}
+    Calibration(pcd_version="0", model=meta["pcd.model"], schema_sha256=meta["pcd.schema_sha256"],
+                prompt_head_sha256=meta["pcd.prompt_head_sha256"], scoring=meta["pcd.scoring"],
+                fields={"sentiment": FieldCalibration("sentiment", LABELS, 1.5, (0.0, 0.0, 0.0), 40, cv)}
+                ).save(tmp_path / "c.json")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "text": f"tweet number {i}"}) + "\n" for i in range(3)))
+    result = pcd("label", src, "-s", AIRLINE, "--id-field", "id", "--calibration", tmp_path / "c.json",
+                 "-o", tmp_path / "o.parquet", "--no-progress", env={"COLUMNS": "200"})
+    assert "warning: field 'sentiment': --calibration makes it worse on gold rows its fit did not see (NLL 0.387 " \
+           "-> 0.464, macro-F1 0.844 -> 0.802; 5-fold cross-validation on 40 rows): label without it" \
+           in flat(result.output)
+    assert pq.read_table(tmp_path / "o.parquet").num_rows == 3  # used all the same: the user decides
