@@ -312,6 +312,8 @@ class Labeler:
             out = [r if isinstance(r, RecordFailure) else self._calibrated(r) for r in out]
         if self.rules is not None:  # on the final distributions, before abstaining
             out = [r if isinstance(r, RecordFailure) else self.rules.apply(r) for r in out]
+        if self.abstain_unless_single and self.set_fields:  # on the sets as the rules left them
+            out = [r if isinstance(r, RecordFailure) else self._abstain_unsure(r) for r in out]
         if self.abstain_thresholds:
             out = [r if isinstance(r, RecordFailure) else self._abstain_low(r) for r in out]
         return out
@@ -337,17 +339,30 @@ class Labeler:
                        for f, res in zip(self.schema.fields, result.fields))
         return replace(result, fields=fields)
 
+    def _abstain_unsure(self, result: RecordResult) -> RecordResult:
+        """``abstain_unless_single``: null the label of each field whose conformal set (after the
+        rules, which add a label they write outside it) holds more than one label."""
+        fields = tuple(replace(res, value=None, abstained=True)
+                       if res.label_set is not None and len(res.label_set) != 1 else res for res in result.fields)
+        return replace(result, fields=fields)
+
     def _calibrated(self, result: RecordResult) -> RecordResult:
+        """Each calibrated field's probabilities through its calibration, and its conformal set.
+
+        The decoder's probabilities are first rounded to float32, the precision of the
+        ``<f>__probs`` column that ``pcd calibrate`` fits on: a gold row labelled again gets
+        the very score its threshold was computed from (no precision lost between fit and label).
+        """
         fields = []
         for f, res in zip(self.schema.fields, result.fields):
             cal = self.calibration.fields.get(f.name)
             if cal is None:
                 fields.append(res)
                 continue
-            probs = np.asarray(cal.apply(np.asarray(res.probs, dtype=np.float64)), dtype=np.float64)
+            stored = np.asarray(res.probs, dtype=np.float32).astype(np.float64)  # as <f>__probs holds them
+            probs = np.asarray(cal.apply(stored), dtype=np.float64)
             label_set = cal.conformal.label_set(probs) if cal.conformal is not None else None
-            abstained = self.abstain_unless_single and label_set is not None and len(label_set) != 1
-            fields.append(_reweighted(f, res, probs, label_set=label_set, abstained=abstained))
+            fields.append(_reweighted(f, res, probs, label_set=label_set))
         return replace(result, fields=tuple(fields))
 
     def label_frame(self, df, *, text_field: str = "text", template: str | None = None,

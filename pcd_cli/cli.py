@@ -481,6 +481,10 @@ def label(
                         f"the calibration of {labeler.calibration_source} (--no-calibration leaves it out)"
                     for warning in worse_calibration_warnings(labeler.calibration, source):
                         report("warning", {"message": warning}, "warning")
+                    from .quality.conformal import weak_set_warnings
+
+                    for warning in weak_set_warnings(labeler.calibration.fields):
+                        report("warning", {"message": warning}, "warning")
                 stats = label_file(labeler, input, spec, output=output, errors_path=errors,
                                    fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
                                    min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
@@ -779,6 +783,9 @@ def calibrate(
         check_output_path(output)
         parsed = load_schema(schema)
         gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
+        from .quality.calibration import check_coverage_rows
+
+        check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
         if predictions is not None:
             frame, metadata = read_predictions(predictions)
         else:

@@ -33,7 +33,7 @@ from ..io.files import check_writable, write_atomic
 from ..schema.model import Schema
 from ..version import __version__
 from . import metrics as M
-from .conformal import ConformalSet, conformal_split, fit_conformal
+from .conformal import CONFORMAL_SHARE, ConformalSet, conformal_split, fit_conformal, too_few_rows
 from .data import FieldData, MultiFieldData, field_specs, join
 
 #: Default L2 penalty on the biases (added to the mean NLL).
@@ -504,7 +504,9 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     Raises:
         CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
             or ``<f>__raw_prob`` columns), no ``<f>__probs``, metadata lacking a key or made
-            with another schema than ``schema``, fewer rows than folds for a field.
+            with another schema than ``schema``, fewer rows than folds for a field; with
+            ``coverage``, a field whose held rows are too few for it (``conformal.too_few_rows``:
+            no finite threshold, every set would hold every label).
         InputError: see ``evaluate``.
     """
     if folds < 2:
@@ -548,6 +550,29 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     return calibration, report
 
 
+def check_coverage_rows(gold: pd.DataFrame, schema: Schema, coverage: float | None) -> None:
+    """Before any model loads: refuse ``--coverage`` when a single-label field's gold cells
+    (non-null) are too few for its conformal threshold (``conformal.too_few_rows``: half of
+    them are held for it). ``fit_calibration`` checks again on the rows it actually joins.
+
+    Raises:
+        CalibrationError: naming each such field, the rows held and needed, and the fixes.
+    """
+    if coverage is None:
+        return
+    problems = []
+    for f in schema.declared:
+        if f.is_multi or f.name not in gold.columns:
+            continue
+        count = sum(1 for v in gold[f.name].tolist() if v is not None and v == v and v != "")
+        problem = too_few_rows(f.name, int(round(CONFORMAL_SHARE * count)), coverage)
+        if problem and count:
+            problems.append(problem)
+    if problems:
+        raise CalibrationError("; ".join(problems) if len(problems) == 1 else
+                               "--coverage: " + " | ".join(problems))
+
+
 def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float,
                coverage: float | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
     name = data.spec.name
@@ -557,6 +582,9 @@ def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float,
     if coverage is None:
         return _fit_temperature_field(data, folds=folds, seed=seed, l2=l2)
     fit_rows, held_rows = conformal_split(len(data.gold), seed)
+    problem = too_few_rows(name, len(held_rows), coverage)
+    if problem:  # no finite threshold: every set would hold every label (--abstain-unless-single: every row)
+        raise CalibrationError(problem)
     fc, report = _fit_temperature_field(_rows(data, fit_rows), folds=folds, seed=seed, l2=l2)
     conformal = fit_conformal(fc.apply(data.probs[held_rows]), data.gold[held_rows], coverage)
     return replace(fc, conformal=conformal), replace(report, conformal=conformal)

@@ -226,7 +226,14 @@ class RuleSolver:
         label of the best allowed assignment (``value`` too, unless abstained; ``prob`` is the
         new label's probability under the field's own ``probs``, which stay as they were) and
         ``changed_by_rules``; ``joint_prob`` is the product of the written labels'
-        probabilities over the fields the rules name."""
+        probabilities over the fields the rules name.
+
+        Where rules and conformal label sets meet: a field's set is computed from its own
+        probabilities (so its coverage guarantee holds as fitted); when the rules write a label
+        outside it, that label joins the set (last: it is less probable than every label in
+        it), so a written label is always in its own set, the coverage can only rise, and
+        ``--abstain-unless-single`` abstains on such a field (its set then holds two labels:
+        the model's confident label and the one the rules chose)."""
         fields = list(result.fields)
         joint = 1.0
         for g, (indices, members, _) in enumerate(self.groups):
@@ -239,8 +246,11 @@ class RuleSolver:
                 res = fields[i]
                 if label != res.label:
                     f = self.schema.fields[i]
+                    label_set = res.label_set
+                    if label_set is not None and label not in label_set:
+                        label_set = (*label_set, label)
                     res = replace(res, label=label, value=None if res.abstained else f.value(label),
-                                  prob=float(res.probs[label]), changed_by_rules=True)
+                                  prob=float(res.probs[label]), changed_by_rules=True, label_set=label_set)
                     fields[i] = res
                 joint *= float(res.probs[label])
         return replace(result, fields=tuple(fields), joint_prob=joint)
@@ -440,16 +450,32 @@ def _mask(rules: Sequence[Rule], names: Sequence[str], sizes: dict[str, int]) ->
 
 def _never_allowed(rules: Sequence[Rule], names: Sequence[str], sizes: dict[str, int], by_name: dict) -> list[str]:
     """A warning per field with labels no allowed assignment of its group has (pcd never writes them)."""
+    return [message for _, _, message in _never_allowed_labels(rules, names, sizes, by_name)]
+
+
+def _never_allowed_labels(rules: Sequence[Rule], names: Sequence[str], sizes: dict[str, int],
+                          by_name: dict) -> list[tuple[str, tuple[str, ...], str]]:
+    """(field, labels no allowed assignment of the group has, the warning), per such field."""
     mask = _mask(rules, names, sizes)
     out = []
     for axis, name in enumerate(names):
         allowed = mask.any(axis=tuple(a for a in range(mask.ndim) if a != axis))
-        never = [by_name[name].labels[i] for i in np.flatnonzero(~allowed)]
+        never = tuple(by_name[name].labels[i] for i in np.flatnonzero(~allowed))
         if never:
             verb = "never allows" if len(rules) == 1 else "together never allow"
-            out.append(f"{_rule_list(rules)} {verb} {name} = {' | '.join(never)}; pcd will never write "
-                       f"{'it' if len(never) == 1 else 'them'}")
+            out.append((name, never, f"{_rule_list(rules)} {verb} {name} = {' | '.join(never)}; pcd will never "
+                        f"write {'it' if len(never) == 1 else 'them'}"))
     return out
+
+
+def never_allowed(schema) -> list[tuple[str, tuple[str, ...], str]]:
+    """Labels the schema's rules make impossible: per field, ``(field, labels, warning)``, the
+    warning being the one ``parse_rules`` adds to ``Schema.warnings`` (``pcd label`` prints it;
+    ``inspect-schema`` reports it as a ``rule_never_allows`` finding)."""
+    by_name = {f.name: f for f in schema.fields}
+    sizes = {f.name: len(f.labels) for f in schema.fields}
+    return [found for names, members in components(schema.rules, [f.name for f in schema.fields])
+            for found in _never_allowed_labels(members, names, sizes, by_name)]
 
 
 def _satisfiable(rules: Sequence[Rule], sizes: dict[str, int]) -> bool:
