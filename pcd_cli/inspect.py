@@ -62,7 +62,7 @@ from .decoding.prompt import (
 from .decoding.seams import TAIL_PROBES
 from .errors import CompileError, RecordError
 from .schema.model import Schema, json_string
-from .schema.rules import rule_components
+from .schema.rules import never_allowed, rule_components
 
 #: Characters of the JSON around a label (quotes, separators, line ends): never its meaning.
 JSON_PUNCTUATION = ' "\n\r\t,{}:'
@@ -75,7 +75,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PROBE_VALUES = {"add_generation_prompt": False, "enable_thinking": True, "date_string": "31 Dec 1999"}
 WARNING_KINDS = ("context_length", "code_first", "case_only", "json_escape", "logits_width", "seam_merge",
                  "many_labels", "round_trip", "date_unpinned", "system_merged", "record_seam", "special_text",
-                 "label_whitespace")
+                 "label_whitespace", "rule_never_allows", "schema")
 #: Special-token text a record may hold; the splice check is reported with it (``special_text``).
 ATTACK_PROBE = "x{special}y"
 
@@ -292,7 +292,8 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
                           fields=tuple(fields), warnings=(),
                           rules=tuple({"index": r.index, "text": r.text, "rule": r.to_dict()} for r in schema.rules),
                           rule_groups=tuple(rule_components(schema)), declared=declared_reports(schema, fields))
-    warnings = _schema_warnings(report) + _record_warnings(compiled) + [w for i in sorted(found) for w in found[i]]
+    warnings = (_schema_warnings(report) + _load_warnings(schema) + _record_warnings(compiled)
+                + [w for i in sorted(found) for w in found[i]])
     context = getattr(text_config, "max_position_embeddings", None)
     if context and n_head + max(f.deepest for f in fields) + len(fields) >= context:
         warnings.insert(0, Finding("context_length", None, (), f"the prompt head alone is {n_head} tokens; the "
@@ -467,6 +468,23 @@ def _schema_warnings(report: SchemaReport) -> list[Finding]:
     if t.injects_date and t.pinned_date is None:
         out.append(Finding("date_unpinned", None, (), "the chat template prints today's date (strftime_now), "
                            "which pcd cannot pin: the head, its cache and its sha256 change every day"))
+    return out
+
+
+#: Words of ``Schema.warnings`` that this report already gives under its own kind
+#: (``label_whitespace``, ``case_only``), so they are not repeated as ``schema`` findings.
+_REPORTED_OWN_KIND = ("has surrounding whitespace", "differ only by case")
+
+
+def _load_warnings(schema: Schema) -> list[Finding]:
+    """What ``pcd label`` warns about when it loads ``schema`` (``Schema.warnings``), as findings:
+    a label the rules between fields make impossible (``rule_never_allows``, its field and
+    labels; rules that can never hold together are refused at load, by label and here alike),
+    and the other load warnings (``schema``), except those reported under a kind of their own."""
+    out = [Finding("rule_never_allows", name, labels, message) for name, labels, message in never_allowed(schema)]
+    said = {f.message for f in out}
+    out += [Finding("schema", None, (), w) for w in schema.warnings
+            if w not in said and not any(words in w for words in _REPORTED_OWN_KIND)]
     return out
 
 
