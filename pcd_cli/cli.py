@@ -816,7 +816,7 @@ def calibrate(
         render_calibration(report, out)
         from .quality.calibration import worse_calibration_warnings
 
-        for line in worse_calibration_warnings(calibration, "this calibration"):
+        for line in worse_calibration_warnings(calibration, "this calibration", bound=False):
             out.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
         saved = calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)

@@ -283,3 +283,19 @@ def test_pcd_label_with_a_calibration_that_was_worse_held_out_says_so(tiny_chat_
            "-> 0.464, macro-F1 0.844 -> 0.802; 5-fold cross-validation on 40 rows): label without it" \
            in flat(result.output)
     assert pq.read_table(tmp_path / "o.parquet").num_rows == 3  # used all the same: the user decides
+
+
+def test_a_calibration_at_the_temperature_bound_is_named_when_used():
+    """Temperature 1000 (the zero-shot model's probabilities carry no signal): every row gets the
+    label priors. pcd label says so; pcd calibrate has its own line in its table (bound=False)."""
+    from pcd_cli.quality.calibration import MAX_TEMPERATURE, FieldCalibration
+
+    cv = {"folds": 5, "before": {"accuracy": 0.3, "macro_f1": 0.2, "nll": 1.3}, "after": {"accuracy": 0.4,
+                                                                                       "macro_f1": 0.19, "nll": 1.09}}
+    calibration = Calibration("0", "m", "s", "h", "marginal", {
+        "sentiment": FieldCalibration("sentiment", LABELS, MAX_TEMPERATURE, (0.4, -0.1, -0.3), 280, cv)})
+    lines = worse_calibration_warnings(calibration, "--calibration")
+    assert lines == ["field 'sentiment': --calibration has its temperature at the bound (1000): the model's "
+                     "probabilities carried no signal on its gold rows, so the labels follow the label priors, not "
+                     "the texts; train the model (pcd tune) or pass a larger --model instead"]
+    assert worse_calibration_warnings(calibration, bound=False) == []  # NLL better, macro-F1 within 0.01

@@ -376,12 +376,19 @@ def held_out_worse(cv: dict) -> list[str]:
     return worse
 
 
-def worse_calibration_warnings(calibration: "Calibration", source: str = "the calibration") -> list[str]:
+def worse_calibration_warnings(calibration: "Calibration", source: str = "the calibration", *,
+                               bound: bool = True) -> list[str]:
     """One line per field whose ``calibration`` made held-out figures worse when it was fitted
     (``held_out_worse`` of its stored ``cv``), saying what to do: ``pcd label`` says it before
-    using such a file, ``pcd calibrate`` when it writes one."""
+    using such a file, ``pcd calibrate`` when it writes one. With ``bound``, also a line per
+    field whose temperature is at ``MAX_TEMPERATURE``: it writes the label priors on every row
+    (``pcd calibrate`` says that in its own table, so it passes ``bound=False``)."""
     lines = []
     for name, fc in calibration.fields.items():
+        if bound and fc.temperature >= MAX_TEMPERATURE * 0.999:
+            lines.append(f"field {name!r}: {source} has its temperature at the bound ({fc.temperature:g}): the "
+                         "model's probabilities carried no signal on its gold rows, so the labels follow the "
+                         "label priors, not the texts; train the model (pcd tune) or pass a larger --model instead")
         worse = held_out_worse(fc.cv)
         if worse:
             lines.append(f"field {name!r}: {source} makes it worse on gold rows its fit did not see "
