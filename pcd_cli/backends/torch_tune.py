@@ -370,8 +370,8 @@ def fit_report(expected: dict, given: dict, base_params: set[str]) -> str | None
     missing = [k for k in expected if k not in given]
     if not set(given) & set(expected):
         return (f"the adapter's weights match no layer of the model: its {len(given)} tensors are named like "
-                f"{_examples(given, 1)}, the model's LoRA layers like {_examples(expected, 1)}; it would label with "
-                "the plain model")
+                f"{_examples(given, 1)}, the model's LoRA layers like {_examples(expected, 1)}; none of its weights "
+                "would be applied")
     if missing or extra:
         parts = ([f"{len(missing)} of the model's adapter tensors are missing ({_examples(missing)})"] if missing else []) \
             + ([f"{len(extra)} tensors match no layer ({_examples(extra)})"] if extra else [])
@@ -440,7 +440,9 @@ def apply_adapter(backend, adapter_dir: str | Path, model: str | None = None):
     except (ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise ModelError(f"{name}: does not fit model {backend.model_id!r} ({str(exc).splitlines()[0]})") from exc
     try:
-        expected = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(peft_model).items()}
+        # save_embedding_layers=False: "auto" may ask the Hub; saved embeddings are allowed by base_params
+        state = peft.get_peft_model_state_dict(peft_model, save_embedding_layers=False)
+        expected = {k: tuple(v.shape) for k, v in state.items()}
         problem = fit_report(expected, {k: tuple(v.shape) for k, v in given.items()}, base_params)
         if problem is not None:
             raise ModelError(f"{name} does not fit model {backend.model_id!r}: {problem}")
