@@ -226,7 +226,7 @@ def test_case_tune_diverged_on_the_embedded_model(tmp_path):
     run = subprocess.run(["bash", str(CASE / "run.sh")], capture_output=True, text=True, env=env, timeout=900)
     text = flat(run.stdout)
     assert "tune exit=2" in text and "holds files pcd did not write (NOTES.md, eval/report.json)" in text
-    after = run.stdout.split("--- after: models/current holds")[1].split("label --model")[0].split()
+    after = run.stdout.split("--- after: models/current holds")[1].split("card:")[0].split()
     assert after == ["./NOTES.md", "./eval/report.json", "./pcd-tune.json"]  # untouched
     # (A) on a new folder: the embedded model's collapse (mass 0.563 -> 6e-05 in epoch 1) fails the run
     out = tmp_path / "fresh"
