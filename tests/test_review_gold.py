@@ -451,3 +451,35 @@ def test_the_text_never_takes_a_field_name_in_the_label_studio_config():
     assert text_name(fields) == "record_text_2"
     LabelInterface(label_studio_config(fields)).validate()  # the SDK's (and server's) unique-name rule
     assert text_name([FieldSpec("sentiment", ("a", "b"), False, "enum")]) == "text"
+
+
+def test_examples_read_none_of_these_and_argilla_names(tmp_path):
+    from pcd_cli.decoding.examples import draw_examples
+    from pcd_cli.io.readers import InputSpec
+
+    (tmp_path / "schema.yaml").write_text("name: t\nfields:\n  Sentiment: {type: enum, labels: [NEGATIVE, POSITIVE]}\n"
+                                          "  tags: {type: multi, labels: [outage, billing]}\n")
+    schema = load_schema(tmp_path / "schema.yaml")
+    a = ls_annotation
+    tasks = [{"id": 1, "data": {"text": "down and billed", "id": "t1"}, "annotations": [dict(
+                 a(1, 1, "t", ["NEGATIVE"], field="Sentiment"),
+                 result=a(1, 1, "t", ["NEGATIVE"], field="Sentiment")["result"]
+                 + a(2, 1, "t", ["outage", "billing"], field="tags")["result"])]},
+             {"id": 2, "data": {"text": "all fine", "id": "t2"},  # no tags ticked: none of these
+              "annotations": [a(3, 1, "t", ["POSITIVE"], field="Sentiment")]}]
+    (tmp_path / "ls.json").write_text(json.dumps(tasks))
+    examples = draw_examples(tmp_path / "ls.json", schema, InputSpec(id_field="id"), shots=2)
+    # Sentiment index, then per option 0 = chosen, 1 = not
+    assert {e.text: e.labels for e in examples} == {"down and billed": (0, 0, 0), "all fine": (1, 1, 1)}
+    with offline_argilla() as (rg, _):
+        from argilla.records._io import GenericIO
+
+        u1 = uuid.UUID(int=1)
+        records = [rg.Record(id="t1", fields={"text": "down"}, responses=[
+                       rg.Response("sentiment", "NEGATIVE", user_id=u1, status="submitted"),
+                       rg.Response("tags", ["billing"], user_id=u1, status="submitted")]),
+                   rg.Record(id="t2", fields={"text": "fine"}, responses=[
+                       rg.Response("sentiment", "POSITIVE", user_id=u1, status="submitted")])]
+        (tmp_path / "ar.json").write_text(json.dumps(GenericIO.to_list(records, flatten=True)))
+    examples = draw_examples(tmp_path / "ar.json", schema, InputSpec(id_field="id"), shots=2)
+    assert {e.text: e.labels for e in examples} == {"down": (0, 1, 0), "fine": (1, 1, 1)}

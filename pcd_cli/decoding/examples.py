@@ -48,7 +48,7 @@ def draw_examples(gold_path: str | Path, schema: Schema, spec: InputSpec, *, sho
 
     candidates: list[tuple[str, tuple[int, ...], str]] = []
     skipped: dict[str, int] = {}
-    for index, (line, row) in enumerate(gold_rows(gold_path, spec, fmt=fmt)):
+    for index, (line, row) in enumerate(gold_rows(gold_path, spec, fmt=fmt, fields=schema.declared)):
         if isinstance(row, str):
             skipped["unreadable"] = skipped.get("unreadable", 0) + 1
             continue

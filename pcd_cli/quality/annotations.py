@@ -404,10 +404,16 @@ def _set_like(value):
     return tuple(sorted(map(str, value))) if isinstance(value, (list, tuple)) else value
 
 
-def gold_rows(path: str | Path, spec, *, fmt: str | None = None) -> Iterator[tuple[int | None, "dict | str"]]:
+def gold_rows(path: str | Path, spec, *, fmt: str | None = None,
+              fields=()) -> Iterator[tuple[int | None, "dict | str"]]:
     """``read_table_rows`` for gold files: every row as ``(line, columns)`` or ``(line, why it is
     unusable)``, an annotation-tool export read whole (lines ``None``), rows normalised
     (``normalize_row``). Used for the few-shot ``--examples``.
+
+    Args:
+        fields: the schema's fields (``.name``, ``.is_multi``): each read as ``pcd eval`` reads
+            it, under its name where Argilla wrote ``server_name(name)``, and a multi-select
+            field left out of an annotator's answer as ``[]`` ("none of these").
 
     Raises:
         InputError: as ``read_table_rows`` and ``read_export``.
@@ -416,10 +422,21 @@ def gold_rows(path: str | Path, spec, *, fmt: str | None = None) -> Iterator[tup
 
     if fmt is None and is_export(path):
         _, rows = read_export(path, id_field=None)
-        take_notes(rows, None, str(path))
-        return ((None, row) for row in rows)
-    return ((line, _private_dropped(normalize_row(row)) if isinstance(row, dict) else row)
+        return ((None, _as_fields(row, fields)) for row in rows)
+    return ((line, _as_fields(normalize_row(row), fields) if isinstance(row, dict) else row)
             for line, row in read_table_rows(path, spec, fmt=fmt))
+
+
+def _as_fields(row: dict, fields) -> dict:
+    """``row`` with ``fields`` read as ``pcd eval`` reads them (``gold_rows``), the private keys dropped."""
+    answers = row.get(ANSWERS_KEY)
+    for f in fields:
+        column = f.name if f.name in row else server_name(f.name)
+        if f.is_multi and answers is not None:
+            row[f.name] = resolve(answers, column, missing=[])[0]
+        elif column != f.name and column in row:
+            row[f.name] = row[column]
+    return _private_dropped(row)
 
 
 def _private_dropped(row: dict) -> dict:
