@@ -24,6 +24,25 @@ changes between the list and its reversal (each read alone, values listed after 
 ``--permutations`` lists them); ``plain_flips`` the same for the plain prompt (values in the
 system catalog, schema list reversed). Accuracy is that of the prompt the model was tuned for.
 
+    python benchmarks/tune_quality.py --sets intents,airline_tweets --train-rows 50,100,200,400
+    python benchmarks/tune_quality.py --sets intents,sms_spam,trec_questions,airline_tweets \
+                                      --folds 3 --max-rows 150
+
+Both write into ``benchmarks/quality.json``'s ``tune`` section (``learning_curve`` / ``kfold``,
+or ``--tag``; the zero-shot and calibration figures of ``benchmarks/quality.py`` are kept),
+with ``pcd tune``'s default options unless ``--epochs`` says otherwise, every tune beside the
+TF-IDF + logistic regression baseline fitted on the same training rows and scored on the same
+test rows (``tune_split``): accuracy, macro-F1, ECE with its bootstrap interval, mean
+candidate mass, train seconds; tuned raw and with the calibration tune writes.
+
+* ``--train-rows`` (issue 29 item 3, learning curve): one stratified test split
+  (``--test-fraction``, 0.25, seed 0); nested training sets of each size drawn from a seeded
+  shuffle of the remaining rows (a size above what remains takes all of it: airline has 300,
+  intents 112).
+* ``--folds K`` (item 5): stratified K-fold (seed 0) over the first ``--max-rows`` rows; every
+  row is predicted once by the tune that did not train on it, and the figures are those of
+  the pooled out-of-fold predictions (accuracy with its Wilson interval), costs per fold.
+
 For each labelled set of ../shared/data: one seeded, stratified split (60 % train, 40 %
 test; seed 0). Everything is fitted on the train rows only and every figure is measured on
 the test rows:
@@ -58,18 +77,18 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from prior_correction import reversed_schema  # noqa: E402
+from quality import DATA  # noqa: E402  (benchmarks/quality.py: the same data folder and set table)
+from quality import SETS as QUALITY_SETS  # noqa: E402
+
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
 from pcd_cli.io.readers import InputSpec  # noqa: E402
-from pcd_cli.results import Record  # noqa: E402
 from pcd_cli.quality import fit_calibration  # noqa: E402
 from pcd_cli.quality import metrics as M  # noqa: E402
+from pcd_cli.results import Record  # noqa: E402
 from pcd_cli.schema.load import load_schema
 from pcd_cli.tune import TuneConfig, fit_tune_calibration, gold_records, stratified_holdout, tune  # noqa: E402
-
-from quality import DATA  # noqa: E402  (benchmarks/quality.py: the same data folder and set table)
-from quality import SETS as QUALITY_SETS  # noqa: E402
-from prior_correction import reversed_schema  # noqa: E402
 
 #: The sets of benchmarks/quality.py that the tune benchmark runs (file, schema, field).
 SETS = {name: QUALITY_SETS[name] for name in ("sms_spam", "airline_tweets", "intents", "trec_questions")}
@@ -110,7 +129,9 @@ def label_probs(labeler: Labeler, rows: pd.DataFrame, field: str) -> tuple[np.nd
     return probs, seconds, frame
 
 
-def baseline(train: pd.DataFrame, test: pd.DataFrame, field: str, labels) -> tuple[dict, float]:
+def baseline_probs(train: pd.DataFrame, test: pd.DataFrame, field: str, labels) -> tuple[np.ndarray, float]:
+    """TF-IDF + logistic regression fitted on ``train``: its (test rows, labels) probabilities
+    and training seconds (a label absent from ``train`` gets probability 0)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
@@ -123,6 +144,11 @@ def baseline(train: pd.DataFrame, test: pd.DataFrame, field: str, labels) -> tup
     seconds = time.perf_counter() - started
     probs = np.zeros((len(test), len(labels)))
     probs[:, model.classes_] = model.predict_proba(test["text"])
+    return probs, seconds
+
+
+def baseline(train: pd.DataFrame, test: pd.DataFrame, field: str, labels) -> tuple[dict, float]:
+    probs, seconds = baseline_probs(train, test, field, labels)
     gold = np.array([labels.index(str(v).lower() if isinstance(v, bool) else v) for v in test[field]])
     return scores(probs, gold, labels), seconds
 
@@ -211,7 +237,7 @@ def order_flips(schema, backend, test: pd.DataFrame, field: str, gold: np.ndarra
     """Labels of ``test`` under ordering 0 (the list) and 1 (its reversal), each read alone;
     the rows that change, and each ordering's and the combined (K = 2) accuracy."""
     from pcd_cli.decoding.decode import Decoder
-    from pcd_cli.decoding.permute import compile_orderings, combine
+    from pcd_cli.decoding.permute import combine, compile_orderings
 
     records = [Record(str(i), t) for i, t in zip(test["id"], test["text"])]
     orderings = compile_orderings(schema, backend.tokenizer, 2, logits_width=backend.logits_width)
@@ -313,6 +339,178 @@ def run_set(name: str, epochs: int, lr: float) -> dict:
     return out
 
 
+def load_set(name: str, max_rows: int | None = None):
+    """``(rows, schema, field name, field, gold label indices)`` of a set (its first ``max_rows`` rows)."""
+    data_file, schema_file, field = SETS[name]
+    schema = load_schema(ROOT / "schemas" / schema_file)
+    f = schema.fields[schema.field_index(field)]
+    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", field]]
+    if max_rows:
+        rows = rows.iloc[:max_rows].reset_index(drop=True)
+    return rows, schema, field, f, np.array([f.label_index(v) for v in rows[field]])
+
+
+def read_base(schema, field: str, f, test: pd.DataFrame, gold: np.ndarray) -> tuple[dict, np.ndarray]:
+    """The untuned embedded model on ``test``: ``mass_scores`` and its per-row candidate mass."""
+    backend = load_backend(None, device="cpu", dtype="float32")
+    probs, seconds, frame = label_probs(Labeler(schema, backend=backend), test, field)
+    mass = frame[f"{field}__mass"].to_numpy()
+    return mass_scores(probs, mass, gold, f.labels) | {"seconds_per_record": seconds}, mass
+
+
+def tune_split(schema, field: str, f, train: pd.DataFrame, test: pd.DataFrame, gold: np.ndarray,
+               config: TuneConfig, tag: str) -> tuple[dict, dict]:
+    """TF-IDF + logreg and ``pcd tune`` (``config``) on the same ``train`` rows, scored on ``test``
+    (tuned raw and with the calibration tune writes, ``fit_tune_calibration``). Returns the
+    figures and the per-row arrays (``baseline``, ``raw``, ``calibrated`` probabilities, ``mass``)
+    for pooling folds. A diverged tune (``TrainingDiverged``) is recorded, not raised."""
+    from pcd_cli.tune import TrainingDiverged
+
+    probs_b, seconds_b = baseline_probs(train, test, field, f.labels)
+    out: dict = {"train_rows": len(train), "test_rows": len(test), "baseline_train_seconds": seconds_b,
+                 "tfidf_logreg": scores(probs_b, gold, f.labels) | {"ece_ci": ece_interval(probs_b, gold)}}
+    arrays = {"baseline": probs_b}
+    backend = load_backend(None, device="cpu", dtype="float32")
+    records, labels, _ = gold_records(train, schema, InputSpec(text_field="text", id_field="id"))
+    started = time.perf_counter()
+    try:
+        result, trainer = tune(backend, schema, records, labels, config, on_epoch=lambda e: print(
+            f"  {tag} epoch {e.epoch}: loss {e.train_loss} holdout "
+            f"{ {k: (round(v.accuracy or 0, 3), round(v.nll or 0, 3)) for k, v in e.holdout.items()} }",
+            file=sys.stderr, flush=True))
+    except TrainingDiverged as exc:
+        out["tune"] = {"diverged": str(exc), "tune_seconds": time.perf_counter() - started}
+        return out, arrays
+    run: dict = {"tune_seconds": time.perf_counter() - started, "best_epoch": result.best_epoch,
+                 "tune_train_rows": result.train_rows, "holdout_rows": result.holdout_rows,
+                 "holdout_nll": [e.holdout[field].nll for e in result.epochs], "warnings": list(result.warnings)}
+    tuned = Labeler(schema, backend=backend)
+    calibration, notes = fit_tune_calibration(result, schema, tuned.metadata(), model="tuned", seed=0)
+    probs, run["seconds_per_record"], frame = label_probs(tuned, test, field)
+    arrays["raw"], arrays["mass"] = probs, frame[f"{field}__mass"].to_numpy()
+    run["raw"] = mass_scores(probs, arrays["mass"], gold, f.labels)
+    if calibration is not None and field in calibration.fields:
+        fc = calibration.fields[field]
+        run["calibration"] = {"method": fc.cv["method"], "temperature": fc.temperature, "n": fc.n}
+        arrays["calibrated"] = fc.apply(probs)
+        run["calibrated"] = mass_scores(arrays["calibrated"], arrays["mass"], gold, f.labels)
+    else:
+        run["calibration"] = {"notes": notes}
+    out["tune"] = run
+    del trainer, tuned, backend
+    return out, arrays
+
+
+def run_curve_set(name: str, sizes: list[int], config: TuneConfig, test_fraction: float, on_point=None) -> dict:
+    """Learning curve (issue 29 item 3): one stratified test split (seed 0); nested training sets
+    of ``sizes`` rows (a seeded shuffle of the rest; a size over the rest left takes all of it).
+    ``on_point(partial result)`` after each size (the caller saves it)."""
+    rows, schema, field, f, gold = load_set(name)
+    test_idx = stratified_holdout(gold.tolist(), test_fraction, 0)
+    test, gold_test = rows.iloc[test_idx].reset_index(drop=True), gold[test_idx]
+    pool = rows.drop(index=rows.index[test_idx]).reset_index(drop=True)
+    pool = pool.iloc[np.random.default_rng(0).permutation(len(pool))].reset_index(drop=True)
+    out: dict = {"rows": len(rows), "test_rows": len(test), "pool_rows": len(pool)}
+    out["base"], _ = read_base(schema, field, f, test, gold_test)
+    out["points"] = {}
+    for n in sorted({min(n, len(pool)) for n in sizes}):
+        out["points"][str(n)], _ = tune_split(schema, field, f, pool.iloc[:n], test, gold_test, config, f"{name} n={n}")
+        if on_point:
+            on_point(out)
+    return out
+
+
+def run_kfold_set(name: str, folds: int, config: TuneConfig, max_rows: int | None) -> dict:
+    """Stratified k-fold (seed 0) over the first ``max_rows`` rows: baseline and tune per fold;
+    pooled out-of-fold figures (every row predicted once) with the ECE's bootstrap interval."""
+    from sklearn.model_selection import StratifiedKFold
+
+    rows, schema, field, f, gold = load_set(name, max_rows)
+    out: dict = {"rows": len(rows), "folds": folds}
+    out["base"], mass_before = read_base(schema, field, f, rows, gold)
+    pooled = {k: np.zeros((len(rows), len(f.labels))) for k in ("baseline", "raw", "calibrated")}
+    pooled["mass"] = np.zeros(len(rows))
+    seen = {k: np.zeros(len(rows), dtype=bool) for k in pooled}  # rows each array has (a diverged or
+    out["per_fold"] = []                                          # uncalibrated fold leaves gaps)
+    split = StratifiedKFold(folds, shuffle=True, random_state=0).split(np.zeros(len(rows)), gold)
+    for k, (train_idx, test_idx) in enumerate(split):
+        run, arrays = tune_split(schema, field, f, rows.iloc[train_idx].reset_index(drop=True),
+                                 rows.iloc[test_idx].reset_index(drop=True), gold[test_idx], config, f"{name} fold {k}")
+        out["per_fold"].append(run)
+        for key, values in arrays.items():
+            pooled[key][test_idx], seen[key][test_idx] = values, True
+    for key, array in (("tfidf_logreg", "baseline"), ("tune_raw", "raw"), ("tune_calibrated", "calibrated")):
+        done = seen[array]
+        if not done.any():
+            out[key] = None
+            continue
+        pred = pooled[array][done].argmax(1)
+        mass = pooled["mass"][done] if array != "baseline" else np.ones(int(done.sum()))
+        out[key] = mass_scores(pooled[array][done], mass, gold[done], f.labels) | {
+            "rows": int(done.sum()), "accuracy_ci": M.wilson_interval(int((pred == gold[done]).sum()), int(done.sum()))}
+        if array == "baseline":
+            out[key]["mean_mass"] = out[key]["below_min_mass"] = None
+        else:
+            out[key]["mass_before"] = float(mass_before[done].mean())
+    out["tune_seconds"] = [r["tune"]["tune_seconds"] for r in out["per_fold"]]
+    out["baseline_train_seconds"] = [r["baseline_train_seconds"] for r in out["per_fold"]]
+    return out
+
+
+def render_curve(results: dict) -> str:
+    """The learning-curve table: per set and training size, baseline vs tuned (raw, calibrated)."""
+    lines = [f"{'set':15} {'rows':>5} {'configuration':18} {'acc':>5} {'F1':>5} {'ECE':>5} {'ECE 95% CI':>15} "
+             f"{'mass':>5} {'sec':>6}  notes", "-" * 100]
+    for name, r in results.items():
+        lines.append(f"{name:15} {'-':>5} {'base (zero-shot)':18} {_row(r['base'])} {'':>6}  test {r['test_rows']} rows")
+        for n, p in r["points"].items():
+            t = p["tune"]
+            lines.append(f"{'':15} {n:>5} {'TF-IDF + logreg':18} {_row(p['tfidf_logreg'])} "
+                         f"{p['baseline_train_seconds']:6.1f}")
+            if "diverged" in t:
+                lines.append(f"{'':15} {n:>5} {'tune':18} diverged: {t['diverged'][:60]}")
+                continue
+            lines.append(f"{'':15} {n:>5} {'tune':18} {_row(t['raw'])} {t['tune_seconds']:6.0f}  best epoch "
+                         f"{t['best_epoch']}, holdout {t['holdout_rows']}")
+            if "calibrated" in t:
+                lines.append(f"{'':15} {n:>5} {'tune +its cal.':18} {_row(t['calibrated'])} {'':>6}  "
+                             f"{t['calibration']['method']}")
+    return "\n".join(lines)
+
+
+def render_kfold(results: dict) -> str:
+    """The k-fold table: pooled out-of-fold figures per set, baseline vs tuned, with costs."""
+    lines = [f"{'set':15} {'configuration':18} {'acc':>5} {'F1':>5} {'ECE':>5} {'ECE 95% CI':>15} {'mass':>5} "
+             f"{'sec/fold':>8}  notes", "-" * 100]
+    for name, r in results.items():
+        lines.append(f"{name:15} {'base (zero-shot)':18} {_row(r['base'])} {'':>8}  {r['rows']} rows, "
+                     f"{r['folds']} folds")
+        lines.append(f"{'':15} {'TF-IDF + logreg':18} {_row(r['tfidf_logreg'], mass=False)} "
+                     f"{np.mean(r['baseline_train_seconds']):8.1f}")
+        for key, label in (("tune_raw", "tune"), ("tune_calibrated", "tune +its cal.")):
+            if r[key] is None:
+                lines.append(f"{'':15} {label:18} none (see per_fold)")
+                continue
+            note = (f"best epochs {[p['tune'].get('best_epoch') for p in r['per_fold']]}" if key == "tune_raw" else
+                    f"{sorted({p['tune'].get('calibration', {}).get('method', '-') for p in r['per_fold']})}")
+            cost = f"{np.mean(r['tune_seconds']):8.0f}" if key == "tune_raw" else " " * 8
+            lines.append(f"{'':15} {label:18} {_row(r[key])} {cost}  {note}, {r[key]['rows']} rows")
+    return "\n".join(lines)
+
+
+def _row(m: dict, mass: bool = True) -> str:
+    ci = f"[{m['ece_ci'][0]:.3f}, {m['ece_ci'][1]:.3f}]" if m.get("ece_ci") else "-"
+    return (f"{_f(m.get('accuracy'))} {_f(m.get('macro_f1'))} {_f(m.get('ece'))} {ci:>15} "
+            f"{_f(m.get('mean_mass')) if mass else '  -  '}")
+
+
+def save_tune_section(path: Path, key: str, meta: dict, results: dict) -> None:
+    """Write ``results`` into ``path``'s ``tune`` section under ``key`` (the rest kept)."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("tune", {})[key] = meta | {"sets": results}
+    path.write_text(json.dumps(data, indent=2))
+
+
 def _f(value) -> str:
     return "  -  " if value is None else f"{value:.3f}"
 
@@ -347,7 +545,38 @@ def main() -> None:
     parser.add_argument("--order", action="store_true", help="flips under reversal, tune with and without "
                         "--permutations 2 (issue 29 item 4)")
     parser.add_argument("--mass-weight", type=float, default=0.3, help="the tunes' --mass-weight (with --order)")
+    parser.add_argument("--train-rows", default=None, help="comma-separated training sizes: the learning curve "
+                        "(issue 29 item 3) into --json's tune section, default options (--epochs 3, holdout 0.2)")
+    parser.add_argument("--folds", type=int, default=None, help="k-fold tune vs baseline (issue 29 item 5) on the "
+                        "first --max-rows rows into --json's tune section")
+    parser.add_argument("--test-fraction", type=float, default=0.25, help="the learning curve's test split")
+    parser.add_argument("--tag", default=None, help="key in the tune section (default learning_curve / kfold)")
     args = parser.parse_args()
+    if args.train_rows or args.folds:
+        path = args.json if args.json != ROOT / "benchmarks" / "tune_quality.json" else ROOT / "benchmarks" / "quality.json"
+        config = TuneConfig(epochs=args.epochs, lr=args.lr, seed=0)
+        key = args.tag or ("learning_curve" if args.train_rows else "kfold")
+        meta = {"model": "smollm2-135m-instruct", "epochs": args.epochs, "lr": args.lr, "holdout": config.holdout,
+                "mass_weight": config.mass_weight, "cpu": "2 shared cores, nice 19"}
+        if args.train_rows:
+            meta |= {"train_rows": [int(n) for n in args.train_rows.split(",")], "test_fraction": args.test_fraction}
+        else:
+            meta |= {"folds": args.folds, "max_rows": args.max_rows}
+        old = json.loads(path.read_text()).get("tune", {}).get(key, {}) if path.exists() else {}
+        results = old.get("sets", {})
+        for name in args.sets.split(","):
+            started = time.perf_counter()
+            def partial(out, name=name):
+                save_tune_section(path, key, meta, results | {name: out})
+
+            results[name] = (run_curve_set(name, meta["train_rows"], config, args.test_fraction, partial)
+                             if args.train_rows
+                             else run_kfold_set(name, args.folds, config, args.max_rows))
+            results[name]["wall_seconds"] = time.perf_counter() - started
+            print(f"{name}: {results[name]['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
+            save_tune_section(path, key, meta, results)
+        print(render_curve(results) if args.train_rows else render_kfold(results))
+        return
     if args.order:
         results = {}
         for name in args.sets.split(","):
