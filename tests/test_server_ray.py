@@ -9,7 +9,6 @@ installed (``make install`` installs it).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

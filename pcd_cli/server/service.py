@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from ..decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from ..engines.local import CHUNK_RECORDS
 from ..errors import PcdError
-from ..results import Record, RecordFailure, RecordResult
+from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from .errors import ApiError
 
