@@ -156,6 +156,7 @@ def _safetensors(path: Path) -> Path:
 def test_a_whole_safetensors_file_passes(tmp_path):
     path = _safetensors(tmp_path / "model.safetensors")
     check_safetensors(path)
+    (tmp_path / "config.json").write_text("{}")
     check_model_folder(tmp_path)
 
 
@@ -220,6 +221,22 @@ def test_resolve_model_checks_a_folders_safetensors(tmp_path):
     (folder / "model-00002-of-00002.safetensors").write_text(LFS_POINTER)
     with pytest.raises(ModelError, match=r"model-00002-of-00002.safetensors': not a safetensors file"):
         resolve_model(str(folder))
+
+
+@pytest.mark.parametrize("files, says", [
+    ({"adapter_config.json": "{}", "README.md": "x"}, "pass it as --adapter"),
+    ({"pcd-tune.json": "{}", "NOTES.md": "x"}, "a pcd tune card (pcd-tune.json) but no model"),
+    ({"notes.txt": "x"}, "it holds notes.txt"),
+])
+def test_a_folder_without_config_json_is_named_for_what_it_is(tmp_path, files, says):
+    """Not transformers' "should have a model_type key": the folder is named with what it holds."""
+    folder = tmp_path / "models" / "current"
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    with pytest.raises(ModelError, match="no config.json, so not a model folder") as info:
+        resolve_model(str(folder))
+    assert says in str(info.value)
 
 
 # --- conversion and cache --------------------------------------------------------------------

@@ -283,11 +283,25 @@ def check_safetensors(path: str | Path) -> None:
 
 
 def check_model_folder(folder: str | Path) -> None:
-    """``check_safetensors`` on each ``*.safetensors`` file of a local model folder (name order).
+    """``check_safetensors`` on each ``*.safetensors`` file of a local ``--model`` folder (name
+    order), then its ``config.json`` (else transformers' own message, "should have a model_type
+    key", hides the cause).
 
     Raises:
-        ModelError: see ``check_safetensors``.
+        ModelError: no ``config.json`` (naming an adapter or a pcd tune card found instead, else
+        the files there), or see ``check_safetensors``.
     """
-    for path in sorted(Path(folder).glob("*.safetensors")):
+    folder = Path(folder)
+    for path in sorted(folder.glob("*.safetensors")):
         if path.is_file():
             check_safetensors(path)
+    if not (folder / "config.json").is_file():
+        if (folder / "adapter_config.json").is_file():
+            hint = "it holds a LoRA adapter (adapter_config.json): pass it as --adapter, with its base as --model"
+        elif (folder / "pcd-tune.json").is_file():
+            hint = ("it holds a pcd tune card (pcd-tune.json) but no model: the tune that wrote it did not "
+                    "finish or its model files were removed; tune again with -o naming it")
+        else:
+            names = sorted(p.name for p in folder.iterdir())[:6]
+            hint = "it holds " + (", ".join(names) if names else "nothing")
+        raise ModelError(f"--model {str(folder)!r}: no config.json, so not a model folder; {hint}")
