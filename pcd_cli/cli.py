@@ -850,7 +850,8 @@ def tune(
     shots: int = SHOTS_OPT,
     holdout: float = typer.Option(0.2, "--holdout", min=0.0, max=0.9, help="Fraction of gold rows held out "
                                   "(stratified on the first field, never trained on) to pick the best epoch."),
-    epochs: int = typer.Option(3, "--epochs", min=1, help="Passes over the training rows."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Passes over the training rows "
+                                         "(default: 6 under 200 gold rows, else 3; the holdout picks the epoch)."),
     rank: int = typer.Option(8, "--rank", min=1, help="LoRA rank."),
     lr: float = typer.Option(5e-4, "--lr", min=0.0, help="AdamW learning rate."),
     mass_weight: float = typer.Option(DEFAULT_MASS_WEIGHT, "--mass-weight", min=0.0, help="Weight of the gold "
@@ -884,7 +885,8 @@ def tune(
     from .quality.data import drop_example_rows
     from .quality.render import render_tune
     from .schema.load import load_schema
-    from .tune import CALIBRATION_NAME, TuneConfig, calibration_card, fit_tune_calibration, gold_records, make_card
+    from .tune import (CALIBRATION_NAME, TuneConfig, calibration_card, default_epochs, fit_tune_calibration,
+                       gold_records, make_card)
     from .tune import tune as run_tune
 
     try:
@@ -906,6 +908,7 @@ def tune(
         if skipped:
             err.print(f"[yellow]warning:[/] {len(skipped)} gold rows are not used (e.g. {escape(skipped[0])})",
                       highlight=False)
+        epochs = epochs or default_epochs(len(records))
         config = TuneConfig(epochs=epochs, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations)

@@ -236,3 +236,16 @@ def test_case_tune_diverged_on_the_embedded_model(tmp_path):
     assert "error: training diverged in epoch 1: field 'sentiment': the candidate mass collapsed from 0.563 to" \
         in flat(diverged.output)
     assert not out.exists()
+
+
+def test_few_gold_rows_tune_six_epochs_by_default(work, tmp_path):
+    """Without --epochs, 6 gold rows (under tune.FEW_ROWS) get 6 epochs, as the learning curve
+    chose; --epochs still wins."""
+    base = ("tune", work / "gold.jsonl", "-s", work / "schema.yaml", "--model", work / "tiny-model",
+            "--device", "cpu", "--rank", "4", "--no-progress", "--holdout", "0.34")
+    default = pcd(*base, "-o", tmp_path / "default", code=0)
+    card = json.loads((tmp_path / "default" / "pcd-tune.json").read_text())
+    assert card["hyperparameters"]["epochs"] == 6 and [e["epoch"] for e in card["epochs"]][-1] <= 6, default.output
+    assert len(card["epochs"]) == 7  # epoch 0 (the base model) and six more
+    pcd(*base, "-o", tmp_path / "two", "--epochs", "2", code=0)
+    assert json.loads((tmp_path / "two" / "pcd-tune.json").read_text())["hyperparameters"]["epochs"] == 2
