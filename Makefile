@@ -72,8 +72,11 @@ demo: install
 	$(PCD) eval $(OUT)/airline.tuned.parquet $(OUT)/airline.review.export.json --plot $(OUT)/plots
 	@echo "== calibrate with label sets on the 80 reviewed rows (40 fit the calibration, 40 the sets): pcd calibrate says if"
 	@echo "   the calibration makes the held-out figures worse; the label sets keep their coverage either way"
+	@echo "   (fitted on raw probabilities: the tuned folder's own calibration left out with --no-calibration)"
+	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --all-probs \
+		--model $(OUT)/airline.tuned --no-calibration -o $(OUT)/airline.tuned.raw.parquet
 	$(PCD) calibrate $(OUT)/airline.review.export.json -s schemas/airline_sentiment.yaml \
-		--predictions $(OUT)/airline.tuned.parquet --coverage 0.9 -o $(OUT)/airline.review.calibration.json \
+		--predictions $(OUT)/airline.tuned.raw.parquet --coverage 0.9 -o $(OUT)/airline.review.calibration.json \
 		--plot $(OUT)/plots
 	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --limit 12 \
 		--model $(OUT)/airline.tuned --calibration $(OUT)/airline.review.calibration.json -o $(OUT)/airline.sets.parquet

@@ -351,8 +351,10 @@ def test_check_names_every_key_that_differs():
 
 def test_fit_refuses_unusable_predictions():
     preds, gold = calibration_frame(60)
-    with pytest.raises(CalibrationError, match="made with a calibration already"):
+    with pytest.raises(CalibrationError, match="made with a calibration already") as info:
         fit_calibration(preds, gold, SCHEMA, metadata(**{"pcd.calibration_sha256": "x"}))
+    # a tuned folder's pcd-calibration.json is applied without --calibration: the way out is named
+    assert "unless given --no-calibration" in str(info.value)
     with pytest.raises(CalibrationError, match="made with a calibration already"):
         fit_calibration(preds.assign(f__raw_prob=0.5), gold, SCHEMA, metadata())
     with pytest.raises(CalibrationError, match="no f__probs column; label with --all-probs"):

@@ -520,7 +520,8 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
         raise CalibrationError(f"--folds must be at least 2, got {folds}")
     if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):
         raise CalibrationError("these predictions were made with a calibration already; fitting needs the raw "
-                               "probabilities: label again without --calibration")
+                               "probabilities: label again without --calibration (a --model or --adapter folder from pcd tune "
+                               "applies its own pcd-calibration.json unless given --no-calibration)")
     missing = [key for key in CHECKED_KEYS.values() if not metadata.get(key)]
     if missing:
         raise CalibrationError(f"the predictions' metadata lacks {', '.join(missing)}; a calibration must name the "
