@@ -249,3 +249,32 @@ def test_few_gold_rows_tune_six_epochs_by_default(work, tmp_path):
     assert len(card["epochs"]) == 7  # epoch 0 (the base model) and six more
     pcd(*base, "-o", tmp_path / "two", "--epochs", "2", code=0)
     assert json.loads((tmp_path / "two" / "pcd-tune.json").read_text())["hyperparameters"]["epochs"] == 2
+
+
+def test_tune_keeps_no_calibration_its_own_cross_validation_calls_worse():
+    """fit_tune_calibration writes a field's calibration only when held_out_worse finds nothing
+    (the demo's tune wrote one that raised the held-out NLL 0.534 -> 0.549, and pcd label then
+    warned on every run): already-calibrated holdout probabilities are left raw, over-confident
+    ones are calibrated."""
+    from pcd_cli.quality.calibration import fit_trusted, held_out_worse
+    from pcd_cli.schema.load import parse_schema
+    from pcd_cli.tune import TuneResult, fit_tune_calibration
+
+    schema = parse_schema({"name": "reviews", "fields": {"sentiment": {"type": "enum",
+                                                                       "labels": ["NEGATIVE", "NEUTRAL", "POSITIVE"]}}})
+    metadata = {"pcd.schema_sha256": "s", "pcd.prompt_head_sha256": "h", "pcd.scoring": "marginal"}
+    outcomes = []
+    for sharpen, n in ((1.0, 15), (1.0, 20), (4.0, 200)):
+        rng = np.random.default_rng(3)
+        p = rng.dirichlet(np.ones(3) * 0.7, size=n)
+        gold = np.array([rng.choice(3, p=row) for row in p])
+        written = p ** sharpen / (p ** sharpen).sum(1, keepdims=True)
+        result = TuneResult(epochs=[], best_epoch=0, train_rows=100, holdout_rows=n,
+                            holdout_predictions={0: (written, gold)})
+        calibration, notes = fit_tune_calibration(result, schema, metadata, model="m")
+        worse = held_out_worse(fit_trusted("sentiment", ("NEGATIVE", "NEUTRAL", "POSITIVE"), written, gold).cv)
+        assert (calibration is None) == bool(worse), (sharpen, n, worse, notes)
+        if worse:
+            assert "not calibrated, the raw probabilities are kept" in notes[0] and worse[0] in notes[0]
+        outcomes.append(bool(worse))
+    assert outcomes[-1] is False and True in outcomes  # both paths met: over-confident rows are calibrated
