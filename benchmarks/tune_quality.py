@@ -157,14 +157,9 @@ def run_mass_set(name: str, epochs: int, lr: float, weights: list[float], max_ro
                  holdout: float) -> dict:
     """One set, one split: the baseline, the base model and one tune per mass weight (see the
     module's docstring), every figure on the test rows."""
-    data_file, schema_file, field = SETS[name]
-    schema = load_schema(ROOT / "schemas" / schema_file)
-    f = schema.fields[schema.field_index(field)]
-    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", field]]
-    if max_rows:
-        rows = rows.iloc[:max_rows].reset_index(drop=True)
+    rows, schema, field, f, gold_all = load_set(name, max_rows)
     spec = InputSpec(text_field="text", id_field="id")
-    test_idx = stratified_holdout([f.label_index(v) for v in rows[field]], 0.4, 0)
+    test_idx = stratified_holdout(gold_all.tolist(), 0.4, 0)
     test = rows.iloc[test_idx].reset_index(drop=True)
     train = rows.drop(index=rows.index[test_idx]).reset_index(drop=True)
     gold_test = np.array([f.label_index(v) for v in test[field]])
@@ -251,13 +246,8 @@ def order_flips(schema, backend, test: pd.DataFrame, field: str, gold: np.ndarra
 
 def run_order_set(name: str, epochs: int, lr: float, weight: float, max_rows: int | None, holdout: float) -> dict:
     """One set, one split: base, plain tune and ``--permutations 2`` tune, read one ordering at a time."""
-    data_file, schema_file, field = SETS[name]
-    schema = load_schema(ROOT / "schemas" / schema_file)
-    f = schema.fields[schema.field_index(field)]
-    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", field]]
-    if max_rows:
-        rows = rows.iloc[:max_rows].reset_index(drop=True)
-    test_idx = stratified_holdout([f.label_index(v) for v in rows[field]], 0.4, 0)
+    rows, schema, field, f, gold_all = load_set(name, max_rows)
+    test_idx = stratified_holdout(gold_all.tolist(), 0.4, 0)
     test = rows.iloc[test_idx].reset_index(drop=True)
     train = rows.drop(index=rows.index[test_idx]).reset_index(drop=True)
     gold_test = np.array([f.label_index(v) for v in test[field]])
@@ -286,13 +276,9 @@ def run_order_set(name: str, epochs: int, lr: float, weight: float, max_rows: in
 
 
 def run_set(name: str, epochs: int, lr: float) -> dict:
-    data_file, schema_file, field = SETS[name]
-    schema = load_schema(ROOT / "schemas" / schema_file)
-    f = schema.fields[schema.field_index(field)]
-    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", field]]
+    rows, schema, field, f, gold_all = load_set(name)
     spec = InputSpec(text_field="text", id_field="id")
-    gold_all = [f.label_index(v) for v in rows[field]]
-    test_idx = stratified_holdout(gold_all, 0.4, 0)
+    test_idx = stratified_holdout(gold_all.tolist(), 0.4, 0)
     test = rows.iloc[test_idx].reset_index(drop=True)
     train = rows.drop(index=rows.index[test_idx]).reset_index(drop=True)
     gold_test = np.array([f.label_index(v) for v in test[field]])

@@ -39,6 +39,15 @@ def tiny_backend(chat_template: bool = True, seed: int = 0):
     return tiny_llama_over(tokenizer, seed=seed, name="tiny-random-llama")
 
 
+def save_tiny_model(folder, *, seed: int = 0, chat_template: bool = True):
+    """``tiny_backend(chat_template, seed)`` saved as a model folder (weights and tokenizer) at
+    ``folder``, for tests that pass ``--model DIR``; returns the backend."""
+    backend = tiny_backend(chat_template=chat_template, seed=seed)
+    backend.model.save_pretrained(folder)
+    backend.tokenizer._tok.save_pretrained(folder)
+    return backend
+
+
 def tiny_llama_over(tokenizer, *, seed: int = 0, max_positions: int = 8192, name: str = "tiny-random-llama"):
     """A 2-layer random-init Llama (hidden 64, weights x4) over ``tokenizer``, as a float32 CPU
     ``TorchBackend`` named ``name``."""

@@ -22,7 +22,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from .helpers import flat, pcd, tiny_backend
+from .helpers import flat, pcd, save_tiny_model
 
 SCHEMA = {"name": "reviews", "fields": {"sentiment": {"type": "enum", "labels": ["NEGATIVE", "NEUTRAL", "POSITIVE"]}}}
 TEXTS = ["The parcel arrived broken and support never answered.", "Quick delivery, lovely packaging, thank you!"]
@@ -48,10 +48,8 @@ def adapters(tmp_path_factory):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("adapters")
-    backend = tiny_backend(seed=6)
     base_dir = root / "tiny-model"
-    backend.model.save_pretrained(base_dir)
-    backend.tokenizer._tok.save_pretrained(base_dir)
+    backend = save_tiny_model(base_dir, seed=6)
     torch.manual_seed(0)
     _lora(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)).save_pretrained(root / "good")
     for name in ("newer_peft_config", "renamed_keys", "foreign_targets", "other_base_name", "missing_keys",

@@ -413,16 +413,7 @@ def test_tune_reads_argilla_names_and_none_of_these_as_eval_does(tmp_path):
     (tmp_path / "schema.yaml").write_text("name: t\nfields:\n  Sentiment: {type: enum, labels: [NEGATIVE, POSITIVE]}\n"
                                           "  tags: {type: multi, labels: [outage, billing]}\n")
     schema = load_schema(tmp_path / "schema.yaml")
-    with offline_argilla() as (rg, _):
-        from argilla.records._io import GenericIO
-
-        u1 = uuid.UUID(int=1)
-        records = [rg.Record(id="t1", fields={"text": "down"}, responses=[
-                       rg.Response("sentiment", "NEGATIVE", user_id=u1, status="submitted"),
-                       rg.Response("tags", ["outage"], user_id=u1, status="submitted")]),
-                   rg.Record(id="t2", fields={"text": "fine"}, responses=[
-                       rg.Response("sentiment", "POSITIVE", user_id=u1, status="submitted")])]
-        (tmp_path / "flat.json").write_text(json.dumps(GenericIO.to_list(records, flatten=True)))
+    _two_record_flat_export(tmp_path / "flat.json", tag="outage")
     gold = read_gold(tmp_path / "flat.json")
     found, labels, skipped = gold_records(gold, schema, InputSpec(id_field="id"))
     assert [r.id for r in found] == ["t1", "t2"] and skipped == []
@@ -471,15 +462,21 @@ def test_examples_read_none_of_these_and_argilla_names(tmp_path):
     examples = draw_examples(tmp_path / "ls.json", schema, InputSpec(id_field="id"), shots=2)
     # Sentiment index, then per option 0 = chosen, 1 = not
     assert {e.text: e.labels for e in examples} == {"down and billed": (0, 0, 0), "all fine": (1, 1, 1)}
+    _two_record_flat_export(tmp_path / "ar.json", tag="billing")
+    examples = draw_examples(tmp_path / "ar.json", schema, InputSpec(id_field="id"), shots=2)
+    assert {e.text: e.labels for e in examples} == {"down": (0, 1, 0), "fine": (1, 1, 1)}
+
+
+def _two_record_flat_export(path, *, tag: str) -> None:
+    """An Argilla flattened export (``to_list(flatten=True)``) of two submitted records: t1 'down'
+    (NEGATIVE, tags [tag]) and t2 'fine' (POSITIVE, tags left out: "none of these")."""
     with offline_argilla() as (rg, _):
         from argilla.records._io import GenericIO
 
         u1 = uuid.UUID(int=1)
         records = [rg.Record(id="t1", fields={"text": "down"}, responses=[
                        rg.Response("sentiment", "NEGATIVE", user_id=u1, status="submitted"),
-                       rg.Response("tags", ["billing"], user_id=u1, status="submitted")]),
+                       rg.Response("tags", [tag], user_id=u1, status="submitted")]),
                    rg.Record(id="t2", fields={"text": "fine"}, responses=[
                        rg.Response("sentiment", "POSITIVE", user_id=u1, status="submitted")])]
-        (tmp_path / "ar.json").write_text(json.dumps(GenericIO.to_list(records, flatten=True)))
-    examples = draw_examples(tmp_path / "ar.json", schema, InputSpec(id_field="id"), shots=2)
-    assert {e.text: e.labels for e in examples} == {"down": (0, 1, 0), "fine": (1, 1, 1)}
+        path.write_text(json.dumps(GenericIO.to_list(records, flatten=True)))

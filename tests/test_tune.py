@@ -20,7 +20,7 @@ from pcd_cli.decoding.oracle import oracle_label_logprobs
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, card_mismatches, file_sha256, stratified_holdout, tune
 
-from .helpers import ORACLE_SCHEMA, TEXTS, pcd, tiny_backend
+from .helpers import ORACLE_SCHEMA, TEXTS, pcd, save_tiny_model, tiny_backend
 from .test_examples import EXAMPLES
 
 
@@ -242,10 +242,8 @@ def test_stratified_holdout_is_seeded_and_keeps_every_label():
 @pytest.fixture(scope="module")
 def tune_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("tune")
-    backend = tiny_backend(seed=6)
     model_dir = root / "tiny-model"
-    backend.model.save_pretrained(model_dir)
-    backend.tokenizer._tok.save_pretrained(model_dir)
+    save_tiny_model(model_dir, seed=6)
     schema = root / "keyword.json"
     schema.write_text(json.dumps(KEYWORD_SCHEMA))
     gold = root / "gold.jsonl"

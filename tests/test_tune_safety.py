@@ -24,7 +24,7 @@ from pcd_cli.results import Record
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import FieldScores, TrainingDiverged, TuneConfig, divergence, tune
 
-from .helpers import flat, pcd, tiny_backend
+from .helpers import flat, pcd, save_tiny_model, tiny_backend
 from .test_tune import KEYWORD_SCHEMA, _keyword_rows
 
 CASE = Path(__file__).resolve().parents[2] / "shared" / "cases-round4" / "tune-diverged-epoch-and-existing-output-folder"
@@ -43,9 +43,7 @@ SCHEMA = "name: reviews\nfields:\n  sentiment: {type: enum, labels: [NEGATIVE, N
 def work(tmp_path_factory):
     """A tiny model folder, the case's gold rows and schema."""
     root = tmp_path_factory.mktemp("tune-safety")
-    backend = tiny_backend(seed=6)
-    backend.model.save_pretrained(root / "tiny-model")
-    backend.tokenizer._tok.save_pretrained(root / "tiny-model")
+    save_tiny_model(root / "tiny-model", seed=6)
     (root / "gold.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GOLD))
     (root / "schema.yaml").write_text(SCHEMA)
     return root
