@@ -860,6 +860,11 @@ def tune(
     permutations: int = typer.Option(1, "--permutations", min=1, help="K >= 2: train over the K label orderings "
                                      "that pcd label --permutations K reads (each a loss term); label with the "
                                      "same K."),
+    cross_fit: int = typer.Option(0, "--cross-fit", min=0, help="K >= 2: K fold runs give every gold row an "
+                                  "out-of-fold prediction; the calibration is fitted on all of them and the written "
+                                  "model trains on all rows for the folds' median kept epoch (K + 1 runs; --holdout "
+                                  "is not used). 0: one --holdout picks the epoch and fits the calibration "
+                                  "(docs/quality.md)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
                              "initialisation and the --examples draw."),
     max_tokens_per_pass: int = BUDGET_OPT,
@@ -891,6 +896,8 @@ def tune(
 
     try:
         require_peft()
+        if cross_fit == 1:
+            raise InputError("--cross-fit 1: one fold has nothing to hold out; give 0 (one --holdout) or K >= 2 folds")
         check_tune_output(output)  # a team's files in it: refused before the model loads
         parsed = load_schema(schema)
         spec = InputSpec(text_field=text_field, template=template, id_field=id_field, csv_delimiter=csv_delimiter)
@@ -911,11 +918,12 @@ def tune(
         epochs = epochs or default_epochs(len(records))
         config = TuneConfig(epochs=epochs, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
-                            permutations=permutations)
+                            permutations=permutations, cross_fit=cross_fit)
         bar = _TuneProgress(progress, epochs)
         try:
             result, trainer = run_tune(labeler.backend, parsed, records, labels, config,
-                                       examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch)
+                                       examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch,
+                                       on_fold=bar.fold)
         finally:
             bar.close()
         for warning in result.warnings:
@@ -929,7 +937,7 @@ def tune(
         card = make_card(base_model=labeler.backend.model_id, base_key=model_content_key(model),
                          metadata=labeler.metadata(), gold_path=gold, records=records, result=result, config=config,
                          adapter_only=adapter_only,
-                         calibration=calibration_card(calibration, notes, result.holdout_rows))
+                         calibration=calibration_card(calibration, notes, result.holdout_rows, result.cross_fit))
         try:
             trainer.save(output, adapter_only=adapter_only, card=card, base_name=labeler.backend.model_id,
                          files={CALIBRATION_NAME: calibration.to_json()} if calibration is not None else None)
@@ -961,6 +969,13 @@ class _TuneProgress:
             self.bar = tqdm(total=total, unit="step", leave=False, file=sys.stderr, dynamic_ncols=True)
         self.bar.set_postfix(loss=f"{loss:.3f}")
         self.bar.update(1)
+
+    def fold(self, run: int, runs: int, train_rows: int, holdout_rows: int, epochs: int) -> None:
+        self.close()
+        self.epochs = epochs
+        what = (f"fold {run} of {runs - 1}: {train_rows} training rows, {holdout_rows} held out" if run < runs else
+                f"final run: all {train_rows} rows, {epochs} epochs (the folds' median)")
+        err.print(f"cross-fit run {run}/{runs}: {what}", highlight=False)
 
     def epoch(self, log) -> None:
         self.close()

@@ -20,7 +20,9 @@ collapse is never kept as "best"; a holdout of fewer than ``MIN_HOLDOUT_ROWS`` r
 named as too small to choose an epoch (``TuneResult.warnings``).
 Then the calibration those holdout rows can support (``fit_tune_calibration``) is fitted on
 the kept epoch's holdout predictions and written into the tuned folder, where ``pcd label
---model DIR`` finds it.
+--model DIR`` finds it. With ``--cross-fit K`` the holdout is every row in turn: K fold runs
+give each gold row an out-of-fold prediction, the calibration is fitted on all of them, and the
+written model trains on all rows (``tune``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ class TuneConfig:
         permutations: ``K >= 2``: train over the K label orderings ``pcd label --permutations
             K`` reads (``pcd_cli.decoding.permute``): every ordering's branch of a record is a
             loss term, the holdout is labelled with the orderings combined. 1: the plain prompt.
+        cross_fit: ``K >= 2``: K fold runs give every gold row an out-of-fold prediction for
+            the calibration and choose the epochs; the written model trains on all rows
+            (``tune``). 0: one holdout of ``holdout`` picks the epoch and fits the calibration.
     """
 
     epochs: int = 3
@@ -97,6 +102,7 @@ class TuneConfig:
     max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
     mass_weight: float = DEFAULT_MASS_WEIGHT
     permutations: int = 1
+    cross_fit: int = 0
 
 
 #: A holdout with fewer rows (for the field with the most) is too small to choose an epoch: the
@@ -157,8 +163,16 @@ class TuneResult:
     steps: int = 0
     train_seconds: float = 0.0
     trainable_parameters: int = 0
-    #: the kept epoch's holdout predictions: field index -> ((n, k) probabilities, (n,) gold)
+    #: the kept epoch's holdout predictions: field index -> ((n, k) probabilities, (n,) gold); with
+    #: ``cross_fit``, every gold row's out-of-fold prediction
     holdout_predictions: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    #: field index -> (n,) candidate masses of the same rows
+    holdout_masses: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    #: the same rows' predictions (and masses) before training (epoch 0)
+    base_predictions: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    base_masses: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    #: ``--cross-fit``: folds, each fold's kept epoch, the final run's epochs, per-fold logs
+    cross_fit: dict | None = None
 
 
 def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], list[list[int | None]], list[str]]:
@@ -231,11 +245,13 @@ def stratified_holdout(labels: Sequence[int | None], fraction: float, seed: int)
 
 
 def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence[Sequence[int | None]],
-                   schema: Schema, predictions: dict | None = None) -> dict[str, FieldScores]:
+                   schema: Schema, predictions: dict | None = None, masses: dict | None = None
+                   ) -> dict[str, FieldScores]:
     """Label ``records`` with ``decoder`` and score each field against ``labels``.
 
     ``predictions``, if given, is filled with field index -> ``((n, k) probabilities, (n,)
-    gold indices)`` of the rows that have a gold label for that field (for the calibration).
+    gold indices)`` of the rows that have a gold label for that field (for the calibration);
+    ``masses`` with field index -> (n,) candidate masses of the same rows.
     """
     results = decoder.decode(records)
     out = {}
@@ -246,15 +262,19 @@ def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence
             continue
         probs = np.array([r.fields[fi].probs for r, _ in rows])
         gold = np.array([g for _, g in rows])
+        mass = np.array([r.fields[fi].mass for r, _ in rows], dtype=np.float64)
         if predictions is not None:
             predictions[fi] = (probs, gold)
-        pred = probs.argmax(1)
-        correct = pred == gold
-        out[f.name] = FieldScores(n=len(rows), accuracy=M.accuracy(gold, pred),
-                                  macro_f1=M.macro_f1(M.label_scores(gold, pred, f.labels)),
-                                  nll=M.nll(probs, gold), ece=M.ece(probs.max(1), correct),
-                                  mass=float(np.mean([r.fields[fi].mass for r, _ in rows])))
+        if masses is not None:
+            masses[fi] = mass
+        out[f.name] = _field_scores(probs, gold, mass, f.labels)
     return out
+
+
+def _field_scores(probs: np.ndarray, gold: np.ndarray, mass: np.ndarray, labels) -> FieldScores:
+    pred = probs.argmax(1)
+    return FieldScores(n=len(gold), accuracy=M.accuracy(gold, pred), macro_f1=M.macro_f1(M.label_scores(gold, pred, labels)),
+                       nll=M.nll(probs, gold), ece=M.ece(probs.max(1), pred == gold), mass=float(np.mean(mass)))
 
 
 def divergence(before: dict[str, FieldScores], after: dict[str, FieldScores],
@@ -304,8 +324,20 @@ def _mean_nll(scores: dict[str, FieldScores]) -> float:
 
 def tune(backend, schema: Schema, records: list[Record], labels: list[list[int | None]], config: TuneConfig, *,
          examples=(), on_step: Callable[[int, int, float], None] | None = None,
-         on_epoch: Callable[[EpochLog], None] | None = None):
+         on_epoch: Callable[[EpochLog], None] | None = None,
+         on_fold: Callable[[int, int, int, int, int], None] | None = None):
     """Train a LoRA adapter on ``backend``'s model through the decoder's reads.
+
+    With ``config.cross_fit`` 0: one seeded, stratified holdout (``config.holdout``) picks the
+    epoch and its predictions are the ones the calibration is fitted on. With
+    ``config.cross_fit`` K >= 2: cross-fitting (``cross_fit_folds``): K fold runs, each
+    trained on the other folds with its own fold as the holdout; every gold row gets an
+    out-of-fold prediction from the run that did not train on it (the kept epoch's), the
+    written model is then trained on all rows for the median of the folds' kept epochs, and
+    the calibration is fitted on all the out-of-fold predictions. This is scikit-learn's
+    ``CalibratedClassifierCV(ensemble=False)`` recipe (``cross_val_predict`` predictions for
+    the calibrator, the final model fitted on all data): the calibration sees every row
+    instead of a holdout's fifth, at the cost of K + 1 runs.
 
     Args:
         backend: a loaded ``TorchBackend`` (the adapter is injected into its model).
@@ -314,111 +346,240 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
             ``pcd label --examples`` will use them.
         on_step: called after every optimiser step with ``(step, steps per epoch, loss)``.
         on_epoch: called with each ``EpochLog`` (epoch 0: before training).
+        on_fold: called before each run of a cross-fit with ``(run, runs, training rows,
+            holdout rows, epochs)``; the last run (``run == runs``) is the final one on all rows.
 
     Returns:
-        ``(TuneResult, trainer)``: the trainer holds the best epoch's adapter
-        (``LoraTrainer.save`` writes it). A ``KeyboardInterrupt`` during training stops it;
-        the best adapter so far is kept and ``interrupted`` is set.
+        ``(TuneResult, trainer)``: the trainer holds the kept adapter (``LoraTrainer.save``
+        writes it). A ``KeyboardInterrupt`` during training stops it; the best adapter so far
+        is kept and ``interrupted`` is set (during a cross-fit's fold runs: the base model).
 
     Raises:
         ModelError: peft missing or the model cannot take an adapter. InputError: no
-        training rows are left after the holdout. TrainingDiverged: a step's loss is NaN or
-        infinite or exploded (over ``LOSS_EXPLOSION`` times the first step's), or an epoch's
-        holdout shows a collapse (``divergence``); training stops there.
+        training rows are left after the holdout, or fewer gold rows than folds.
+        TrainingDiverged: a step's loss is NaN or infinite or exploded (over
+        ``LOSS_EXPLOSION`` times the first step's), or an epoch's holdout shows a collapse
+        (``divergence``); training stops there.
     """
-    from .backends.torch_tune import LoraTrainer, field_loss
-
-    orderings: list[CompiledSchema] = []
-    if config.permutations > 1:
-        from .decoding.permute import compile_orderings
-
-        orderings = compile_orderings(schema, backend.tokenizer, config.permutations, scoring=config.scoring,
-                                      logits_width=backend.logits_width, examples=examples)
-    compiled = orderings[0] if orderings else CompiledSchema(
-        schema, backend.tokenizer, scoring=config.scoring, logits_width=backend.logits_width, examples=examples)
+    run = _Runner(backend, schema, records, labels, config, examples, on_step, on_epoch)
+    if config.cross_fit >= 2:
+        return _cross_fit(run, on_fold), run.trainer
     first = [lab[0] for lab in labels]
     held = set(stratified_holdout(first, config.holdout, config.seed).tolist())
     train = [i for i in range(len(records)) if i not in held]
     if not train:
         raise InputError(f"no gold rows left to train on ({len(records)} rows, holdout {config.holdout})")
-    hold_records = [records[i] for i in sorted(held)]
-    hold_labels = [labels[i] for i in sorted(held)]
-    trainer = LoraTrainer(backend, rank=config.rank, lr=config.lr, seed=config.seed)
-    rng = np.random.default_rng(config.seed)
+    return run.train(train, sorted(held), config.epochs, seed=config.seed), run.trainer
 
-    predictions: dict = {}
 
-    def evaluate() -> dict[str, FieldScores]:
-        predictions.clear()
+class _Runner:
+    """One tune's compiled prompt, decoder settings and trainer; ``train`` runs epochs on a
+    training/holdout split from the adapter's initial weights and a fresh optimiser."""
+
+    def __init__(self, backend, schema, records, labels, config, examples, on_step, on_epoch):
+        from .backends.torch_tune import LoraTrainer
+
+        self.backend, self.schema, self.records, self.labels, self.config = backend, schema, records, labels, config
+        self.on_step, self.on_epoch = on_step, on_epoch
+        self.orderings: list[CompiledSchema] = []
+        if config.permutations > 1:
+            from .decoding.permute import compile_orderings
+
+            self.orderings = compile_orderings(schema, backend.tokenizer, config.permutations, scoring=config.scoring,
+                                               logits_width=backend.logits_width, examples=examples)
+        self.compiled = self.orderings[0] if self.orderings else CompiledSchema(
+            schema, backend.tokenizer, scoring=config.scoring, logits_width=backend.logits_width, examples=examples)
+        self.trainer = LoraTrainer(backend, rank=config.rank, lr=config.lr, seed=config.seed)
+        self.initial_state = self.trainer.adapter_state()
+
+    def decoder(self) -> Decoder:
+        return Decoder(self.backend, self.compiled, orderings=self.orderings,
+                       max_tokens_per_pass=self.config.max_tokens_per_pass)
+
+    def train(self, train: list[int], held: list[int], epochs: int, *, seed: int) -> TuneResult:
+        """Epochs 1..``epochs`` on rows ``train`` (indices), the holdout ``held`` scored before
+        training and after each epoch; the trainer ends holding the kept epoch's adapter."""
+        from .backends.torch_tune import field_loss
+
+        config, schema, records, labels, trainer = self.config, self.schema, self.records, self.labels, self.trainer
+        trainer.reset(self.initial_state)
+        hold_records = [records[i] for i in held]
+        hold_labels = [labels[i] for i in held]
+        rng = np.random.default_rng(seed)
+        predictions: dict = {}
+        masses: dict = {}
+
+        def evaluate() -> dict[str, FieldScores]:
+            predictions.clear()
+            masses.clear()
+            if not hold_records:
+                return {}
+            return holdout_scores(self.decoder(), hold_records, hold_labels, schema, predictions, masses)
+
+        t0 = time.perf_counter()
+        log = [EpochLog(0, None, evaluate(), time.perf_counter() - t0)]
+        if self.on_epoch:
+            self.on_epoch(log[0])
+        before_flat = {fi: _flat(probs) for fi, (probs, _) in predictions.items()}
+        result = TuneResult(epochs=log, best_epoch=0, train_rows=len(train), holdout_rows=len(hold_records),
+                            trainable_parameters=trainer.trainable_parameters, holdout_predictions=dict(predictions),
+                            holdout_masses=dict(masses), base_predictions=dict(predictions),
+                            base_masses=dict(masses))
+        most = max((s.n for s in log[0].holdout.values()), default=0)
         if not hold_records:
-            return {}
-        decoder = Decoder(backend, compiled, orderings=orderings, max_tokens_per_pass=config.max_tokens_per_pass)
-        return holdout_scores(decoder, hold_records, hold_labels, schema, predictions)
+            if not config.cross_fit:
+                result.warnings.append("no holdout (--holdout 0): the last epoch is kept, unchecked against "
+                                       "held-out rows")
+        elif most < MIN_HOLDOUT_ROWS:
+            result.warnings.append(f"the holdout has {most} row{'s' if most != 1 else ''}, too few to choose an "
+                                   f"epoch (fewer than {MIN_HOLDOUT_ROWS}: the NLL of so few rows moves more than an "
+                                   "epoch changes it); the kept epoch is a guess: give more gold rows or a larger "
+                                   "--holdout")
+        first_loss: float | None = None
+        best_state, best_nll = trainer.adapter_state(), _mean_nll(log[0].holdout)
+        decoder = self.decoder()
+        train_start = time.perf_counter()
+        try:
+            for epoch in range(1, epochs + 1):
+                start = time.perf_counter()
+                order = [train[i] for i in rng.permutation(len(train))]
+                groups, failures = decoder.training_groups([records[i] for i in order])
+                result.skipped.extend(f.error for f in failures if epoch == 1)
+                losses = []
+                for g, group in enumerate(groups):
+                    rows = [order[i] for i in group]
+                    reads = decoder.training_reads_by_ordering([records[i] for i in rows], [labels[i] for i in rows])
+                    terms = [field_loss(forest, rd, len(schema.fields[fi].labels), labels[i][fi], config.mass_weight)
+                             for i, per_ordering in zip(rows, reads) for per_field in per_ordering
+                             for fi, (forest, rd) in per_field.items() if labels[i][fi] is not None]
+                    if not terms:
+                        continue
+                    loss = trainer.step(terms)
+                    if not np.isfinite(loss):
+                        raise _diverged(f"the training loss is {loss} at step {g + 1}", epoch, config)
+                    first_loss = loss if first_loss is None else first_loss
+                    if loss > LOSS_EXPLOSION * max(first_loss, 1.0):
+                        raise _diverged(f"the training loss exploded to {loss:.4g} at step {g + 1} (the first "
+                                        f"step's: {first_loss:.4g})", epoch, config)
+                    losses.append((loss, len(terms)))
+                    result.steps += 1
+                    if self.on_step:
+                        self.on_step(g + 1, len(groups), loss)
+                train_loss = (sum(l * n for l, n in losses) / sum(n for _, n in losses)) if losses else None
+                entry = EpochLog(epoch, train_loss, evaluate(), time.perf_counter() - start)
+                log.append(entry)
+                if self.on_epoch:
+                    self.on_epoch(entry)
+                reason = divergence(log[0].holdout, entry.holdout, predictions, before_flat, schema)
+                if reason is not None:
+                    raise _diverged(reason, epoch, config)
+                nll = _mean_nll(entry.holdout)
+                if not hold_records or (np.isfinite(nll) and not nll >= best_nll):  # a finite NLL beats a NaN one
+                    best_state, best_nll, result.best_epoch = trainer.adapter_state(), nll, epoch
+                    result.holdout_predictions, result.holdout_masses = dict(predictions), dict(masses)
+        except KeyboardInterrupt:
+            result.interrupted = True
+        result.train_seconds = time.perf_counter() - train_start
+        if hold_records and result.best_epoch == 0 and len(log) > 1:
+            result.warnings.append("no epoch improved on the holdout NLL: the written model is the base model "
+                                   "(epoch 0, untrained)")
+        trainer.load_adapter_state(best_state)
+        return result
 
-    t0 = time.perf_counter()
-    log = [EpochLog(0, None, evaluate(), time.perf_counter() - t0)]
-    if on_epoch:
-        on_epoch(log[0])
-    before_flat = {fi: _flat(probs) for fi, (probs, _) in predictions.items()}
-    result = TuneResult(epochs=log, best_epoch=0, train_rows=len(train), holdout_rows=len(hold_records),
-                        trainable_parameters=trainer.trainable_parameters, holdout_predictions=dict(predictions))
-    most = max((s.n for s in log[0].holdout.values()), default=0)
-    if not hold_records:
-        result.warnings.append("no holdout (--holdout 0): the last epoch is kept, unchecked against held-out rows")
-    elif most < MIN_HOLDOUT_ROWS:
-        result.warnings.append(f"the holdout has {most} row{'s' if most != 1 else ''}, too few to choose an epoch "
-                               f"(fewer than {MIN_HOLDOUT_ROWS}: the NLL of so few rows moves more than an epoch "
-                               "changes it); the kept epoch is a guess: give more gold rows or a larger --holdout")
-    first_loss: float | None = None
-    best_state, best_nll = trainer.adapter_state(), _mean_nll(log[0].holdout)
-    decoder = Decoder(backend, compiled, orderings=orderings, max_tokens_per_pass=config.max_tokens_per_pass)
-    train_start = time.perf_counter()
-    try:
-        for epoch in range(1, config.epochs + 1):
-            start = time.perf_counter()
-            order = [train[i] for i in rng.permutation(len(train))]
-            groups, failures = decoder.training_groups([records[i] for i in order])
-            result.skipped.extend(f.error for f in failures if epoch == 1)
-            losses = []
-            for g, group in enumerate(groups):
-                rows = [order[i] for i in group]
-                reads = decoder.training_reads_by_ordering([records[i] for i in rows], [labels[i] for i in rows])
-                terms = [field_loss(forest, rd, len(schema.fields[fi].labels), labels[i][fi], config.mass_weight)
-                         for i, per_ordering in zip(rows, reads) for per_field in per_ordering
-                         for fi, (forest, rd) in per_field.items() if labels[i][fi] is not None]
-                if not terms:
-                    continue
-                loss = trainer.step(terms)
-                if not np.isfinite(loss):
-                    raise _diverged(f"the training loss is {loss} at step {g + 1}", epoch, config)
-                first_loss = loss if first_loss is None else first_loss
-                if loss > LOSS_EXPLOSION * max(first_loss, 1.0):
-                    raise _diverged(f"the training loss exploded to {loss:.4g} at step {g + 1} (the first step's: "
-                                    f"{first_loss:.4g})", epoch, config)
-                losses.append((loss, len(terms)))
-                result.steps += 1
-                if on_step:
-                    on_step(g + 1, len(groups), loss)
-            train_loss = (sum(l * n for l, n in losses) / sum(n for _, n in losses)) if losses else None
-            entry = EpochLog(epoch, train_loss, evaluate(), time.perf_counter() - start)
-            log.append(entry)
-            if on_epoch:
-                on_epoch(entry)
-            reason = divergence(log[0].holdout, entry.holdout, predictions, before_flat, schema)
-            if reason is not None:
-                raise _diverged(reason, epoch, config)
-            nll = _mean_nll(entry.holdout)
-            if not hold_records or (np.isfinite(nll) and not nll >= best_nll):  # a finite NLL beats a NaN one
-                best_state, best_nll, result.best_epoch = trainer.adapter_state(), nll, epoch
-                result.holdout_predictions = dict(predictions)
-    except KeyboardInterrupt:
-        result.interrupted = True
-    result.train_seconds = time.perf_counter() - train_start
-    if hold_records and result.best_epoch == 0 and len(log) > 1:
-        result.warnings.append("no epoch improved on the holdout NLL: the written model is the base model "
-                               "(epoch 0, untrained)")
-    trainer.load_adapter_state(best_state)
-    return result, trainer
+
+def cross_fit_folds(labels: Sequence[int | None], folds: int, seed: int) -> np.ndarray:
+    """Each row's fold (``0 .. folds-1``): stratified on ``labels`` (the first field's gold,
+    ``None`` a stratum of its own) by scikit-learn's ``StratifiedKFold(shuffle=True,
+    random_state=seed)``; a label with fewer rows than folds is spread as far as it goes.
+
+    Returns:
+        (n,) int64 fold indices.
+
+    Raises:
+        InputError: fewer rows than folds.
+    """
+    import warnings
+
+    from sklearn.model_selection import StratifiedKFold
+
+    n = len(labels)
+    if n < folds:
+        raise InputError(f"--cross-fit {folds}: {n} gold rows, fewer than the folds")
+    strata = np.array([-1 if lab is None else int(lab) for lab in labels])
+    out = np.zeros(n, dtype=np.int64)
+    with warnings.catch_warnings():  # "the least populated class has only 1 member": spread as it goes
+        warnings.simplefilter("ignore", UserWarning)
+        for k, (_, part) in enumerate(StratifiedKFold(folds, shuffle=True, random_state=seed).split(strata, strata)):
+            out[part] = k
+    return out
+
+
+def _pool(parts: Sequence[dict], masses: Sequence[dict]) -> tuple[dict, dict]:
+    """Field index -> concatenated ``(probs, gold)`` and masses of the fold runs' predictions."""
+    pooled, pooled_mass = {}, {}
+    for fi in sorted({fi for part in parts for fi in part}):
+        chunks = [part[fi] for part in parts if fi in part]
+        pooled[fi] = (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))
+        pooled_mass[fi] = np.concatenate([m[fi] for m in masses if fi in m])
+    return pooled, pooled_mass
+
+
+def _cross_fit(run: _Runner, on_fold) -> TuneResult:
+    config, schema = run.config, run.schema
+    k = config.cross_fit
+    fold_of = cross_fit_folds([lab[0] for lab in run.labels], k, config.seed)
+    runs, per_fold = [], []
+    for fold in range(k):
+        held = np.flatnonzero(fold_of == fold).tolist()
+        train = np.flatnonzero(fold_of != fold).tolist()
+        if on_fold:
+            on_fold(fold + 1, k + 1, len(train), len(held), config.epochs)
+        result = run.train(train, held, config.epochs, seed=config.seed + fold)
+        if result.interrupted:
+            raise KeyboardInterrupt
+        runs.append(result)
+        per_fold.append({"fold": fold + 1, "train_rows": len(train), "holdout_rows": len(held),
+                         "best_epoch": result.best_epoch, "train_seconds": round(result.train_seconds, 2),
+                         "holdout_nll": [_mean_nll(e.holdout) for e in result.epochs],
+                         "warnings": list(result.warnings)})
+    kept = [r.best_epoch for r in runs]
+    final_epochs = int(np.floor(np.median(kept) + 0.5))
+    everything = list(range(len(run.records)))
+    if on_fold:
+        on_fold(k + 1, k + 1, len(everything), 0, final_epochs)
+    final = run.train(everything, [], final_epochs, seed=config.seed)
+    base, base_mass = _pool([r.base_predictions for r in runs], [r.base_masses for r in runs])
+    oof, oof_mass = _pool([r.holdout_predictions for r in runs], [r.holdout_masses for r in runs])
+    before, after = pooled_scores(base, base_mass, schema), pooled_scores(oof, oof_mass, schema)
+    final.epochs[0] = EpochLog(0, None, before, final.epochs[0].seconds)
+    final.epochs[-1] = EpochLog(final.epochs[-1].epoch, final.epochs[-1].train_loss, after, final.epochs[-1].seconds)
+    final.best_epoch = final_epochs
+    final.holdout_predictions, final.holdout_masses = oof, oof_mass
+    final.base_predictions, final.base_masses = base, base_mass
+    final.holdout_rows = len(everything)
+    final.train_seconds += sum(r.train_seconds for r in runs)
+    final.steps += sum(r.steps for r in runs)
+    final.skipped = runs[0].skipped + [s for s in final.skipped if s not in runs[0].skipped]
+    final.cross_fit = {"folds": k, "kept_epochs": kept, "final_epochs": final_epochs, "per_fold": per_fold}
+    for fold, r in enumerate(runs, 1):
+        final.warnings.extend(f"fold {fold} of {k}: {w}" for w in r.warnings)
+    if final_epochs == 0:
+        final.warnings.append(f"the folds kept epochs {kept}: the median is 0, so the written model is the base "
+                              "model (untrained)")
+    return final
+
+
+def pooled_scores(predictions: dict, masses: dict, schema: Schema) -> dict[str, FieldScores]:
+    """Per field, ``holdout_scores``' figures of pooled predictions (field index -> ``(probs,
+    gold)`` and masses): the cross-fit's out-of-fold scores."""
+    out = {}
+    for fi, f in enumerate(schema.fields):
+        if fi not in predictions or not len(predictions[fi][1]):
+            out[f.name] = FieldScores(0, None, None, None, None)
+            continue
+        probs, gold = predictions[fi]
+        out[f.name] = _field_scores(probs, gold, masses[fi], f.labels)
+    return out
 
 
 #: ``fit_tune_calibration``: a field with fewer holdout rows than this is left uncalibrated.
@@ -470,13 +631,16 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
                        fields=fields), notes
 
 
-def calibration_card(calibration, notes: Sequence[str], holdout_rows: int) -> dict:
+def calibration_card(calibration, notes: Sequence[str], holdout_rows: int, cross_fit: dict | None = None) -> dict:
     """The card's ``calibration`` entry: the file (or ``None``), what it was fitted on, and per
     field the method, why, T, biases and its cross-validated before/after scores."""
     if calibration is None:
         return {"file": None, "notes": list(notes)}
+    fitted_on = (f"out-of-fold predictions of all {holdout_rows} gold rows ({cross_fit['folds']} fold runs, each row "
+                 "predicted by the run that did not train on it, at that run's kept epoch)" if cross_fit else
+                 f"the kept epoch's predictions of the {holdout_rows} holdout rows (never trained on)")
     return {"file": CALIBRATION_NAME,
-            "fitted_on": f"the kept epoch's predictions of the {holdout_rows} holdout rows (never trained on)",
+            "fitted_on": fitted_on,
             "fields": {name: {"method": fc.cv["method"], "reason": fc.cv["reason"], "temperature": fc.temperature,
                               "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n,
                               "cv_before": fc.cv["before"], "cv_after": fc.cv["after"]}
@@ -524,7 +688,8 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
         "train_seconds": round(result.train_seconds, 2),
         "epochs": [{"epoch": e.epoch, "train_loss": e.train_loss, "seconds": round(e.seconds, 2),
                     "holdout": {k: asdict(v) for k, v in e.holdout.items()}} for e in result.epochs],
-    } | ({"calibration": calibration} if calibration is not None else {})
+    } | ({"cross_fit": result.cross_fit} if result.cross_fit else {}) | (
+        {"calibration": calibration} if calibration is not None else {})
 
 
 def card_mismatches(card: dict, metadata: dict[str, str]) -> list[str]:

@@ -148,6 +148,13 @@ class LoraTrainer:
 
         set_peft_model_state_dict(self.peft_model, state)
 
+    def reset(self, state: dict) -> None:
+        """Start again from ``state`` (``adapter_state`` of the initial adapter) with a fresh
+        AdamW optimiser (no moments carried over): each run of a cross-fit starts alike."""
+        self.load_adapter_state(state)
+        group = self.optimizer.param_groups[0]
+        self.optimizer = torch.optim.AdamW(self.params, lr=group["lr"], weight_decay=group["weight_decay"])
+
     def adapter_sha256(self) -> str:
         """SHA-256 (hex) over the adapter's weights (names, shapes, float32 bytes, in name order):
         the same adapter gives the same digest in its adapter card and in a merged folder's card."""

@@ -253,8 +253,11 @@ def render_tune(result, console: Console, *, calibration=None, notes=()) -> None
     training's cost; then, per field, the calibration fitted on the holdout (method, why, and
     its cross-validated ECE before -> after), or why there is none."""
     before, after = result.epochs[0].holdout, result.epochs[result.best_epoch].holdout
-    table = _table(f"pcd tune: holdout ({result.holdout_rows} rows, never trained on), before -> epoch "
-                   f"{result.best_epoch}")
+    cross = result.cross_fit
+    title = (f"pcd tune: {cross['folds']}-fold cross-fit, out-of-fold predictions of {result.holdout_rows} rows, "
+             f"before -> each fold's kept epoch {cross['kept_epochs']}" if cross else
+             f"pcd tune: holdout ({result.holdout_rows} rows, never trained on), before -> epoch {result.best_epoch}")
+    table = _table(title)
     table.add_column("field")
     for metric in ("accuracy", "macro-F1", "NLL", "ECE", "mass"):
         table.add_column(metric, justify="right")
@@ -266,6 +269,9 @@ def render_tune(result, console: Console, *, calibration=None, notes=()) -> None
         console.print(table)
     else:
         console.print("no holdout (--holdout 0): the last epoch is kept", highlight=False)
+    if cross:
+        console.print(f"the written model: trained on all {result.train_rows} rows for {cross['final_epochs']} epochs "
+                      "(the median of the folds' kept epochs)", highlight=False)
     console.print(f"{result.train_rows} training rows, {result.steps} optimiser steps, "
                   f"{result.train_seconds:.0f} s; {result.trainable_parameters:,} adapter parameters",
                   highlight=False)
