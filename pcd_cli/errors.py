@@ -3,7 +3,7 @@
 Every message says what went wrong, where (file, record, field, label) and, where there is
 one, how to fix it. The CLI maps these to exit codes: ``SchemaError`` -> 2, ``InputError``
 -> 2, ``CalibrationError`` -> 2, ``ModelError`` -> 3, ``MissingExtra`` -> 3, ``CompileError`` -> 3, ``TooManyErrors`` and ``NothingLabelled``
--> 1, ``EngineError`` -> 1, ``MachineError`` (and any other ``OSError``) -> 5, ``Interrupted`` -> 130;
+-> 1, ``EngineError`` -> 1, ``MachineError`` (and any other ``OSError``) -> 5, ``Interrupted`` and ``TuneInterrupted`` -> 130;
 any other exception is a bug -> 4 (``pcd_cli.cli``).
 ``RecordError`` is per record: the record goes to the errors file and the run goes on.
 """
@@ -79,9 +79,14 @@ class NothingLabelled(RunStopped):
     """Every row failed: the errors file is written, an earlier output is left as it was."""
 
 
+class TuneInterrupted(PcdError):
+    """Ctrl-C while ``pcd tune --cross-fit`` ran its fold runs: there is no model to write yet,
+    so nothing is written (exit 130, as ``Interrupted``)."""
+
+
 #: Exit status for an error pcd raised on purpose, by class (the first that matches); any other
 #: ``PcdError`` (``TooManyErrors``, ``NothingLabelled``, ``EngineError``) exits 1.
-EXIT_CODES: dict[type, int] = {Interrupted: 130, SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3,
+EXIT_CODES: dict[type, int] = {Interrupted: 130, TuneInterrupted: 130, SchemaError: 2, InputError: 2, ModelError: 3, CompileError: 3,
                                MissingExtra: 3, MachineError: 5}
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from .backends.tune_folder import CALIBRATION_NAME
 from .decoding.compile import CompiledSchema
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
-from .errors import InputError
+from .errors import InputError, TuneInterrupted
 from .io.readers import InputSpec, row_to_record
 from .quality import metrics as M
 from .quality.data import (
@@ -352,14 +352,15 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
     Returns:
         ``(TuneResult, trainer)``: the trainer holds the kept adapter (``LoraTrainer.save``
         writes it). A ``KeyboardInterrupt`` during training stops it; the best adapter so far
-        is kept and ``interrupted`` is set (during a cross-fit's fold runs: the base model).
+        is kept and ``interrupted`` is set (in a cross-fit: during the final run).
 
     Raises:
         ModelError: peft missing or the model cannot take an adapter. InputError: no
         training rows are left after the holdout, or fewer gold rows than folds.
         TrainingDiverged: a step's loss is NaN or infinite or exploded (over
         ``LOSS_EXPLOSION`` times the first step's), or an epoch's holdout shows a collapse
-        (``divergence``); training stops there.
+        (``divergence``); training stops there. TuneInterrupted (exit 130): a ``KeyboardInterrupt``
+        during a cross-fit's fold runs, before there is a model to write.
     """
     run = _Runner(backend, schema, records, labels, config, examples, on_step, on_epoch)
     if config.cross_fit >= 2:
@@ -536,7 +537,8 @@ def _cross_fit(run: _Runner, on_fold) -> TuneResult:
             on_fold(fold + 1, k + 1, len(train), len(held), config.epochs)
         result = run.train(train, held, config.epochs, seed=config.seed + fold)
         if result.interrupted:
-            raise KeyboardInterrupt
+            raise TuneInterrupted(f"interrupted in cross-fit fold {fold + 1} of {k}: nothing is written (the model "
+                              "to write trains after the folds)")
         runs.append(result)
         per_fold.append({"fold": fold + 1, "train_rows": len(train), "holdout_rows": len(held),
                          "best_epoch": result.best_epoch, "train_seconds": round(result.train_seconds, 2),

@@ -93,3 +93,21 @@ def test_pcd_tune_cross_fit_writes_a_calibration_fitted_on_every_gold_row(files,
     assert card["train_rows"] == 30 and card["best_epoch"] == card["cross_fit"]["final_epochs"]
     refused = pcd(*base, "-o", tmp_path / "one", "--cross-fit", "1", code=2)
     assert "--cross-fit 1" in refused.output and not (tmp_path / "one").exists()
+
+
+def test_ctrl_c_in_a_fold_run_writes_nothing_and_names_the_fold(monkeypatch):
+    """Before the final run there is no model to write: a KeyboardInterrupt in fold 1 ends the
+    tune with TuneInterrupted (exit 130), naming the fold, not with a half-trained fold model."""
+    from pcd_cli.backends.torch_tune import LoraTrainer
+    from pcd_cli.errors import TuneInterrupted, exit_code
+
+    def interrupted(self, losses, max_grad_norm=1.0):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LoraTrainer, "step", interrupted)
+    schema = parse_schema(KEYWORD_SCHEMA)
+    rows = _keyword_rows(12)
+    with pytest.raises(TuneInterrupted, match="interrupted in cross-fit fold 1 of 2: nothing is written") as caught:
+        tune(tiny_backend(seed=6), schema, [Record(r["id"], r["text"]) for r in rows],
+             [[0 if r["refund"] else 1] for r in rows], TuneConfig(epochs=1, rank=4, cross_fit=2))
+    assert exit_code(caught.value) == 130
