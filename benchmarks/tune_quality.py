@@ -43,6 +43,19 @@ candidate mass, train seconds; tuned raw and with the calibration tune writes.
   row is predicted once by the tune that did not train on it, and the figures are those of
   the pooled out-of-fold predictions (accuracy with its Wilson interval), costs per fold.
 
+    OMP_NUM_THREADS=1 python benchmarks/tune_quality.py --sets bbc_news --split 100,50
+    OMP_NUM_THREADS=1 python benchmarks/tune_quality.py --sets drug_reviews --split 48,100
+
+* ``--split TRAIN,TEST`` (item 5, the long-text sets BBC news and drug reviews, whose tunes
+  cost ~10-25 min each here, too much for k folds): one seeded split, ``TEST`` rows drawn
+  stratified on the schema's first field, ``TRAIN`` rows from a seeded shuffle of the rest,
+  ``pcd tune``'s default epochs unless ``--epochs``; every field of the set's schema is scored
+  (``run_split_set``). The drug reviews use ``schemas/drug_review.yaml``: sentiment (3
+  labels) and condition (99 labels, most with one or two rows; a label seen only in the test
+  rows counts as an error for every model, and the baseline gives it probability 0). Written
+  to the ``tune`` section under ``one_split_long`` (or ``--tag``), one set at a time, the
+  file re-read just before each write.
+
 For each labelled set of ../shared/data: one seeded, stratified split (60 % train, 40 %
 test; seed 0). Everything is fitted on the train rows only and every figure is measured on
 the test rows:
@@ -91,7 +104,10 @@ from pcd_cli.schema.load import load_schema
 from pcd_cli.tune import TuneConfig, fit_tune_calibration, gold_records, stratified_holdout, tune  # noqa: E402
 
 #: The sets of benchmarks/quality.py that the tune benchmark runs (file, schema, field).
-SETS = {name: QUALITY_SETS[name] for name in ("sms_spam", "airline_tweets", "intents", "trec_questions")}
+SHORT_SETS = ("sms_spam", "airline_tweets", "intents", "trec_questions")
+SETS = {name: QUALITY_SETS[name] for name in (*SHORT_SETS, "bbc_news")}
+#: Sets scored on every field of their schema (``--split``): the drug reviews' two gold fields.
+MULTI_FIELD_SETS = {"drug_reviews": ("drug_reviews.dev.jsonl", "drug_review.yaml", ("sentiment", "condition"))}
 
 
 def scores(probs: np.ndarray, gold: np.ndarray, labels) -> dict:
@@ -387,6 +403,126 @@ def tune_split(schema, field: str, f, train: pd.DataFrame, test: pd.DataFrame, g
     return out, arrays
 
 
+def load_multi_set(name: str):
+    """``(rows, schema, fields, dropped)`` of a set scored on several fields (``MULTI_FIELD_SETS``,
+    or a ``SETS`` entry as one field): rows whose gold value of any field is not a label of the
+    schema are left out and counted in ``dropped`` (the drug reviews' three rows whose condition
+    is scraping debris, ``'2</span> users found this comment helpful.'``)."""
+    data_file, schema_file, fields = MULTI_FIELD_SETS.get(name) or SETS[name]
+    fields = (fields,) if isinstance(fields, str) else tuple(fields)
+    schema = load_schema(ROOT / "schemas" / schema_file)
+    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", *fields]]
+    known = np.ones(len(rows), dtype=bool)
+    for field in fields:
+        f = schema.fields[schema.field_index(field)]
+        allowed = set(f.labels)
+        known &= rows[field].map(lambda v: v in allowed or (f.is_boolean and str(v).lower() in allowed)).to_numpy()
+    dropped = rows.loc[~known, ["id", *fields]].to_dict("records")
+    return rows[known].reset_index(drop=True), schema, fields, dropped
+
+
+def run_split_set(name: str, train_rows: int, test_rows: int, epochs: int | None, lr: float) -> dict:
+    """One seeded split (issue 29 item 5, the long-text sets): ``test_rows`` test rows drawn
+    stratified on the schema's first field (``stratified_holdout``, seed 0; a label's share
+    rounded, so the count is near ``test_rows``), the first ``train_rows`` of a seeded shuffle
+    of the rest for training. Every field of the schema is scored: base model, TF-IDF + logreg
+    (one per field, trained on the same rows), ``pcd tune`` with its defaults (``epochs`` None:
+    ``default_epochs`` of the training rows, as ``pcd tune`` without ``--epochs``) raw and with
+    the calibration it writes (``fit_tune_calibration``). A label with one row lands on one
+    side of the split; the baseline gives a label absent from its training rows probability 0."""
+    from pcd_cli.tune import TrainingDiverged, default_epochs
+
+    rows, schema, fields, dropped = load_multi_set(name)
+    first = schema.fields[schema.field_index(fields[0])]
+    test_idx = stratified_holdout([first.label_index(v) for v in rows[fields[0]]], test_rows / len(rows), 0)
+    test = rows.iloc[test_idx].reset_index(drop=True)
+    pool = rows.drop(index=rows.index[test_idx]).reset_index(drop=True)
+    train = pool.iloc[np.random.default_rng(0).permutation(len(pool))[:train_rows]].reset_index(drop=True)
+    fs = {field: schema.fields[schema.field_index(field)] for field in fields}
+    gold = {field: np.array([fs[field].label_index(v) for v in test[field]]) for field in fields}
+    config = TuneConfig(epochs=epochs or default_epochs(len(train)), lr=lr, seed=0)
+    out: dict = {"rows": len(rows), "dropped_rows": dropped, "train_rows": len(train), "test_rows": len(test),
+                 "epochs": config.epochs, "fields": {}}
+    for field, f in fs.items():
+        labels_train = {f.label_index(v) for v in train[field]}
+        labels_test = {int(g) for g in gold[field]}
+        probs_b, seconds_b = baseline_probs(train, test, field, f.labels)
+        out["fields"][field] = {
+            "labels": len(f.labels), "labels_in_train": len(labels_train), "labels_in_test": len(labels_test),
+            "test_rows_label_unseen_in_train": int(sum(g not in labels_train for g in gold[field])),
+            "baseline_train_seconds": seconds_b,
+            "tfidf_logreg": scores(probs_b, gold[field], f.labels) | {"ece_ci": ece_interval(probs_b, gold[field])}}
+    backend = load_backend(None, device="cpu", dtype="float32")
+
+    def read(labeler: Labeler) -> tuple[dict, dict, float]:
+        started = time.perf_counter()
+        frame = labeler.label_frame(test, id_field="id", all_probs=True)
+        seconds = (time.perf_counter() - started) / len(test)
+        probs = {field: np.array([[p for _, p in cell] for cell in frame[f"{field}__probs"]]) for field in fields}
+        return probs, {field: frame[f"{field}__mass"].to_numpy() for field in fields}, seconds
+
+    probs, mass_before, out["seconds_per_record_before"] = read(Labeler(schema, backend=backend))
+    for field in fields:
+        out["fields"][field]["base"] = mass_scores(probs[field], mass_before[field], gold[field], fs[field].labels)
+    records, labels, _ = gold_records(train, schema, InputSpec(text_field="text", id_field="id"))
+    started = time.perf_counter()
+    try:
+        result, trainer = tune(backend, schema, records, labels, config, on_epoch=lambda e: print(
+            f"  {name} epoch {e.epoch}: loss {e.train_loss} holdout "
+            f"{ {k: (round(v.accuracy or 0, 3), round(v.nll or 0, 3)) for k, v in e.holdout.items()} }",
+            file=sys.stderr, flush=True))
+    except TrainingDiverged as exc:
+        out["tune"] = {"diverged": str(exc), "tune_seconds": time.perf_counter() - started}
+        return out
+    out["tune_seconds"] = time.perf_counter() - started
+    out["tune"] = {"best_epoch": result.best_epoch, "tune_train_rows": result.train_rows,
+                   "holdout_rows": result.holdout_rows, "warnings": list(result.warnings),
+                   "epochs": [{"epoch": e.epoch, "train_loss": e.train_loss, "seconds": e.seconds,
+                               "holdout": {k: {"accuracy": v.accuracy, "nll": v.nll, "mass": v.mass}
+                                           for k, v in e.holdout.items()}} for e in result.epochs]}
+    tuned = Labeler(schema, backend=backend)  # the adapter is live in backend's model: labels as the folder does
+    calibration, notes = fit_tune_calibration(result, schema, tuned.metadata(), model="tuned", seed=0)
+    out["tune"]["calibration_notes"] = list(notes)
+    probs, mass, out["seconds_per_record_after"] = read(tuned)
+    for field, f in fs.items():
+        r = out["fields"][field]
+        r["tune_raw"] = mass_scores(probs[field], mass[field], gold[field], f.labels)
+        r["mass_before"], r["mass_after"] = float(mass_before[field].mean()), float(mass[field].mean())
+        if calibration is not None and field in calibration.fields:
+            fc = calibration.fields[field]
+            r["calibration"] = {"method": fc.cv["method"], "reason": fc.cv["reason"], "temperature": fc.temperature,
+                                "n": fc.n}
+            r["tune_calibrated"] = mass_scores(fc.apply(probs[field]), mass[field], gold[field], f.labels)
+        else:
+            r["calibration"] = None
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    del trainer, tuned, backend
+    return out
+
+
+def render_split(results: dict) -> str:
+    """The one-split table: per set and field, base, baseline, tuned raw and calibrated."""
+    lines = [f"{'set':13} {'field':10} {'configuration':16} {'acc':>5} {'F1':>5} {'ECE':>5} {'ECE 95% CI':>15} "
+             f"{'mass':>5}  notes", "-" * 100]
+    for name, r in results.items():
+        for field, x in r["fields"].items():
+            lines.append(f"{name:13} {field:10} {'base (zero-shot)':16} {_row(x['base'])}  "
+                         f"{r['seconds_per_record_before']:.2f} s/record")
+            lines.append(f"{'':13} {'':10} {'TF-IDF + logreg':16} {_row(x['tfidf_logreg'], mass=False)}")
+            if "tune_raw" not in x:
+                if "diverged" in r.get("tune", {}):
+                    lines.append(f"{'':13} {'':10} {'tune':16} diverged after {r['tune']['tune_seconds']:.0f} s: "
+                                 f"{r['tune']['diverged'][:70]}")
+                continue
+            lines.append(f"{'':13} {'':10} {'tune':16} {_row(x['tune_raw'])}  {r['tune_seconds']:.0f} s, best epoch "
+                         f"{r['tune']['best_epoch']} of {r['epochs']}, {r['seconds_per_record_after']:.2f} s/record")
+            if x.get("tune_calibrated"):
+                lines.append(f"{'':13} {'':10} {'tune +its cal.':16} {_row(x['tune_calibrated'])}  "
+                             f"{x['calibration']['method']}, {x['calibration']['n']} rows")
+        lines.append(f"{'':13} train {r['train_rows']} / test {r['test_rows']} rows")
+    return "\n".join(lines)
+
+
 def run_curve_set(name: str, sizes: list[int], config: TuneConfig, test_fraction: float, on_point=None) -> dict:
     """Learning curve (issue 29 item 3): one stratified test split (seed 0); nested training sets
     of ``sizes`` rows (a seeded shuffle of the rest; a size over the rest left takes all of it).
@@ -520,8 +656,9 @@ def render(results: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sets", default=",".join(SETS))
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--sets", default=",".join(SHORT_SETS), help="default the four short-text sets; also "
+                        "bbc_news, and drug_reviews (with --split)")
+    parser.add_argument("--epochs", type=int, default=None, help="default 3; with --split, pcd tune's default")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "tune_quality.json")
     parser.add_argument("--mass-weights", default=None, help="comma-separated --mass-weight values: the mass and "
@@ -536,8 +673,31 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=None, help="k-fold tune vs baseline (issue 29 item 5) on the "
                         "first --max-rows rows into --json's tune section")
     parser.add_argument("--test-fraction", type=float, default=0.25, help="the learning curve's test split")
-    parser.add_argument("--tag", default=None, help="key in the tune section (default learning_curve / kfold)")
+    parser.add_argument("--tag", default=None, help="key in the tune section (default learning_curve / kfold / "
+                        "one_split_long)")
+    parser.add_argument("--split", default=None, help="TRAIN,TEST rows: one split per set, every field of its schema "
+                        "(issue 29 item 5, the long-text sets) into --json's tune section; without --epochs, "
+                        "pcd tune's default epochs")
     args = parser.parse_args()
+    args.epochs_given, args.epochs = args.epochs, 3 if args.epochs is None else args.epochs
+    if args.split:
+        path = args.json if args.json != ROOT / "benchmarks" / "tune_quality.json" else ROOT / "benchmarks" / "quality.json"
+        n_train, n_test = (int(n) for n in args.split.split(","))
+        key = args.tag or "one_split_long"
+        epochs = args.epochs_given
+        meta = {"model": "smollm2-135m-instruct", "epochs": epochs or "pcd tune's default (6 under 200 gold rows, "
+                "else 3)", "lr": args.lr, "split": {"train": n_train, "test": n_test, "seed": 0},
+                "cpu": "2 shared cores, OMP_NUM_THREADS=1, nice 19"}
+        for name in args.sets.split(","):
+            started = time.perf_counter()
+            out = run_split_set(name, n_train, n_test, epochs, args.lr)
+            out["wall_seconds"] = time.perf_counter() - started
+            print(f"{name}: {out['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
+            old = json.loads(path.read_text()).get("tune", {}).get(key, {}) if path.exists() else {}
+            results = old.get("sets", {}) | {name: out}  # re-read: other sets of this key, run by other commands
+            save_tune_section(path, key, meta, results)
+            print(render_split({name: out}), flush=True)
+        return
     if args.train_rows or args.folds:
         path = args.json if args.json != ROOT / "benchmarks" / "tune_quality.json" else ROOT / "benchmarks" / "quality.json"
         config = TuneConfig(epochs=args.epochs, lr=args.lr, seed=0)
