@@ -686,12 +686,12 @@ def main() -> None:
         key = args.tag or "one_split_long"
         epochs = args.epochs_given
         meta = {"model": "smollm2-135m-instruct", "epochs": epochs or "pcd tune's default (6 under 200 gold rows, "
-                "else 3)", "lr": args.lr, "split": {"train": n_train, "test": n_test, "seed": 0},
+                "else 3)", "lr": args.lr, "split": "per set: train_rows / test_rows asked with --split, seed 0",
                 "cpu": "2 shared cores, OMP_NUM_THREADS=1, nice 19"}
         for name in args.sets.split(","):
             started = time.perf_counter()
             out = run_split_set(name, n_train, n_test, epochs, args.lr)
-            out["wall_seconds"] = time.perf_counter() - started
+            out["wall_seconds"], out["split_asked"] = time.perf_counter() - started, [n_train, n_test]
             print(f"{name}: {out['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
             old = json.loads(path.read_text()).get("tune", {}).get(key, {}) if path.exists() else {}
             results = old.get("sets", {}) | {name: out}  # re-read: other sets of this key, run by other commands
