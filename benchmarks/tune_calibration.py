@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from tune_quality import baseline_probs, ece_interval, label_probs, load_set, mass_scores, save_tune_section, scores  # noqa: E402
+from tune_quality import baseline_probs, ece_interval, epoch_printer, label_probs, load_set, mass_scores, save_tune_section, scores  # noqa: E402
 
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
@@ -58,9 +58,7 @@ def tuned_scores(schema, field, f, train, test, gold, config: TuneConfig, tag: s
     records, labels, _ = gold_records(train, schema, InputSpec(text_field="text", id_field="id"))
     started = time.perf_counter()
     result, trainer = tune(backend, schema, records, labels, config,
-                           on_epoch=lambda e: print(f"  {tag} epoch {e.epoch}: "
-                                                    f"{ {k: (round(v.accuracy or 0, 3), round(v.nll or 0, 3)) for k, v in e.holdout.items()} }",
-                                                    file=sys.stderr, flush=True),
+                           on_epoch=epoch_printer(tag),
                            on_fold=lambda *a: print(f"  {tag} run {a}", file=sys.stderr, flush=True))
     out: dict = {"tune_seconds": time.perf_counter() - started, "best_epoch": result.best_epoch,
                  "cross_fit": result.cross_fit, "calibration_rows": int(len(result.holdout_predictions[0][1])),

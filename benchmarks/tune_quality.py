@@ -116,6 +116,13 @@ def scores(probs: np.ndarray, gold: np.ndarray, labels) -> dict:
             "ece": M.ece(probs.max(1), pred == gold), "nll": M.nll(probs, gold)}
 
 
+def epoch_printer(tag: str):
+    """An ``on_epoch`` callback printing each epoch's loss and holdout (accuracy, NLL) per field to stderr."""
+    return lambda e: print(f"  {tag} epoch {e.epoch}: loss {e.train_loss} holdout "
+                           f"{ {k: (round(v.accuracy or 0, 3), round(v.nll or 0, 3)) for k, v in e.holdout.items()} }",
+                           file=sys.stderr, flush=True)
+
+
 def ece_interval(probs: np.ndarray, gold: np.ndarray) -> list[float] | None:
     """95 % percentile-bootstrap interval of the ECE (rows resampled, ``metrics.bootstrap_interval``)."""
     pred = probs.argmax(1)
@@ -376,10 +383,7 @@ def tune_split(schema, field: str, f, train: pd.DataFrame, test: pd.DataFrame, g
     records, labels, _ = gold_records(train, schema, InputSpec(text_field="text", id_field="id"))
     started = time.perf_counter()
     try:
-        result, trainer = tune(backend, schema, records, labels, config, on_epoch=lambda e: print(
-            f"  {tag} epoch {e.epoch}: loss {e.train_loss} holdout "
-            f"{ {k: (round(v.accuracy or 0, 3), round(v.nll or 0, 3)) for k, v in e.holdout.items()} }",
-            file=sys.stderr, flush=True))
+        result, trainer = tune(backend, schema, records, labels, config, on_epoch=epoch_printer(tag))
     except TrainingDiverged as exc:
         out["tune"] = {"diverged": str(exc), "tune_seconds": time.perf_counter() - started}
         return out, arrays
@@ -467,10 +471,7 @@ def run_split_set(name: str, train_rows: int, test_rows: int, epochs: int | None
     records, labels, _ = gold_records(train, schema, InputSpec(text_field="text", id_field="id"))
     started = time.perf_counter()
     try:
-        result, trainer = tune(backend, schema, records, labels, config, on_epoch=lambda e: print(
-            f"  {name} epoch {e.epoch}: loss {e.train_loss} holdout "
-            f"{ {k: (round(v.accuracy or 0, 3), round(v.nll or 0, 3)) for k, v in e.holdout.items()} }",
-            file=sys.stderr, flush=True))
+        result, trainer = tune(backend, schema, records, labels, config, on_epoch=epoch_printer(name))
     except TrainingDiverged as exc:
         out["tune"] = {"diverged": str(exc), "tune_seconds": time.perf_counter() - started}
         return out
