@@ -116,8 +116,11 @@ MASS_COLLAPSE = 0.01
 #: training) is flat: the labels carry no information.
 FLAT_TOLERANCE = 1e-3
 #: ``divergence``: a training loss above this many times the first step's loss (at least 1 nat)
-#: has exploded.
+#: has exploded, read as the median of the last ``LOSS_EXPLOSION_WINDOW`` steps: one hard row in
+#: a one-row step (a long text) may cost 10+ nats while the holdout keeps improving; a real
+#: explosion (the learning rate) lasts.
 LOSS_EXPLOSION = 10.0
+LOSS_EXPLOSION_WINDOW = 5
 
 
 class TrainingDiverged(InputError):
@@ -358,7 +361,8 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
         ModelError: peft missing or the model cannot take an adapter. InputError: no
         training rows are left after the holdout, or fewer gold rows than folds.
         TrainingDiverged: a step's loss is NaN or infinite or exploded (over
-        ``LOSS_EXPLOSION`` times the first step's), or an epoch's holdout shows a collapse
+        ``LOSS_EXPLOSION`` times the first step's, as the median of the last
+        ``LOSS_EXPLOSION_WINDOW`` steps), or an epoch's holdout shows a collapse
         (``divergence``); training stops there. TuneInterrupted (exit 130): a ``KeyboardInterrupt``
         during a cross-fit's fold runs, before there is a model to write.
     """
@@ -436,7 +440,7 @@ class _Runner:
                                    f"epoch (fewer than {MIN_HOLDOUT_ROWS}: the NLL of so few rows moves more than an "
                                    "epoch changes it); the kept epoch is a guess: give more gold rows or a larger "
                                    "--holdout")
-        first_loss: float | None = None
+        step_losses: list[float] = []
         best_state, best_nll = trainer.adapter_state(), _mean_nll(log[0].holdout)
         decoder = self.decoder()
         train_start = time.perf_counter()
@@ -458,10 +462,12 @@ class _Runner:
                     loss = trainer.step(terms)
                     if not np.isfinite(loss):
                         raise _diverged(f"the training loss is {loss} at step {g + 1}", epoch, config)
-                    first_loss = loss if first_loss is None else first_loss
-                    if loss > LOSS_EXPLOSION * max(first_loss, 1.0):
-                        raise _diverged(f"the training loss exploded to {loss:.4g} at step {g + 1} (the first "
-                                        f"step's: {first_loss:.4g})", epoch, config)
+                    step_losses.append(loss)
+                    recent = float(np.median(step_losses[-LOSS_EXPLOSION_WINDOW:]))
+                    if recent > LOSS_EXPLOSION * max(step_losses[0], 1.0):
+                        raise _diverged(f"the training loss exploded to {recent:.4g} at step {g + 1} (the median of "
+                                        f"the last {min(len(step_losses), LOSS_EXPLOSION_WINDOW)} steps; the first "
+                                        f"step's: {step_losses[0]:.4g})", epoch, config)
                     losses.append((loss, len(terms)))
                     result.steps += 1
                     if self.on_step:
