@@ -483,3 +483,28 @@ def test_bootstrap_interval_is_seeded_and_covers_the_statistic():
     assert first == bootstrap_interval(accuracy, (gold, pred))
     assert first[0] < accuracy(gold, pred) < first[1]
     assert 0.06 < first[1] - first[0] < 0.12  # about 2 * 1.96 * sqrt(0.7 * 0.3 / 400) = 0.090
+
+
+def test_ece_noise_floor_is_the_ece_of_calibrated_draws_and_separates_miscalibration():
+    rng = np.random.default_rng(3)
+    confidence = rng.uniform(0.4, 1.0, 120)
+    mean, upper = M.ece_noise_floor(confidence, resamples=400, seed=5)
+    # the vectorised form is the plain ECE of each seeded draw
+    draws = (np.random.default_rng(5).random((400, 120)) < confidence[None, :]).astype(np.float64)
+    plain = [M.ece(confidence, d) for d in draws]
+    assert mean == pytest.approx(np.mean(plain), abs=1e-12)
+    assert upper == pytest.approx(np.quantile(plain, 0.95), abs=1e-12)
+    assert 0.05 < mean < upper < 0.2  # 120 rows: a calibrated model is rarely within 0.05
+    # independent calibrated samples fall under the bound ~95 % of the time
+    fresh = np.random.default_rng(11)
+    under = [M.ece(confidence, (fresh.random(120) < confidence).astype(np.float64)) <= upper for _ in range(300)]
+    assert 0.9 <= np.mean(under) <= 0.99
+    # an overconfident model (0.95 sure, right 60 % of the time) is far above it
+    sure = np.full(300, 0.95)
+    wrong_often = (np.arange(300) % 5 < 3).astype(np.float64)
+    assert M.ece(sure, wrong_often) == pytest.approx(0.35) and M.ece_noise_floor(sure)[1] < 0.05
+    # the floor falls as 1/sqrt(n): 16x the rows, about a quarter of the ECE
+    big = rng.uniform(0.4, 1.0, 1920)
+    ratio = M.ece_noise_floor(big)[0] / mean
+    assert 0.2 < ratio < 0.35
+    assert M.ece_noise_floor(np.zeros(0)) is None

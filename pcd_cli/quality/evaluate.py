@@ -55,6 +55,9 @@ class FieldReport:
         mean_prob: mean ``<f>__prob``; mean_mass: mean ``<f>__mass``; below_min_mass: share of
             the rows whose ``<f>__mass`` is below ``min_mass`` (``pcd eval --min-mass``).
         ece: 15-bin expected calibration error of ``<f>__prob``; bins: its reliability bins.
+        ece_floor: ``(mean, upper)`` ECE a perfectly calibrated model shows on these rows by
+            chance (``metrics.ece_noise_floor``): an ``ece`` under ``upper`` cannot be told
+            from perfect calibration on so few rows.
         brier: Brier score; brier_form: ``multiclass`` (from ``<f>__probs``, 0..2) or
             ``top_label`` (chosen label correct or not, 0..1).
         nll: mean -log p(gold), ``None`` without ``<f>__probs``.
@@ -117,6 +120,7 @@ class FieldReport:
     qwk: float | None = None
     min_mass: float = 0.5
     below_min_mass: float | None = None
+    ece_floor: tuple[float, float] | None = None
     ids: tuple = dc_field(default=(), repr=False, compare=False)
     correct: tuple = dc_field(default=(), repr=False, compare=False)
 
@@ -380,7 +384,7 @@ def field_report(data: FieldData, target_accuracy: float | None = None, *,
         mean_mass=float(data.mass.mean()) if has_mass else None,
         min_mass=min_mass, below_min_mass=float((data.mass < min_mass).mean()) if has_mass else None,
         ece=M.ece(data.prob, correct), bins=tuple(M.reliability_bins(data.prob, correct)),
-        brier=brier, brier_form=form, nll=nll, auroc=M.auroc(data.prob, correct.astype(bool)),
+        ece_floor=M.ece_noise_floor(data.prob), brier=brier, brier_form=form, nll=nll, auroc=M.auroc(data.prob, correct.astype(bool)),
         per_label=tuple(scores), confusion=tuple(map(tuple, M.confusion_matrix(data.gold, data.pred, k).tolist())),
         by_prob=selective("prob", data.prob, correct, target_accuracy),
         by_mass=selective("mass", data.mass, correct, target_accuracy) if has_mass else None,

@@ -77,6 +77,8 @@ def _summary(report, console: Console) -> None:
         ("rows with mass below --min-mass", lambda f: "-" if f.below_min_mass is None
          else f"{_f(f.below_min_mass)} (< {f.min_mass:g})"),
         ("ECE (15 bins)", lambda f: _f(f.ece) + _ci(f, "ece")),
+        ("ECE if calibrated (chance)", lambda f: "-" if f.ece_floor is None
+         else f"{_f(f.ece_floor[0])} (95 % <= {_f(f.ece_floor[1])})"),
         ("Brier", lambda f: _f(f.brier) + ("" if f.brier_form == "multiclass" else " *")),
         ("NLL", lambda f: _f(f.nll)),
         ("AUROC (prob, correct)", lambda f: _f(f.auroc) + _ci(f, "auroc")),
@@ -99,7 +101,9 @@ def _summary(report, console: Console) -> None:
         summary.add_row(name, *(cell(f) for f in report.fields))
     console.print(summary)
     console.print("\\[low, high]: 95 % intervals (Wilson for the accuracy; a percentile bootstrap of the rows, "
-                  "1000 resamples, for macro-F1, ECE and AUROC)", highlight=False)
+                  "1000 resamples, for macro-F1, ECE and AUROC). ECE if calibrated: what a perfectly "
+                  "calibrated model with these probabilities shows on these rows by chance (1000 draws); "
+                  "an ECE under its 95 % bound cannot be told from calibrated on so few rows", highlight=False)
     if scaled:
         console.print("ordered scales (ordinal, integer): MAE and within-one in values (integer) or label steps "
                       "(ordinal), QWK = quadratic weighted kappa; rows whose gold or predicted label is null or "
