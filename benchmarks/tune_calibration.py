@@ -24,6 +24,7 @@ own cross-validation calls worse is left raw) and with the fitted calibration al
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from tune_quality import baseline_probs, ece_interval, epoch_printer, label_probs, load_set, mass_scores, save_tune_section, scores  # noqa: E402
+from tune_quality import baseline_probs, ece_figures, epoch_printer, label_probs, load_set, mass_scores, save_tune_section, scores  # noqa: E402
 
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.backends import load_backend  # noqa: E402
@@ -81,21 +82,20 @@ def tuned_scores(schema, field, f, train, test, gold, config: TuneConfig, tag: s
     return out
 
 
-def run_set(name: str, train_rows: int, folds: int) -> dict:
+def run_set(name: str, train_rows: int, folds: int, runs: tuple[str, ...] = ("holdout", "cross_fit")) -> dict:
     schema, field, f, train, test, gold = split(name, train_rows)
     started = time.perf_counter()
     out: dict = {"train_rows": len(train), "test_rows": len(test)}
     probs_b, out["baseline_train_seconds"] = baseline_probs(train, test, field, f.labels)
-    out["tfidf_logreg"] = scores(probs_b, gold, f.labels) | {"ece_ci": ece_interval(probs_b, gold)}
+    out["tfidf_logreg"] = scores(probs_b, gold, f.labels) | ece_figures(probs_b, gold)
     probs, seconds, frame = label_probs(Labeler(schema, backend=load_backend(None, device="cpu", dtype="float32")),
                                         test, field)
     out["base"] = mass_scores(probs, frame[f"{field}__mass"].to_numpy(), gold, f.labels) | {
         "seconds_per_record": seconds}
     epochs = default_epochs(len(train))
-    out["holdout"] = tuned_scores(schema, field, f, train, test, gold, TuneConfig(epochs=epochs, seed=0),
-                                  f"{name} holdout")
-    out["cross_fit"] = tuned_scores(schema, field, f, train, test, gold,
-                                    TuneConfig(epochs=epochs, seed=0, cross_fit=folds), f"{name} cross-fit")
+    configs = {"holdout": TuneConfig(epochs=epochs, seed=0), "cross_fit": TuneConfig(epochs=epochs, seed=0, cross_fit=folds)}
+    for run in runs:
+        out[run] = tuned_scores(schema, field, f, train, test, gold, configs[run], f"{name} {run}")
     out["wall_seconds"] = time.perf_counter() - started
     return out
 
@@ -105,17 +105,23 @@ def _f(v) -> str:
 
 
 def render(results: dict) -> str:
-    lines = [f"{'set':16} {'run':22} {'acc':>6} {'F1':>6} {'NLL':>6} {'ECE':>6} {'ECE 95% CI':>14} {'mass':>6} "
-             f"{'cal rows':>8} {'s':>6}"]
+    lines = [f"{'set':16} {'run':22} {'acc':>6} {'F1':>6} {'NLL':>6} {'ECE':>6} {'ECE 95% CI':>14} {'chance':>13} "
+             f"{'mass':>6} {'cal rows':>8} {'s':>6}",
+             "(chance: the ECE a perfectly calibrated model with these probabilities shows on these test rows, "
+             "mean/95th percentile)"]
     for name, r in results.items():
         def row(label, m, rows="", secs=None):
             ci = m.get("ece_ci") or [None, None]
+            floor = m.get("ece_floor") or [None, None]
             lines.append(f"{name:16} {label:22} {_f(m['accuracy'])} {_f(m['macro_f1'])} {_f(m['nll'])} "
-                         f"{_f(m['ece'])} [{_f(ci[0])},{_f(ci[1])}] {_f(m.get('mean_mass'))} {rows:>8} "
+                         f"{_f(m['ece'])} [{_f(ci[0])},{_f(ci[1])}] {_f(floor[0])}/{_f(floor[1])} "
+                         f"{_f(m.get('mean_mass'))} {rows:>8} "
                          f"{'' if secs is None else f'{secs:.0f}':>6}")
         row("tfidf_logreg", r["tfidf_logreg"])
         row("base", r["base"])
         for run in ("holdout", "cross_fit"):
+            if run not in r:
+                continue
             t = r[run]
             row(f"{run} raw", t["raw"], str(t["calibration_rows"]), t["tune_seconds"])
             row(f"{run} calibrated" + ("" if t["written"] else " (raw)"), t["calibrated"])
@@ -130,13 +136,15 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "quality.json")
     parser.add_argument("--tag", default="cross_fit")
+    parser.add_argument("--runs", default="holdout,cross_fit", help="which tunes: holdout, cross_fit or both")
     args = parser.parse_args()
     meta = {"model": "smollm2-135m-instruct", "train_rows": args.train_rows, "folds": args.folds,
             "epochs": default_epochs(args.train_rows), "cpu": "2 cores, nice 19, 1 torch thread"}
     results: dict = {}
     for name in args.sets.split(","):
-        results[name] = run_set(name, args.train_rows, args.folds)
-        save_tune_section(args.json, args.tag, meta, results)
+        results[name] = run_set(name, args.train_rows, args.folds, tuple(args.runs.split(",")))
+        old = json.loads(args.json.read_text()).get("tune", {}).get(args.tag, {}) if args.json.exists() else {}
+        save_tune_section(args.json, args.tag, meta, old.get("sets", {}) | results)  # other sets of the tag kept
         print(render({name: results[name]}), flush=True)
     print(render(results))
 

@@ -130,10 +130,18 @@ def ece_interval(probs: np.ndarray, gold: np.ndarray) -> list[float] | None:
     return list(ci) if ci is not None else None
 
 
+def ece_figures(probs: np.ndarray, gold: np.ndarray) -> dict:
+    """The ECE's 95 % bootstrap interval (``ece_ci``) and the ECE a perfectly calibrated model
+    with these probabilities shows on these rows by chance (``ece_floor``: mean, 95th
+    percentile; ``metrics.ece_noise_floor``)."""
+    floor = M.ece_noise_floor(probs.max(1))
+    return {"ece_ci": ece_interval(probs, gold), "ece_floor": list(floor) if floor is not None else None}
+
+
 def mass_scores(probs: np.ndarray, mass: np.ndarray, gold: np.ndarray, labels, min_mass: float = 0.5) -> dict:
-    """``scores`` plus the ECE's bootstrap interval, mean candidate mass and share of rows below ``min_mass``."""
-    return scores(probs, gold, labels) | {"ece_ci": ece_interval(probs, gold), "mean_mass": float(mass.mean()),
-                                          "below_min_mass": float((mass < min_mass).mean())}
+    """``scores`` plus ``ece_figures``, mean candidate mass and share of rows below ``min_mass``."""
+    return scores(probs, gold, labels) | ece_figures(probs, gold) | {
+        "mean_mass": float(mass.mean()), "below_min_mass": float((mass < min_mass).mean())}
 
 
 def flips_when_reversed(schema, backend, rows: pd.DataFrame, field: str, frame: pd.DataFrame) -> int | None:
@@ -377,7 +385,7 @@ def tune_split(schema, field: str, f, train: pd.DataFrame, test: pd.DataFrame, g
 
     probs_b, seconds_b = baseline_probs(train, test, field, f.labels)
     out: dict = {"train_rows": len(train), "test_rows": len(test), "baseline_train_seconds": seconds_b,
-                 "tfidf_logreg": scores(probs_b, gold, f.labels) | {"ece_ci": ece_interval(probs_b, gold)}}
+                 "tfidf_logreg": scores(probs_b, gold, f.labels) | ece_figures(probs_b, gold)}
     arrays = {"baseline": probs_b}
     backend = load_backend(None, device="cpu", dtype="float32")
     records, labels, _ = gold_records(train, schema, InputSpec(text_field="text", id_field="id"))
@@ -455,7 +463,7 @@ def run_split_set(name: str, train_rows: int, test_rows: int, epochs: int | None
             "labels": len(f.labels), "labels_in_train": len(labels_train), "labels_in_test": len(labels_test),
             "test_rows_label_unseen_in_train": int(sum(g not in labels_train for g in gold[field])),
             "baseline_train_seconds": seconds_b,
-            "tfidf_logreg": scores(probs_b, gold[field], f.labels) | {"ece_ci": ece_interval(probs_b, gold[field])}}
+            "tfidf_logreg": scores(probs_b, gold[field], f.labels) | ece_figures(probs_b, gold[field])}
     backend = load_backend(None, device="cpu", dtype="float32")
 
     def read(labeler: Labeler) -> tuple[dict, dict, float]:

@@ -865,6 +865,9 @@ def tune(
                                   "model trains on all rows for the folds' median kept epoch (K + 1 runs; --holdout "
                                   "is not used). 0: one --holdout picks the epoch and fits the calibration "
                                   "(docs/quality.md)."),
+    patience: Optional[int] = typer.Option(None, "--patience", min=0, help="Early stopping: end training once "
+                                           "this many epochs in a row did not beat the best holdout NLL (0: run "
+                                           "every epoch; default: see --epochs)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
                              "initialisation and the --examples draw."),
     max_tokens_per_pass: int = BUDGET_OPT,
@@ -890,8 +893,8 @@ def tune(
     from .quality.data import drop_example_rows
     from .quality.render import render_tune
     from .schema.load import load_schema
-    from .tune import (CALIBRATION_NAME, TuneConfig, calibration_card, default_epochs, fit_tune_calibration,
-                       gold_records, make_card)
+    from .tune import (CALIBRATION_NAME, DEFAULT_PATIENCE, TuneConfig, calibration_card, default_epochs,
+                       fit_tune_calibration, gold_records, make_card)
     from .tune import tune as run_tune
 
     try:
@@ -918,7 +921,8 @@ def tune(
         epochs = epochs or default_epochs(len(records))
         config = TuneConfig(epochs=epochs, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
-                            permutations=permutations, cross_fit=cross_fit)
+                            permutations=permutations, cross_fit=cross_fit,
+                            patience=DEFAULT_PATIENCE if patience is None else patience)
         bar = _TuneProgress(progress, epochs)
         try:
             result, trainer = run_tune(labeler.backend, parsed, records, labels, config,

@@ -64,6 +64,8 @@ DEFAULT_MASS_WEIGHT = 0.3
 #: the holdout NLL still picks the epoch.
 FEW_ROWS = 200
 FEW_ROWS_EPOCHS = 6
+#: ``pcd tune --patience``'s default (``TuneConfig.patience``): 0, every epoch of the budget runs.
+DEFAULT_PATIENCE = 0
 
 
 def default_epochs(gold_rows: int) -> int:
@@ -91,6 +93,8 @@ class TuneConfig:
         cross_fit: ``K >= 2``: K fold runs give every gold row an out-of-fold prediction for
             the calibration and choose the epochs; the written model trains on all rows
             (``tune``). 0: one holdout of ``holdout`` picks the epoch and fits the calibration.
+        patience: early stopping: training ends once this many epochs in a row did not beat
+            the best holdout NLL (0: every epoch runs). Without holdout rows it never stops early.
     """
 
     epochs: int = 3
@@ -103,6 +107,7 @@ class TuneConfig:
     mass_weight: float = DEFAULT_MASS_WEIGHT
     permutations: int = 1
     cross_fit: int = 0
+    patience: int = 0
 
 
 #: A holdout with fewer rows (for the field with the most) is too small to choose an epoch: the
@@ -176,6 +181,8 @@ class TuneResult:
     base_masses: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     #: ``--cross-fit``: folds, each fold's kept epoch, the final run's epochs, per-fold logs
     cross_fit: dict | None = None
+    #: the epoch after which ``patience`` stopped training (``None``: every epoch ran)
+    stopped_early: int | None = None
 
 
 def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], list[list[int | None]], list[str]]:
@@ -484,6 +491,9 @@ class _Runner:
                 if not hold_records or (np.isfinite(nll) and not nll >= best_nll):  # a finite NLL beats a NaN one
                     best_state, best_nll, result.best_epoch = trainer.adapter_state(), nll, epoch
                     result.holdout_predictions, result.holdout_masses = dict(predictions), dict(masses)
+                elif config.patience and epoch - result.best_epoch >= config.patience and epoch < epochs:
+                    result.stopped_early = epoch
+                    break
         except KeyboardInterrupt:
             result.interrupted = True
         result.train_seconds = time.perf_counter() - train_start
@@ -547,7 +557,8 @@ def _cross_fit(run: _Runner, on_fold) -> TuneResult:
                               "to write trains after the folds)")
         runs.append(result)
         per_fold.append({"fold": fold + 1, "train_rows": len(train), "holdout_rows": len(held),
-                         "best_epoch": result.best_epoch, "train_seconds": round(result.train_seconds, 2),
+                         "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
+                         "train_seconds": round(result.train_seconds, 2),
                          "holdout_nll": [_mean_nll(e.holdout) for e in result.epochs],
                          "warnings": list(result.warnings)})
     kept = [r.best_epoch for r in runs]
@@ -691,6 +702,7 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
         "hyperparameters": asdict(config),
         "trainable_parameters": result.trainable_parameters,
         "best_epoch": result.best_epoch,
+        "stopped_early": result.stopped_early,
         "warnings": list(result.warnings),
         "interrupted": result.interrupted,
         "train_seconds": round(result.train_seconds, 2),

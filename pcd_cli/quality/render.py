@@ -276,6 +276,10 @@ def render_tune(result, console: Console, *, calibration=None, notes=()) -> None
     if cross:
         console.print(f"the written model: trained on all {result.train_rows} rows for {cross['final_epochs']} epochs "
                       "(the median of the folds' kept epochs)", highlight=False)
+    if result.stopped_early is not None:
+        console.print(f"stopped early after epoch {result.stopped_early}: the holdout NLL did not improve on epoch "
+                      f"{result.best_epoch} for {result.stopped_early - result.best_epoch} epochs (--patience)",
+                      highlight=False)
     console.print(f"{result.train_rows} training rows, {result.steps} optimiser steps, "
                   f"{result.train_seconds:.0f} s; {result.trainable_parameters:,} adapter parameters",
                   highlight=False)
