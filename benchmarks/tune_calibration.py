@@ -62,6 +62,8 @@ def tuned_scores(schema, field, f, train, test, gold, config: TuneConfig, tag: s
                            on_epoch=epoch_printer(tag),
                            on_fold=lambda *a: print(f"  {tag} run {a}", file=sys.stderr, flush=True))
     out: dict = {"tune_seconds": time.perf_counter() - started, "best_epoch": result.best_epoch,
+                 "stopped_early": result.stopped_early,
+                 "holdout_nll": [float(np.mean([s.nll for s in e.holdout.values()])) for e in result.epochs],
                  "cross_fit": result.cross_fit, "calibration_rows": int(len(result.holdout_predictions[0][1])),
                  "warnings": list(result.warnings)}
     labeler = Labeler(schema, backend=backend)
@@ -82,7 +84,8 @@ def tuned_scores(schema, field, f, train, test, gold, config: TuneConfig, tag: s
     return out
 
 
-def run_set(name: str, train_rows: int, folds: int, runs: tuple[str, ...] = ("holdout", "cross_fit")) -> dict:
+def run_set(name: str, train_rows: int, folds: int, runs: tuple[str, ...] = ("holdout", "cross_fit"),
+            epochs: int | None = None, patience: int = 0) -> dict:
     schema, field, f, train, test, gold = split(name, train_rows)
     started = time.perf_counter()
     out: dict = {"train_rows": len(train), "test_rows": len(test)}
@@ -92,8 +95,9 @@ def run_set(name: str, train_rows: int, folds: int, runs: tuple[str, ...] = ("ho
                                         test, field)
     out["base"] = mass_scores(probs, frame[f"{field}__mass"].to_numpy(), gold, f.labels) | {
         "seconds_per_record": seconds}
-    epochs = default_epochs(len(train))
-    configs = {"holdout": TuneConfig(epochs=epochs, seed=0), "cross_fit": TuneConfig(epochs=epochs, seed=0, cross_fit=folds)}
+    epochs = epochs or default_epochs(len(train))
+    configs = {"holdout": TuneConfig(epochs=epochs, seed=0, patience=patience),
+               "cross_fit": TuneConfig(epochs=epochs, seed=0, cross_fit=folds, patience=patience)}
     for run in runs:
         out[run] = tuned_scores(schema, field, f, train, test, gold, configs[run], f"{name} {run}")
     out["wall_seconds"] = time.perf_counter() - started
@@ -137,12 +141,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "quality.json")
     parser.add_argument("--tag", default="cross_fit")
     parser.add_argument("--runs", default="holdout,cross_fit", help="which tunes: holdout, cross_fit or both")
+    parser.add_argument("--epochs", type=int, default=None, help="the epoch budget (default pcd tune's)")
+    parser.add_argument("--patience", type=int, default=0, help="pcd tune --patience")
     args = parser.parse_args()
     meta = {"model": "smollm2-135m-instruct", "train_rows": args.train_rows, "folds": args.folds,
-            "epochs": default_epochs(args.train_rows), "cpu": "2 cores, nice 19, 1 torch thread"}
+            "epochs": args.epochs or default_epochs(args.train_rows), "patience": args.patience,
+            "cpu": "2 cores, nice 19, 1 torch thread"}
     results: dict = {}
     for name in args.sets.split(","):
-        results[name] = run_set(name, args.train_rows, args.folds, tuple(args.runs.split(",")))
+        results[name] = run_set(name, args.train_rows, args.folds, tuple(args.runs.split(",")), args.epochs,
+                                args.patience)
         old = json.loads(args.json.read_text()).get("tune", {}).get(args.tag, {}) if args.json.exists() else {}
         save_tune_section(args.json, args.tag, meta, old.get("sets", {}) | results)  # other sets of the tag kept
         print(render({name: results[name]}), flush=True)

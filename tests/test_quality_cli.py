@@ -81,6 +81,11 @@ def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
     assert f["by_prob"]["target"] == {"target": 0.8, "threshold": pytest.approx(0.71), "coverage": pytest.approx(5 / 6),
                                       "n": 5, "accuracy": 0.8}
     assert report["metadata"]["pcd.model"] == "fake-model"
+    # what a perfectly calibrated model shows on these 6 rows by chance: far above 0 on so few
+    floor = f["ece_floor"]
+    assert 0.05 < floor[0] < floor[1] <= 1 and f"│ ECE if calibrated (chance) │ {floor[0]:.3f} (95 % <= " \
+        f"{floor[1]:.3f}) │" in text
+    assert "an ECE under its 95 % bound cannot be told from calibrated on so few rows" in text
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["preds.vs.gold.f.reliability.png",
                                                                         "preds.vs.gold.flag.reliability.png"]
     assert (tmp_path / "plots" / "preds.vs.gold.f.reliability.png").read_bytes()[:4] == b"\x89PNG"
