@@ -508,3 +508,28 @@ def test_ece_noise_floor_is_the_ece_of_calibrated_draws_and_separates_miscalibra
     ratio = M.ece_noise_floor(big)[0] / mean
     assert 0.2 < ratio < 0.35
     assert M.ece_noise_floor(np.zeros(0)) is None
+
+
+def test_a_holdout_the_model_got_all_right_does_not_sharpen_the_temperature_to_its_bound():
+    """Platt's smoothed targets (k labels: ``(N_c + 1) / (N_c + k)`` on the gold): without them
+    a fit on rows that are all right sharpens without limit (T at 1e-3: a later error costs 27
+    nats). The fitted T is the minimum of the smoothed NLL (checked on a grid), the calibrated
+    probabilities stay finite, and fit_trusted's own cross-validation calls it worse."""
+    from pcd_cli.quality.calibration import MIN_TEMPERATURE, calibrate_logits, fit_trusted, held_out_worse
+
+    probs = np.array([[0.99, 0.01]] * 17 + [[0.02, 0.98]] * 3)
+    gold = np.array([0] * 17 + [1] * 3)
+    t, _ = fit_temperature_biases(probs, gold, biases=False)
+    target = np.where(gold[:, None] == np.arange(2), (np.where(gold == 0, 17, 3) + 1.0)[:, None],
+                      1.0) / (np.where(gold == 0, 17, 3) + 2.0)[:, None]  # 18/19 and 4/5 on the gold
+
+    def smoothed_nll(temperature):
+        logq = np.log(softmax(calibrate_logits(probs, temperature, np.zeros(2))))
+        return -np.mean((target * logq).sum(axis=1))
+
+    grid = np.exp(np.linspace(np.log(0.05), np.log(20), 4001))
+    assert t == pytest.approx(grid[np.argmin([smoothed_nll(g) for g in grid])], rel=5e-3)
+    assert 1.0 < t < 5 and t > 100 * MIN_TEMPERATURE
+    wrong = softmax(calibrate_logits(np.array([[0.99, 0.01]]), t, np.zeros(2)))[0, 1]
+    assert -np.log(wrong) < 5  # a test error costs a few nats, not 27
+    assert held_out_worse(fit_trusted("f", ("a", "b"), probs, gold).cv)  # pcd tune then writes none
