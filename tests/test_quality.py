@@ -511,7 +511,7 @@ def test_ece_noise_floor_is_the_ece_of_calibrated_draws_and_separates_miscalibra
 
 
 def test_a_holdout_the_model_got_all_right_does_not_sharpen_the_temperature_to_its_bound():
-    """Platt's smoothed targets (k labels: ``(N_c + 1) / (N_c + k)`` on the gold): without them
+    """Platt's smoothed targets (``(N_c + 1) / (N_c + 2)`` on the gold): without them
     a fit on rows that are all right sharpens without limit (T at 1e-3: a later error costs 27
     nats). The fitted T is the minimum of the smoothed NLL (checked on a grid), the calibrated
     probabilities stay finite, and fit_trusted's own cross-validation calls it worse."""
@@ -521,7 +521,7 @@ def test_a_holdout_the_model_got_all_right_does_not_sharpen_the_temperature_to_i
     gold = np.array([0] * 17 + [1] * 3)
     t, _ = fit_temperature_biases(probs, gold, biases=False)
     target = np.where(gold[:, None] == np.arange(2), (np.where(gold == 0, 17, 3) + 1.0)[:, None],
-                      1.0) / (np.where(gold == 0, 17, 3) + 2.0)[:, None]  # 18/19 and 4/5 on the gold
+                      1.0) / (np.where(gold == 0, 17, 3) + 2.0)[:, None]  # 18/19 and 4/5 on the gold (k = 2)
 
     def smoothed_nll(temperature):
         logq = np.log(softmax(calibrate_logits(probs, temperature, np.zeros(2))))
@@ -533,3 +533,12 @@ def test_a_holdout_the_model_got_all_right_does_not_sharpen_the_temperature_to_i
     wrong = softmax(calibrate_logits(np.array([[0.99, 0.01]]), t, np.zeros(2)))[0, 1]
     assert -np.log(wrong) < 5  # a test error costs a few nats, not 27
     assert held_out_worse(fit_trusted("f", ("a", "b"), probs, gold).cv)  # pcd tune then writes none
+    # three labels: (N_c + 1) / (N_c + 2) on the gold, the rest split between the other two
+    probs3 = np.array([[0.97, 0.02, 0.01]] * 6 + [[0.03, 0.95, 0.02]] * 4 + [[0.01, 0.01, 0.98]] * 2)
+    gold3 = np.array([0] * 6 + [1] * 4 + [2] * 2)
+    n_c = np.bincount(gold3)[gold3].astype(float)
+    target3 = np.repeat((1 / (2 * (n_c + 2)))[:, None], 3, axis=1)
+    target3[np.arange(12), gold3] = (n_c + 1) / (n_c + 2)
+    t3, _ = fit_temperature_biases(probs3, gold3, biases=False)
+    nll3 = [-np.mean((target3 * np.log(softmax(calibrate_logits(probs3, g, np.zeros(3))))).sum(axis=1)) for g in grid]
+    assert t3 == pytest.approx(grid[np.argmin(nll3)], rel=5e-3) and 1.0 < t3 < 5
