@@ -53,6 +53,10 @@ def split(name: str, train_rows: int):
     return schema, field, f, train, test, np.array([f.label_index(v) for v in test[field]])
 
 
+#: ``--save-predictions``: where ``tuned_scores`` writes each run's per-row arrays (``None``: nowhere).
+SAVE_DIR: Path | None = None
+
+
 def tuned_scores(schema, field, f, train, test, gold, config: TuneConfig, tag: str) -> dict:
     """Tune on ``train`` with ``config``; the tuned model's test figures raw / calibrated."""
     backend = load_backend(None, device="cpu", dtype="float32")
@@ -80,6 +84,10 @@ def tuned_scores(schema, field, f, train, test, gold, config: TuneConfig, tag: s
     out["written"] = written
     out["notes"] = notes
     out["calibrated"] = out["calibrated_always"] if written else out["raw"]
+    if SAVE_DIR is not None:  # per-row arrays: calibrations can be refitted without training again
+        SAVE_DIR.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(SAVE_DIR / f"{tag.replace(' ', '.')}.npz", test_probs=probs, test_gold=gold,
+                            test_mass=mass, holdout_probs=held_probs, holdout_gold=held_gold)
     del trainer, labeler, backend
     return out
 
@@ -143,7 +151,11 @@ def main() -> None:
     parser.add_argument("--runs", default="holdout,cross_fit", help="which tunes: holdout, cross_fit or both")
     parser.add_argument("--epochs", type=int, default=None, help="the epoch budget (default pcd tune's)")
     parser.add_argument("--patience", type=int, default=0, help="pcd tune --patience")
+    parser.add_argument("--save-predictions", type=Path, default=None, help="a folder: each tuned run's test and "
+                        "holdout probabilities as <set>.<run>.npz")
     args = parser.parse_args()
+    global SAVE_DIR
+    SAVE_DIR = args.save_predictions
     meta = {"model": "smollm2-135m-instruct", "train_rows": args.train_rows, "folds": args.folds,
             "epochs": args.epochs or default_epochs(args.train_rows), "patience": args.patience,
             "cpu": "2 cores, nice 19, 1 torch thread"}

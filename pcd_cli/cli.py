@@ -867,7 +867,7 @@ def tune(
                                   "(docs/quality.md)."),
     patience: Optional[int] = typer.Option(None, "--patience", min=0, help="Early stopping: end training once "
                                            "this many epochs in a row did not beat the best holdout NLL (0: run "
-                                           "every epoch; default: see --epochs)."),
+                                           "every epoch; default 2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
                              "initialisation and the --examples draw."),
     max_tokens_per_pass: int = BUDGET_OPT,

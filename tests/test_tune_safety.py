@@ -259,14 +259,18 @@ def test_case_tune_diverged_on_the_embedded_model(tmp_path):
 
 
 def test_few_gold_rows_tune_six_epochs_by_default(work, tmp_path):
-    """Without --epochs, 6 gold rows (under tune.FEW_ROWS) get 6 epochs, as the learning curve
-    chose; --epochs still wins."""
+    """Without --epochs, 6 gold rows (under tune.FEW_ROWS) get a budget of 6 epochs, as the
+    learning curve chose, with --patience 2 (every epoch with --patience 0); --epochs still wins."""
     base = ("tune", work / "gold.jsonl", "-s", work / "schema.yaml", "--model", work / "tiny-model",
             "--device", "cpu", "--rank", "4", "--no-progress", "--holdout", "0.34")
     default = pcd(*base, "-o", tmp_path / "default", code=0)
     card = json.loads((tmp_path / "default" / "pcd-tune.json").read_text())
-    assert card["hyperparameters"]["epochs"] == 6 and [e["epoch"] for e in card["epochs"]][-1] <= 6, default.output
-    assert len(card["epochs"]) == 7  # epoch 0 (the base model) and six more
+    assert card["hyperparameters"]["epochs"] == 6 and card["hyperparameters"]["patience"] == 2, default.output
+    last = card["epochs"][-1]["epoch"]
+    assert last == 6 if card["stopped_early"] is None else last == card["stopped_early"] == card["best_epoch"] + 2
+    pcd(*base, "-o", tmp_path / "every", "--patience", "0", code=0)
+    every = json.loads((tmp_path / "every" / "pcd-tune.json").read_text())
+    assert len(every["epochs"]) == 7 and every["stopped_early"] is None  # epoch 0 (the base model) and six more
     pcd(*base, "-o", tmp_path / "two", "--epochs", "2", code=0)
     assert json.loads((tmp_path / "two" / "pcd-tune.json").read_text())["hyperparameters"]["epochs"] == 2
 
