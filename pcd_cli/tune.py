@@ -64,9 +64,10 @@ DEFAULT_MASS_WEIGHT = 0.3
 #: the holdout NLL still picks the epoch.
 FEW_ROWS = 200
 FEW_ROWS_EPOCHS = 6
-#: ``pcd tune --patience``'s default (``TuneConfig.patience`` is 0, every epoch): in the 35 runs whose
+#: ``pcd tune --patience``'s default (``TuneConfig.patience`` is 0, every epoch): in the 37 runs whose
 #: per-epoch holdout NLL benchmarks/quality.json logs, stopping after 2 epochs without a better NLL
-#: never changed the kept epoch (1 would have in 9) and saved 1-2 epochs in 3 of them.
+#: changed the kept epoch once (SMS, 100 rows: epoch 3 for 6; on 300 test rows accuracy 0.953 for
+#: 0.963, NLL 0.127 for 0.187, ECE 0.028 for 0.034), patience 1 in 9; it saves 1-2 epochs in 4.
 DEFAULT_PATIENCE = 2
 
 
