@@ -213,6 +213,15 @@ def _keyword_rows(n=60):
     return rows
 
 
+def keyword_tune_files(root, rows=30):
+    """``root`` with the tiny model (``tiny-model``, seed 6), the keyword schema
+    (``keyword.json``) and ``rows`` keyword gold rows (``gold.jsonl``): a tune CLI test's inputs."""
+    save_tiny_model(root / "tiny-model", seed=6)
+    (root / "keyword.json").write_text(json.dumps(KEYWORD_SCHEMA))
+    (root / "gold.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _keyword_rows(rows)))
+    return root
+
+
 def test_a_tiny_model_learns_a_keyword_task():
     backend = tiny_backend(seed=6)
     schema = parse_schema(KEYWORD_SCHEMA)

@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import orjson
 import pytest
 import torch
 from pcd_cli.results import Record
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, cross_fit_folds, tune
 
-from .helpers import pcd, save_tiny_model, tiny_backend
-from .test_tune import KEYWORD_SCHEMA, _keyword_rows
+from .helpers import pcd, tiny_backend
+from .test_tune import KEYWORD_SCHEMA, _keyword_rows, keyword_tune_files
 
 
 def test_cross_fit_folds_are_stratified_seeded_and_cover_every_row_once():
@@ -71,11 +70,7 @@ def test_cross_fit_pools_every_row_and_trains_the_written_model_on_all_rows_from
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("crossfit")
-    save_tiny_model(root / "tiny-model", seed=6)
-    (root / "keyword.json").write_text(json.dumps(KEYWORD_SCHEMA))
-    (root / "gold.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _keyword_rows(30)))
-    return root
+    return keyword_tune_files(tmp_path_factory.mktemp("crossfit"))
 
 
 def test_pcd_tune_cross_fit_writes_a_calibration_fitted_on_every_gold_row(files, tmp_path):

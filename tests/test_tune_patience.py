@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 
-import orjson
 import pytest
 import torch
 from pcd_cli.results import Record
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, tune
 
-from .helpers import pcd, save_tiny_model, tiny_backend
-from .test_tune import KEYWORD_SCHEMA, _keyword_rows
+from .helpers import pcd, tiny_backend
+from .test_tune import KEYWORD_SCHEMA, _keyword_rows, keyword_tune_files
 
 
 def _scripted_nll(monkeypatch, values):
@@ -63,11 +62,7 @@ def test_without_patience_or_with_improving_epochs_every_epoch_runs(monkeypatch)
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("patience")
-    save_tiny_model(root / "tiny-model", seed=6)
-    (root / "keyword.json").write_text(json.dumps(KEYWORD_SCHEMA))
-    (root / "gold.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _keyword_rows(30)))
-    return root
+    return keyword_tune_files(tmp_path_factory.mktemp("patience"))
 
 
 def test_pcd_tune_patience_is_in_the_card(files, tmp_path):
