@@ -67,7 +67,8 @@ def tuned_scores(schema, field, f, train, test, gold, config: TuneConfig, tag: s
                            on_fold=lambda *a: print(f"  {tag} run {a}", file=sys.stderr, flush=True))
     out: dict = {"tune_seconds": time.perf_counter() - started, "best_epoch": result.best_epoch,
                  "stopped_early": result.stopped_early,
-                 "holdout_nll": [float(np.mean([s.nll for s in e.holdout.values()])) for e in result.epochs],
+                 "holdout_nll": [float(np.mean([s.nll for s in e.holdout.values()])) if e.holdout else None
+                                 for e in result.epochs],
                  "cross_fit": result.cross_fit, "calibration_rows": int(len(result.holdout_predictions[0][1])),
                  "warnings": list(result.warnings)}
     labeler = Labeler(schema, backend=backend)
