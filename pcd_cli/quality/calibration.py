@@ -254,9 +254,10 @@ def fit_temperature_biases(probs: np.ndarray, gold: np.ndarray, *, l2: float = D
     The targets ``y`` are Platt's (1999, "Probabilistic outputs for support vector machines",
     §2.2) smoothed labels: a row of gold label ``c`` has ``(N_c + 1) / (N_c + 2)`` on ``c`` (Platt's
     target for a row of its class, ``N_c`` the rows of label ``c``), the rest ``1 / (N_c + 2)``
-    shared evenly by the other labels (k = 2 is Platt's rule exactly). Without them the fit is unbounded on rows the model
-    got all right (any sharpening lowers their NLL): T ran to its 1e-3 bound on a 20-row tune
-    holdout and made every test error cost 27 nats (issue 29). On many rows they change little.
+    shared evenly by the other labels (k = 2 is Platt's rule exactly). Without them the fit is
+    unbounded on rows the model got all right (any sharpening lowers their NLL): T ran to its
+    1e-3 bound on a 20-row tune holdout and made every test error cost 27 nats (issue 29). On
+    many rows they change little.
 
     Returns:
         (T, biases (k,)).

@@ -136,9 +136,15 @@ def one_label(counts: dict[str, int], n_labels: int) -> tuple[str, int, int] | N
     return (label, count, n) if count >= ONE_LABEL_SHARE * n else None
 
 
+def bin_index(confidence: np.ndarray, bins: int = ECE_BINS) -> np.ndarray:
+    """(n,) each row's equal-width bin ``((m-1)/M, m/M]`` of the chosen label's probability, 0-based
+    (a 0 goes in the first)."""
+    return np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
+
+
 def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> list[ReliabilityBin]:
-    """Equal-width bins ``((m-1)/M, m/M]`` of the chosen label's probability (a 0 goes in the first)."""
-    index = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
+    """Equal-width bins ``((m-1)/M, m/M]`` of the chosen label's probability (``bin_index``)."""
+    index = bin_index(confidence, bins)
     out = []
     for m in range(bins):
         mask = index == m
@@ -367,9 +373,8 @@ def ece_noise_floor(confidence: np.ndarray, *, bins: int = ECE_BINS, level: floa
     n = len(confidence)
     if not n:
         return None
-    index = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)  # reliability_bins' bins
     onehot = np.zeros((n, bins))
-    onehot[np.arange(n), index] = 1.0
+    onehot[np.arange(n), bin_index(confidence, bins)] = 1.0
     confidence_sums = confidence @ onehot  # (bins,): fixed, only the drawn outcomes change
     rng = np.random.default_rng(seed)
     values = []
