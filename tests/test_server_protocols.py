@@ -339,7 +339,8 @@ def test_typesafe_255_options_and_extras(server):
     raw = r.raw_http_response.json()
     extras = raw["answers"]["cat"]["pcd"]
     assert 0.0 < extras["mass"] <= 1.0 and list(extras["raw_probabilities"]) == labels
-    assert raw["pcd"]["fields"] == ["cat"] and raw["pcd"]["truncated"] is False
+    assert raw["pcd"]["prompt"] == "isolated" and raw["pcd"]["truncated"] is False
+    assert raw["pcd"]["decoded_questions"] == 1 and len(raw["pcd"]["schema_sha256"]) == 1
 
 
 def test_zstd_body_is_read(server):
@@ -387,7 +388,7 @@ def test_openai_client_round_trip_matches_jev(server):
     alone = extra.answers[0]  # no calibration or prior correction: the raw probabilities are the answer's
     assert extra.answers[0].model_extra["pcd"]["raw_probabilities"] == {
         "true": alone.probabilities[0].probability, "false": alone.probabilities[1].probability}
-    assert 0.0 < alone.model_extra["pcd"]["mass"] <= 1.0 and extra.model_extra["pcd"]["fields"] == ["q1"]
+    assert 0.0 < alone.model_extra["pcd"]["mass"] <= 1.0 and extra.model_extra["pcd"]["prompt"] == "isolated"
     raw = client.decisions.with_raw_response.create(model="m", input=[{"role": "user", "content": text}],
                                                     questions=questions[:3])
     assert raw.request_id.startswith("req_") and list(raw.http_response.json()) == ["answers", "model", "usage"]
@@ -438,8 +439,10 @@ def test_both_clients_need_the_key(server):
 
 
 def test_systemone_equals_v1_label_on_the_embedded_model(embedded_backend, tmp_path):
-    """The same state and questions through /v1/systemone and through /v1/label with the
-    equivalent schema file: the same probabilities, to the last bit pcd label writes."""
+    """The same state and questions through /v1/systemone with the shared prompt and through
+    /v1/label with the equivalent schema file: the same probabilities, to the last bit pcd label
+    writes (the isolated prompt's equivalent, one schema per question, is
+    tests/server/test_question_isolation.py's)."""
     import httpx
 
     questions = {
@@ -460,7 +463,7 @@ def test_systemone_equals_v1_label_on_the_embedded_model(embedded_backend, tmp_p
     service, served = _serve(embedded_backend, {"equivalent": (load_schema(path), SchemaOptions())})
     try:
         with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY) as client:
-            j = client.system_one(state=state, questions=questions)
+            j = client.system_one(state=state, questions=questions, extra_body={"pcd_prompt": "shared"})
         rows = httpx.post(served.url + "/v1/label", headers=AUTH, timeout=60, json={
             "schema": "equivalent", "records": [{"id": "r1", "text": text}], "all_probs": True}).json()["rows"]
     finally:
@@ -476,8 +479,9 @@ def test_systemone_equals_v1_label_on_the_embedded_model(embedded_backend, tmp_p
 
 
 def test_same_questions_over_other_states_share_one_decode_call():
-    """Concurrent System One requests with the same questions are one schema, so the worker packs
-    their states into one decode call; a request with other questions is decoded apart."""
+    """Concurrent System One requests with the same questions share their one-question schemas, so
+    the worker packs their states into one decode call per question; a request with other
+    questions is decoded apart."""
     import asyncio
 
     from pcd_cli.server.app import AppConfig
@@ -496,10 +500,11 @@ def test_same_questions_over_other_states_share_one_decode_call():
             blocker = asyncio.ensure_future(client.system_one(state="blocker", questions=questions))
             while not host.entered.is_set():
                 await asyncio.sleep(0.005)
-            futures = []
+            futures, jobs = [], 1  # the blocker's second question waits in the queue
             for state, asked in (("s0", questions), ("o", other), ("s1", questions), ("s2", questions)):
                 futures.append(asyncio.ensure_future(client.system_one(state=state, questions=asked)))
-                while service.queue_depth[0] < len(futures):
+                jobs += len(asked)  # one queued job per question
+                while service.queue_depth[0] < jobs:
                     await asyncio.sleep(0.005)
             host.gate.set()
             return await blocker, await asyncio.gather(*futures)
@@ -508,8 +513,8 @@ def test_same_questions_over_other_states_share_one_decode_call():
         blocker, (s0, o, s1, s2) = asyncio.run(run(srv.url))
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
     assert [sorted(text for _, text in call) for call in host.calls[1:]] == [  # after the warm-up
-        ["blocker"], ["s0", "s1", "s2"], ["o"]]
-    assert len(host.compiled) == 3  # the warm-up's, the shared question set's, the other one's
+        ["blocker"], ["blocker", "s0", "s1", "s2"], ["s0", "s1", "s2"], ["o"]]
+    assert len(host.compiled) == 4  # the warm-up's, billing's, tone's, spam's
     fake = {float(np.float32(0.7)), float(np.float32(0.3))}  # the fake labeler's two probabilities
     assert {r.nouls["billing"].noul for r in (blocker, s0, s1, s2)} <= fake and o.nouls["spam"].noul in fake
     assert all(r.model == "fake-model" for r in (blocker, s0, o, s1, s2))

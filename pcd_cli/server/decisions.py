@@ -32,6 +32,7 @@ schema is the Jev endpoint's (``questions``):
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -177,11 +178,13 @@ def parse_question(i: int, raw: Any) -> tuple[Q.Question, tuple]:
     return Q.Question(name, "score", instructions, tuple(options), where), tuple(labels)
 
 
-def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, list[tuple], str, bool]:
-    """A Decisions request body -> ``(QuestionSet, typed values per question, record text, extras)``.
+def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], list[tuple], str, bool,
+                                                                                str]:
+    """A Decisions request body -> ``(questions, typed values per question, record text, extras,
+    prompt)``; ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
 
     Raises:
-        ApiError: 422 naming what is wrong; 413 for too many questions, choices or levels.
+        ApiError: 422 naming what is wrong; 413 for too many questions.
     """
     if not isinstance(body, dict):
         raise Q.invalid("the body must be a JSON object {model, input, questions}", "invalid_body")
@@ -189,6 +192,7 @@ def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q
     if model is not None and not isinstance(model, str):
         raise Q.invalid(f"model: must be a string, got {json.dumps(model)}", "invalid_model")
     extras = extras_flag(body)
+    prompt = Q.prompt_flag(body)
     raw_questions = body.get("questions")
     if not isinstance(raw_questions, list) or not raw_questions:
         raise Q.invalid("questions: must be a non-empty list", "invalid_questions")
@@ -201,8 +205,18 @@ def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q
     repeated = next((n for n in names if names.count(n) > 1), None)
     if repeated is not None:
         raise Q.invalid(f"questions: the name {repeated!r} is given to more than one question", "invalid_questions")
-    qs = Q.build([q for q, _ in parsed], max_questions=max_questions)
-    return qs, [values for _, values in parsed], text, extras
+    return [q for q, _ in parsed], [values for _, values in parsed], text, extras, prompt
+
+
+def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, list[tuple], str, bool]:
+    """A Decisions request body -> ``(QuestionSet, typed values per question, record text, extras)``:
+    the whole request as one shared-catalog schema (``pcd_prompt: "shared"``).
+
+    Raises:
+        ApiError: as ``parse_body``; 413/422 from ``questions.build``.
+    """
+    questions, values, text, extras, _ = parse_body(body, max_questions=max_questions)
+    return Q.build(questions, max_questions=max_questions), values, text, extras
 
 
 def render_answer(answer: Q.Answer, values: tuple, *, extras: bool = False) -> dict:
@@ -231,18 +245,27 @@ def routes(service: Any, config: Any = None) -> list[Route]:
         async def answer() -> JSONResponse:
             body = await read_json(request, config_value(config, "max_body_bytes", None))
             max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
-            qs, values, text, extras = parse_request(body, max_questions=max_questions)
-            result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
-                                                rid=rid)
-            tokens = int(submitted.input_tokens)
+            questions, values, text, extras, prompt = parse_body(body, max_questions=max_questions)
+            if prompt == "isolated":
+                timeout = config_value(config, "request_timeout_s", None)
+                decoded = await Q.decide(service, Q.plan(questions, text, max_questions=max_questions),
+                                         request_id=rid, is_disconnected=request.is_disconnected,
+                                         deadline=time.monotonic() + float(timeout) if timeout else None)
+                found, tokens, envelope = decoded.answers, decoded.input_tokens, decoded.extras()
+            else:
+                qs = Q.build(questions, max_questions=max_questions)
+                result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
+                                                    rid=rid)
+                found, tokens = Q.answers(qs, result.fields), int(submitted.input_tokens)
+                envelope = {**extras_envelope(submitted, result, qs), "prompt": "shared"}
             out: dict[str, Any] = {
-                "answers": [render_answer(a, v, extras=extras) for a, v in zip(Q.answers(qs, result.fields), values)],
+                "answers": [render_answer(a, v, extras=extras) for a, v in zip(found, values)],
                 "model": service.model_id,
                 "usage": {"input_tokens": tokens, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 0},
                           "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
                           "total_tokens": tokens}}
             if extras:
-                out["pcd"] = extras_envelope(submitted, result, qs)
+                out["pcd"] = envelope
             return JSONResponse(out, headers=headers)
 
         return await guarded(answer, request, headers)

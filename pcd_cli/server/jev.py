@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -105,12 +106,13 @@ def parse_question(name: str, raw: Any) -> Q.Question:
     return Q.Question(name, kind, instructions, options, f"question {name!r}")
 
 
-def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, str, bool]:
-    """A System One request body -> ``(QuestionSet, record text, extras flag)``.
+def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], Any, str, bool, str]:
+    """A System One request body -> ``(questions, state, record text, extras flag, prompt)``;
+    ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
 
     Raises:
         ApiError: 422 naming what is wrong (not an object, a non-string ``model``, ``assets``, a
-            bad ``state`` or question), 413 for too many questions, options or levels.
+            bad ``state``, question or ``pcd_prompt``), 413 for too many questions.
     """
     if not isinstance(body, dict):
         raise Q.invalid("the body must be a JSON object {model, state, questions}", "invalid_body")
@@ -121,6 +123,7 @@ def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q
         raise Q.invalid("assets: images are not supported; pcd labels text (send the state as a string, "
                         "object or array)", "unsupported_assets")
     extras = extras_flag(body)
+    prompt = Q.prompt_flag(body)
     raw_questions = body.get("questions")
     if not isinstance(raw_questions, dict) or not raw_questions:
         raise Q.invalid("questions: must be a non-empty object of named questions", "invalid_questions")
@@ -129,6 +132,18 @@ def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q
                           "per request", "too_many_questions")
     text = Q.state_text(body.get("state"))
     parsed = [parse_question(name, raw) for name, raw in raw_questions.items()]
+    return parsed, body.get("state"), text, extras, prompt
+
+
+def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, str, bool]:
+    """A System One request body -> ``(QuestionSet, record text, extras flag)``: the whole request as
+    one shared-catalog schema (``pcd_prompt: "shared"``; what ``/v1/label`` with ``QuestionSet.data``
+    as a schema file decodes).
+
+    Raises:
+        ApiError: as ``parse_body``; 413/422 from ``questions.build``.
+    """
+    parsed, _, text, extras, _ = parse_body(body, max_questions=max_questions)
     return Q.build(parsed, max_questions=max_questions), text, extras
 
 
@@ -162,16 +177,25 @@ def routes(service: Any, config: Any = None) -> list[Route]:
         async def answer() -> JSONResponse:
             body = await read_json(request, config_value(config, "max_body_bytes", None))
             max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
-            qs, text, extras = parse_request(body, max_questions=max_questions)
-            result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
-                                                rid=rid)
-            legends = {q.key: body["questions"][q.key].get("criteria") for q in qs.questions if q.kind == "score"}
-            answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras)
-                       for a in Q.answers(qs, result.fields)}
+            parsed, state, text, extras, prompt = parse_body(body, max_questions=max_questions)
+            legends = {q.key: body["questions"][q.key].get("criteria") for q in parsed if q.kind == "score"}
+            if prompt == "isolated":
+                timeout = config_value(config, "request_timeout_s", None)
+                decoded = await Q.decide(service, Q.plan(parsed, state, max_questions=max_questions),
+                                         request_id=rid, is_disconnected=request.is_disconnected,
+                                         deadline=time.monotonic() + float(timeout) if timeout else None)
+                found, tokens, envelope = decoded.answers, decoded.input_tokens, decoded.extras()
+            else:
+                qs = Q.build(parsed, max_questions=max_questions)
+                result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
+                                                    rid=rid)
+                found, tokens = Q.answers(qs, result.fields), int(submitted.input_tokens)
+                envelope = {**extras_envelope(submitted, result, qs), "prompt": "shared"}
+            answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras) for a in found}
             out: dict[str, Any] = {"model": service.model_id, "answers": answers,
-                                   "usage": {"input_tokens": int(submitted.input_tokens), "output_tokens": 0}}
+                                   "usage": {"input_tokens": tokens, "output_tokens": 0}}
             if extras:
-                out["pcd"] = extras_envelope(submitted, result, qs)
+                out["pcd"] = envelope
             return JSONResponse(out, headers=headers)
 
         return await guarded(answer, request, headers)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -188,13 +189,14 @@ def schema_data(questions: list[Question], names: tuple[str, ...]) -> dict:
     return {"name": "questions_" + hashlib.sha256(canonical.encode()).hexdigest()[:12], "fields": fields}
 
 
-def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS) -> None:
+def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS, *, shared: bool = True) -> None:
     """Refuse a question set pcd does not take, naming the question.
 
     Raises:
         ApiError: 413 for more than ``max_questions`` questions, more than
             ``MAX_CHOICE_OPTIONS`` options or ``MAX_SCORE_LEVELS`` levels, or a first question's
-            options times the later questions' over ``MAX_ANSWER_CONTEXTS``; 422 for no questions,
+            options times the later questions' over ``MAX_ANSWER_CONTEXTS`` (only for a ``shared``
+            prompt: an isolated question is its own schema, with no later questions); 422 for no questions,
             a choice with fewer than two options or a score with fewer than ``MIN_SCORE_LEVELS``,
             and option labels pcd cannot tell apart (empty, only whitespace, or equal once their
             surrounding whitespace is stripped).
@@ -229,7 +231,7 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS) 
                 raise invalid(f"{q.where}: a score needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} levels, got {n}",
                               "too_few_levels")
     first, later = len(questions[0].options), sum(len(q.options) for q in questions[1:])
-    if first * later > MAX_ANSWER_CONTEXTS:
+    if shared and first * later > MAX_ANSWER_CONTEXTS:
         raise too_large(f"questions: the first question ({questions[0].where}) has {first} options and the later ones "
                         f"{later} in all; pcd prepares every later question after each answer to the first "
                         f"({first} × {later} = {first * later}, at most {MAX_ANSWER_CONTEXTS} per request): ask a "
@@ -345,15 +347,295 @@ def _clip(x: float) -> float:
 
 
 def answers(qs: QuestionSet, fields: tuple[FieldResult, ...]) -> list[Answer]:
-    """One ``Answer`` per question from a record's decoded fields (schema order = question order)."""
+    """One ``Answer`` per question from a record's decoded fields (schema order = question order):
+    the shared prompt."""
+    return [answer(q, f) for q, f in zip(qs.questions, fields)]
+
+
+# -- isolation: each question its own one-field schema (the default on the decision endpoints) --------
+
+#: How a request's questions are put to the model: ``isolated`` (the default: each distinct question
+#: is its own one-question schema, so its answer is that of the question asked alone) or ``shared``
+#: (the whole request one schema, every question in one catalog: cheaper, but an answer then depends
+#: on the other questions). A request chooses with the top-level body key ``PROMPT_FLAG``.
+PROMPTS = ("isolated", "shared")
+DEFAULT_PROMPT = "isolated"
+#: The request key (an opt-in extension both official clients send with ``extra_body``).
+PROMPT_FLAG = "pcd_prompt"
+#: The field name every isolated question is asked under: the request's key never enters the
+#: prompt, so the same question under two keys is the same prompt (and is decoded once).
+ISOLATED_FIELD = "answer"
+
+
+def prompt_flag(body: dict) -> str:
+    """The ``pcd_prompt`` of a request body (absent: ``DEFAULT_PROMPT``).
+
+    Raises:
+        ApiError: 422 when it is not one of ``PROMPTS``.
+    """
+    value = body.get(PROMPT_FLAG, DEFAULT_PROMPT)
+    if value not in PROMPTS:
+        raise invalid(f"{PROMPT_FLAG}: must be {' or '.join(map(json.dumps, PROMPTS))}, got {json.dumps(value)}",
+                      "invalid_flag")
+    return value
+
+
+def canonical_order(question: Question) -> tuple[int, ...]:
+    """The prompt's option order for ``question``: ``order[i]`` is the request index of the option the
+    prompt lists ``i``-th. A choice's options sorted by label (Unicode code points), so a permutation of
+    the request's options is the same prompt; a yes/no question's ``true, false`` and a score's levels
+    keep their order (a score's order is its meaning)."""
+    n = len(question.options)
+    if question.kind != "choice":
+        return tuple(range(n))
+    return tuple(sorted(range(n), key=lambda i: question.options[i][0]))
+
+
+def question_data(question: Question) -> tuple[dict, tuple[int, ...]]:
+    """The one-question pcd schema dict that ``question`` is decoded with when isolated, and its
+    ``canonical_order``. The dict depends only on the question's kind, instructions and options as a
+    set (a choice) or a sequence (a score): never on its key, its place in the request or its
+    neighbours. Field ``ISOLATED_FIELD``; description and labels as ``schema_data`` writes them, in
+    canonical order."""
+    order = canonical_order(question)
+    canonical = Question(None, question.kind, question.instructions,
+                         tuple(question.options[i] for i in order), question.where)
+    return schema_data([canonical], (ISOLATED_FIELD,)), order
+
+
+def _schema(data: dict) -> Schema:
+    """``parse_schema(data)``, the last ``CACHE_SIZE`` kept (keyed by the dict's JSON text).
+
+    Raises:
+        ApiError: 422 when pcd's schema rules refuse it.
+    """
+    key = json.dumps(data, ensure_ascii=False)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit.schema
+    try:
+        schema = parse_schema(data, default_name=data["name"], source="questions")
+    except SchemaError as exc:
+        raise invalid(f"questions: {exc}", "invalid_questions") from None
+    with _cache_lock:
+        _cache[key] = QuestionSet((), (), data, schema)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return schema
+
+
+# -- data-engine envelopes: a state's ``rows`` array with one question per row -----------------------
+
+#: The instructions Daft's ``jev_prob``/``jev`` (``noul``), ``jev_choice`` (``choice``) and
+#: ``jev_score`` (``score``) write for row ``k`` (``daft/functions/jev.py``, batches of 25 rows keyed
+#: ``r0``..``r24``, the state ``{**state, "rows": rows}``): ``(kind, regex)``; group 1 is ``k``,
+#: group 2 (when present) the user's question, which must be the same for every row.
+ROW_INSTRUCTIONS = (
+    ("noul", re.compile(r"Does the record rows\[(0|[1-9][0-9]*)\] satisfy the condition stated in condition\?",
+                        re.DOTALL)),
+    ("choice", re.compile(r"For the record rows\[(0|[1-9][0-9]*)\]: (.*)", re.DOTALL)),
+    ("score", re.compile(r"Rate the record rows\[(0|[1-9][0-9]*)\]: (.*)", re.DOTALL)),
+)
+
+
+def split_rows(state: Any, questions: list[Question]) -> list[tuple[Any, Question]] | None:
+    """A data-engine batch cut into one-row requests, or ``None`` when ``state`` and ``questions``
+    are not exactly such a batch.
+
+    Recognised (only what is certain, the envelope Daft's ``jev*`` functions send): ``state`` is an
+    object with a ``rows`` array of ``n >= 2`` items; there are ``n`` questions keyed ``r0``..``r<n-1>``
+    in that order, all of one kind with the same options, whose instructions are one template of
+    ``ROW_INSTRUCTIONS`` naming ``rows[k]`` for the question keyed ``r<k>``, with the same question
+    text in every row. Row ``k`` then becomes the request that client sends for that row alone: the
+    state with ``rows`` holding only that row (other keys and their order kept) and the question
+    naming ``rows[0]``, so its answer is the same whatever batch or position the row came in.
+
+    Returns:
+        ``(state, question)`` per row, in row order; ``None`` when anything differs (the request is
+        then decoded as written).
+    """
+    if not isinstance(state, dict) or not isinstance(state.get("rows"), list):
+        return None
+    rows = state["rows"]
+    n = len(rows)
+    if n < 2 or len(questions) != n or [q.key for q in questions] != [f"r{k}" for k in range(n)]:
+        return None
+    first = questions[0]
+    template = next((rx for kind, rx in ROW_INSTRUCTIONS if kind == first.kind), None)
+    if template is None:
+        return None
+    rest = None
+    for k, q in enumerate(questions):
+        match = template.fullmatch(q.instructions or "")
+        if (match is None or int(match.group(1)) != k or q.kind != first.kind or q.options != first.options):
+            return None
+        text = match.group(2) if match.lastindex and match.lastindex >= 2 else ""
+        if rest is None:
+            rest = text
+        elif text != rest:
+            return None
     out = []
-    for q, f in zip(qs.questions, fields):
-        probs = tuple(float(np.float32(p)) for p in f.probs)
-        raw = tuple(float(np.float32(p)) for p in f.raw_probs) if f.raw_probs is not None else probs
-        conf = score = None
-        if q.kind == "choice":
-            conf = choice_confidence(probs)
-        elif q.kind == "score":
-            score, conf = expected_score(probs), score_confidence(probs)
-        out.append(Answer(q, probs, int(f.label), conf, score, float(np.float32(f.mass)), raw))
+    span = template.fullmatch(first.instructions).span(1)
+    for k, row in enumerate(rows):
+        one = {key: ([row] if key == "rows" else value) for key, value in state.items()}
+        text = first.instructions[:span[0]] + "0" + first.instructions[span[1]:]
+        out.append((one, Question("r0", first.kind, text, first.options, f"question 'r{k}'")))
     return out
+
+
+# -- the plan: which one-question schemas are decoded over which records --------------------------
+
+@dataclass(frozen=True)
+class Unit:
+    """One ``LabelService.submit`` of an isolated request: a one-question schema and the distinct
+    record texts it is decoded over (one for an ordinary request; one per row of a data-engine
+    batch). Units of concurrent requests with the same schema share a compiled decoder and pass."""
+
+    schema: Schema
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Pick:
+    """Where a question's answer comes from: ``unit``'s record ``record``, with ``order`` mapping the
+    prompt's option positions to the request's (``canonical_order``)."""
+
+    unit: int
+    record: int
+    order: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An isolated request: its questions (request order), the units to decode and, per question,
+    its ``Pick``. Duplicate questions (the same schema over the same record) share a pick's unit and
+    record: they are decoded once and answered alike.
+
+    Attributes:
+        rows: how many rows a data-engine batch was cut into (``split_rows``); 0 when none.
+    """
+
+    questions: tuple[Question, ...]
+    units: tuple[Unit, ...]
+    picks: tuple[Pick, ...]
+    rows: int = 0
+
+
+def plan(questions: list[Question], state: Any, *, max_questions: int = MAX_QUESTIONS) -> Plan:
+    """The isolated plan of a request: each question's one-question schema (``question_data``)
+    over its record text (``state_text`` of the state, or of its row's one-row state for a
+    data-engine batch, ``split_rows``).
+
+    Raises:
+        ApiError: 413/422 from ``check_limits`` (without the answer-context limit, which only a
+            shared prompt has), ``state_text`` or pcd's schema rules.
+    """
+    check_limits(questions, max_questions, shared=False)
+    split = split_rows(state, questions)
+    asked = split if split is not None else [(state, q) for q in questions]
+    units: dict[str, tuple[Schema, dict[str, int]]] = {}
+    picks = []
+    for (one_state, q) in asked:
+        text = state_text(one_state)
+        data, order = question_data(q)
+        key = data["name"]
+        if key not in units:
+            units[key] = (_schema(data), {})
+        texts = units[key][1]
+        texts.setdefault(text, len(texts))
+        picks.append((key, texts[text], order))
+    index = {key: i for i, key in enumerate(units)}
+    return Plan(tuple(questions), tuple(Unit(schema, tuple(texts)) for schema, texts in units.values()),
+                tuple(Pick(index[key], record, order) for key, record, order in picks),
+                len(asked) if split is not None else 0)
+
+
+def answer(question: Question, f: FieldResult, order: tuple[int, ...] | None = None) -> Answer:
+    """The ``Answer`` to ``question`` from its decoded field ``f``; ``order`` maps the prompt's option
+    positions to the request's (``None``: the same order)."""
+    probs = [float(np.float32(p)) for p in f.probs]
+    raw = [float(np.float32(p)) for p in f.raw_probs] if f.raw_probs is not None else list(probs)
+    label = int(f.label)
+    if order is not None:
+        back = [0.0] * len(order)
+        raw_back = [0.0] * len(order)
+        for i, j in enumerate(order):
+            back[j], raw_back[j] = probs[i], raw[i]
+        probs, raw, label = back, raw_back, order[label]
+    probs_t = tuple(probs)
+    conf = score = None
+    if question.kind == "choice":
+        conf = choice_confidence(probs_t)
+    elif question.kind == "score":
+        score, conf = expected_score(probs_t), score_confidence(probs_t)
+    return Answer(question, probs_t, label, conf, score, float(np.float32(f.mass)), tuple(raw))
+
+
+def plan_answers(p: Plan, results: list[list]) -> list[Answer]:
+    """One ``Answer`` per question of ``p`` from ``results[u][r]``, the ``RecordResult`` of unit
+    ``u``'s record ``r``."""
+    return [answer(q, results[pick.unit][pick.record].fields[0], pick.order)
+            for q, pick in zip(p.questions, p.picks)]
+
+
+@dataclass
+class Decoded:
+    """What ``decide`` returns: the answers and what they cost.
+
+    Attributes:
+        answers: one per question, request order.
+        input_tokens: record tokens decoded, summed over the units (a state asked ``Q`` distinct
+            questions counts ``Q`` times: it is read once per question).
+        truncated: any record was truncated to fit the model.
+        queue_ms: the longest queue wait of the units; decode_ms: their decode calls' time, summed.
+        schema_sha256: per question, the sha256 of the schema it was decoded with.
+    """
+
+    answers: list[Answer]
+    input_tokens: int
+    truncated: bool
+    queue_ms: float
+    decode_ms: float
+    schema_sha256: list[str]
+    rows: int = 0
+    units: int = 0
+
+    def extras(self, prompt: str = "isolated") -> dict:
+        """The top-level ``pcd`` object of a response that asked for extras."""
+        return {"truncated": self.truncated, "prompt": prompt, "schema_sha256": self.schema_sha256,
+                "decoded_questions": self.units, "rows": self.rows, "queue_ms": self.queue_ms,
+                "decode_ms": self.decode_ms}
+
+
+async def decide(service: Any, p: Plan, *, request_id: str, deadline: float | None = None,
+                 is_disconnected=None) -> Decoded:
+    """Decode every unit of ``p`` (one ``service.submit`` each, all queued at once) and answer.
+
+    Raises:
+        ApiError: what the service raises (the first, when several units fail), or 422
+            ``record_failed`` with the decoder's message when a record fails.
+    """
+    import asyncio
+
+    async def one(u: int, unit: Unit):
+        records = [Record(request_id if len(p.units) == 1 and len(unit.texts) == 1 else f"{request_id}/{u}.{r}", t)
+                   for r, t in enumerate(unit.texts)]
+        return await service.submit(unit.schema, records, request_id=request_id, deadline=deadline,
+                                    is_disconnected=is_disconnected)
+
+    done = await asyncio.gather(*(one(u, unit) for u, unit in enumerate(p.units)), return_exceptions=True)
+    failed = next((d for d in done if isinstance(d, BaseException)), None)
+    if failed is not None:
+        raise failed
+    results = [list(d.results) for d in done]
+    for per_unit in results:
+        for r in per_unit:
+            if not hasattr(r, "fields"):  # a RecordFailure
+                raise ApiError(422, "invalid_request_error", "record_failed", f"state: {r.error}")
+    return Decoded(plan_answers(p, results), sum(int(d.input_tokens) for d in done),
+                   any(bool(getattr(r, "truncated", False)) for per_unit in results for r in per_unit),
+                   max(float(getattr(d, "queue_ms", 0.0) or 0.0) for d in done),
+                   sum(float(getattr(d, "decode_ms", 0.0) or 0.0) for d in done),
+                   [p.units[pick.unit].schema.source_sha256 for pick in p.picks], p.rows, len(p.units))

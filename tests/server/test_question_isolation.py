@@ -1,0 +1,206 @@
+"""Question isolation on the decision endpoints (issue #35 items 1 and 2): each question is its own
+one-question schema, so its probabilities are those of the question asked alone about the same
+state, whatever else the request asks, in whatever order, with duplicates, and whatever order a
+choice lists its options in."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import openai
+import pytest
+import typesafe_sdk
+import yaml
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from pcd_cli.schema.load import load_schema  # noqa: E402
+from pcd_cli.server import jev as J  # noqa: E402
+from pcd_cli.server import questions as Q  # noqa: E402
+
+KEY = "test-key"
+STATE = {"subject": "Duplicate charge", "body": "I was charged twice for my March invoice. Please refund one."}
+QUESTIONS = {
+    "billing": {"type": "noul", "instructions": "Is this about billing?"},
+    "tone": {"type": "choice", "instructions": "What is the tone?",
+             "criteria": {"calm": "A neutral or polite message", "angry": None, "excited": None}},
+    "urgency": {"type": "score", "instructions": "How urgent is this message?",
+                "criteria": ["Can wait", "Needs attention this week", "Needs attention today"]},
+    "spam": {"type": "noul", "instructions": "Is this spam?"},
+}
+
+
+def parsed(questions: dict) -> list[Q.Question]:
+    return J.parse_body({"state": "x", "questions": questions})[0]
+
+
+# -- the plan, without a model --------------------------------------------------------------------
+
+def test_a_question_schema_ignores_its_key_neighbours_and_option_order():
+    tone = parsed({"tone": QUESTIONS["tone"]})[0]
+    data, order = Q.question_data(tone)
+    assert data["fields"] == {"answer": {
+        "type": "enum", "labels": ["angry", "calm", "excited"],
+        "description": 'What is the tone? "calm": A neutral or polite message.'}}
+    assert order == (1, 0, 2)  # prompt position -> request index: angry is the request's 2nd option
+    # another key, the options in another order: the same schema
+    flipped = {"type": "choice", "instructions": "What is the tone?",
+               "criteria": {"excited": None, "angry": None, "calm": "A neutral or polite message"}}
+    other = parsed({"mood": flipped})[0]
+    assert Q.question_data(other)[0] == data and Q.canonical_order(other) == (1, 2, 0)
+    # a score keeps its levels' order (their meaning); a yes/no question keeps true, false
+    urgency = parsed({"u": QUESTIONS["urgency"]})[0]
+    assert Q.question_data(urgency)[0]["fields"]["answer"]["labels"] == ["0", "1", "2"]
+    assert Q.canonical_order(urgency) == (0, 1, 2)
+    assert Q.canonical_order(parsed({"b": QUESTIONS["billing"]})[0]) == (0, 1)
+
+
+def test_plan_decodes_each_distinct_question_once():
+    qs = parsed({**QUESTIONS, "billing_again": QUESTIONS["billing"],
+                 "tone2": {**QUESTIONS["tone"], "criteria": dict(reversed(list(QUESTIONS["tone"]["criteria"].items())))}})
+    p = Q.plan(qs, STATE)
+    assert len(p.units) == 4 and p.rows == 0  # billing, tone, urgency, spam; the two copies are not decoded again
+    assert all(unit.texts == (Q.state_text(STATE),) for unit in p.units)
+    assert p.picks[4].unit == p.picks[0].unit and p.picks[5].unit == p.picks[1].unit
+    assert p.picks[5].order == (1, 2, 0)  # calm, angry, excited reversed: excited, angry, calm
+    alone = Q.plan(parsed({"tone": QUESTIONS["tone"]}), STATE)
+    assert alone.units[0].schema.source_sha256 == p.units[p.picks[1].unit].schema.source_sha256
+
+
+def test_isolation_lifts_the_shared_prompts_answer_context_limit():
+    big = {"type": "choice", "criteria": {f"CAT_{i:03d}": None for i in range(255)}}
+    nouls = {f"n{i}": {"type": "noul", "instructions": f"{i}?"} for i in range(20)}
+    assert len(Q.plan(parsed({"cat": big, **nouls}), "x").units) == 21
+    with pytest.raises(Q.ApiError) as info:
+        Q.build(parsed({"cat": big, **nouls}))
+    assert info.value.code == "too_many_options"
+
+
+def test_pcd_prompt_flag_is_checked():
+    assert Q.prompt_flag({}) == "isolated" and Q.prompt_flag({"pcd_prompt": "shared"}) == "shared"
+    with pytest.raises(Q.ApiError) as info:
+        Q.prompt_flag({"pcd_prompt": "together"})
+    assert info.value.status == 422 and 'must be "isolated" or "shared", got "together"' in info.value.message
+
+
+# -- on the embedded model, through both official clients ------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(embedded_backend):
+    from pcd_cli.server.app import AppConfig
+    from pcd_cli.server.main import ServerThread
+    from pcd_cli.server.service import LabelService, ModelHost
+
+    before = set(threading.enumerate())
+    service = LabelService(ModelHost(loaded=embedded_backend))
+    with ServerThread(service, AppConfig(api_keys=(KEY,))) as srv:
+        yield srv
+    assert not [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+def dists(response) -> dict[str, dict]:
+    """Each answer's distribution by option, from a typesafe-sdk response's raw JSON."""
+    out = {}
+    for key, a in response.raw_http_response.json()["answers"].items():
+        out[key] = {"true": a["noul"], "false": 1.0 - a["noul"]} if a["type"] == "noul" else a["probabilities"]
+    return out
+
+
+def tv(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a[k] - b[k]) for k in a)
+
+
+def test_alone_batched_reordered_duplicated_permuted_give_the_same_answers(served):
+    """The JevBench batch relations and option permutation, exactly: on an idle server every
+    question's schema is decoded alone in its own call, so the probabilities are equal to the bit."""
+    with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as client:
+        batch = dists(client.system_one(state=STATE, questions=QUESTIONS))
+        reordered = dists(client.system_one(state=STATE, questions=dict(reversed(list(QUESTIONS.items())))))
+        duplicated = dists(client.system_one(state=STATE, questions={**QUESTIONS, "tone__copy": QUESTIONS["tone"]}))
+        alone = {k: dists(client.system_one(state=STATE, questions={k: q}))[k] for k, q in QUESTIONS.items()}
+        fillers = dists(client.system_one(state=STATE, questions={
+            "tone": QUESTIONS["tone"], **{f"filler_{i}": {"type": "noul", "instructions": f"Does the text mention {w}?"}
+                                          for i, w in enumerate(("a colour", "an animal", "the weather"))}}))
+        permuted = []
+        for order in itertools.permutations(QUESTIONS["tone"]["criteria"].items()):
+            q = {**QUESTIONS["tone"], "criteria": dict(order)}
+            permuted.append(dists(client.system_one(state=STATE, questions={"tone": q}))["tone"])
+    assert batch == alone == {k: reordered[k] for k in QUESTIONS} == {k: duplicated[k] for k in QUESTIONS}
+    assert duplicated["tone__copy"] == duplicated["tone"] and fillers["tone"] == batch["tone"]
+    assert all(p == batch["tone"] for p in permuted)  # every one of the 6 option orders
+    assert abs(sum(batch["tone"].values()) - 1.0) < 1e-5 and 0.0 < batch["billing"]["true"] < 1.0
+
+
+def test_shared_prompt_is_still_there_and_differs(served):
+    """``pcd_prompt: "shared"`` is today's one-schema prompt: an answer there depends on its
+    neighbours (what isolation removes); the isolated answer is the shared one of a one-question
+    request under the key ``answer``."""
+    with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as client:
+        shared = dists(client.system_one(state=STATE, questions=QUESTIONS, extra_body={"pcd_prompt": "shared"}))
+        shared_alone = dists(client.system_one(state=STATE, questions={"tone": QUESTIONS["tone"]},
+                                               extra_body={"pcd_prompt": "shared"}))
+        as_answer = dists(client.system_one(state=STATE, extra_body={"pcd_prompt": "shared"}, questions={
+            "answer": {**QUESTIONS["tone"], "criteria": dict(sorted(QUESTIONS["tone"]["criteria"].items()))}}))
+        isolated = dists(client.system_one(state=STATE, questions=QUESTIONS))
+    assert tv(shared["tone"], shared_alone["tone"]) > 1e-3  # the neighbours move the shared answer
+    assert as_answer["answer"] == isolated["tone"]
+
+
+def test_isolated_answer_equals_v1_label_with_the_one_question_schema(embedded_backend, tmp_path):
+    """The schema an isolated question is decoded with, written to a file and served by
+    ``/v1/label``: the same probabilities ``pcd label`` writes, to the bit."""
+    import httpx
+
+    from pcd_cli.server.app import AppConfig
+    from pcd_cli.server.main import ServerThread
+    from pcd_cli.server.service import LabelService, ModelHost, SchemaOptions
+
+    tone = parsed({"tone": QUESTIONS["tone"]})[0]
+    data, order = Q.question_data(tone)
+    path = tmp_path / "tone.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    service = LabelService(ModelHost(loaded=embedded_backend), {"tone": (load_schema(path), SchemaOptions())})
+    with ServerThread(service, AppConfig(api_keys=(KEY,))) as srv:
+        with typesafe_sdk.TypeSafeClient(base_url=srv.url, api_key=KEY, timeout=300) as client:
+            j = client.system_one(state=STATE, questions={"tone": QUESTIONS["tone"]})
+        rows = httpx.post(srv.url + "/v1/label", headers={"Authorization": f"Bearer {KEY}"}, timeout=60, json={
+            "schema": "tone", "records": [{"id": "r", "text": Q.state_text(STATE)}], "all_probs": True}).json()["rows"]
+    assert j.choices["tone"].probabilities == rows[0]["answer__probs"]
+    assert j.choices["tone"].choice == rows[0]["answer"]
+
+
+def test_openai_decisions_are_isolated_too(served):
+    """The same questions through ``/v1/decisions``: the same numbers as the Jev endpoint, a
+    question's answer the same alone and with a shuffled, duplicated batch around it."""
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    text = "I was charged twice for my March invoice. Please refund one."
+    questions = [
+        {"type": "predicate", "name": "billing", "instructions": "Is this about billing?"},
+        {"type": "choice", "name": "tone", "instructions": "What is the tone?",
+         "choices": [{"value": "calm", "description": "A neutral or polite message"}, {"value": "angry"},
+                     {"value": "excited"}]},
+        {"type": "choice", "instructions": "Refund asked?", "choices": [{"value": True}, {"value": False}]},
+    ]
+    batch = client.decisions.create(model="m", input=text, questions=questions)
+    alone = client.decisions.create(model="m", input=text, questions=questions[1:2])
+    flipped = dict(questions[2], choices=[{"value": False}, {"value": True}])
+    shuffled = client.decisions.create(model="m", input=text, questions=[flipped, questions[1], dict(questions[1], name="t2"),
+                                                                         questions[0]])
+    tone = {p.value: p.probability for p in batch.answers[1].probabilities}
+    assert tone == {p.value: p.probability for p in alone.answers[0].probabilities}
+    assert tone == {p.value: p.probability for p in shuffled.answers[1].probabilities} == \
+        {p.value: p.probability for p in shuffled.answers[2].probabilities}
+    refund = {p.value: p.probability for p in batch.answers[2].probabilities}
+    assert refund == {p.value: p.probability for p in shuffled.answers[0].probabilities}
+    assert [p.value for p in shuffled.answers[0].probabilities] == [False, True]  # request order kept
+    assert batch.answers[0].probability == shuffled.answers[3].probability
+    with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as jc:
+        j = jc.system_one(state=text, questions={"tone": QUESTIONS["tone"]})
+    assert tone == j.choices["tone"].probabilities
+    # the usage counts the state once per distinct question decoded (3 here, 4 asked)
+    single = client.decisions.create(model="m", input=text, questions=questions[:1]).usage.input_tokens
+    assert shuffled.usage.input_tokens == 3 * single
+    assert np.isclose(sum(tone.values()), 1.0, atol=1e-5)
