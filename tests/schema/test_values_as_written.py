@@ -23,9 +23,9 @@ from pcd_cli.quality.data import FieldSpec, gold_label_index, read_gold
 from pcd_cli.schema.load import load_schema, parse_schema, schema_from_model
 from pcd_cli.schema.model import decision_labels
 
-from .helpers import flat, pcd
+from ..helpers import flat, pcd
 
-CASE = Path(__file__).parent / "data" / "cases-round4" / "pydantic-int-enums-unions-and-annotated"
+CASE = Path(__file__).parents[1] / "data" / "cases-round4" / "pydantic-int-enums-unions-and-annotated"
 
 #: model -> the output columns (name -> Arrow type) both forms give, or the phrases its refusal holds.
 ACCEPTED = {"IntEnumField": {"priority": "int64"}, "LiteralInts": {"priority": "int64"},

@@ -20,7 +20,7 @@ from pcd_cli.schema.load import load_schema, parse_schema
 from pcd_cli.schema.jsonschema import integer_bounds
 from pcd_cli.schema.load import schema_from_model
 
-from .helpers import pcd
+from ..helpers import pcd
 
 YAML = """\
 name: Ticket

@@ -23,7 +23,7 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.schema.rules import MAX_JOINT_SPACE, RuleSolver, rule_components
 from pcd_cli.schema.load import load_schema, parse_schema
 
-from .helpers import ORACLE_SCHEMA, TEXTS, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, TEXTS, pcd, tiny_backend
 
 FIELDS = {
     "severity_tier": {"type": "enum", "labels": ["SEV_0_CRITICAL", "SEV_1_MAJOR", "SEV_2_MODERATE", "SEV_3_MINOR"]},

@@ -13,7 +13,7 @@ from pcd_cli.backends.torch_backend import load_tokenizer
 from pcd_cli.inspect import WARNING_KINDS, inspect
 from pcd_cli.schema.load import load_schema
 
-from .helpers import flat, pcd
+from ..helpers import flat, pcd
 
 #: A label the rules make impossible, three ways: two rules together, a count rule with an
 #: if-rule, one rule on an integer field.
