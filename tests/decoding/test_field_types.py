@@ -24,8 +24,8 @@ from pcd_cli.io.output import chosen_options, expected_value
 from pcd_cli.decoding.prompt import answer_object, catalog_line
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import TEXTS, pcd, tiny_backend
-from .oracle_sample import max_oracle_diff
+from ..helpers import TEXTS, pcd, tiny_backend
+from ..oracle_sample import max_oracle_diff
 
 TOL = 1e-4
 

@@ -18,7 +18,7 @@ from pcd_cli.decoding.oracle import oracle_field
 from pcd_cli.decoding.permute import compile_orderings, label_orderings, orderings_for
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import TEXTS, pcd, tiny_backend
+from ..helpers import TEXTS, pcd, tiny_backend
 
 TOL = 1e-4
 FIELDS = {"sentiment": {"type": "enum", "labels": ["NEGATIVE", "NEUTRAL", "POSITIVE"]},

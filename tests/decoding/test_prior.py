@@ -14,7 +14,7 @@ from pcd_cli.errors import CalibrationError
 from pcd_cli.decoding.prior import CONTENT_FREE, correct
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import tiny_backend
+from ..helpers import tiny_backend
 
 SCHEMA = parse_schema({"name": "s", "fields": {"tone": {"type": "enum", "labels": ["calm", "angry", "sad"]},
                                                "urgent": {"type": "boolean"}}})

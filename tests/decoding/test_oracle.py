@@ -13,8 +13,8 @@ from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.decoding.decode import Decoder
 from pcd_cli.results import Record
 
-from .helpers import TEXTS
-from .oracle_sample import max_oracle_diff
+from ..helpers import TEXTS
+from ..oracle_sample import max_oracle_diff
 
 TOL = 1e-4
 

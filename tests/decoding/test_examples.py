@@ -20,10 +20,10 @@ from pcd_cli.decoding.oracle import oracle_field
 from pcd_cli.decoding.prompt import answer_object
 from pcd_cli.schema.load import load_schema, parse_schema
 
-from .helpers import ORACLE_SCHEMA, TEXTS, tiny_backend
-from .oracle_sample import max_oracle_diff
+from ..helpers import ORACLE_SCHEMA, TEXTS, tiny_backend
+from ..oracle_sample import max_oracle_diff
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "sample_data" / "airline_tweets.dev.jsonl"
 
 EXAMPLES = [

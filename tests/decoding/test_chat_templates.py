@@ -24,10 +24,10 @@ from pcd_cli.errors import CompileError
 from pcd_cli.decoding.prompt import PREAMBLE
 from pcd_cli.schema.load import load_schema
 
-from .helpers import pcd
-from .oracle_sample import max_oracle_diff
+from ..helpers import pcd
+from ..oracle_sample import max_oracle_diff
 
-CASES_DIR = Path(__file__).with_name("data") / "cases-round2"
+CASES_DIR = Path(__file__).parents[1] / "data" / "cases-round2"
 CASES = {c["id"]: c for c in map(json.loads, (CASES_DIR / "cases.jsonl").read_text().splitlines())}
 TEMPLATE_CASES = sorted(cid for cid, c in CASES.items() if c["kind"] == "chat_template")
 

@@ -12,7 +12,7 @@ from pcd_cli.errors import CompileError
 from pcd_cli.decoding.oracle import oracle_field, oracle_label_logprobs
 from pcd_cli.schema.load import load_schema, parse_schema
 
-from .helpers import TEXTS, tiny_backend
+from ..helpers import TEXTS, tiny_backend
 
 MORE_TEXTS = TEXTS + ["URGENT: the production API is down, call me NOW.", "Could you email me the March invoice?"]
 

@@ -25,8 +25,8 @@ from pcd_cli.backends.conformance import max_oracle_diff
 from pcd_cli.decoding.prompt import INPUT_LABEL, PREAMBLE, render_turns
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import ORACLE_SCHEMA, TEXTS
-from .tokenizer_kinds import CHATML_TEMPLATE, INST_TEMPLATE, punct_bpe, sentencepiece, tiny_backend_for
+from ..helpers import ORACLE_SCHEMA, TEXTS
+from ..tokenizer_kinds import CHATML_TEMPLATE, INST_TEMPLATE, punct_bpe, sentencepiece, tiny_backend_for
 
 #: Records ending in punctuation that Qwen2.5/Llama-3 style BPE glues to the newline after it.
 PUNCT_TEXTS = ["Done.", "ok!", "why?"]
