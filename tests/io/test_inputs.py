@@ -37,10 +37,10 @@ from pcd_cli.schema.load import load_schema, parse_schema
 from pcd_cli.schema.load import schema_from_model
 from pcd_cli.io.values import CellError, RepeatedIds, cell_text
 
-from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
 
 SCHEMA = parse_schema(ORACLE_SCHEMA)
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 
 
 def flat(path, spec=InputSpec(), **kw):

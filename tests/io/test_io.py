@@ -18,7 +18,7 @@ from pcd_cli.io.output import ParquetSink, output_schema, results_table
 from pcd_cli.engines.local import default_errors, default_output
 from pcd_cli.schema.load import parse_schema
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 
 
 def flat(path, spec=InputSpec(), **kw):

@@ -28,9 +28,9 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.quality.calibration import Calibration
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = parse_schema(ORACLE_SCHEMA)
 SCHEMA_FILE = ROOT / "schemas" / "airline_sentiment.yaml"
 SPEC = InputSpec(id_field="id")
