@@ -32,9 +32,9 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.decoding.oracle import oracle_field
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "sample_data"
 AIRLINE = ROOT / "schemas" / "airline_sentiment.yaml"
 SCHEMA = parse_schema(ORACLE_SCHEMA)
