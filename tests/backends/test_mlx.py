@@ -22,7 +22,7 @@ from pcd_cli.errors import ModelError
 from pcd_cli.backends.conformance import max_oracle_diff
 from pcd_cli.schema.load import load_schema
 
-from .helpers import TEXTS
+from ..helpers import TEXTS
 
 HAVE_MLX = mlx_available()
 needs_mlx = pytest.mark.skipif(not HAVE_MLX, reason="mlx-lm is not installed (pip install 'pcd-cli[mlx]')")
@@ -30,7 +30,7 @@ TOL = 1e-4
 #: Weight scale of the tiny models: sharp enough that labels differ visibly, mild enough that
 #: float32 itself is accurate to well under TOL (at 4x, torch float32 is 9e-5 off its own float64).
 SCALE = 2.0
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: arch -> (transformers config class, model class, extra config)
 ARCHS = {

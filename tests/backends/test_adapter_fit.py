@@ -22,11 +22,11 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from .helpers import flat, pcd, save_tiny_model
+from ..helpers import flat, pcd, save_tiny_model
 
 SCHEMA = {"name": "reviews", "fields": {"sentiment": {"type": "enum", "labels": ["NEGATIVE", "NEUTRAL", "POSITIVE"]}}}
 TEXTS = ["The parcel arrived broken and support never answered.", "Quick delivery, lovely packaging, thank you!"]
-CASE = Path(__file__).resolve().parents[2] / "shared" / "cases-round4" / "peft-adapter-config-mismatch"
+CASE = Path(__file__).resolve().parents[3] / "shared" / "cases-round4" / "peft-adapter-config-mismatch"
 
 
 def _lora(model, targets=("q_proj", "v_proj")):

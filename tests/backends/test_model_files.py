@@ -16,9 +16,9 @@ from pcd_cli.backends.model_files import check_gguf, check_model_folder, check_s
 from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path, resolve_model
 from pcd_cli.errors import ModelError
 
-from .helpers import pcd
+from ..helpers import pcd
 
-CASE = Path(__file__).with_name("data") / "cases-round3" / "gguf-html-page-or-truncated-download"
+CASE = Path(__file__).parents[1] / "data" / "cases-round3" / "gguf-html-page-or-truncated-download"
 #: The case's HTML page saved under a model's name; tests copy it to a ``.gguf`` name.
 HTML_PAGE = CASE / "not-a-model.html"
 EMBEDDED_SIZE = 98_362_432

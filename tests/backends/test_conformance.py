@@ -12,7 +12,7 @@ from pcd_cli.backends import conformance
 from pcd_cli.backends.conformance import FAMILIES, TOLERANCE, WINDOW, build_tiny_model, run_family
 from pcd_cli.errors import ModelError
 
-from .helpers import pcd
+from ..helpers import pcd
 
 
 @pytest.fixture(scope="module")
