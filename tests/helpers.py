@@ -92,3 +92,33 @@ def pcd(*args, code: int | None = 0, env: dict | None = None, input=None):
 def flat(text: str) -> str:
     """Collapse rich's line wrapping so messages can be matched as phrases."""
     return " ".join(text.split())
+
+
+#: The keyword task the tune tests learn (one boolean field, decided by one word of the text).
+KEYWORD_SCHEMA = {"name": "keyword", "instructions": "Does the message ask for a refund?",
+                  "fields": {"refund": {"type": "boolean", "description": "Asks for a refund"}}}
+NOUNS = ["order", "ticket", "parcel", "invoice", "booking", "seat", "bag", "meal", "upgrade", "voucher"]
+
+
+def keyword_rows(n=60):
+    """``n`` gold rows of the keyword task: even rows ask for a refund, odd ones do not."""
+    rows = []
+    for i in range(n):
+        noun = NOUNS[i % len(NOUNS)]
+        refund = i % 2 == 0
+        text = f"please refund my {noun} number {i}" if refund else f"please check my {noun} number {i}"
+        rows.append({"id": f"k{i}", "text": text, "refund": refund})
+    return rows
+
+
+def keyword_tune_files(root, rows=30):
+    """``root`` with the tiny model (``tiny-model``, seed 6), the keyword schema
+    (``keyword.json``) and ``rows`` keyword gold rows (``gold.jsonl``): a tune CLI test's inputs."""
+    import json
+
+    import orjson
+
+    save_tiny_model(root / "tiny-model", seed=6)
+    (root / "keyword.json").write_text(json.dumps(KEYWORD_SCHEMA))
+    (root / "gold.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in keyword_rows(rows)))
+    return root

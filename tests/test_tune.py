@@ -20,8 +20,11 @@ from pcd_cli.decoding.oracle import oracle_label_logprobs
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, card_mismatches, file_sha256, stratified_holdout, tune
 
-from .helpers import ORACLE_SCHEMA, TEXTS, pcd, save_tiny_model, tiny_backend
-from .test_examples import EXAMPLES
+from .helpers import (KEYWORD_SCHEMA, ORACLE_SCHEMA, TEXTS, keyword_rows, keyword_tune_files, pcd, save_tiny_model,
+                      tiny_backend)
+from .decoding.test_examples import EXAMPLES
+
+_keyword_rows = keyword_rows  # the name tests/engines/test_one_job.py imports from here
 
 
 #: The oracle schema in three waves: ``refund`` and ``action`` also see the written ``deadline`` line.
@@ -170,7 +173,7 @@ def _gold_probability_after_steps(mass_weight: float, steps: int = 4):
 
     backend = tiny_backend(seed=6)
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows(8)
+    rows = keyword_rows(8)
     records = [Record(r["id"], r["text"]) for r in rows]
     gold = [[0 if r["refund"] else 1] for r in rows]
     trainer = LoraTrainer(backend, rank=4, lr=1e-2, seed=0)
@@ -198,34 +201,10 @@ def test_the_mass_term_raises_the_gold_labels_full_vocabulary_probability():
     assert q_mass > 100 * q_ce  # the renormalised loss alone: 1.5e-6 -> 1.8e-5
 
 
-KEYWORD_SCHEMA = {"name": "keyword", "instructions": "Does the message ask for a refund?",
-                  "fields": {"refund": {"type": "boolean", "description": "Asks for a refund"}}}
-NOUNS = ["order", "ticket", "parcel", "invoice", "booking", "seat", "bag", "meal", "upgrade", "voucher"]
-
-
-def _keyword_rows(n=60):
-    rows = []
-    for i in range(n):
-        noun = NOUNS[i % len(NOUNS)]
-        refund = i % 2 == 0
-        text = f"please refund my {noun} number {i}" if refund else f"please check my {noun} number {i}"
-        rows.append({"id": f"k{i}", "text": text, "refund": refund})
-    return rows
-
-
-def keyword_tune_files(root, rows=30):
-    """``root`` with the tiny model (``tiny-model``, seed 6), the keyword schema
-    (``keyword.json``) and ``rows`` keyword gold rows (``gold.jsonl``): a tune CLI test's inputs."""
-    save_tiny_model(root / "tiny-model", seed=6)
-    (root / "keyword.json").write_text(json.dumps(KEYWORD_SCHEMA))
-    (root / "gold.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _keyword_rows(rows)))
-    return root
-
-
 def test_a_tiny_model_learns_a_keyword_task():
     backend = tiny_backend(seed=6)
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows()
+    rows = keyword_rows()
     records = [Record(r["id"], r["text"]) for r in rows]
     labels = [[0 if r["refund"] else 1] for r in rows]
     # the cross-entropy alone: on a random model the mass term (mass ~1e-6, 13 nats) outweighs it for
@@ -256,7 +235,7 @@ def tune_files(tmp_path_factory):
     schema = root / "keyword.json"
     schema.write_text(json.dumps(KEYWORD_SCHEMA))
     gold = root / "gold.jsonl"
-    gold.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _keyword_rows(40)))
+    gold.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in keyword_rows(40)))
     fresh = root / "fresh.jsonl"
     fresh.write_bytes(b"".join(orjson.dumps({"id": f"n{i}", "text": t}) + b"\n" for i, t in enumerate(
         ["please refund my kettle number 99", "please check my kettle number 98"])))
@@ -404,7 +383,7 @@ def test_fit_trusted_uses_a_temperature_alone_when_rows_are_few():
 
 def test_seed_reproduces_the_adapter():
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows(24)
+    rows = keyword_rows(24)
     records = [Record(r["id"], r["text"]) for r in rows]
     labels = [[0 if r["refund"] else 1] for r in rows]
     states = []
@@ -429,7 +408,7 @@ def test_card_mismatches_name_what_differs():
 
 def test_tune_over_label_orderings_trains_every_branch():
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows(24)
+    rows = keyword_rows(24)
     records = [Record(r["id"], r["text"]) for r in rows]
     labels = [[0 if r["refund"] else 1] for r in rows]
     config = TuneConfig(epochs=3, lr=1e-2, rank=4, holdout=0.5, mass_weight=0.0, permutations=2)

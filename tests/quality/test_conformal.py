@@ -20,7 +20,7 @@ from pcd_cli.quality.calibration import Calibration, fit_calibration
 from pcd_cli.quality.conformal import ConformalSet, conformal_split, fit_conformal
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import tiny_backend
+from ..helpers import tiny_backend
 
 
 def test_threshold_is_the_ceil_n_plus_1_quantile_of_the_scores():

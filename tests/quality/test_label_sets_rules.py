@@ -37,9 +37,9 @@ from pcd_cli.results import FieldResult, RecordResult
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.schema.rules import RuleSolver
 
-from .helpers import flat, pcd, tiny_backend
+from ..helpers import flat, pcd, tiny_backend
 
-CASE = Path(__file__).parent / "data" / "cases-round4" / "conformal-too-few-calibration-rows"
+CASE = Path(__file__).parents[1] / "data" / "cases-round4" / "conformal-too-few-calibration-rows"
 TONES = ("calm", "angry", "sad")
 
 

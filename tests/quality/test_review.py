@@ -24,10 +24,10 @@ from pcd_cli.quality.review import (check_label_studio, config_path, label_studi
                                     select_for_review, write_review)
 from pcd_cli.schema.load import load_schema
 
-from . import helpers
-from .helpers import flat
+from .. import helpers
+from ..helpers import flat
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SENTIMENT = ("NEGATIVE", "NEUTRAL", "POSITIVE")
 SCHEMA_YAML = """name: review_test
 fields:

@@ -18,11 +18,11 @@ from pcd_cli.io.output import output_schema
 from pcd_cli.quality import Calibration
 from pcd_cli.schema.load import load_schema
 
-from . import helpers
-from .helpers import flat
+from .. import helpers
+from ..helpers import flat
 from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pcd(*args, code: int = 0):

@@ -15,8 +15,8 @@ from pcd_cli.api import Labeler
 from pcd_cli.errors import SchemaError
 from pcd_cli.quality import Calibration, FieldCalibration
 
-from .helpers import pcd, tiny_backend
-from .test_cli import AIRLINE, DATA
+from ..helpers import pcd, tiny_backend
+from ..cli.test_cli import AIRLINE, DATA
 
 DEV_ROWS = 24
 HELD_OUT = 8

@@ -24,10 +24,9 @@ from pcd_cli.results import Record
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import FieldScores, TrainingDiverged, TuneConfig, divergence, tune
 
-from .helpers import flat, pcd, save_tiny_model, tiny_backend
-from .test_tune import KEYWORD_SCHEMA, _keyword_rows
+from ..helpers import KEYWORD_SCHEMA, flat, keyword_rows, pcd, save_tiny_model, tiny_backend
 
-CASE = Path(__file__).resolve().parents[2] / "shared" / "cases-round4" / "tune-diverged-epoch-and-existing-output-folder"
+CASE = Path(__file__).resolve().parents[3] / "shared" / "cases-round4" / "tune-diverged-epoch-and-existing-output-folder"
 GOLD = [
     {"id": "g01", "text": "The parcel arrived broken and support never answered.", "sentiment": "NEGATIVE"},
     {"id": "g02", "text": "Quick delivery, lovely packaging, thank you!", "sentiment": "POSITIVE"},
@@ -84,7 +83,7 @@ def test_case_tune_diverged_epoch_and_existing_output_folder(work, tmp_path):
 
 def test_a_nan_loss_stops_training_at_that_step():
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows(24)
+    rows = keyword_rows(24)
     records, labels = [Record(r["id"], r["text"]) for r in rows], [[0 if r["refund"] else 1] for r in rows]
     epochs = []
     with pytest.raises(TrainingDiverged, match=r"^training diverged in epoch 1: the training loss is nan at step 2\. "
@@ -112,7 +111,7 @@ def _loss_reports(monkeypatch, scale):
 
 def _keyword_tune(epochs):
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows(24)
+    rows = keyword_rows(24)
     records, labels = [Record(r["id"], r["text"]) for r in rows], [[0 if r["refund"] else 1] for r in rows]
     return tune(tiny_backend(seed=6), schema, records, labels,
                 TuneConfig(epochs=epochs, lr=1e-3, rank=4, holdout=0.5, max_tokens_per_pass=64, mass_weight=0.0))

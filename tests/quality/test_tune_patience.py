@@ -12,8 +12,7 @@ from pcd_cli.results import Record
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, tune
 
-from .helpers import pcd, tiny_backend
-from .test_tune import KEYWORD_SCHEMA, _keyword_rows, keyword_tune_files
+from ..helpers import KEYWORD_SCHEMA, keyword_rows, keyword_tune_files, pcd, tiny_backend
 
 
 def _scripted_nll(monkeypatch, values):
@@ -25,7 +24,7 @@ def _scripted_nll(monkeypatch, values):
 
 
 def _data():
-    rows = _keyword_rows(24)
+    rows = keyword_rows(24)
     return (parse_schema(KEYWORD_SCHEMA), [Record(r["id"], r["text"]) for r in rows],
             [[0 if r["refund"] else 1] for r in rows])
 

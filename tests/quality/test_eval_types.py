@@ -28,7 +28,7 @@ from pcd_cli.schema.model import NULL_LABEL, schema_metadata
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import gold_records
 
-from .helpers import pcd
+from ..helpers import pcd
 
 SCHEMA = parse_schema({"name": "types", "fields": {
     "product": {"type": "enum", "labels": ["APP", "WEB"], "nullable": True},

@@ -29,8 +29,8 @@ from pcd_cli.quality.review import argilla_names, label_studio_config, offline_a
 from pcd_cli.schema.load import load_schema
 from pcd_cli.schema.model import schema_metadata
 
-from . import helpers
-from .helpers import flat
+from .. import helpers
+from ..helpers import flat
 from .test_review import Case
 
 SENTIMENT = ("NEGATIVE", "NEUTRAL", "POSITIVE")

@@ -13,8 +13,7 @@ from pcd_cli.results import Record
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, cross_fit_folds, tune
 
-from .helpers import pcd, tiny_backend
-from .test_tune import KEYWORD_SCHEMA, _keyword_rows, keyword_tune_files
+from ..helpers import KEYWORD_SCHEMA, keyword_rows, keyword_tune_files, pcd, tiny_backend
 
 
 def test_cross_fit_folds_are_stratified_seeded_and_cover_every_row_once():
@@ -37,7 +36,7 @@ def test_cross_fit_pools_every_row_and_trains_the_written_model_on_all_rows_from
     adapter is bit-identical to a plain tune on all rows (no holdout) for the folds' median
     epoch: each run starts from the initial adapter with a fresh optimiser."""
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows(24)
+    rows = keyword_rows(24)
     records = [Record(r["id"], r["text"]) for r in rows]
     labels = [[0 if r["refund"] else 1] for r in rows]
     config = TuneConfig(epochs=3, lr=1e-2, rank=4, mass_weight=0.0, cross_fit=2, seed=3)
@@ -101,7 +100,7 @@ def test_ctrl_c_in_a_fold_run_writes_nothing_and_names_the_fold(monkeypatch):
 
     monkeypatch.setattr(LoraTrainer, "step", interrupted)
     schema = parse_schema(KEYWORD_SCHEMA)
-    rows = _keyword_rows(12)
+    rows = keyword_rows(12)
     with pytest.raises(TuneInterrupted, match="interrupted in cross-fit fold 1 of 2: nothing is written") as caught:
         tune(tiny_backend(seed=6), schema, [Record(r["id"], r["text"]) for r in rows],
              [[0 if r["refund"] else 1] for r in rows], TuneConfig(epochs=1, rank=4, cross_fit=2))
