@@ -17,9 +17,9 @@ import pcd_cli.backends
 import pcd_cli.backends.torch_backend
 from pcd_cli.schema.load import load_schema
 
-from .helpers import flat, pcd
+from ..helpers import flat, pcd
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "sample_data"
 SCHEMAS = ROOT / "schemas"
 AIRLINE = SCHEMAS / "airline_sentiment.yaml"

@@ -21,9 +21,9 @@ from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.inspect import MANY_LABELS, inspect
 from pcd_cli.schema.load import load_schema, parse_schema
 
-from .helpers import pcd
+from ..helpers import pcd
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CASES = {c["id"]: c for c in map(json.loads, (ROOT / "tests" / "data" / "cases.jsonl").read_text().splitlines())}
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")  # Qwen2.5's pre-tokenizer regex
