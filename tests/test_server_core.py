@@ -289,7 +289,7 @@ def test_declared_content_length_over_the_limit_is_413_at_once_on_a_socket():
     with serve(app_config=AppConfig(max_body_bytes=1000)) as srv:
         port = int(srv.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(b"POST /v1/label HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/label HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100000000\r\n\r\n{")  # 100 MB announced, 1 byte sent
             answer = s.recv(65536).decode()
         assert answer.startswith("HTTP/1.1 413") and "body_too_large" in answer

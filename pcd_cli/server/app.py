@@ -9,14 +9,24 @@ Routes: ``POST /v1/label`` (rows with the columns and values of ``pcd label``'s 
 plus any ``extra_routes``.
 
 Every response carries ``x-request-id`` (the client's own, if it sent a usable one, else a new
-``req_<32 hex>``); every log line about a request names it; record text is never logged.
-Every route but ``/health`` and ``/ready`` needs an API key when ``config.api_keys`` is set.
+``req_<32 hex>``); every log line about a request names it (a client's id with ``#<n>`` added, so
+two requests sending the same id stay apart); record text is never logged, nor an exception's
+message (``errors.log_crash``). Every route but ``/health`` and ``/ready`` needs an API key when
+``config.api_keys`` is set. Every error, routing ones (404, 405) included, is the
+``{"error": {type, code, message}}`` envelope.
+
+Before a route runs, in this order (the middleware stack of ``create_app``): ``RequestContext``
+(ids, access log, metrics, the body's receive deadline: 408), CORS (``--cors-origin``), then
+``RequestGuard``: the ``Host`` check against DNS rebinding (421), the API key (401), a cross-origin
+``Origin`` not allowed by ``--cors-origin`` (403) and a body that is not JSON (415).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib
+import itertools
 import logging
 import re
 import time
@@ -28,8 +38,10 @@ from typing import Any, Iterable
 import orjson
 import pyarrow as pa
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
@@ -37,7 +49,7 @@ from ..errors import PcdError
 from ..io.output import check_columns, results_table
 from ..io.readers import DEFAULT_ID_COLUMN, InputSpec, row_to_record
 from ..results import RecordResult
-from .errors import ApiError
+from .errors import ApiError, log_crash, printable
 from .protocols import read_json
 from .service import ClientDisconnected, LabelService
 
@@ -49,6 +61,17 @@ OPEN_PATHS = frozenset({"/health", "/ready"})
 PROTOCOL_MODULES = ("pcd_cli.server.jev", "pcd_cli.server.decisions")
 REQUEST_ID_HEADER = "x-request-id"
 _GOOD_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+#: Host names a server listening on loopback answers for (plus ``--allowed-host`` names).
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+#: Request headers a browser may preflight for the routes (``--cors-origin``): pcd's own, the
+#: ``openai`` SDK's and ``typesafe-sdk``'s; ``CORS_HEADER_PREFIXES`` covers the SDKs' families
+#: (``x-stainless-os``, ``x-stainless-retry-count``, ``X-TypeSafe-SDK``, ...).
+CORS_HEADERS = frozenset({"authorization", "content-type", "content-encoding", "accept", "x-api-key", "x-request-id",
+                          "x-typesafe-request-id", "idempotency-key", "openai-organization", "openai-project",
+                          "openai-beta"})
+CORS_HEADER_PREFIXES = ("x-stainless-", "x-typesafe-")
+#: Methods whose body must be JSON (415 otherwise).
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 @dataclass(frozen=True)
@@ -64,6 +87,18 @@ class AppConfig:
             a Jev or OpenAI one); more is 413.
         request_timeout_s: a request not answered this long after it arrived gets 503.
         cors_origins: origins allowed by CORS; empty: no CORS headers at all.
+        read_timeout_s: most seconds to receive a request's header block (from its first byte,
+            or from the connection's opening) and, separately, its body (from the end of the
+            headers); past it 408 and the connection is closed (Slowloris, CVE-2007-6750).
+            ``None``: ``request_timeout_s`` (60 when that is ``None`` too).
+        max_header_bytes: largest request line plus header block; larger is 431 (RFC 6585 §5)
+            and the connection is closed (h11's ``max_incomplete_event_size``).
+        max_connections: most open connections; one more is answered 503 ``too_many_connections``
+            (``Retry-After: 1``) and closed.
+        allowed_hosts: ``Host`` names answered besides the loopback ones when the server listens
+            on loopback (and the only ones answered otherwise, when given); ``"*"``: any Host.
+            Another Host is 421 (RFC 9110 §15.5.20): a web page reaching a loopback server
+            through DNS rebinding sends its own name.
     """
 
     api_keys: tuple[str, ...] = ()
@@ -71,6 +106,15 @@ class AppConfig:
     max_records_per_request: int = 1024
     request_timeout_s: float | None = 60.0
     cors_origins: tuple[str, ...] = ()
+    read_timeout_s: float | None = None
+    max_header_bytes: int = 64 * 1024
+    max_connections: int = 1024
+    allowed_hosts: tuple[str, ...] = ()
+
+    @property
+    def receive_timeout_s(self) -> float:
+        """``read_timeout_s``, else ``request_timeout_s``, else 60 seconds."""
+        return float(self.read_timeout_s or self.request_timeout_s or 60.0)
 
 
 class Metrics:
@@ -148,28 +192,42 @@ def error_response(exc: ApiError) -> Response:
 
 
 class RequestContext:
-    """ASGI middleware: request id, API key check, the access log line and request metrics.
+    """ASGI middleware, outermost: request ids, the access log line, request metrics, and the
+    receive deadline of the body.
 
     Every response carries ``x-request-id``; a protocol route whose module names another
     request-id header (``id_headers``: path -> header, e.g. the Jev routes' ``x-typesafe-request-id``)
-    carries that one too, the middleware's own answers (401) included."""
+    carries that one too, the middleware's own answers (401) included. ``request.state.log_id``
+    names the request in the log: the id itself when the server made it, the client's id plus
+    ``#<n>`` (a per-app counter) when the client sent one. One path ending in ``/`` is served as
+    the route without it (never a redirect: a redirect would be built from the client's own
+    ``Host`` and ``X-Forwarded-Proto``). The body must arrive within ``receive_timeout_s`` of the
+    headers; past it the route's read raises ``ApiError`` 408 (``Connection: close``)."""
 
-    def __init__(self, app, *, api_keys: tuple[str, ...], metrics: Metrics, known_paths: Iterable[str],
-                 id_headers: dict[str, str] | None = None):
+    def __init__(self, app, *, metrics: Metrics, known_paths: Iterable[str],
+                 id_headers: dict[str, str] | None = None, receive_timeout_s: float = 60.0):
         self.app = app
         self.id_headers = {path: h.encode() for path, h in (id_headers or {}).items()}
-        self.keys = tuple(k.encode() for k in api_keys)
         self.metrics = metrics
         self.known = frozenset(known_paths)
+        self.receive_timeout_s = receive_timeout_s
+        self._numbers = itertools.count(1)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.perf_counter()
         given = _header(scope, b"x-request-id")
-        rid = given if given and _GOOD_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
+        if given and _GOOD_ID.fullmatch(given):
+            rid, log_id = given, f"{given}#{next(self._numbers)}"
+        else:
+            rid = log_id = "req_" + uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"], state["log_id"] = rid, log_id
         path = scope.get("path", "")
+        if len(path) > 1 and path.endswith("/") and path.rstrip("/") in self.known:
+            path = path.rstrip("/")
+            scope = {**scope, "path": path, "raw_path": path.encode()}
         route = path if path in self.known else "other"
         status = {"code": 500}
 
@@ -183,31 +241,172 @@ class RequestContext:
                 message["headers"] = headers
             await send(message)
 
+        body_deadline = time.monotonic() + self.receive_timeout_s
+        body_done = False
+
+        async def receive_by_deadline():
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            left = body_deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(receive(), left)
+            except asyncio.TimeoutError:
+                body_done = True
+                raise ApiError(408, "invalid_request_error", "request_timeout",
+                               f"the request body did not arrive within {self.receive_timeout_s:g} s of its headers "
+                               "(--read-timeout-s); send it at once", {"Connection": "close"}) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
         try:
-            if self.keys and path not in OPEN_PATHS and scope.get("method") != "OPTIONS" and not self._authorized(scope):
-                self.metrics.refused["unauthorized"] += 1
-                err = ApiError(401, "authentication_error", "invalid_api_key",
-                               "a valid API key is needed: send 'Authorization: Bearer <key>'",
-                               {"WWW-Authenticate": "Bearer"})
-                return await error_response(err)(scope, receive, send_with_id)
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_by_deadline, send_with_id)
         finally:
             seconds = time.perf_counter() - started
             if status["code"] == 413:
                 self.metrics.refused["too_large"] += 1
             self.metrics.requests.labels(route, str(status["code"])).inc()
             self.metrics.seconds.labels(route).observe(seconds)
-            log.info("%s %s %s %d %.1f ms", rid, scope.get("method"), route, status["code"], seconds * 1e3)
+            preflight = scope.get("method") == "OPTIONS" and _header(scope, b"access-control-request-method")
+            log.info("%s %s %s %d %.1f ms%s", log_id, scope.get("method"), route, status["code"], seconds * 1e3,
+                     " (CORS preflight)" if preflight else "")
+
+
+class RequestGuard:
+    """ASGI middleware, inside CORS (so its refusals carry the CORS headers): refuses a request
+    before any route reads it. In this order:
+
+    * ``Host`` (when ``hosts`` is given): a name or address not in ``hosts`` is 421
+      ``misdirected_request`` (RFC 9110 §15.5.20); a missing Host (HTTP/1.0) passes. This is
+      what keeps a keyless server on loopback from being driven by a web page through DNS
+      rebinding (the page's requests carry the attacker's name).
+    * the API key (when ``api_keys`` is set): 401 ``invalid_api_key`` with ``WWW-Authenticate``.
+    * ``Origin`` on a POST: a browser's cross-origin request from an origin not in
+      ``cors_origins`` (and not the server's own) is 403 ``origin_not_allowed``.
+    * the body's ``Content-Type`` on POST, PUT and PATCH: JSON only (``application/json`` or a
+      ``+json`` type; none given passes): anything else is 415 ``unsupported_media_type`` with
+      ``Accept: application/json`` (RFC 9110 §15.5.16), so a browser's preflight-free
+      ``text/plain`` POST is never parsed.
+
+    ``/health`` and ``/ready`` (``OPEN_PATHS``) are always open; CORS preflights (``OPTIONS``)
+    never need a key.
+    """
+
+    def __init__(self, app, *, api_keys: tuple[str, ...], metrics: Metrics, hosts: frozenset[str] | None,
+                 cors_origins: tuple[str, ...] = ()):
+        self.app = app
+        self.keys = tuple(k.encode() for k in api_keys)
+        self.metrics = metrics
+        self.hosts = hosts
+        self.origins = frozenset(o.rstrip("/").lower() for o in cors_origins)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path", "") in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        err = self._refusal(scope)
+        if err is not None:
+            return await error_response(err)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope) -> ApiError | None:
+        method = scope.get("method")
+        host = _header(scope, b"host")
+        if self.hosts is not None and host is not None and host_name(host) not in self.hosts:
+            self.metrics.refused["misdirected"] += 1
+            return ApiError(421, "invalid_request_error", "misdirected_request",
+                            f"this server does not answer for Host {printable(host)[:100]!r}; it answers for "
+                            f"{', '.join(sorted(self.hosts))} (--allowed-host adds a name)")
+        if self.keys and method != "OPTIONS" and not self._authorized(scope):
+            self.metrics.refused["unauthorized"] += 1
+            return ApiError(401, "authentication_error", "invalid_api_key",
+                            "a valid API key is needed: send 'Authorization: Bearer <key>'",
+                            {"WWW-Authenticate": "Bearer"})
+        if method in _BODY_METHODS:
+            origin = _header(scope, b"origin")
+            if origin is not None and origin.rstrip("/").lower() not in self.origins \
+                    and host_name(origin.split("://", 1)[-1]) != (host_name(host) if host else None):
+                self.metrics.refused["origin_not_allowed"] += 1
+                return ApiError(403, "permission_error", "origin_not_allowed",
+                                f"requests from the web origin {printable(origin)[:100]!r} are not allowed; "
+                                "--cors-origin lists the origins a browser may call this server from")
+            ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+            if ctype and ctype != "application/json" and not ctype.endswith("+json") \
+                    and not ctype.startswith("multipart/"):  # multipart: read_json's own 415 names it
+                self.metrics.refused["unsupported_media_type"] += 1
+                return ApiError(415, "invalid_request_error", "unsupported_media_type",
+                                f"Content-Type {printable(ctype)[:100]!r} is not accepted: send the body as JSON "
+                                "with 'Content-Type: application/json'", {"Accept": "application/json"})
+        return None
 
     def _authorized(self, scope) -> bool:
         """Whether the request carries one of the keys (every key compared in constant time)."""
         auth = _header(scope, b"authorization") or ""
         given = auth[7:].strip() if auth[:7].lower() == "bearer " else (_header(scope, b"x-api-key") or "")
-        given_b = given.encode()
+        given_b = given.encode("latin-1", "replace")
         ok = False
         for key in self.keys:
             ok |= hmac.compare_digest(given_b, key)
         return ok
+
+
+def host_name(host: str) -> str:
+    """The name or address of a ``Host`` value (or of an origin without its scheme), lower-cased,
+    without the port: ``Example.com:8000`` -> ``example.com``, ``[::1]:8000`` -> ``[::1]``."""
+    host = host.strip().lower().split("/", 1)[0]
+    if host.startswith("["):
+        return host.split("]", 1)[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def allowed_hosts(config: AppConfig, listen_host: str | None) -> frozenset[str] | None:
+    """The ``Host`` names ``RequestGuard`` answers for: the loopback names plus
+    ``config.allowed_hosts`` when ``listen_host`` is a loopback address; only
+    ``config.allowed_hosts`` when given for another address; ``None`` (no check) otherwise, or
+    when ``allowed_hosts`` holds ``"*"``."""
+    extra = frozenset(host_name(h) for h in config.allowed_hosts)
+    if "*" in extra:
+        return None
+    if listen_host is not None and is_loopback(listen_host):
+        return LOOPBACK_HOSTS | extra | {host_name(listen_host)}
+    return extra or None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _Cors(CORSMiddleware):
+    """Starlette's CORS middleware that allows the request headers of ``CORS_HEADERS`` and the
+    ``CORS_HEADER_PREFIXES`` families, and refuses a preflight with the error envelope."""
+
+    def preflight_response(self, request_headers) -> Response:
+        requested = [h.strip().lower() for h in request_headers.get("access-control-request-headers", "").split(",")
+                     if h.strip()]
+        unknown = [h for h in requested if h not in CORS_HEADERS and not h.startswith(CORS_HEADER_PREFIXES)]
+        response = super().preflight_response(request_headers)
+        if unknown or response.status_code != 200:
+            failures = response.body.decode("latin-1").removeprefix("Disallowed CORS ") if response.status_code != 200 \
+                else "headers"
+            why = f"header {unknown[0]!r} is not one a request to pcd carries" if unknown else f"{failures} not allowed"
+            err = ApiError(400, "invalid_request_error", "cors_preflight_refused",
+                           f"CORS preflight refused: {printable(why)}; allowed origins are set by --cors-origin")
+            headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")
+                       and k.lower() != "access-control-allow-origin" or k.lower() == "vary"}
+            if "origin" not in failures:
+                headers["Access-Control-Allow-Origin"] = request_headers["origin"]
+            return json_response(err.body(), 400, headers)
+        return response
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -229,7 +428,7 @@ async def label(request: Request) -> Response:
     """
     service: LabelService = request.app.state.service
     config: AppConfig = request.app.state.config
-    body = await read_json(request, config.max_body_bytes)
+    body = await read_json(request, config.max_body_bytes, text_checked_by_caller=("records",))
     if not isinstance(body, dict):
         raise _invalid("body", "the body must be a JSON object {\"schema\": NAME, \"records\": [...]}")
     unknown = [k for k in body if k not in ("schema", "records", "all_probs")]
@@ -304,7 +503,7 @@ async def submit(request: Request, schema, records):
     """``service.submit`` for this request: its id, the configured deadline, its connection."""
     service: LabelService = request.app.state.service
     timeout = request.app.state.config.request_timeout_s
-    return await service.submit(schema, records, request_id=request_id(request),
+    return await service.submit(schema, records, request_id=request.state.log_id,
                                 deadline=time.monotonic() + timeout if timeout else None,
                                 is_disconnected=request.is_disconnected)
 
@@ -348,28 +547,56 @@ async def metrics(request: Request) -> Response:
 
 async def _api_error(request: Request, exc: ApiError) -> Response:
     if exc.status >= 500 and exc.code not in ("draining", "not_ready", "deadline_exceeded", "shutting_down"):
-        log.error("%s: %s", request_id(request), exc.message)
+        log.error("%s: %s (%s)", _log_id(request), exc.code, exc.status)
     return error_response(exc)
 
 
-async def _disconnected(request: Request, exc: ClientDisconnected) -> Response:
-    return Response(status_code=499)  # nobody reads it; uvicorn drops it
+async def _disconnected(request: Request, exc: Exception) -> Response:
+    """499 for a client that left (while its upload streamed in, or while its request waited);
+    nobody reads it, and the access log line (INFO) is the only line about it."""
+    return Response(status_code=499)
 
 
 async def _crash(request: Request, exc: Exception) -> Response:
-    log.exception("%s: unhandled error", request_id(request))
+    log_crash(log, f"{_log_id(request)}: unhandled error", exc)
     return error_response(ApiError(500, "server_error", "internal_error",
                                    "the server failed on this request; the log has the details under its request id"))
 
 
+#: ``code`` of the routing errors (``HTTPException`` raised by Starlette's router).
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """A routing error (404 no such route, 405 a method the route does not take, with ``Allow``
+    as RFC 9110 §15.5.6 asks) in the error envelope, so that the official clients read its
+    ``code``."""
+    method, path = request.method, printable(request.url.path)[:200]
+    if exc.status_code == 404:
+        message = f"no route {path!r}; pcd serves /v1/label, /v1/schemas, /v1/systemone, /v1/models, /v1/decisions, " \
+                  "/health, /ready and /metrics"
+    elif exc.status_code == 405:
+        message = f"{method} is not allowed on {path!r}; allowed: {(exc.headers or {}).get('Allow', '')}"
+    else:
+        message = printable(str(exc.detail))
+    return error_response(ApiError(exc.status_code, "invalid_request_error",
+                                   _HTTP_CODES.get(exc.status_code, "http_error"), message, dict(exc.headers or {})))
+
+
+def _log_id(request: Request) -> str:
+    return getattr(request.state, "log_id", None) or request_id(request)
+
+
 def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
-               extra_routes: Iterable[BaseRoute] = ()) -> Starlette:
+               extra_routes: Iterable[BaseRoute] = (), listen_host: str | None = None) -> Starlette:
     """The Starlette app over ``service``.
 
     Args:
         service: the ``LabelService`` (started by the caller).
-        config: limits, keys, CORS.
+        config: limits, keys, CORS, hosts.
         extra_routes: more routes (added after pcd's own and the protocol modules').
+        listen_host: the address the server listens on: on loopback, only loopback ``Host``
+            names (and ``config.allowed_hosts``) are answered (``allowed_hosts``).
 
     The protocol modules (``PROTOCOL_MODULES``) are imported when present; each gives
     ``routes(service, config) -> list[Route]``.
@@ -396,18 +623,19 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
         routes.extend(added)
     routes.extend(extra_routes)
     metrics_ = Metrics(service)
-    middleware = []
+    middleware = [Middleware(RequestContext, metrics=metrics_, known_paths=[r.path for r in routes if hasattr(r, "path")],
+                             id_headers=id_headers, receive_timeout_s=config.receive_timeout_s)]
     if config.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                                     allow_methods=["GET", "POST"],
-                                     allow_headers=["authorization", "content-type", "x-api-key", "x-request-id"],
+        middleware.append(Middleware(_Cors, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                                     allow_headers=["*"],  # mirrored once _Cors has checked them
                                      expose_headers=["x-request-id", "x-typesafe-request-id", "retry-after"]))
-    middleware.append(Middleware(RequestContext, api_keys=tuple(config.api_keys), metrics=metrics_,
-                                 known_paths=[r.path for r in routes if hasattr(r, "path")], id_headers=id_headers))
+    middleware.append(Middleware(RequestGuard, api_keys=tuple(config.api_keys), metrics=metrics_,
+                                 hosts=allowed_hosts(config, listen_host), cors_origins=tuple(config.cors_origins)))
     app = Starlette(routes=routes, middleware=middleware,
-                    exception_handlers={ApiError: _api_error, ClientDisconnected: _disconnected, Exception: _crash})
+                    exception_handlers={ApiError: _api_error, ClientDisconnected: _disconnected,
+                                        ClientDisconnect: _disconnected, HTTPException: _http_error,
+                                        Exception: _crash})
+    app.router.redirect_slashes = False  # RequestContext serves "/v1/label/" as "/v1/label"
     app.state.service = service
     app.state.config = config
     app.state.metrics = metrics_
@@ -423,7 +651,7 @@ def _wrap(endpoint):
             return await endpoint(request)
         except ApiError as exc:
             return await _api_error(request, exc)
-        except ClientDisconnected as exc:
+        except (ClientDisconnected, ClientDisconnect) as exc:
             return await _disconnected(request, exc)
         except Exception as exc:  # noqa: BLE001
             return await _crash(request, exc)

@@ -6,6 +6,7 @@ calling process (tests, benchmarks).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import socket
@@ -31,10 +32,111 @@ def _uvicorn():
     return uvicorn
 
 
+def _envelope_bytes(status: int, reason: str, code: str, message: str, extra: str = "") -> bytes:
+    """A whole HTTP/1.1 response with the error envelope and ``Connection: close``, written by the
+    protocol itself (before any request reached the app)."""
+    from .errors import ApiError
+
+    body = json.dumps(ApiError(status, "invalid_request_error" if status < 500 else "server_error", code,
+                               message).body()).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\n{extra}\r\n").encode() + body
+
+
+def guarded_protocol(*, header_timeout_s: float, max_connections: int):
+    """uvicorn's h11 protocol with the bounds uvicorn lacks (uvicorn's ``timeout_keep_alive`` only
+    runs between requests and is reset by every byte, so a client trickling a header a byte at a
+    time holds its connection for ever: Slowloris, CVE-2007-6750):
+
+    * a request's header block must be complete within ``header_timeout_s`` of its first byte
+      (or of the connection's opening): else 408 ``request_timeout`` and the connection closes;
+    * a header block over h11's ``max_incomplete_event_size`` (``AppConfig.max_header_bytes``)
+      is 431 ``headers_too_large`` (RFC 6585 §5), any other malformed request 400
+      ``invalid_http``, both in the error envelope (uvicorn sends plain text);
+    * over ``max_connections`` open connections, a new one is answered 503
+      ``too_many_connections`` (``Retry-After: 1``) and closed.
+
+    h11 (not httptools) is used because it bounds the header block's size.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol, h11
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                log.warning("%d connections open (--max-connections %d): a new one refused", len(self.connections),
+                            max_connections)
+                transport.write(_envelope_bytes(503, "Service Unavailable", "too_many_connections",
+                                                f"the server holds {max_connections} connections (--max-connections); "
+                                                "retry in a moment", "retry-after: 1\r\n"))
+                transport.close()
+                return
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self.conn.their_state is h11.IDLE
+            if waiting:
+                self._arm()  # counts from the first byte of a request's headers
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # keep-alive: uvicorn's own timer bounds the idle wait
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a response is still being written on this connection
+            if not self.conn.trailing_data[0]:
+                self.transport.close()  # nothing sent: an idle connection, closed quietly
+                return
+            log.info("a request's headers did not arrive within %.0f s; connection closed (408)", header_timeout_s)
+            self.transport.write(_envelope_bytes(408, "Request Timeout", "request_timeout",
+                                                 f"the request's headers did not arrive within {header_timeout_s:g} s "
+                                                 "(--read-timeout-s)"))
+            self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            buffered = len(self.conn.trailing_data[0])
+            limit = self.conn._max_incomplete_event_size  # noqa: SLF001 - h11 names no public accessor
+            if buffered > limit:
+                data = _envelope_bytes(431, "Request Header Fields Too Large", "headers_too_large",
+                                       f"the request line and headers are over {limit} bytes (--max-header-bytes)")
+            else:
+                data = _envelope_bytes(400, "Bad Request", "invalid_http", "the request is not valid HTTP/1.1")
+            self._disarm()
+            self.transport.write(data)
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
 def make_server(service: LabelService, app_config: AppConfig, *, host: str, port: int,
                 shutdown_timeout_s: float = 30.0, extra_routes=()):
     """A drain-aware uvicorn server over ``create_app(service, app_config)``, and its socket,
     already bound (``host``, ``port``; port 0 picks a free one).
+
+    The HTTP protocol is ``guarded_protocol``'s (header deadline, header size, connection
+    count; ``app_config``'s ``receive_timeout_s``, ``max_header_bytes``, ``max_connections``);
+    ``X-Forwarded-*`` headers are not trusted (``proxy_headers=False``).
 
     The first SIGTERM or SIGINT (``handle_exit``) drains: ``/ready`` and new work answer 503,
     queued and running requests finish (at most ``shutdown_timeout_s``), then the server stops;
@@ -70,9 +172,11 @@ def make_server(service: LabelService, app_config: AppConfig, *, host: str, port
                 self.should_exit = True
             return await super().on_tick(counter)
 
-    app = create_app(service, app_config, extra_routes=extra_routes)
+    app = create_app(service, app_config, extra_routes=extra_routes, listen_host=host)
+    http = guarded_protocol(header_timeout_s=app_config.receive_timeout_s, max_connections=app_config.max_connections)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=RESPONSE_GRACE_S, server_header=False)
+                            timeout_graceful_shutdown=RESPONSE_GRACE_S, server_header=False, http=http,
+                            h11_max_incomplete_event_size=app_config.max_header_bytes, proxy_headers=False)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

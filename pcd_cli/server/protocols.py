@@ -10,10 +10,10 @@ import time
 import uuid
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
-from .errors import ApiError
+from .errors import ApiError, log_crash, printable
 
 log = logging.getLogger("pcd.server")
 
@@ -22,6 +22,14 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: The request flag, a top-level body key in both APIs, that asks for pcd's own extras (candidate
 #: mass, raw probabilities, truncation, timings). Both official clients send it with ``extra_body``.
 EXTRAS_FLAG = "pcd_extras"
+
+
+def log_id(request: Request) -> str:
+    """The id that names this request in the log: unique per request even when two clients send
+    the same ``x-request-id`` (``RequestContext`` adds ``#<n>`` to a client's id); the request id
+    when no middleware set one."""
+    state = request.state
+    return getattr(state, "log_id", None) or getattr(state, "request_id", None) or "-"
 
 
 def request_id(request: Request, header: str) -> tuple[str, dict[str, str]]:
@@ -50,8 +58,8 @@ async def guarded(handler, request: Request, headers: dict[str, str]):
         return error_response(exc, headers)
     except ClientDisconnected:
         return Response(status_code=499)
-    except Exception:  # noqa: BLE001 - one request's crash never stops the server
-        log.exception("%s: unhandled error", request.state.request_id)
+    except Exception as exc:  # noqa: BLE001 - one request's crash never stops the server
+        log_crash(log, f"{log_id(request)}: unhandled error", exc)
         return error_response(ApiError(500, "server_error", "internal_error", "the server failed on this request; "
                                        "the log has the details under its request id"), headers)
 
@@ -79,36 +87,147 @@ def _constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-async def read_json(request: Request, max_bytes: int | None = None) -> Any:
-    """The request body parsed as JSON, read at most ``max_bytes`` (plus one chunk) into memory.
+#: Deepest nesting of arrays and objects a request body may have (a state nested deeper is 422
+#: naming where; Python's own parser gives up near 1,000 levels, which is 400).
+MAX_JSON_DEPTH = 64
+#: Integers a body may hold: pcd spells numbers as 64-bit values (orjson, Arrow int64), so a larger
+#: one (a 30-digit id) is 422 naming where, not a crash when it is written back.
+INT_RANGE = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def json_path(path: tuple) -> str:
+    """``("questions", "a", "criteria", 3)`` -> ``questions.a.criteria[3]`` (keys made ``printable``)."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (("." if out else "") + printable(str(part)))
+    return out or "body"
+
+
+def check_json(value: Any, *, text_checked_by_caller: tuple[str, ...] = ()) -> None:
+    """Refuse a parsed body holding a value pcd cannot carry to the tokenizer or write back,
+    naming where it is. Every key and string must be valid Unicode text (no lone surrogate: JSON's
+    ``"\\ud83d"`` escape can spell one, UTF-8 and the tokenizer cannot); every integer within
+    ``INT_RANGE``; every number finite (``1e400``); nesting at most ``MAX_JSON_DEPTH`` deep.
+
+    ``text_checked_by_caller``: top-level keys whose strings the route checks itself (``/v1/label``'s
+    ``records``: a bad text there is a row error, as in ``pcd label``); their keys, numbers and
+    depth are still checked here.
+
+    Raises:
+        ApiError: 422 ``invalid_text``, ``number_out_of_range`` or ``too_deep``, the message naming
+            the JSON path (``state.a[2]``, ``questions.billing.instructions``).
+    """
+    stack: list[tuple[Any, tuple, bool]] = [(value, (), True)]
+    while stack:
+        item, path, check_text = stack.pop()
+        if len(path) > MAX_JSON_DEPTH:
+            raise ApiError(422, "invalid_request_error", "too_deep",
+                           f"{json_path(path[:3])}: nested more than {MAX_JSON_DEPTH} arrays or objects deep; "
+                           "flatten it")
+        if isinstance(item, str):
+            if check_text and not _valid_text(item):
+                raise _bad_text(path, item)
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if not INT_RANGE[0] <= item <= INT_RANGE[1]:
+                raise ApiError(422, "invalid_request_error", "number_out_of_range",
+                               f"{json_path(path)}: the integer {str(item)[:24]}{'...' if len(str(item)) > 24 else ''} "
+                               "is outside the 64-bit range pcd writes; send it as a string")
+        elif isinstance(item, float):
+            if item != item or item in (float("inf"), float("-inf")):
+                raise ApiError(422, "invalid_request_error", "number_out_of_range",
+                               f"{json_path(path)}: the number is too large for a 64-bit float; send it as a string")
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if not _valid_text(key):
+                    raise _bad_text(path + (key,), key, is_key=True)
+                here = check_text and not (not path and key in text_checked_by_caller)
+                stack.append((sub, path + (key,), here))
+        elif isinstance(item, list):
+            stack.extend((sub, path + (i,), check_text) for i, sub in enumerate(item))
+
+
+def _valid_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _bad_text(path: tuple, text: str, *, is_key: bool = False) -> ApiError:
+    try:
+        text.encode("utf-8")
+        at = 0
+    except UnicodeEncodeError as exc:
+        at = exc.start
+    return ApiError(422, "invalid_request_error", "invalid_text",
+                    f"{json_path(path)}: the {'key' if is_key else 'text'} holds a lone surrogate "
+                    f"(U+{ord(text[at]):04X} at character {at}), which is not Unicode text: a \\uD800-\\uDFFF "
+                    "escape must be one half of a pair; send valid UTF-8")
+
+
+async def _discard(stream, budget: int) -> None:
+    """Read and drop up to ``budget`` more bytes of a refused body, so that a client that sends its
+    whole body before reading the answer (``urllib``, ``requests``) reads the 413 instead of a
+    connection reset; the receive deadline (``RequestContext``) still bounds the time."""
+    try:
+        async for chunk in stream:
+            budget -= len(chunk)
+            if budget < 0:
+                return
+    except (ApiError, ClientDisconnect):
+        return
+
+
+async def read_json(request: Request, max_bytes: int | None = None, *,
+                    text_checked_by_caller: tuple[str, ...] = ()) -> Any:
+    """The request body parsed as JSON, read at most ``max_bytes`` (plus one chunk) into memory,
+    and checked by ``check_json``.
 
     A ``Content-Encoding: zstd`` body (what ``typesafe-sdk`` sends for bodies of 1 KiB or more when
     zstd is available) is decompressed, bounded by the same limit. Objects keep their key order.
+    A body whose declared ``Content-Length`` is over ``max_bytes`` (but at most twice it) is read
+    on and dropped before the 413 is sent, with ``Connection: close``, so that a client that sends
+    its whole body before reading (``urllib``, ``requests``) reads the 413, not a connection reset;
+    a larger one, or one of undeclared length, is not read on.
 
     Raises:
         ApiError: 413 when the body (declared or read, or decompressed) is over ``max_bytes``;
             415 for a multipart body (assets / images: pcd labels text) or an unknown encoding;
-            400 when it is not valid UTF-8 JSON (NaN and Infinity included); 422 when an
-            object repeats a key.
+            400 when it is not valid UTF-8 JSON (NaN and Infinity included) or nests deeper
+            than Python's parser goes; 422 when an object repeats a key or ``check_json``
+            refuses a value; 408 when the body is not received within the read timeout (raised
+            by ``RequestContext``'s receive).
+        ClientDisconnected: the client left in the middle of its upload (answered 499).
     """
+    from .service import ClientDisconnected
+
     limit = max_bytes or DEFAULT_MAX_BODY_BYTES
     too_big = ApiError(413, "invalid_request_error", "body_too_large",
                        f"the request body is over {limit} bytes (--max-body-bytes); send fewer or shorter questions "
-                       "or a shorter state")
+                       "or a shorter state", {"Connection": "close"})
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/"):
         raise ApiError(415, "invalid_request_error", "unsupported_media_type",
                        "multipart bodies (assets, images) are not supported: pcd labels text; send the state as "
-                       "a JSON string, object or array")
+                       "a JSON string, object or array", {"Accept": "application/json"})
     declared = request.headers.get("content-length")
+    stream = request.stream()
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= 2 * limit:
+            await _discard(stream, limit)
         raise too_big
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > limit:  # a body of undeclared length (chunked) is not read on: it may be endless
+                raise too_big
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientDisconnected(getattr(request.state, "request_id", "?")) from None
     body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding == "zstd":
@@ -130,14 +249,21 @@ async def read_json(request: Request, max_bytes: int | None = None) -> Any:
             raise too_big
     elif encoding not in ("", "identity"):
         raise ApiError(415, "invalid_request_error", "unsupported_encoding",
-                       f"Content-Encoding {encoding!r} is not supported (identity or zstd)")
+                       f"Content-Encoding {encoding!r} is not supported (identity or zstd)",
+                       {"Accept-Encoding": "zstd, identity"})
     try:
-        return json.loads(body.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_constant)
+        parsed = json.loads(body.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_constant)
     except _Duplicate as exc:
-        raise ApiError(422, "invalid_request_error", "duplicate_key", str(exc)) from None
+        raise ApiError(422, "invalid_request_error", "duplicate_key", printable(str(exc))) from None
+    except RecursionError:
+        raise ApiError(400, "invalid_request_error", "invalid_json",
+                       f"the request body nests arrays or objects too deep to parse; at most {MAX_JSON_DEPTH} "
+                       "levels are accepted") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, "invalid_request_error", "invalid_json",
                        f"the request body is not valid JSON: {exc}") from None
+    check_json(parsed, text_checked_by_caller=text_checked_by_caller)
+    return parsed
 
 
 def extras_flag(body: dict) -> bool:
@@ -169,7 +295,7 @@ async def label_one(service: Any, config: Any, schema: Any, record: Any, *, requ
             long for the model with ``--truncate error``, ...).
     """
     timeout = config_value(config, "request_timeout_s", None)
-    submitted = await service.submit(schema, [record], request_id=rid,
+    submitted = await service.submit(schema, [record], request_id=getattr(request.state, "log_id", None) or rid,
                                      deadline=time.monotonic() + float(timeout) if timeout else None,
                                      is_disconnected=request.is_disconnected)
     result = submitted.results[0]

@@ -35,7 +35,8 @@ from ..engines.local import CHUNK_RECORDS
 from ..errors import PcdError
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
-from .errors import ApiError
+from . import textcheck
+from .errors import ApiError, log_crash
 
 log = logging.getLogger("pcd.server")
 
@@ -150,6 +151,9 @@ class ServiceConfig:
             the startup schemas are pinned and not counted.
         request_timeout_s: a request not answered this long after it arrived gets 503
             (``None``: no deadline).
+        max_compile_cost: most estimated label tokens (``textcheck.compile_cost``: options ×
+            tokens) of a schema built from a request; more is 413 ``too_costly``, refused before
+            anything is compiled (startup schemas are not bounded).
     """
 
     packing: bool = True
@@ -160,6 +164,7 @@ class ServiceConfig:
     max_queued_requests: int = 1024
     max_cached_schemas: int = 64
     request_timeout_s: float | None = 60.0
+    max_compile_cost: int = 8192
 
 
 def estimate_tokens(record: Record | RecordFailure) -> int:
@@ -225,6 +230,7 @@ class _Job:
     tokens: int = 0
     cancelled: bool = False
     finished: bool = False
+    deadline: float | None = None  # time.monotonic() past which nothing more is done for it
 
     @property
     def remaining(self) -> int:
@@ -283,6 +289,10 @@ class LabelService:
         self.refused: Counter[str] = Counter()
         #: called with each answered request's queue wait in seconds (the app's histogram)
         self.on_queue_wait: Callable[[float], None] | None = None
+        #: entries waiting for the compile thread, oldest first (their keys in ``_compile_pending``)
+        self._compile_wanted: deque[_Entry] = deque()
+        self._compile_pending: set[tuple] = set()
+        self._compiler: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -338,8 +348,11 @@ class LabelService:
         """Stop the worker: requests still queued fail with 503 (``shed``); the running decode
         call ends first; the thread is joined (at most ``timeout`` seconds)."""
         self.shed()
+        end = time.monotonic() + timeout
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._compiler is not None:  # a compile running now ends first (it cannot be interrupted)
+            self._compiler.join(max(0.0, end - time.monotonic()))
 
     @property
     def queue_depth(self) -> tuple[int, int]:
@@ -394,9 +407,11 @@ class LabelService:
                            "answers 200", {"Retry-After": "1"})
         if deadline is None and self.config.request_timeout_s is not None:
             deadline = time.monotonic() + self.config.request_timeout_s
+        if schema.source_sha256 not in self._pinned:
+            self._check_schema(schema)
         loop = asyncio.get_running_loop()
-        job = _Job(request_id, self._entry(schema), list(records), loop, loop.create_future(), time.monotonic(),
-                   results=[None] * len(records))
+        job = _Job(request_id, self._entry(schema), [self._checked_record(r) for r in records], loop,
+                   loop.create_future(), time.monotonic(), results=[None] * len(records), deadline=deadline)
         with self._cond:
             if self.draining:
                 raise ApiError(503, "server_error", "draining", "the server is shutting down",
@@ -405,11 +420,67 @@ class LabelService:
             if job.records:
                 self._queue.append(job)
                 self._queued_records += len(job.records)
-                self._cond.notify()
+                self._want_compiled(job.entry)
+                self._cond.notify_all()
         if not job.records:
             return SubmitResult([], dict(job.entry.metadata), 0, 0.0, 0.0, job.entry.labeler)
         log.info("request %s: %d records queued", request_id, len(records))
         return await self._wait(job, deadline, is_disconnected)
+
+    def _check_schema(self, schema: Schema) -> None:
+        """Refuse a request-built schema before anything is compiled: text that is not Unicode
+        (a lone surrogate in a question, option or instruction), labels that look alike
+        (``textcheck.label_problem``), or a compile cost over ``config.max_compile_cost``.
+
+        Raises:
+            ApiError: 422 ``invalid_text`` or ``invalid_option`` naming the field; 413 ``too_costly``.
+        """
+        for where, text in textcheck.strings(schema, "schema"):
+            at = textcheck.lone_surrogate(text)
+            if at is not None:
+                raise ApiError(422, "invalid_request_error", "invalid_text", textcheck.surrogate_message(where, text, at))
+        for f in schema.fields:
+            problem = textcheck.label_problem(f.labels)
+            if problem is not None:
+                raise ApiError(422, "invalid_request_error", "invalid_option", f"field {f.name!r}: {problem}")
+        cost = textcheck.compile_cost(schema)
+        if cost > self.config.max_compile_cost:
+            raise ApiError(413, "invalid_request_error", "too_costly",
+                           f"the questions' options hold about {cost} label tokens in all (options × tokens); this "
+                           f"server compiles at most {self.config.max_compile_cost} per question set "
+                           "(--max-compile-cost): ask fewer options or shorter ones")
+
+    @staticmethod
+    def _checked_record(record):
+        """``record``, or a ``RecordFailure`` when its text or id is not Unicode text (a lone
+        surrogate): it then fails alone, as ``pcd label`` fails a row with bytes that are not
+        UTF-8, and never reaches a shared decode call."""
+        if not isinstance(record, Record):
+            return record
+        for what, text in (("text", record.text), ("id", record.id)):
+            if isinstance(text, str):
+                at = textcheck.lone_surrogate(text)
+                if at is not None:
+                    rid = record.id if what == "text" else None
+                    return RecordFailure(rid, textcheck.surrogate_message(f"record {rid!r}: the {what}", text, at),
+                                         getattr(record, "row", None))
+        return record
+
+    def _want_compiled(self, entry: _Entry) -> None:
+        """Hand ``entry`` to the compile thread unless it is compiled or already wanted (lock held)."""
+        if entry.labeler is None and entry.key not in self._compile_pending:
+            self._compile_pending.add(entry.key)
+            self._compile_wanted.append(entry)
+
+    @staticmethod
+    def _expired(job: _Job, now: float) -> bool:
+        return job.cancelled or (job.deadline is not None and now >= job.deadline)
+
+    def _past_deadline(self, job: _Job) -> ApiError:
+        return ApiError(503, "server_error", "deadline_exceeded",
+                        f"the request was not answered within its deadline ({job.cursor} of {len(job.records)} "
+                        "records decoded; --request-timeout-s); retry later or send fewer records",
+                        {"Retry-After": str(self._retry_after(self.queue_depth[1]))})
 
     def _entry(self, schema: Schema) -> _Entry:
         """The labeler slot for ``schema`` (a startup one by sha256, else the LRU cache's)."""
@@ -468,10 +539,7 @@ class LabelService:
             if deadline is not None and time.monotonic() >= deadline:
                 self._cancel(job)
                 log.info("request %s: past its deadline", job.request_id)
-                raise ApiError(503, "server_error", "deadline_exceeded",
-                               f"the request was not answered within its deadline ({job.cursor} of "
-                               f"{len(job.records)} records decoded; --request-timeout-s); retry later or send "
-                               "fewer records", {"Retry-After": str(self._retry_after(self.queue_depth[1]))})
+                raise self._past_deadline(job)
             if is_disconnected is not None and await is_disconnected():
                 self._cancel(job)
                 log.info("request %s: client disconnected; dropped", job.request_id)
@@ -494,14 +562,16 @@ class LabelService:
             return
         if self._stopping:
             return
+        self._compiler = threading.Thread(target=self._compile_loop, name="pcd-compile-worker", daemon=True)
+        self._compiler.start()
         self.ready.set()
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                batch: list = []
+                while not self._stopping and not (batch := self._take()):
                     self._cond.wait()
                 if self._stopping:
                     return
-                batch = self._take()
                 self._busy = True
             try:
                 self._decode(batch)
@@ -537,15 +607,26 @@ class LabelService:
         return entry.labeler
 
     def _take(self) -> list[tuple[_Job, int, int]]:
-        """The next batch: chunks of queued jobs as ``(job, start, end)`` (lock held); jobs with
-        records left go to the back of the queue."""
+        """The next batch (lock held): chunks of queued jobs as ``(job, start, end)``, from the
+        oldest job whose labeler is compiled and the later jobs for the same labeler; jobs with
+        records left go to the back of the queue. A job past its deadline (or cancelled) is
+        dropped here, between chunks, and answered 503. Empty when no queued job is ready (those
+        wait for the compile thread, which never holds up the decode worker)."""
         cfg = self.config
-        first = self._queue[0]
-        candidates = [first] + ([j for j in list(self._queue)[1:] if j.entry.key == first.entry.key]
+        now = time.monotonic()
+        for job in [j for j in self._queue if self._expired(j, now)]:
+            self._queue.remove(job)
+            self._queued_records -= job.remaining
+            if not job.cancelled:
+                log.info("request %s: past its deadline; dropped before decoding", job.request_id)
+                self._fail(job, self._past_deadline(job))
+        first = next((j for j in self._queue if j.entry.labeler is not None), None)
+        if first is None:
+            return []
+        candidates = [first] + ([j for j in self._queue if j is not first and j.entry is first.entry]
                                 if cfg.packing else [])
         batch: list[tuple[_Job, int, int]] = []
         records = tokens = 0
-        now = time.monotonic()
         for job in candidates:
             start, end = job.cursor, min(job.cursor + cfg.chunk_records, len(job.records))
             cost = sum(estimate_tokens(r) for r in job.records[start:end])
@@ -563,26 +644,99 @@ class LabelService:
                 self._queue.append(job)
         return batch
 
+    def _compile_loop(self) -> None:
+        """The compile thread: compiles the labelers of request-built schemas, oldest wanted
+        first, off the decode path (decoding of compiled schemas goes on meanwhile). An entry no
+        live request waits for any more (all cancelled or past their deadline) is not compiled.
+        A schema that does not compile fails its queued requests (422 for a ``PcdError``, else
+        500); the thread goes on."""
+        while True:
+            with self._cond:
+                while not self._compile_wanted and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                entry = self._compile_wanted.popleft()
+                now = time.monotonic()
+                waiting = [j for j in self._queue if j.entry is entry and not self._expired(j, now)]
+                if entry.labeler is not None or not waiting:
+                    self._compile_pending.discard(entry.key)
+                    if not waiting and entry.labeler is None:
+                        log.info("schema %s: no request waits for it any more; not compiled", entry.schema.name)
+                    continue
+            ids = ",".join(j.request_id for j in waiting)
+            started = time.perf_counter()
+            error: ApiError | None = None
+            try:
+                self._labeler(entry)
+            except PcdError as exc:
+                log.warning("requests %s: schema %s does not compile: %s", ids, entry.schema.name, exc)
+                error = ApiError(422, "invalid_request_error", "schema_not_compilable", str(exc))
+            except Exception as exc:  # noqa: BLE001 - one request's failure never stops the thread
+                log_crash(log, f"requests {ids}: compiling schema {entry.schema.name} failed", exc)
+                error = ApiError(500, "server_error", "compile_failed",
+                                 f"compiling this request's questions failed ({type(exc).__name__}); the server goes "
+                                 "on; the server log has the details under this request id")
+            failed: list[_Job] = []
+            with self._cond:
+                self._compile_pending.discard(entry.key)
+                if error is not None:
+                    failed = [j for j in self._queue if j.entry is entry]
+                    for job in failed:
+                        self._queue.remove(job)
+                        self._queued_records -= job.remaining
+                self._cond.notify_all()
+            for job in failed:
+                self._fail(job, error)
+            if error is None:
+                log.info("schema %s compiled in %.1f s (off the decode path)", entry.schema.name,
+                         time.perf_counter() - started)
+
     def _decode(self, batch: list[tuple[_Job, int, int]]) -> None:
-        """One decode call for ``batch``; results split back, finished jobs answered. An error
-        fails the batch's requests (422 for a schema that does not compile, else 500)."""
-        batch = [(job, s, e) for job, s, e in batch if not job.cancelled]
-        if not batch:
+        """One decode call for ``batch``; results split back, finished jobs answered. When a call
+        holding several requests raises, each request is decoded again alone, so only the one at
+        fault fails (500 ``decode_failed``); a job cancelled or past its deadline is dropped first."""
+        now = time.monotonic()
+        live = []
+        for job, s, e in batch:
+            if job.cancelled:
+                continue
+            if job.deadline is not None and now >= job.deadline:
+                log.info("request %s: past its deadline; dropped before decoding", job.request_id)
+                self._drop_and_fail(job, self._past_deadline(job))
+                continue
+            live.append((job, s, e))
+        if not live:
             return
-        entry = batch[0][0].entry
-        ids = ",".join(job.request_id for job, _, _ in batch)
+        entry = live[0][0].entry
         try:
-            labeler = self._labeler(entry)
-        except PcdError as exc:
-            log.warning("requests %s: schema %s does not compile: %s", ids, entry.schema.name, exc)
-            for job, _, _ in batch:
-                self._drop_and_fail(job, ApiError(422, "invalid_request_error", "schema_not_compilable", str(exc)))
-            return
-        except Exception as exc:  # noqa: BLE001 - one request's failure never stops the worker
-            log.exception("requests %s: compiling schema %s failed", ids, entry.schema.name)
-            for job, _, _ in batch:
+            labeler = self._labeler(entry)  # compiled by the compile thread before _take took it
+        except Exception as exc:  # noqa: BLE001 - cannot happen unless the entry was reset
+            log_crash(log, "compiling schema failed", exc)
+            for job, _, _ in live:
                 self._drop_and_fail(job, _internal(exc))
             return
+        try:
+            self._deliver(entry, labeler, live, *self._label(labeler, live))
+            return
+        except Exception as exc:  # noqa: BLE001
+            if len(live) == 1:
+                log_crash(log, f"request {live[0][0].request_id}: decode call failed", exc)
+                self._drop_and_fail(live[0][0], _internal(exc))
+                return
+            log.warning("requests %s: a decode call of %d requests failed (%s); decoding each alone so that only "
+                        "the one at fault fails", ",".join(j.request_id for j, _, _ in live), len(live),
+                        type(exc).__name__)
+        for part in live:
+            try:
+                self._deliver(entry, labeler, [part], *self._label(labeler, [part]))
+            except Exception as exc:  # noqa: BLE001
+                log_crash(log, f"request {part[0].request_id}: decode call failed (decoded alone)", exc)
+                self._drop_and_fail(part[0], _internal(exc))
+
+    def _label(self, labeler, batch: list[tuple[_Job, int, int]]) -> tuple[list, list[int], float]:
+        """One ``label_batch`` call over ``batch``'s chunks: ``(results, tokens per chunk, seconds)``;
+        the counters (forward passes, records, calls, rate) are updated."""
         items = [r for job, s, e in batch for r in job.records[s:e]]
         passes = labeler.forward_passes
         started = time.perf_counter()
@@ -591,11 +745,6 @@ class LabelService:
             if len(out) != len(items):
                 raise RuntimeError(f"label_batch returned {len(out)} results for {len(items)} records")
             counts = [_count_tokens(labeler, job.records[s:e]) for job, s, e in batch]
-        except Exception as exc:  # noqa: BLE001
-            log.exception("requests %s: decode call failed", ids)
-            for job, _, _ in batch:
-                self._drop_and_fail(job, _internal(exc))
-            return
         finally:
             self.forward_passes += labeler.forward_passes - passes
         seconds = time.perf_counter() - started
@@ -603,7 +752,13 @@ class LabelService:
         self.records_decoded += len(items)
         self.batches += 1
         log.info("decode call: %d records of %d requests (%s) in %.1f ms, %d forward passes", len(items),
-                 len(batch), ids, seconds * 1e3, labeler.forward_passes - passes)
+                 len(batch), ",".join(job.request_id for job, _, _ in batch), seconds * 1e3,
+                 labeler.forward_passes - passes)
+        return out, counts, seconds
+
+    def _deliver(self, entry: _Entry, labeler, batch: list[tuple[_Job, int, int]], out: list, counts: list[int],
+                 seconds: float) -> None:
+        """Split one call's results back to its jobs; answer the jobs now complete."""
         pos = 0
         for (job, s, e), tokens in zip(batch, counts):
             job.results[s:e] = out[pos:pos + e - s]
