@@ -25,6 +25,8 @@ from .decoding.examples import resolve_examples
 from .io.output import base_metadata
 from .io.readers import InputSpec, _row_to_record
 from .io.values import RepeatedIds
+from .job import (ADAPTER_MISMATCH, CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET,
+                  JobWarning)
 from .results import FieldResult, Record, RecordFailure, RecordResult
 from .schema.load import load_schema
 from .schema.model import Example, Schema
@@ -129,14 +131,10 @@ class Labeler:
                                    "biases on gold rows; use one of them")
         self.abstain_unless_single = abstain_unless_single
         #: field name -> probability below which it is left without a label (the schema's own first)
-        self.abstain_thresholds = {f.name: f.abstain_below if f.abstain_below is not None else abstain_below
-                               for f in self.schema.fields
-                               if f.abstain_below is not None or abstain_below is not None}
-        if abstain_unless_single and not self.set_fields:
-            from .errors import CalibrationError
-
-            raise CalibrationError("--abstain-unless-single needs label sets: a --calibration fitted with "
-                                   "pcd calibrate --coverage")
+        self.abstain_thresholds = abstain_thresholds(self.schema, abstain_below)
+        if abstain_unless_single and self.calibration is not None:  # a file without sets: refused before loading
+            output_columns(self.schema, self.calibration, abstain_below=abstain_below,
+                           abstain_unless_single=True, permutations=permutations)
         if permutations > 1:  # a K the schema cannot take is refused before the model loads
             from .decoding.permute import orderings_for
 
@@ -149,11 +147,17 @@ class Labeler:
             from .backends import load_backend
 
             backend = load_backend(model, backend=backend or "auto", device=device, dtype=dtype)
-        #: what does not fit between the adapter and the model without stopping the run (another
-        #: base model named in its config, config keys of a newer peft); the CLI prints each
-        self.adapter_warnings: list[str] = []
+        #: what a user should know about this run that does not stop it (``pcd_cli.job.JobWarning``
+        #: values: the adapter's misfits, a tuned folder read for another prompt, a calibration that
+        #: scored worse, weak label sets); each front-end shows them its own way
+        self.warnings: list[JobWarning] = []
         if adapter is not None:
-            backend, self.adapter_warnings = _with_adapter(backend, adapter, model)
+            merged = getattr(backend, "merged_adapter", None)
+            if merged is not None and merged[0] == _folder_key(adapter):  # merged once at load (pcd serve)
+                said = merged[1]
+            else:
+                backend, said = _with_adapter(backend, adapter, model)
+            self.warnings += [JobWarning(ADAPTER_MISMATCH, w) for w in said]
         self.backend = backend
         #: the ``pcd-tune.json`` card of a tuned model folder or adapter (``None`` otherwise)
         self.tune_card, self._tune_source = _tune_card(adapter if adapter is not None else model)
@@ -185,16 +189,32 @@ class Labeler:
         # everything metadata() reads exists from here on
         if self.calibration is not None:
             self.calibration.check(self.metadata())
-        #: what differs between the tuned model's card and this run (schema, prompt head,
-        #: scoring); the CLI prints each as a warning ("train what you will read")
-        self.tune_warnings: list[str] = []
-        if self.tune_card is not None:
+        if self.tune_card is not None:  # what differs between the tuned model's card and this run
             from .tune import card_mismatches
 
-            self.tune_warnings = [f"{self._tune_source} was tuned for another {m}" for m in
-                                  card_mismatches(self.tune_card, self.metadata())]
+            self.warnings += [JobWarning(TUNE_MISMATCH, f"{self._tune_source} was tuned for another {m} (train "
+                                         "what you will read: pcd tune with the same schema, --examples, "
+                                         "--template and --scoring)")
+                              for m in card_mismatches(self.tune_card, self.metadata())]
         if self.calibration is None and tuned_calibration and not prior_correction:
             self._apply_tuned_calibration(adapter if adapter is not None else model)
+        if abstain_unless_single:  # with the calibration that applies, the tuned folder's included
+            output_columns(self.schema, self.calibration, abstain_below=abstain_below, abstain_unless_single=True,
+                           permutations=permutations)
+        self.warnings += self._calibration_warnings()
+
+    def _calibration_warnings(self) -> list[JobWarning]:
+        """Warnings about the calibration that applies: a field it made worse on held-out gold
+        rows, a temperature at its bound, a conformal threshold fitted on too few rows."""
+        if self.calibration is None:
+            return []
+        from .quality.calibration import worse_calibration_warnings
+        from .quality.conformal import weak_set_warnings
+
+        source = "--calibration" if self.calibration_source == "file" else \
+            f"the calibration of {self.calibration_source} (--no-calibration leaves it out)"
+        return [JobWarning(CALIBRATION_WORSE, w) for w in worse_calibration_warnings(self.calibration, source)] + \
+            [JobWarning(WEAK_LABEL_SET, w) for w in weak_set_warnings(self.calibration.fields)]
 
     def _apply_tuned_calibration(self, source) -> None:
         """Load the ``pcd-calibration.json`` a ``pcd tune`` folder holds, if any, and use it when
@@ -209,17 +229,15 @@ class Labeler:
             calibration = replace(_load_calibration(path), model=self.backend.model_id)
             calibration.check(self.metadata())
         except CalibrationError as exc:
-            self.tune_warnings.append(f"{self._tune_source}: its calibration is not applied ({exc})")
+            self.warnings.append(JobWarning(TUNED_CALIBRATION_SKIPPED,
+                                            f"{self._tune_source}: its calibration is not applied ({exc})"))
             return
         self.calibration, self.calibration_source = calibration, self._tune_source
 
     @property
     def set_fields(self) -> tuple[str, ...]:
         """Fields that get a conformal label set (``<f>__set``): those whose calibration has one."""
-        if self.calibration is None:
-            return ()
-        return tuple(f.name for f in self.schema.fields
-                     if (c := self.calibration.fields.get(f.name)) is not None and c.conformal is not None)
+        return label_set_fields(self.schema, self.calibration)
 
     @property
     def forward_passes(self) -> int:
@@ -258,9 +276,12 @@ class Labeler:
         calibration, label sets, abstention and ``--permutations`` columns)."""
         from .io.output import output_schema
 
-        return output_schema(self.schema, id_column, id_type, all_probs=all_probs,
-                             calibrated=self.calibration is not None, sets=self.set_fields,
-                             abstain=self.abstain_fields, spread=self.permutations > 1)
+        return output_schema(self.schema, id_column, id_type, all_probs=all_probs, **self.columns())
+
+    def columns(self) -> dict:
+        """Which optional columns this labeler writes (``output_columns``)."""
+        return {"calibrated": self.calibration is not None, "sets": self.set_fields,
+                "abstain": self.abstain_fields, "spread": self.permutations > 1}
 
     def _permutations_metadata(self) -> dict[str, str]:
         """``pcd.permutations``: K and, per permuted field, its label lists in each ordering."""
@@ -322,8 +343,8 @@ class Labeler:
     def abstain_fields(self) -> tuple[str, ...]:
         """Fields that may be left without a label, and get an ``<f>__abstained`` column: those
         with an ``abstain_below`` threshold, and with ``abstain_unless_single`` those with label sets."""
-        sets = set(self.set_fields) if self.abstain_unless_single else set()
-        return tuple(f.name for f in self.schema.fields if f.name in self.abstain_thresholds or f.name in sets)
+        return abstain_fields(self.schema, self.abstain_thresholds,
+                              self.set_fields if self.abstain_unless_single else ())
 
     def _prior_corrected(self, result: RecordResult) -> RecordResult:
         """Probabilities divided by the content-free priors and renormalised; the label their argmax."""
@@ -402,6 +423,54 @@ class Labeler:
         return result
 
 
+def label_set_fields(schema: Schema, calibration) -> tuple[str, ...]:
+    """Fields of ``schema`` that get a conformal label set (``<f>__set``): those whose
+    ``calibration`` (``None``: none) holds one, in schema order."""
+    if calibration is None:
+        return ()
+    return tuple(f.name for f in schema.fields
+                 if (c := calibration.fields.get(f.name)) is not None and c.conformal is not None)
+
+
+def abstain_thresholds(schema: Schema, abstain_below: float | None) -> dict[str, float]:
+    """Field name -> the probability below which it is left without a label: the field's own
+    ``abstain_below`` in the schema, else the run's ``abstain_below``; fields with neither are left out."""
+    return {f.name: f.abstain_below if f.abstain_below is not None else abstain_below
+            for f in schema.fields if f.abstain_below is not None or abstain_below is not None}
+
+
+def abstain_fields(schema: Schema, thresholds: dict[str, float], set_fields: Sequence[str]) -> tuple[str, ...]:
+    """Fields that may be left without a label, in schema order: those with a threshold, and
+    those in ``set_fields`` (``abstain_unless_single``: fields with label sets)."""
+    return tuple(f.name for f in schema.fields if f.name in thresholds or f.name in set_fields)
+
+
+def output_columns(schema: Schema, calibration, *, abstain_below: float | None, abstain_unless_single: bool,
+                   permutations: int) -> dict:
+    """The optional columns of a run's output (``pcd_cli.io.output.output_schema``'s keywords
+    ``calibrated``, ``sets``, ``abstain``, ``spread``): the one rule ``Labeler.output_schema`` and
+    an output written without a model (``pcd_cli.job.planned_output_schema``) both follow.
+
+    Raises:
+        CalibrationError: ``abstain_unless_single`` and no field has a label set.
+    """
+    sets = label_set_fields(schema, calibration)
+    if abstain_unless_single and not sets:
+        from .errors import CalibrationError
+
+        raise CalibrationError("--abstain-unless-single needs label sets: a --calibration fitted with "
+                               "pcd calibrate --coverage")
+    return {"calibrated": calibration is not None, "sets": sets,
+            "abstain": abstain_fields(schema, abstain_thresholds(schema, abstain_below),
+                                      sets if abstain_unless_single else ()),
+            "spread": permutations > 1}
+
+
+def _folder_key(path) -> str:
+    """A folder named the same whichever way it was written (``~``, relative, symlinks)."""
+    return str(Path(str(path)).expanduser().resolve())
+
+
 def tuned_calibration_path(source) -> Path | None:
     """``pcd-calibration.json`` inside a ``pcd tune`` folder (``--model DIR`` or ``--adapter
     DIR``, the card ``pcd-tune.json`` beside it), or ``None``."""
@@ -441,7 +510,9 @@ def _with_adapter(backend, adapter, model: str | None = None):
                          "model folder with pcd tune (without --adapter-only) and pass it as --model")
     from .backends.torch_tune import apply_adapter
 
-    return apply_adapter(backend, adapter, model)
+    backend, said = apply_adapter(backend, adapter, model)
+    backend.merged_adapter = (_folder_key(adapter), tuple(said))  # a Labeler over it does not merge it again
+    return backend, said
 
 
 def _id_type(id_field: str | None):

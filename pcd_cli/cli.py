@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import shlex
 import sys
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -169,6 +170,13 @@ class BackendKind(str, Enum):
     mlx = "mlx"
 
 
+class Truncate(str, Enum):
+    middle = "middle"
+    head = "head"
+    tail = "tail"
+    error = "error"
+
+
 class Format(str, Enum):
     jsonl = "jsonl"
     csv = "csv"
@@ -209,6 +217,19 @@ TEMPLATE_OPT = typer.Option(None, "--template", help="Compose the text from colu
 ADAPTER_OPT = typer.Option(None, "--adapter", help="LoRA adapter folder from `pcd tune --adapter-only`, merged "
                            "into --model's weights at load (torch backend).")
 SEED_OPT = typer.Option(0, "--seed", help="Seed of the --examples draw (the same seed draws the same examples).")
+TRUNCATE_OPT = typer.Option(Truncate.middle, "--truncate", help="A text too long for the model's context loses its "
+                            "middle, head or tail (marked in __truncated), or fails (error).")
+NO_CALIBRATION_OPT = typer.Option(False, "--no-calibration", help="Write the raw probabilities of a --model or "
+                                  "--adapter folder from pcd tune (by default its pcd-calibration.json is applied).")
+ABSTAIN_UNLESS_SINGLE_OPT = typer.Option(False, "--abstain-unless-single", help="With a --calibration fitted with "
+                                         "--coverage: write a null label where the field's label set is not a "
+                                         "single label.")
+PRIOR_CORRECTION_OPT = typer.Option(False, "--prior-correction", help="Divide each field's probabilities by those "
+                                    "of content-free records ('N/A', '[MASK]', '(empty)'), measured once: less lean "
+                                    "toward the labels a small model prefers anyway.")
+ABSTAIN_BELOW_OPT = typer.Option(None, "--abstain-below", min=0.0, max=1.0, help="Leave a field without a label "
+                                 "(null, <field>__abstained true) when its probability is below P; a field's own "
+                                 "abstain_below wins.")
 
 
 def _panel(option, panel: str):
@@ -231,15 +252,6 @@ def _flag_without_placeholder(self, ctx):
 typer.core.TyperOption.display_type_rich = _flag_without_placeholder
 
 
-def draw_shots(examples: Optional[Path], schema, spec, *, shots: int, seed: int):
-    """The examples drawn from ``--examples`` (``None`` without it: the schema's own)."""
-    if examples is None:
-        return None
-    from .decoding.examples import draw_examples
-
-    return draw_examples(examples, schema, spec, shots=shots, seed=seed)
-
-
 def _fail(exc: PcdError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(exit_code(exc))
@@ -255,13 +267,6 @@ def _version(value: bool) -> None:
 def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                       help="Print the version and exit.")) -> None:
     """pcd: fast, typed, calibrated-where-measured labels from a local LLM."""
-
-
-class Truncate(str, Enum):
-    middle = "middle"
-    head = "head"
-    tail = "tail"
-    error = "error"
 
 
 class Engine(str, Enum):
@@ -336,9 +341,7 @@ def label(
     min_mass: float = typer.Option(0.5, "--min-mass", min=0.0, max=1.0, help="Report fields whose candidate "
                                    "mass is below this.", rich_help_panel='Output'),
     max_tokens_per_pass: int = _panel(BUDGET_OPT, 'Model'),
-    truncate: Truncate = typer.Option(Truncate.middle, "--truncate", help="A text too long for the model's "
-                                      "context loses its middle, head or tail (marked in __truncated), or fails "
-                                      "(error).", rich_help_panel='Model'),
+    truncate: Truncate = _panel(TRUNCATE_OPT, 'Model'),
     max_errors: Optional[int] = typer.Option(None, "--max-errors", min=0, help="Stop (exit 1) once more rows "
                                              "than this have failed (default: no limit).", rich_help_panel='Cron'),
     resume: bool = typer.Option(False, "--resume", help="Continue the unfinished run of this same job, if there "
@@ -351,21 +354,11 @@ def label(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar "
                                             "(default: only on a terminal, never with --quiet or json logs).", rich_help_panel='Cron'),
     calibration: Optional[Path] = _panel(CALIBRATION_OPT, 'Quality'),
-    no_calibration: bool = typer.Option(False, "--no-calibration", help="Write the raw probabilities of a "
-                                        "--model or --adapter folder from pcd tune (by default its "
-                                        "pcd-calibration.json is applied).", rich_help_panel='Quality'),
-    abstain_unless_single: bool = typer.Option(False, "--abstain-unless-single", help="With a --calibration "
-                                               "fitted with --coverage: write a null label where the field's "
-                                               "label set is not a single label.", rich_help_panel='Quality'),
-    prior_correction: bool = typer.Option(False, "--prior-correction", help="Divide each field's probabilities "
-                                          "by those of content-free records ('N/A', '[MASK]', '(empty)'), measured once: "
-                                          "less lean toward the labels a small model prefers anyway.",
-                                          rich_help_panel='Quality'),
+    no_calibration: bool = _panel(NO_CALIBRATION_OPT, 'Quality'),
+    abstain_unless_single: bool = _panel(ABSTAIN_UNLESS_SINGLE_OPT, 'Quality'),
+    prior_correction: bool = _panel(PRIOR_CORRECTION_OPT, 'Quality'),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
-    abstain_below: Optional[float] = typer.Option(None, "--abstain-below", min=0.0, max=1.0, help="Leave a "
-                                                  "field without a label (null, <field>__abstained true) when its "
-                                                  "probability is below P; a field's own abstain_below wins.",
-                                                  rich_help_panel='Quality'),
+    abstain_below: Optional[float] = _panel(ABSTAIN_BELOW_OPT, 'Quality'),
     adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Quality'),
     examples: Optional[Path] = _panel(EXAMPLES_OPT, 'Quality'),
     shots: int = _panel(SHOTS_OPT, 'Quality'),
@@ -393,122 +386,78 @@ def label(
     permission, I/O error): free it and rerun with --resume; 130 interrupted (SIGINT/SIGTERM)
     after committing the current batch: rerun with --resume.
     """
-    from .api import Labeler, tuned_calibration_path
-    from .engines.checkpoint import work_dir_for
-    from .engines.local import (
-        check_job,
-        default_errors,
-        default_output,
-        label_file,
-        stop_on_signals,
-        write_empty_output,
-    )
-    from .io.readers import DEFAULT_ID_COLUMN, InputSpec, is_stdin
-    from .schema.load import load_schema
+    from .engines.local import default_errors, default_output
+    from .io.readers import DEFAULT_ID_COLUMN, is_stdin
+    from .job import LabelJob
 
     report = Reporter(log_format, quiet)
     if quiet or report.json:
         progress = False if progress is None or report.json else progress
-    stdin = is_stdin(input)
-    output = output or (None if stdin else default_output(input))
+    output = output or (None if is_stdin(input) else default_output(input))
     errors = errors or (default_errors(output) if output else None)
-    if row_ids and id_field:
-        report("error", {"message": "--row-ids and --id-field exclude each other: choose one"}, "error")
-        raise typer.Exit(2)
     id_detected = False
     if id_field is None and not row_ids and input.is_file() and _has_id_column(input, text_field, template,
                                                                                csv_delimiter, fmt):
         id_field, id_detected = DEFAULT_ID_COLUMN, True  # said with the result (_done), not before an error
-    labeler_options = dict(model=model, device=device.value, dtype=dtype.value, backend=backend.value,
-                           scoring=scoring.value,
-                           max_tokens_per_pass=max_tokens_per_pass, trace=trace is not None, truncate=truncate.value,
-                           template=template, calibration=calibration, adapter=adapter,
-                           abstain_unless_single=abstain_unless_single, abstain_below=abstain_below,
-                           prior_correction=prior_correction, permutations=permutations,
-                           tuned_calibration=not no_calibration)
-    if no_calibration and calibration is not None:
-        report("error", {"message": "--calibration and --no-calibration exclude each other: choose one"}, "error")
-        raise typer.Exit(2)
-    if engine is Engine.ray:
-        if stdin or output is None:
-            report("error", {"message": "--engine ray reads files, not standard input; write the input to a file"},
-                   "error")
-            raise typer.Exit(2)
-        stats = _label_ray(input, schema, output, errors, labeler_options, report, fmt=fmt.value if fmt else None,
-                           spec_args=dict(text_field=text_field, template=template, id_field=id_field, limit=limit,
-                                          csv_delimiter=csv_delimiter),
-                           examples=examples, shots=shots, seed=seed, all_probs=all_probs, min_mass=min_mass,
-                           resume=resume, trace=trace, max_errors=max_errors, batch_size=batch_size,
-                           progress=bool(progress), address=ray_address, workers=workers, worker_cpus=worker_cpus,
-                           worker_gpus=worker_gpus)
-        return _done(report, stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
-    try:
-        with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
-            if output is None:
-                raise InputError("reading standard input (-) needs -o: the output file")
+    with _label_errors(report, output, engine):
+        if row_ids and id_field:
+            raise InputError("--row-ids and --id-field exclude each other: choose one")
+        job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
+                       scoring=scoring.value, template=template, text_field=text_field, id_field=id_field,
+                       truncate=truncate.value, permutations=permutations, prior_correction=prior_correction,
+                       calibration=calibration, tuned_calibration=not no_calibration, abstain_below=abstain_below,
+                       abstain_unless_single=abstain_unless_single, examples=examples, shots=shots, seed=seed,
+                       max_tokens_per_pass=max_tokens_per_pass)
+        run_args = dict(output=output, errors_path=errors, trace_path=trace, all_probs=all_probs, min_mass=min_mass,
+                        fmt=fmt.value if fmt else None, limit=limit, csv_delimiter=csv_delimiter,
+                        max_errors=max_errors, resume=resume, on_event=report)
+        if engine is Engine.ray:
+            from .engines.ray_engine import run_label_job as run_on_ray
+
+            run = run_on_ray(schema, input, job, progress=bool(progress), address=ray_address, workers=workers,
+                             worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size, **run_args)
+        else:
+            from .engines.local import run_label_job, stop_on_signals
+
             if (workers, worker_cpus, worker_gpus) != (1, 1.0, 0.0):
                 raise InputError("--workers, --worker-cpus and --worker-gpus apply to --engine ray only")
-            spec = InputSpec(text_field=text_field, template=template, id_field=id_field, limit=limit,
-                             csv_delimiter=csv_delimiter)
-            parsed = load_schema(schema)
-            for warning in parsed.warnings:
-                report("warning", {"message": warning}, "warning")
-            has_rows, created = check_job(parsed, input, spec, output=output, errors_path=errors, trace_path=trace,
-                                          all_probs=all_probs, fmt=fmt.value if fmt else None)
-            for folder in created:  # writable, not locked by another run
-                report("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
-                                          "folder": str(folder)})
-            if output.suffix.lower() not in (".parquet", ".pq"):
-                report("warning", {"message": f"{output}: pcd writes Parquet whatever the extension"}, "warning")
-            if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
-                stats = write_empty_output(parsed, input, spec, output=output, errors_path=errors, trace_path=trace,
-                                           all_probs=all_probs, model=model,
-                                           calibrated=calibration is not None or (
-                                               not no_calibration and not prior_correction
-                                               and tuned_calibration_path(adapter or model) is not None))
-            else:
-                shots_drawn = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
-                labeler = Labeler(parsed, examples=shots_drawn, **labeler_options)
-                for warning in labeler.adapter_warnings:
-                    report("warning", {"message": warning}, "warning")
-                for warning in labeler.tune_warnings:
-                    report("warning", {"message": warning + " (train what you will read: pcd tune with the same "
-                                       "schema, --examples, --template and --scoring)"}, "warning")
-                if labeler.calibration is not None:
-                    from .quality.calibration import worse_calibration_warnings
+            with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
+                run = run_label_job(schema, input, job, progress=progress, batch_records=batch_size,
+                                    should_stop=should_stop, **run_args)
+    _done(report, run.stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
 
-                    source = "--calibration" if labeler.calibration_source == "file" else \
-                        f"the calibration of {labeler.calibration_source} (--no-calibration leaves it out)"
-                    for warning in worse_calibration_warnings(labeler.calibration, source):
-                        report("warning", {"message": warning}, "warning")
-                    from .quality.conformal import weak_set_warnings
 
-                    for warning in weak_set_warnings(labeler.calibration.fields):
-                        report("warning", {"message": warning}, "warning")
-                stats = label_file(labeler, input, spec, output=output, errors_path=errors,
-                                   fmt=fmt.value if fmt else None, trace_path=trace, all_probs=all_probs,
-                                   min_mass=min_mass, progress=progress, batch_records=batch_size, resume=resume,
-                                   max_errors=max_errors, should_stop=should_stop, on_event=report)
+@contextmanager
+def _label_errors(report: Reporter, output: Optional[Path], engine: Engine):
+    """``pcd label``'s failures as their messages and exit codes (1, 2, 3, 130, ...)."""
+    from .engines.checkpoint import work_dir_for
+
+    local = engine is Engine.local
+    try:
+        yield
     except Interrupted as exc:
         report("interrupted", {"message": f"{exc}; the finished batches are kept in {exc.work_dir}. "
                                f"Resume with: {_resume_command()}", "rows": exc.stats.read}, "error")
         raise typer.Exit(130) from None
     except KeyboardInterrupt:  # a second signal: stopped at once; the committed batches are safe
-        report("interrupted", {"message": f"stopped at once by a second signal; the finished batches are kept in "
-                               f"{work_dir_for(output)}. Resume with: {_resume_command()}"}, "error")
+        message = (f"stopped at once by a second signal; the finished batches are kept in {work_dir_for(output)}. "
+                   f"Resume with: {_resume_command()}") if local and output else \
+            "interrupted; nothing was written (a Ray run is rerun whole)"
+        report("interrupted", {"message": message}, "error")
         raise typer.Exit(130) from None
-    except NothingLabelled as exc:
-        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was"}, "error")
-        raise typer.Exit(1) from None
     except TooManyErrors as exc:
-        report("too_many_errors", {"message": f"{exc}. The finished batches are kept in {exc.work_dir}; "
-                                   "fix the input and run again, or continue with --resume and a higher "
-                                   "--max-errors.", "failed": exc.stats.failures}, "error")
+        message = (f"{exc}. The finished batches are kept in {exc.work_dir}; fix the input and run again, or "
+                   "continue with --resume and a higher --max-errors.") if local else \
+            f"{exc}; an earlier {output}, if any, was left as it was"
+        report("too_many_errors", {"message": message, "failed": exc.stats.failures}, "error")
+        raise typer.Exit(1) from None
+    except NothingLabelled as exc:
+        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was",
+                         "failed": exc.stats.failures}, "error")
         raise typer.Exit(1) from None
     except PcdError as exc:
         report("error", {"message": str(exc)}, "error")
         raise typer.Exit(exit_code(exc)) from None
-    _done(report, stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
 
 
 def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, fmt) -> bool:
@@ -543,45 +492,6 @@ def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quie
                "warning")
     for warning in stats.one_label_warnings():
         report("warning", {"message": warning}, "warning")
-
-
-def _label_ray(input: Path, schema: Path, output: Path, errors: Path, labeler_options: dict, report: Reporter, *,
-               fmt, spec_args: dict, examples, shots: int, seed: int, resume: bool, trace, **engine_args):
-    """``pcd label --engine ray``: the same checks and options, run by ``pcd_cli.engines.ray_engine``."""
-    from .engines.local import id_column
-    from .io.output import check_columns
-    from .io.readers import InputSpec
-    from .schema.load import load_schema
-
-    try:
-        if resume:
-            raise InputError("--resume is for the local engine only: a Ray run keeps no checkpoints (a failed "
-                             "run is rerun whole); drop --resume or --engine ray")
-        if trace is not None:
-            raise InputError("--trace is for the local engine only; drop it or --engine ray")
-        spec = InputSpec(**spec_args)
-        parsed = load_schema(schema)
-        for warning in parsed.warnings:
-            report("warning", {"message": warning}, "warning")
-        # the columns here; inputs (files, folders, globs) and the output folder in ray_engine.label_files
-        check_columns(parsed, id_column(spec), all_probs=engine_args["all_probs"])
-        from .engines.ray_engine import label_files
-
-        options = {k: v.resolve() if isinstance(v, Path) else v for k, v in labeler_options.items()}  # for workers
-        options["examples"] = draw_shots(examples, parsed, spec, shots=shots, seed=seed)
-        run = label_files(input, parsed, spec, options, output=output, errors_path=errors, fmt=fmt,
-                          on_event=report, **engine_args)
-    except KeyboardInterrupt:
-        report("interrupted", {"message": "interrupted; nothing was written (a Ray run is rerun whole)"}, "error")
-        raise typer.Exit(130) from None
-    except (NothingLabelled, TooManyErrors) as exc:
-        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was",
-                         "failed": exc.stats.failures}, "error")
-        raise typer.Exit(1) from None
-    except PcdError as exc:
-        report("error", {"message": str(exc)}, "error")
-        raise typer.Exit(exit_code(exc)) from None
-    return run.stats
 
 
 @app.command("inspect-schema")
@@ -768,62 +678,30 @@ def calibrate(
     """Fit a per-field temperature and label biases on gold rows; print cross-validated
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
     --calibration. Exit 2 on a bad gold, predictions or schema file."""
-    from .quality import fit_calibration, read_gold, read_predictions
-    from .quality.calibration import check_output_path
-    from .quality.plots import calibration_plots, require_matplotlib
+    from .job import LabelJob
+    from .quality.fitting import calibrate_on_gold
+    from .quality.plots import calibration_plots, file_stem, require_matplotlib
     from .quality.render import render_calibration
-    from .schema.load import load_schema
 
     try:
         if plot is not None:
             require_matplotlib()
-        if predictions is not None and examples is not None:
-            raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
-                             "label them with --examples first (pcd label --all-probs) and pass that output")
-        check_output_path(output)
-        parsed = load_schema(schema)
-        gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
-        from .quality.calibration import check_coverage_rows
-
-        check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
-        if predictions is not None:
-            frame, metadata = read_predictions(predictions)
-        else:
-            from .api import Labeler
-            from .io.readers import InputSpec, check_frame_columns
-            from .quality.data import drop_example_rows
-
-            spec = InputSpec(text_field=text_field, template=template, id_field=id_field,
-                             csv_delimiter=csv_delimiter)
-            check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
-            labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
-                              scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
-                              examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed), adapter=adapter,
-                              permutations=permutations, tuned_calibration=False)
-            gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
-            if dropped:
-                out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
-                          "left out of the fit", highlight=False)
-            frame = labeler.label_frame(gold_frame, text_field=text_field, template=template, id_field=id_field,
-                                        all_probs=True)
-            metadata = frame.attrs.get("metadata") or labeler.metadata()
-            failed = frame.attrs.get("errors") or []
-            if failed:
-                err.print(f"[yellow]warning:[/] {len(failed)} gold rows could not be labelled (e.g. "
-                          f"{escape(failed[0]['error'])}); they are not used", highlight=False)
-        calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
-                                              seed=seed, coverage=coverage)
-        render_calibration(report, out)
-        from .quality.calibration import worse_calibration_warnings
-
-        for line in worse_calibration_warnings(calibration, "this calibration", bound=False):
+        job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
+                       scoring=scoring.value, template=template, text_field=text_field, permutations=permutations,
+                       examples=examples, shots=shots, seed=seed, max_tokens_per_pass=max_tokens_per_pass)
+        run = calibrate_on_gold(gold, schema, job, output=output, predictions=predictions, folds=folds, seed=seed,
+                                coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter)
+        for line in run.notes:
+            out.print(escape(line), highlight=False)
+        for line in run.row_warnings:
+            err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+        render_calibration(run.report, out)
+        for line in run.warnings:
             out.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
-        saved = calibration.save(output)
+        saved = run.calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
-            from .quality.plots import file_stem
-
-            _said_written(calibration_plots(report, plot, file_stem(output)), "before/after reliability diagram",
+            _said_written(calibration_plots(run.report, plot, file_stem(output)), "before/after reliability diagram",
                           plot)
     except PcdError as exc:
         raise _fail(exc) from None
@@ -885,77 +763,41 @@ def tune(
     diverges (NaN or exploding loss, collapsed candidate mass, flat probabilities: nothing is
     written); 3 on a model problem or without peft; 130 if interrupted (the best adapter so far
     is written first)."""
-    from .api import Labeler
-    from .backends.torch_tune import require_peft
-    from .backends.tune_folder import check_tune_output
-    from .io.readers import InputSpec, check_frame_columns
-    from .quality import read_gold
-    from .quality.data import drop_example_rows
+    from .job import LabelJob
     from .quality.render import render_tune
-    from .schema.load import load_schema
-    from .tune import (CALIBRATION_NAME, DEFAULT_PATIENCE, TuneConfig, calibration_card, default_epochs,
-                       fit_tune_calibration, gold_records, make_card)
-    from .tune import tune as run_tune
+    from .tune import DEFAULT_PATIENCE, TuneConfig, tune_on_gold
 
+    def said(notes, row_warnings, config):
+        bar.epochs = config.epochs
+        for line in notes:
+            out.print(escape(line), highlight=False)
+        for line in row_warnings:
+            err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+
+    bar = _TuneProgress(progress, epochs)
     try:
-        require_peft()
-        if cross_fit == 1:
-            raise InputError("--cross-fit 1: one fold has nothing to hold out; give 0 (one --holdout) or K >= 2 folds")
-        check_tune_output(output)  # a team's files in it: refused before the model loads
-        parsed = load_schema(schema)
-        spec = InputSpec(text_field=text_field, template=template, id_field=id_field, csv_delimiter=csv_delimiter)
-        gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
-        check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
-        labeler = Labeler(parsed, model=model, device=device.value, dtype=dtype.value, backend="torch",
-                          scoring=scoring.value, max_tokens_per_pass=max_tokens_per_pass, template=template,
-                          examples=draw_shots(examples, parsed, spec, shots=shots, seed=seed),
-                          tuned_calibration=False, permutations=permutations)
-        gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
-        if dropped:
-            out.print(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
-                      "left out of training", highlight=False)
-        records, labels, skipped = gold_records(gold_frame, parsed, spec)
-        if skipped:
-            err.print(f"[yellow]warning:[/] {len(skipped)} gold rows are not used (e.g. {escape(skipped[0])})",
-                      highlight=False)
-        epochs = epochs or default_epochs(len(records))
-        config = TuneConfig(epochs=epochs, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
+        job = LabelJob(model=model, device=device.value, dtype=dtype.value, template=template, text_field=text_field,
+                       examples=examples, shots=shots, seed=seed)
+        config = TuneConfig(epochs=epochs or 0, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations, cross_fit=cross_fit,
                             patience=DEFAULT_PATIENCE if patience is None else patience)
-        bar = _TuneProgress(progress, epochs)
         try:
-            result, trainer = run_tune(labeler.backend, parsed, records, labels, config,
-                                       examples=labeler.compiled.examples, on_step=bar.step, on_epoch=bar.epoch,
-                                       on_fold=bar.fold)
+            run = tune_on_gold(gold, schema, job, output, config, id_field=id_field, csv_delimiter=csv_delimiter,
+                               adapter_only=adapter_only, on_step=bar.step, on_epoch=bar.epoch, on_fold=bar.fold,
+                               on_notes=said)
         finally:
             bar.close()
-        for warning in result.warnings:
-            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-        # the pcd.model that pcd label records for the result: a folder's name, or the adapter's base
-        label_model = labeler.backend.model_id if adapter_only else Path(output).expanduser().name
-        calibration, notes = fit_tune_calibration(result, parsed, labeler.metadata(), model=label_model, seed=seed)
-        render_tune(result, out, calibration=calibration, notes=notes)
-        from .backends.torch_backend import model_content_key
-
-        card = make_card(base_model=labeler.backend.model_id, base_key=model_content_key(model),
-                         metadata=labeler.metadata(), gold_path=gold, records=records, result=result, config=config,
-                         adapter_only=adapter_only,
-                         calibration=calibration_card(calibration, notes, result.holdout_rows, result.cross_fit))
-        try:
-            trainer.save(output, adapter_only=adapter_only, card=card, base_name=labeler.backend.model_id,
-                         files={CALIBRATION_NAME: calibration.to_json()} if calibration is not None else None)
-        except OSError as exc:
-            raise InputError(f"-o {str(output)!r}: cannot write ({exc.strerror or exc})") from None
-        use = (f"pcd label INPUT -s {schema} --adapter {output}" + (f" --model {model}" if model else "")
-               if adapter_only else f"pcd label INPUT -s {schema} --model {output}")
-        out.print(f"wrote {escape(str(output))} (best epoch {result.best_epoch}); label with: {escape(use)}",
-                  highlight=False)
-        if result.interrupted:
-            err.print("[yellow]interrupted:[/] the best adapter so far was written", highlight=False)
-            raise typer.Exit(130)
     except PcdError as exc:
         raise _fail(exc) from None
+    for warning in run.result.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    render_tune(run.result, out, calibration=run.calibration, notes=run.calibration_notes)
+    out.print(f"wrote {escape(str(output))} (best epoch {run.result.best_epoch}); label with: {escape(run.use)}",
+              highlight=False)
+    if run.result.interrupted:
+        err.print("[yellow]interrupted:[/] the best adapter so far was written", highlight=False)
+        raise typer.Exit(130)
 
 
 class _TuneProgress:
@@ -1077,17 +919,22 @@ def serve(
     adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Model'),
     scoring: Scoring = _panel(SCORING_OPT, 'Model'),
     max_tokens_per_pass: int = _panel(BUDGET_OPT, 'Model'),
-    truncate: Truncate = typer.Option(Truncate.middle, "--truncate", help="A text too long for the model's context "
-                                      "loses its middle, head or tail, or fails (error).", rich_help_panel='Model'),
+    truncate: Truncate = _panel(TRUNCATE_OPT, 'Model'),
     text_field: str = _panel(TEXT_FIELD_OPT, 'Input'),
     template: Optional[str] = _panel(TEMPLATE_OPT, 'Input'),
     calibration: Optional[list[str]] = typer.Option(None, "--calibration", help="NAME=PATH (repeatable; a bare PATH "
                                                     "with one schema): a `pcd calibrate` file for that schema.",
                                                     rich_help_panel='Quality'),
-    prior_correction: bool = typer.Option(False, "--prior-correction", help="Divide each field's probabilities by "
-                                          "those of content-free records, measured once per schema.",
-                                          rich_help_panel='Quality'),
+    no_calibration: bool = _panel(NO_CALIBRATION_OPT, 'Quality'),
+    abstain_unless_single: bool = _panel(ABSTAIN_UNLESS_SINGLE_OPT, 'Quality'),
+    prior_correction: bool = _panel(PRIOR_CORRECTION_OPT, 'Quality'),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
+    abstain_below: Optional[float] = _panel(ABSTAIN_BELOW_OPT, 'Quality'),
+    examples: Optional[list[str]] = typer.Option(None, "--examples", help="NAME=PATH (repeatable; a bare PATH with "
+                                                 "one schema): a gold file to draw that schema's few-shot examples "
+                                                 "from, as pcd label --examples.", rich_help_panel='Quality'),
+    shots: int = _panel(SHOTS_OPT, 'Quality'),
+    seed: int = _panel(SEED_OPT, 'Quality'),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback: an API key is "
                              "required).", rich_help_panel='Network'),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port (bound before the model loads).",
@@ -1145,15 +992,20 @@ def serve(
 
     try:
         need_extra()
+        from .job import LabelJob
         from .server.app import AppConfig
-        from .server.service import SchemaOptions, ServiceConfig
+        from .server.service import ServiceConfig
 
-        options = SchemaOptions(scoring=scoring.value, template=template, text_field=text_field,
-                                truncate=truncate.value, permutations=permutations,
-                                prior_correction=prior_correction, max_tokens_per_pass=max_tokens_per_pass)
+        job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
+                       scoring=scoring.value, template=template, text_field=text_field, truncate=truncate.value,
+                       permutations=permutations, prior_correction=prior_correction,
+                       tuned_calibration=not no_calibration, abstain_below=abstain_below,
+                       abstain_unless_single=abstain_unless_single, shots=shots, seed=seed,
+                       max_tokens_per_pass=max_tokens_per_pass)
+        if no_calibration and calibration:
+            raise InputError("--calibration and --no-calibration exclude each other: choose one")
         code = serve_command(
-            schemas=schema, model=model, device=device.value, dtype=dtype.value, backend=backend.value,
-            adapter=str(adapter) if adapter else None, options=options, calibration=calibration or [], host=host,
+            schemas=schema, job=job, calibration=calibration or [], examples=examples or [], host=host,
             port=port, keys=api_key or [], key_file=api_key_file, allow_public_without_key=allow_public_without_key,
             cors_origins=cors_origin or [], quiet=quiet, shutdown_timeout_s=shutdown_timeout_s,
             engine=engine.value, replicas=replicas,

@@ -84,7 +84,7 @@ def assert_same(local: pa.Table, remote: pa.Table, *, skip_meta=("pcd.created_ut
     assert [r[local.schema.names[0]] for r in b] == [r[local.schema.names[0]] for r in a]  # same rows, same order
     for x, y in zip(a, b):
         for name, value in x.items():
-            if name.endswith(("__prob", "__mass")):
+            if name.endswith(("__prob", "__raw_prob", "__mass", "__order_spread", "__joint_prob")):
                 assert y[name] == pytest.approx(value, abs=1e-5), (x[name], name)
             elif name.endswith("__probs"):
                 assert [k for k, _ in y[name]] == [k for k, _ in value]
@@ -143,6 +143,7 @@ def test_past_the_retries_fails_and_keeps_earlier_output(local_ray, files, tmp_p
     from pcd_cli.engines.ray_engine import label_files
     from pcd_cli.errors import EngineError
     from pcd_cli.io.readers import InputSpec
+    from pcd_cli.job import LabelJob
     from pcd_cli.schema.load import load_schema
 
     out = tmp_path / "ray.parquet"
@@ -151,8 +152,8 @@ def test_past_the_retries_fails_and_keeps_earlier_output(local_ray, files, tmp_p
     monkeypatch.setenv(EXIT_ONCE_ENV, str(tmp_path / "killed"))
     with pytest.raises(EngineError, match="the label step failed on Ray .* up to 0 times.*ActorDiedError"):
         label_files(files["jsonl"], load_schema(files["schema"]), InputSpec(id_field="id"),
-                    {"model": files["model"], "device": "cpu"}, output=out, errors_path=tmp_path / "ray.errors.jsonl",
-                    max_retries=0)
+                    LabelJob(model=files["model"], device="cpu", id_field="id"), output=out,
+                    errors_path=tmp_path / "ray.errors.jsonl", max_retries=0)
     assert [p.name for p in out.iterdir()] == ["part-earlier.parquet"]
     assert (out / "part-earlier.parquet").read_bytes() == b"earlier"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

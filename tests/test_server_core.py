@@ -128,7 +128,8 @@ def test_label_ids_and_validation():
     assert schemas["model"] == "fake-model"
     assert schemas["schemas"] == [{"name": "sms", "fields": [{"name": "is_spam", "type": "boolean",
                                                               "labels": ["true", "false"]}],
-                                   "schema_sha256": SMS.source_sha256, "prompt_head_sha256": "f" * 64}]
+                                   "schema_sha256": SMS.source_sha256, "prompt_head_sha256": "f" * 64,
+                                   "warnings": []}]
 
 
 # -- packing and the queue ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from contextlib import closing, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,14 +20,15 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from ..api import Labeler
+from ..job import OUTPUT_NOT_PARQUET, JobWarning, LabelJob, planned_output_schema
 from ..errors import InputError, Interrupted, NothingLabelled, TooManyErrors
 from ..io.files import check_writable, clear_stale
-from ..io.output import ParquetSink, base_metadata, check_columns, output_schema, results_table
+from ..io.output import ParquetSink, base_metadata, check_columns, results_table
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure, RecordResult
 from ..schema.model import Schema
 from ..version import __version__
-from .checkpoint import WorkDir, check_unlocked
+from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -114,23 +116,23 @@ def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_p
     return created
 
 
-def write_empty_output(schema: Schema, input_path: str | Path, spec: InputSpec, *, output: Path, errors_path: Path,
-                       trace_path: Path | None, all_probs: bool, calibrated: bool, model: str | None) -> RunStats:
+def write_empty_output(schema: Schema, input_path: str | Path, job: LabelJob, *, output: Path, errors_path: Path,
+                       trace_path: Path | None, all_probs: bool) -> RunStats:
     """The whole run for an input without a row, written without loading a model: an empty
-    Parquet output with the columns a run would write, and an earlier errors or trace file
-    cleared. A nightly export that happens to be empty answers in well under a second.
+    Parquet output with the columns a run of ``job`` would write (``planned_output_schema``: the
+    rule ``Labeler.output_schema`` follows), and an earlier errors or trace file cleared. A
+    nightly export that happens to be empty answers in well under a second.
 
     Call it only when no work folder exists for ``output`` (else a normal run decides what to
     do with the unfinished one). Metadata says no model was loaded (``pcd.model``).
 
     Raises:
-        MachineError: a file cannot be written.
+        MachineError: a file cannot be written. CalibrationError: ``--abstain-unless-single``
+        without label sets, as a run with rows would say.
     """
-    column = id_column(spec)
-    arrow_schema = output_schema(schema, column, pa.string() if spec.id_field else pa.int64(),
-                                 all_probs=all_probs, calibrated=calibrated)
+    arrow_schema = planned_output_schema(schema, job, all_probs=all_probs)
     stats = RunStats(schema)
-    metadata = base_metadata(f"{model or 'default'} (not loaded: the input has no rows)", schema) \
+    metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema) \
         | stats.metadata(_input_name(input_path))
     sink = ParquetSink(output, arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()}))
     try:
@@ -142,6 +144,79 @@ def write_empty_output(schema: Schema, input_path: str | Path, spec: InputSpec, 
         raise
     sink.close()
     return stats
+
+
+@dataclass
+class JobRun:
+    """What a labelling run did: its statistics and the warnings it gave (``pcd_cli.job.JobWarning``,
+    also told to ``on_event`` as they came)."""
+
+    stats: RunStats | None = None
+    warnings: list[JobWarning] = field(default_factory=list)
+
+
+def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: LabelJob, *, output: Path | None,
+                  errors_path: Path | None, trace_path: Path | None = None, all_probs: bool = False,
+                  min_mass: float = 0.5, fmt: str | None = None, limit: int | None = None,
+                  csv_delimiter: str = ",", progress: bool | None = None,
+                  batch_records: int = DEFAULT_BATCH_RECORDS, resume: bool = False, max_errors: int | None = None,
+                  should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None) -> JobRun:
+    """``pcd label``'s whole local job: the checks that need no model (``check_job``), the output
+    of an empty input (``write_empty_output``, no model loaded), else the ``Labeler`` built from
+    ``job`` (``build_labeler``) and every row labelled (``label_file``).
+
+    Args:
+        schema: a ``Schema`` or a schema file path (its warnings are the run's first).
+        job: the labelling options; ``job.trace`` follows ``trace_path``.
+        limit, csv_delimiter, fmt: how the input is read (``InputSpec``, ``RecordReader``).
+        on_event: ``(event, fields, level)``: ``warning`` (``{"code", "message"}``) for each of
+            the job's warnings, ``created_folder``, and ``label_file``'s events.
+
+    Returns:
+        ``JobRun``: the statistics and the warnings.
+
+    Raises:
+        InputError: standard input without ``output``; see ``check_job``. SchemaError,
+        ModelError, CompileError, CalibrationError: as ``build_labeler``. TooManyErrors,
+        Interrupted, NothingLabelled: as ``label_file``.
+    """
+    from ..job import SCHEMA_WARNING, build_labeler
+    from ..schema.load import load_schema
+
+    emit = on_event or (lambda _name, _fields, _level="info": None)
+    run = JobRun()
+
+    def warn(warning: JobWarning) -> None:
+        run.warnings.append(warning)
+        emit("warning", warning.to_dict(), "warning")
+
+    if output is None:
+        raise InputError("reading standard input (-) needs -o: the output file")
+    output, errors_path = Path(output), Path(errors_path) if errors_path else default_errors(output)
+    job = replace(job, trace=trace_path is not None)
+    spec = job.input_spec(limit=limit, csv_delimiter=csv_delimiter)
+    parsed = schema if isinstance(schema, Schema) else load_schema(schema)
+    for text in parsed.warnings:
+        warn(JobWarning(SCHEMA_WARNING, text))
+    has_rows, created = check_job(parsed, input_path, spec, output=output, errors_path=errors_path,
+                                  trace_path=trace_path, all_probs=all_probs, fmt=fmt)
+    for folder in created:  # writable, not locked by another run
+        emit("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
+                                "folder": str(folder)}, "info")
+    if output.suffix.lower() not in (".parquet", ".pq"):
+        warn(JobWarning(OUTPUT_NOT_PARQUET, f"{output}: pcd writes Parquet whatever the extension"))
+    if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
+        run.stats = write_empty_output(parsed, input_path, job, output=output, errors_path=errors_path,
+                                       trace_path=trace_path, all_probs=all_probs)
+        return run
+    labeler = build_labeler(parsed, job)
+    for warning in labeler.warnings:
+        warn(warning)
+    run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
+                           trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
+                           batch_records=batch_records, resume=resume, max_errors=max_errors,
+                           should_stop=should_stop, on_event=emit)
+    return run
 
 
 def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,

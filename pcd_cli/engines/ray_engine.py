@@ -39,7 +39,7 @@ import sys
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -50,7 +50,8 @@ import pyarrow.parquet as pq
 
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..io.files import check_writable, clear_stale, write_atomic, write_target
-from ..io.output import output_schema, results_table
+from ..io.output import base_metadata, output_schema, results_table
+from ..job import LabelJob, planned_output_schema, warnings_from_json
 from ..io.readers import EXTENSIONS, InputSpec, check_input, detect_format, read_records, row_to_record
 from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
@@ -83,7 +84,7 @@ PARSED_SCHEMA = pa.schema([
 #: Columns the label step adds to the output columns (dropped before writing).
 EXTRA_COLUMNS = (("__pcd_error", pa.string()), ("__pcd_row", pa.int64()), ("__pcd_line", pa.int64()),
                  ("__pcd_file", pa.int32()), ("__pcd_record", pa.string()), ("__pcd_meta", pa.string()),
-                 ("__pcd_passes", pa.int64()))
+                 ("__pcd_passes", pa.int64()), ("__pcd_warnings", pa.string()))
 
 
 def require_ray():
@@ -168,28 +169,31 @@ class LabelWorker:
 
     Args:
         schema: the parsed ``Schema`` (small; travels instead of the schema file).
-        labeler_options: ``Labeler`` keyword arguments (model, dtype, scoring, examples, ...).
-        id_field: the id column's source (``None``: row numbers). all_probs: add ``__probs``.
+        job: the ``LabelJob`` (``pcd_cli.job``), its examples already drawn; the actor builds its
+            ``Labeler`` with ``build_labeler``; ``job.id_field``: the id column's source
+            (``None``: row numbers). all_probs: add ``__probs``.
         offsets: first global row number of each input file. limit: keep rows below it.
         exit_once: test-only path (see ``EXIT_ONCE_ENV``).
 
     Returns (per call): a table with the output columns (``output.output_schema``) and
     ``EXTRA_COLUMNS``: per row its error (null when labelled), global row, line, file and
-    record id (JSON); on the first row the actor's metadata (JSON) and the forward passes
-    the batch took.
+    record id (JSON); on the first row the actor's metadata (JSON), the forward passes
+    the batch took and the job's warnings (``pcd_cli.job.warnings_json``).
     """
 
-    def __init__(self, schema: Schema, labeler_options: dict[str, Any], id_field: str | None, all_probs: bool,
-                 offsets: list[int] | None = None, limit: int | None = None, exit_once: str | None = None):
-        from ..api import Labeler
+    def __init__(self, schema: Schema, job: LabelJob, all_probs: bool, offsets: list[int] | None = None,
+                 limit: int | None = None, exit_once: str | None = None):
+        from ..job import build_labeler, warnings_json
 
-        self.labeler = Labeler(schema, **labeler_options)
-        self.id_field, self.offsets, self.limit, self.exit_once = id_field, offsets, limit, exit_once
-        self.arrow_schema = self.labeler.output_schema(id_field or "row", pa.string() if id_field else pa.int64(),
+        self.labeler = build_labeler(schema, job)
+        self.id_field, self.offsets, self.limit, self.exit_once = job.id_field, offsets, limit, exit_once
+        self.arrow_schema = self.labeler.output_schema(job.id_field or "row",
+                                                       pa.string() if job.id_field else pa.int64(),
                                                        all_probs=all_probs)
         meta = self.labeler.metadata()
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
+        self.warnings = warnings_json(self.labeler.warnings)
 
     def _maybe_exit(self) -> None:
         if not self.exit_once:
@@ -231,6 +235,7 @@ class LabelWorker:
             "__pcd_record": [orjson.dumps(res.id, default=str).decode() for _, _, res in rows],
             "__pcd_meta": [self.meta] + [None] * (len(rows) - 1) if rows else [],
             "__pcd_passes": [passes] + [None] * (len(rows) - 1) if rows else [],
+            "__pcd_warnings": [self.warnings] + [None] * (len(rows) - 1) if rows else [],
         }
         table = pa.concat_tables([labelled, nulls])
         for name, kind in EXTRA_COLUMNS:
@@ -238,9 +243,9 @@ class LabelWorker:
         return table
 
 
-def _label_step(parsed, schema: Schema, labeler_options: dict[str, Any], *, id_field: str | None,
-                all_probs: bool, workers: int, worker_cpus: float, worker_gpus: float, batch_size: int,
-                max_retries: int, offsets: list[int] | None = None, limit: int | None = None):
+def _label_step(parsed, schema: Schema, job: LabelJob, *, all_probs: bool, workers: int, worker_cpus: float,
+                worker_gpus: float, batch_size: int, max_retries: int, offsets: list[int] | None = None,
+                limit: int | None = None):
     import ray.data
 
     with warnings.catch_warnings():  # Ray 2.60 names no parameter for the retries yet; remote args still work
@@ -248,9 +253,8 @@ def _label_step(parsed, schema: Schema, labeler_options: dict[str, Any], *, id_f
         return parsed.map_batches(
             LabelWorker, batch_format="pyarrow", batch_size=batch_size,
             compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=worker_cpus, num_gpus=worker_gpus or None,
-            fn_constructor_kwargs={"schema": schema, "labeler_options": labeler_options, "id_field": id_field,
-                                   "all_probs": all_probs, "offsets": offsets, "limit": limit,
-                                   "exit_once": os.environ.get(EXIT_ONCE_ENV)},
+            fn_constructor_kwargs={"schema": schema, "job": job, "all_probs": all_probs, "offsets": offsets,
+                                   "limit": limit, "exit_once": os.environ.get(EXIT_ONCE_ENV)},
             max_restarts=max_retries, max_task_retries=max_retries)
 
 
@@ -260,16 +264,16 @@ def _public_columns(batch: pa.Table) -> pa.Table:
     return batch.select(keep).append_column("__error", batch.column("__pcd_error"))
 
 
-def label_dataset(ds, schema: Schema | str | Path, *, text_field: str = "text", template: str | None = None,
-                  id_field: str | None = None, all_probs: bool = False, workers: int = 1, worker_cpus: float = 1.0,
-                  worker_gpus: float = 0.0, batch_size: int = DEFAULT_BATCH_ROWS,
-                  max_retries: int = DEFAULT_MAX_RETRIES, **options):
+def label_dataset(ds, schema: Schema | str | Path, *, job: LabelJob | None = None, all_probs: bool = False,
+                  workers: int = 1, worker_cpus: float = 1.0, worker_gpus: float = 0.0,
+                  batch_size: int = DEFAULT_BATCH_ROWS, max_retries: int = DEFAULT_MAX_RETRIES, **options):
     """Label the rows of a Ray Dataset with a pool of ``workers`` actors; lazy, like any Ray Dataset.
 
     Rows become records by ``pcd label``'s rules (``text_field`` or ``template`` over columns;
-    ids from ``id_field``). ``options`` are ``Labeler`` keyword arguments (``model``,
-    ``dtype``, ``scoring``, ``examples``, ``calibration``, ...); each actor builds its own
-    ``Labeler`` from them, so a model path must exist on every node.
+    ids from ``id_field``). The labelling options are a ``pcd_cli.job.LabelJob`` (``job``), or its
+    fields as keywords (``model``, ``dtype``, ``scoring``, ``text_field``, ``id_field``,
+    ``calibration``, ...); each actor builds its own ``Labeler`` from it with ``build_labeler``,
+    so a model path must exist on every node.
 
     Returns:
         A ``ray.data.Dataset`` with ``pcd label``'s output columns plus ``__error``: null for
@@ -277,21 +281,25 @@ def label_dataset(ds, schema: Schema | str | Path, *, text_field: str = "text", 
         input row.
 
     Raises:
-        MissingExtra: Ray is not installed. InputError: ``id_field`` not given, bad ``template``.
-        SchemaError: the schema file is invalid.
+        MissingExtra: Ray is not installed. InputError: ``id_field`` not given, bad ``template``,
+        an unknown option. SchemaError: the schema file is invalid.
     """
     require_ray()
     from ..schema.load import load_schema
 
-    if not id_field:
+    unknown = sorted(set(options) - set(LabelJob.options()))
+    if unknown:
+        raise InputError(f"label_dataset: unknown option {unknown[0]!r} (the options of pcd_cli.job.LabelJob: "
+                         f"{', '.join(LabelJob.options())})")
+    job = replace(job, **options) if job is not None else LabelJob(**options)
+    if not job.id_field:
         raise InputError("label_dataset needs id_field=<column with the record ids>: a Ray Dataset has no "
                          "row numbers to name rows by")
-    spec = InputSpec(text_field=text_field, template=template, id_field=id_field)
     schema = schema if isinstance(schema, Schema) else load_schema(schema)
-    parsed = ds.map_batches(_rows_to_parsed, batch_format="pyarrow", fn_kwargs={"spec": spec})
-    labelled = _label_step(parsed, schema, options, id_field=id_field, all_probs=all_probs, workers=workers,
-                           worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
-                           max_retries=max_retries)
+    job = job.resolved().with_examples(schema)
+    parsed = ds.map_batches(_rows_to_parsed, batch_format="pyarrow", fn_kwargs={"spec": job.input_spec()})
+    labelled = _label_step(parsed, schema, job, all_probs=all_probs, workers=workers, worker_cpus=worker_cpus,
+                           worker_gpus=worker_gpus, batch_size=batch_size, max_retries=max_retries)
     return labelled.map_batches(_public_columns, batch_format="pyarrow")
 
 
@@ -305,6 +313,8 @@ class RayRun:
     startup_seconds: float
     address: str
     workers: int
+    #: the job's warnings (``pcd_cli.job.JobWarning``), as the workers' labelers gave them, each once
+    warnings: list = field(default_factory=list)
 
 
 def connect(address: str | None) -> tuple[bool, float]:
@@ -468,7 +478,7 @@ def _only_labelled(batch: pa.Table, *, names: list[str]) -> pa.Table:
     return batch.filter(pc.is_null(batch.column("__pcd_error"))).select(names)
 
 
-def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler_options: dict[str, Any], *,
+def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: LabelJob, *,
                 output: str | Path, errors_path: str | Path, fmt: str | None = None, all_probs: bool = False,
                 min_mass: float = 0.5, address: str | None = None, workers: int = 1, worker_cpus: float = 1.0,
                 worker_gpus: float = 0.0, batch_size: int = DEFAULT_BATCH_ROWS,
@@ -479,7 +489,8 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler
 
     Args:
         input_path: a file, a folder or a glob of JSONL/CSV/Parquet files (one format).
-        labeler_options: ``Labeler`` keyword arguments, passed as they are to every actor.
+        spec: how rows are read (``job.input_spec(limit=..., csv_delimiter=...)``).
+        job: the ``LabelJob``, passed whole to every actor (paths made absolute, examples drawn).
         address: Ray cluster to join (``None``: start a local Ray for the run).
         workers, worker_cpus, worker_gpus: actors in the pool and the resources each reserves.
         batch_size: rows per actor call. max_retries: restarts of a dead actor and retries of its batch.
@@ -515,7 +526,7 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler
     final = write_target(output)  # a symlinked output folder is replaced at its target; the link stays
     tmp_dir = final.with_name(f".{final.name}.pcd-ray-{uuid.uuid4().hex[:8]}")
     try:
-        return _job(ray, files, kind, input_path, schema, spec, labeler_options, output=output,
+        return _job(ray, files, kind, input_path, schema, spec, job.resolved().with_examples(schema), output=output,
                     errors_path=errors_path, tmp_dir=tmp_dir, all_probs=all_probs, min_mass=min_mass,
                     workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
                     max_retries=max_retries, max_errors=max_errors, startup=startup,
@@ -526,7 +537,56 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, labeler
             stop_local_ray(ray)
 
 
-def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output, errors_path, tmp_dir, all_probs,
+def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: LabelJob, *, output: Path,
+                  errors_path: Path, fmt: str | None = None, limit: int | None = None, csv_delimiter: str = ",",
+                  all_probs: bool = False, min_mass: float = 0.5, resume: bool = False,
+                  trace_path: Path | None = None, max_errors: int | None = None, progress: bool = False,
+                  address: str | None = None, workers: int = 1, worker_cpus: float = 1.0, worker_gpus: float = 0.0,
+                  batch_size: int = DEFAULT_BATCH_ROWS, on_event: Callable | None = None):
+    """``pcd label --engine ray``'s whole job: the same job and checks as the local engine
+    (``pcd_cli.engines.local.run_label_job``), run by ``label_files``; the job's warnings are told
+    to ``on_event`` once, after the run (the workers build the labelers).
+
+    Returns:
+        ``pcd_cli.engines.local.JobRun`` (statistics and warnings).
+
+    Raises:
+        InputError: ``--resume`` or ``--trace`` (the local engine's), standard input; see
+        ``label_files``.
+    """
+    from ..job import SCHEMA_WARNING, JobWarning
+    from ..schema.load import load_schema
+    from .local import JobRun, id_column
+    from ..io.output import check_columns
+
+    emit = on_event or (lambda _name, _fields, _level="info": None)
+    if resume:
+        raise InputError("--resume is for the local engine only: a Ray run keeps no checkpoints (a failed "
+                         "run is rerun whole); drop --resume or --engine ray")
+    if trace_path is not None:
+        raise InputError("--trace is for the local engine only; drop it or --engine ray")
+    if output is None or str(input_path) == "-":
+        raise InputError("--engine ray reads files, not standard input; write the input to a file")
+    spec = job.input_spec(limit=limit, csv_delimiter=csv_delimiter)
+    parsed = schema if isinstance(schema, Schema) else load_schema(schema)
+    run = JobRun()
+    for text in parsed.warnings:
+        run.warnings.append(JobWarning(SCHEMA_WARNING, text))
+        emit("warning", run.warnings[-1].to_dict(), "warning")
+    # the columns here; inputs (files, folders, globs) and the output folder in label_files
+    check_columns(parsed, id_column(spec), all_probs=all_probs)
+    done = label_files(input_path, parsed, spec, job, output=output, errors_path=errors_path, fmt=fmt,
+                       all_probs=all_probs, min_mass=min_mass, address=address, workers=workers,
+                       worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
+                       max_errors=max_errors, progress=progress, on_event=on_event)
+    for warning in done.warnings:
+        run.warnings.append(warning)
+        emit("warning", warning.to_dict(), "warning")
+    run.stats = done.stats
+    return run
+
+
+def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path, tmp_dir, all_probs,
          min_mass, workers, worker_cpus, worker_gpus, batch_size, max_retries, max_errors, startup,
          address) -> RayRun:
     stats = RunStats(schema, min_mass=min_mass)
@@ -550,11 +610,11 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
         offsets = [sum(counts[:i]) for i in range(len(counts))]
     started = time.perf_counter()
     labelled = _run_step("label", lambda: _label_step(
-        parsed, schema, labeler_options, id_field=spec.id_field, all_probs=all_probs, workers=workers,
+        parsed, schema, job, all_probs=all_probs, workers=workers,
         worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size, max_retries=max_retries,
         offsets=offsets, limit=spec.limit if offsets else None).materialize(), max_retries)
     stats.seconds = time.perf_counter() - started
-    errors, metas = [], set()
+    errors, metas, said = [], set(), set()
     for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=None):
         names = [n for n in batch.column_names if not n.startswith("__pcd_")]
         ok = pc.is_null(batch.column("__pcd_error"))
@@ -563,6 +623,7 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
         stats.truncated += int(pc.sum(done.column("__truncated")).as_py() or 0)
         stats.forward_passes += int(pc.sum(batch.column("__pcd_passes")).as_py() or 0)
         metas.update(m for m in batch.column("__pcd_meta").to_pylist() if m)
+        said.update(w for w in batch.column("__pcd_warnings").to_pylist() if w)
         for r in batch.filter(pc.invert(ok)).to_pylist():
             errors.append({"row": r["__pcd_row"], "line": r["__pcd_line"], "record": orjson.loads(r["__pcd_record"]),
                            "error": r["__pcd_error"]} | ({"file": str(files[r["__pcd_file"]])} if len(files) > 1 else {}))
@@ -572,7 +633,8 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
     if len(metas) > 1:
         raise EngineError("the workers built different prompts or models (their metadata differ: "
                           f"{sorted(metas)[:2]}); install the same pcd, model files and options on every node")
-    run = RayRun(stats, startup, address, workers)
+    run = RayRun(stats, startup, address, workers,
+                 list(dict.fromkeys(w for text in sorted(said) for w in warnings_from_json(text))))
     if max_errors is not None and stats.failures > max_errors:
         _write_errors(errors, errors_path)
         raise TooManyErrors(f"{stats.failures} rows failed, more than --max-errors {max_errors}; they are in "
@@ -581,14 +643,18 @@ def _job(ray, files, kind, input_path, schema, spec, labeler_options, *, output,
         _write_errors(errors, errors_path)
         raise NothingLabelled(f"no row could be labelled: all {stats.failures} failed; see {errors_path}",
                               stats, None)
-    metadata = (json.loads(metas.pop()) if metas else {}) | {
-        "pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
+    if metas:
+        metadata = json.loads(metas.pop())
+        arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
+                                     all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata,
+                                     sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
+                                     abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))),
+                                     spread="pcd.permutations" in metadata)
+    else:  # no row reached a worker (an empty input): the columns by the job's own rule, as the local engine
+        metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema)
+        arrow_schema = planned_output_schema(schema, job, all_probs=all_probs)
+    metadata = metadata | {"pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
         | stats.metadata(input_path.name)
-    arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
-                                 all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata,
-                                 sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
-                                 abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))),
-                                 spread="pcd.permutations" in metadata)
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
     if stats.records:
         _run_step("write", lambda: labelled.map_batches(

@@ -71,26 +71,58 @@ def schema_sources(specs: list[str]) -> dict[str, Path]:
     return out
 
 
-def calibrations(specs: list[str], names: list[str]) -> dict[str, str]:
-    """``--calibration`` values as schema name -> file (``NAME=PATH``; a bare PATH when one schema
-    is served).
+def per_schema_files(option: str, specs: list[str], names: list[str]) -> dict[str, str]:
+    """``--calibration`` or ``--examples`` values as schema name -> file (``NAME=PATH``; a bare PATH
+    when one schema is served).
 
     Raises:
-        InputError: an unknown schema name, a missing file, a bare path with several schemas.
+        InputError: an unknown schema name, a missing file, a bare path with several schemas, a
+            schema given twice; each names ``option``.
     """
     out: dict[str, str] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or Path(spec).exists():
             if len(names) != 1:
-                raise InputError(f"--calibration {spec!r}: several schemas are served; give NAME=PATH")
+                raise InputError(f"{option} {spec!r}: several schemas are served; give NAME=PATH")
             name, path = names[0], spec
         if name not in names:
-            raise InputError(f"--calibration {spec!r}: no served schema is named {name!r} (served: "
+            raise InputError(f"{option} {spec!r}: no served schema is named {name!r} (served: "
                              f"{', '.join(names)})")
         if not Path(path).expanduser().is_file():
-            raise InputError(f"--calibration {spec!r}: no such file {path!r}")
+            raise InputError(f"{option} {spec!r}: no such file {path!r}")
+        if name in out:
+            raise InputError(f"{option}: schema {name!r} is given two files ({out[name]} and {path})")
         out[name] = str(Path(path).expanduser())
+    return out
+
+
+def calibrations(specs: list[str], names: list[str]) -> dict[str, str]:
+    """``--calibration`` values as schema name -> file (``per_schema_files``)."""
+    return per_schema_files("--calibration", specs, names)
+
+
+def served_jobs(job, parsed: dict, *, calibration: list[str], examples: list[str]) -> dict:
+    """Each served schema's job: ``job`` (``pcd serve``'s options) with that schema's
+    ``--calibration`` and ``--examples`` file (``NAME=PATH``), the examples drawn once.
+
+    Returns:
+        name -> (schema, ``LabelJob``), as ``LabelService`` takes them.
+
+    Raises:
+        InputError: see ``per_schema_files``; ``--calibration`` with ``--no-calibration``; an
+            examples file without enough usable rows. CalibrationError: ``--abstain-unless-single``
+            with a schema whose calibration has no label sets.
+    """
+    from dataclasses import replace as _replace
+
+    names = list(parsed)
+    cal = per_schema_files("--calibration", calibration, names)
+    shots = per_schema_files("--examples", examples, names)
+    out = {}
+    for name, schema in parsed.items():
+        served = _replace(job, calibration=cal.get(name, job.calibration), examples=shots.get(name, job.examples))
+        out[name] = (schema, served.with_examples(schema))
     return out
 
 
@@ -126,23 +158,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve_command(*, schemas: list[str], model: str | None, device: str, dtype: str, backend: str, adapter: str | None,
-                  options, calibration: list[str], host: str, port: int, keys: list[str], key_file: Path | None,
-                  allow_public_without_key: bool, cors_origins: list[str], service_config, app_config,
-                  shutdown_timeout_s: float, quiet: bool, engine: str = "local", replicas: int | None = None) -> int:
+def serve_command(*, schemas: list[str], job, calibration: list[str], examples: list[str], host: str, port: int,
+                  keys: list[str], key_file: Path | None, allow_public_without_key: bool, cors_origins: list[str],
+                  service_config, app_config, shutdown_timeout_s: float, quiet: bool, engine: str = "local",
+                  replicas: int | None = None) -> int:
     """Run ``pcd serve`` until drained; returns the exit code.
 
     Args:
-        options: the ``SchemaOptions`` given on the command line (calibration excepted: per
-            schema, from ``calibration``); request-built schemas use them without calibration.
+        job: the ``LabelJob`` given on the command line (model, adapter and labelling options);
+            each startup schema gets it with its own ``calibration`` and ``examples`` file
+            (``served_jobs``), request-built question sets get ``job.for_questions()``.
         service_config, app_config: ``ServiceConfig`` and ``AppConfig`` (keys and CORS added here).
         engine, replicas: ``local`` (this process) or ``ray``: ``replicas`` replicas on Ray Serve
             (``pcd_cli.server.ray_serve``), each building the same service and app.
 
     Raises:
         MissingExtra: the server extra, or Ray Serve for ``--engine ray``, is not installed (exit 3).
-        InputError: bad ``--schema``, ``--calibration``, key options, or a non-loopback ``--host``
-            without a key and without ``--allow-public-without-key`` (exit 2).
+        InputError: bad ``--schema``, ``--calibration``, ``--examples``, key options, or a
+            non-loopback ``--host`` without a key and without ``--allow-public-without-key`` (exit 2).
         SchemaError: a schema file is invalid (exit 2).
     """
     need_extra()
@@ -157,30 +190,23 @@ def serve_command(*, schemas: list[str], model: str | None, device: str, dtype: 
     from .service import LabelService, ModelHost
 
     sources = schema_sources(schemas)
-    cal = calibrations(calibration, list(sources))
     parsed = {name: load_schema(path) for name, path in sources.items()}
+    served = served_jobs(job.resolved(), parsed, calibration=calibration, examples=examples)
     accepted = api_keys(keys, key_file)
     if not accepted and not is_loopback(host) and not allow_public_without_key:
         raise InputError(f"--host {host}: listening beyond this machine without an API key; give --api-key, "
                          f"--api-key-file or ${API_KEY_ENV}, or pass --allow-public-without-key to serve "
                          "anyone who can reach the port")
     _logging(quiet)
-    log = logging.getLogger("pcd.server")
-    for name, schema in parsed.items():
-        for warning in schema.warnings:
-            log.warning("schema %s: %s", name, warning)
-    service = LabelService(
-        ModelHost(model, backend=backend, device=device, dtype=dtype, adapter=adapter),
-        {name: (schema, replace(options, calibration=cal.get(name))) for name, schema in parsed.items()},
-        config=service_config, default_options=replace(options, calibration=None))
     app_config = replace(app_config, api_keys=accepted, cors_origins=tuple(cors_origins))
     if engine == "ray":
         from .ray_serve import ReplicaSpec, serve_on_ray
 
-        spec = ReplicaSpec({n: (e.schema, e.options) for n, e in service.named.items()},
-                           model=model, backend=backend, device=device, dtype=dtype, adapter=adapter,
-                           service=service_config, default_options=service.default_options, app=app_config)
+        spec = ReplicaSpec(served, job=job.resolved(), service=service_config,
+                           default_options=job.resolved().for_questions(), app=app_config)
         return serve_on_ray(spec, host=host, port=port, replicas=replicas or 1, shutdown_timeout_s=shutdown_timeout_s)
+    service = LabelService(ModelHost(job.resolved()), served, config=service_config,
+                           default_options=job.resolved().for_questions())
     try:
         return serve(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
     except OSError as exc:

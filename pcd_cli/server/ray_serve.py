@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from ..errors import EngineError, MissingExtra
 from ..schema.model import Schema
 from .app import AppConfig, create_app
-from .service import LabelService, ModelHost, SchemaOptions, ServiceConfig
+from ..job import LabelJob
+from .service import LabelService, ModelHost, ServiceConfig
 
 log = logging.getLogger("pcd.server")
 
@@ -68,7 +69,7 @@ class ReplicaSpec:
 
     Attributes:
         schemas: the startup schemas, name -> (schema, options) (``LabelService``'s ``schemas``).
-        model, backend, device, dtype, adapter: as ``ModelHost`` (``pcd serve --model`` ...).
+        job: the served ``LabelJob``: the model each replica loads (``ModelHost``).
         service: limits and packing of each replica's ``LabelService``.
         default_options: options of request-built schemas (Jev / OpenAI question sets).
         app: keys, body and request limits, CORS (``AppConfig``).
@@ -76,14 +77,10 @@ class ReplicaSpec:
             constructor fails (Serve then starts another, up to its retry count).
     """
 
-    schemas: dict[str, tuple[Schema, SchemaOptions]] = field(default_factory=dict)
-    model: str | None = None
-    backend: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    adapter: str | None = None
+    schemas: dict[str, tuple[Schema, LabelJob]] = field(default_factory=dict)
+    job: LabelJob = LabelJob()
     service: ServiceConfig = ServiceConfig()
-    default_options: SchemaOptions = SchemaOptions()
+    default_options: LabelJob = LabelJob()
     app: AppConfig = AppConfig()
     ready_timeout_s: float = 900.0
 
@@ -99,7 +96,7 @@ def build_replica(spec: ReplicaSpec):
         PcdError: the model, a schema or a calibration could not be loaded (the service's
             ``startup_error``). TimeoutError: not ready within ``spec.ready_timeout_s``.
     """
-    host = ModelHost(spec.model, backend=spec.backend, device=spec.device, dtype=spec.dtype, adapter=spec.adapter)
+    host = ModelHost(spec.job)
     service = LabelService(host, dict(spec.schemas), config=spec.service, default_options=spec.default_options)
     app = create_app(service, spec.app)
     service.start()
@@ -239,7 +236,7 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
             # after ray.init, which installs its own SIGTERM handler (it aborts the process)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: stop.set())
-        num_cpus, num_gpus = replica_resources(ray, replicas, spec.device, started_here)
+        num_cpus, num_gpus = replica_resources(ray, replicas, spec.job.device, started_here)
         serve.start(http_options={"host": host, "port": port})
         log.info("Ray Serve proxy on http://%s:%d; starting %d replica(s)", host, port, replicas)
         app = deployment(spec, replicas=replicas, num_cpus=num_cpus, num_gpus=num_gpus,

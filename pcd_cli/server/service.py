@@ -30,9 +30,9 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from ..decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from ..engines.local import CHUNK_RECORDS
 from ..errors import PcdError
+from ..job import SCHEMA_WARNING, JobWarning, LabelJob
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from . import textcheck
@@ -44,63 +44,40 @@ log = logging.getLogger("pcd.server")
 POLL_S = 0.1
 
 
-@dataclass(frozen=True)
-class SchemaOptions:
-    """The labelling options of one schema (``pcd label``'s options that apply per schema).
-
-    Attributes:
-        scoring: ``marginal`` or ``exact`` (``Labeler(scoring=...)``).
-        template: ``str.format`` template over a record's columns (``pcd label --template``);
-            ``None``: the text is the ``text_field`` column.
-        text_field: the column holding the text when no template is given.
-        calibration: path of a ``pcd calibrate`` file fitted for this schema and model.
-        truncate: ``middle|head|tail|error`` (``pcd label --truncate``).
-        permutations: ``--permutations K`` (1: the plain prompt).
-        prior_correction: ``--prior-correction``.
-        max_tokens_per_pass: the decoder's token budget for one forward pass.
-    """
-
-    scoring: str = "marginal"
-    template: str | None = None
-    text_field: str = "text"
-    calibration: str | None = None
-    truncate: str = "middle"
-    permutations: int = 1
-    prior_correction: bool = False
-    max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
-
-    def labeler_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``pcd_cli.api.Labeler`` for these options."""
-        return dict(scoring=self.scoring, template=self.template, calibration=self.calibration,
-                    truncate=self.truncate, permutations=self.permutations,
-                    prior_correction=self.prior_correction, max_tokens_per_pass=self.max_tokens_per_pass)
+#: The labelling options of one served schema: ``pcd_cli.job.LabelJob``, the one description of a
+#: labelling job that ``pcd label`` and ``--engine ray`` use too (the name is kept for callers).
+SchemaOptions = LabelJob
 
 
 class ModelHost:
-    """The model, loaded once, and the labelers built over it (one per schema and options).
+    """The model, loaded once, and the labelers built over it (one per schema and job).
 
     ``load`` and ``labeler`` run on the service's worker thread only.
 
     Args:
-        model: as ``pcd label --model`` (``None``: the embedded model).
-        backend, device, dtype: as ``pcd label --backend/--device/--dtype``.
-        adapter: a ``pcd tune --adapter-only`` folder merged into the weights once at load.
-        loaded: an already loaded backend (tests); ``model``, ``backend``, ``device`` and
-            ``dtype`` are then ignored.
+        job: the served job (``pcd serve``'s options): its ``model``, ``backend``, ``device``,
+            ``dtype`` and ``adapter`` say what to load (``pcd_cli.job.load_model``); each schema's
+            labeler is built from its own job by ``pcd_cli.job.build_labeler``.
+        loaded: an already loaded backend (tests); the job's model options are then ignored.
     """
 
-    def __init__(self, model: str | None = None, *, backend: str = "auto", device: str = "auto",
-                 dtype: str = "auto", adapter: str | None = None, loaded=None):
-        self.model, self.backend_kind, self.device, self.dtype = model, backend, device, dtype
-        self.adapter = adapter
+    def __init__(self, job: LabelJob | None = None, *, loaded=None):
+        self.job = job or LabelJob()
         self.backend = loaded
+        #: the adapter's warnings, said once at load
+        self.warnings: list = []
+
+    @property
+    def model(self) -> str | None:
+        """The ``--model`` given (``None``: the embedded model)."""
+        return self.job.model
 
     @property
     def model_id(self) -> str:
         """The loaded model's id (``backend.model_id``); the ``--model`` given before loading."""
         if self.backend is not None:
             return self.backend.model_id
-        return self.model or "embedded"
+        return self.job.model or "embedded"
 
     def load(self) -> str:
         """Load the backend (once) and merge the adapter; returns the model id.
@@ -109,30 +86,22 @@ class ModelHost:
             ModelError: the model cannot be loaded (see ``pcd_cli.backends.load_backend``).
         """
         if self.backend is None:
-            from ..backends import load_backend
+            from ..job import load_model
 
-            backend = load_backend(self.model, backend=self.backend_kind, device=self.device, dtype=self.dtype)
-            if self.adapter is not None:
-                from ..api import _with_adapter
-
-                backend, said = _with_adapter(backend, self.adapter, self.model)
-                for warning in said:  # another base model named, config keys of a newer peft
-                    log.warning("%s", warning)
-            self.backend = backend
+            self.backend, self.warnings = load_model(self.job)
         return self.backend.model_id
 
-    def labeler(self, schema: Schema, options: SchemaOptions):
-        """A ``Labeler`` for ``schema`` over the loaded model (the model is shared, not copied).
+    def labeler(self, schema: Schema, options: LabelJob):
+        """A ``Labeler`` for ``schema`` and its job over the loaded model (shared, not copied):
+        ``build_labeler``, so a served schema gets what ``pcd label`` with the same options
+        gets, the adapter folder's calibration and tune card included.
 
         Raises:
             SchemaError, CompileError, CalibrationError: as ``Labeler``.
         """
-        from ..api import Labeler, _tune_card
+        from ..job import build_labeler
 
-        labeler = Labeler(schema, model=self.model, backend=self.backend, **options.labeler_kwargs())
-        if self.adapter is not None:  # merged once at load; its card still goes in the metadata
-            labeler.tune_card, labeler._tune_source = _tune_card(self.adapter)
-        return labeler
+        return build_labeler(schema, options, backend=self.backend)
 
 
 @dataclass(frozen=True)
@@ -213,6 +182,8 @@ class _Entry:
     pinned: bool = False
     labeler: Any = None
     metadata: dict[str, str] = field(default_factory=dict)
+    #: the job's warnings (``pcd_cli.job.JobWarning``), known once compiled
+    warnings: list = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -362,7 +333,8 @@ class LabelService:
 
     def schema_info(self) -> list[dict]:
         """The startup schemas for ``GET /v1/schemas``: name, fields with their labels, schema and
-        prompt-head sha256 (known once compiled)."""
+        prompt-head sha256 and the job's warnings (``{"code", "message"}``;
+        the prompt head and warnings are known once compiled)."""
         out = []
         for name, entry in self.named.items():
             out.append({
@@ -371,6 +343,7 @@ class LabelService:
                            for f in entry.schema.declared],
                 "schema_sha256": entry.schema.source_sha256,
                 "prompt_head_sha256": entry.metadata.get("pcd.prompt_head_sha256"),
+                "warnings": [w.to_dict() for w in entry.warnings],
             })
         return out
 
@@ -589,6 +562,8 @@ class LabelService:
                 log.info("stopped while starting")
                 return
             labeler = self._labeler(entry)
+            for warning in entry.warnings:  # the job's warnings, as pcd label prints them
+                log.warning("schema %s: %s (%s)", name, warning.message, warning.code)
             labeler.label_batch([Record("warm-up", "Warm-up record: hello.")])
             log.info("schema %s compiled and warmed up", name)
         if not self.named:  # no startup schema: warm the model with a one-field question
@@ -603,6 +578,8 @@ class LabelService:
         if entry.labeler is None:
             labeler = self.host.labeler(entry.schema, entry.options)
             entry.metadata = labeler.metadata()
+            entry.warnings = [JobWarning(SCHEMA_WARNING, w) for w in entry.schema.warnings] + \
+                list(getattr(labeler, "warnings", ()))
             entry.labeler = labeler
         return entry.labeler
 

@@ -19,7 +19,7 @@ from pcd_cli.quality import Calibration
 from pcd_cli.schema.load import load_schema
 
 from .. import helpers
-from ..helpers import flat
+from ..helpers import SENTIMENTS, flat, pcd, sentiment_probs, write_sentiment_output
 from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,3 +218,26 @@ def test_calibrate_labels_gold_with_embedded_model(tmp_path, embedded_backend):
     assert f.labels == ("NEGATIVE", "NEUTRAL", "POSITIVE") and f.brier_form == "multiclass"
     assert f.accuracy == pytest.approx(np.mean(frame["sentiment"].to_numpy() == gold_frame["sentiment"].head(4)
                                                .to_numpy()))
+
+
+# -- plots named after their two files, never overwritten; from issue 28 item 7, "the first hour
+# tells the truth" (formerly tests/test_first_hour.py)
+@pytest.mark.usefixtures("fewer_resamples")
+def test_evals_into_one_plot_folder_never_overwrite_each_other(tmp_path):
+    """make demo's evals: the zero-shot and the tuned output against the same gold, then the tuned
+    one against the review export: three diagrams, each named after its two files and said."""
+    gold = tmp_path / "airline_tweets.jsonl"
+    gold.write_text("".join(json.dumps({"id": f"t{i}", "sentiment": SENTIMENTS[i % 3]}) + "\n" for i in range(12)))
+    export = tmp_path / "airline.review.export.jsonl"
+    export.write_text("".join(json.dumps({"id": f"t{i}", "sentiment": SENTIMENTS[i % 3]}) + "\n" for i in range(6)))
+    zero = write_sentiment_output(tmp_path / "airline.zero.parquet", [(f"t{i}", 0, sentiment_probs(0, 0.6)) for i in range(12)])
+    tuned = write_sentiment_output(tmp_path / "airline.tuned.parquet", [(f"t{i}", i % 3, sentiment_probs(i % 3, 0.8)) for i in range(12)])
+    plots = tmp_path / "plots"
+    said = [flat(pcd("eval", out, g, "--plot", plots, env={"COLUMNS": "200"}).stdout)
+            for out, g in ((zero, gold), (tuned, gold), (tuned, export))]
+    names = ["airline.zero.vs.airline_tweets.sentiment.reliability.png",
+             "airline.tuned.vs.airline_tweets.sentiment.reliability.png",
+             "airline.tuned.vs.airline.review.export.sentiment.reliability.png"]
+    assert sorted(p.name for p in plots.iterdir()) == sorted(names)
+    for text, name in zip(said, names):
+        assert f"wrote 1 reliability diagram to {plots}: {name}" in text
