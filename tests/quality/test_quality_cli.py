@@ -198,12 +198,10 @@ def test_calibrate_labels_gold_with_embedded_model(tmp_path, embedded_backend):
     assert "sentiment (18 rows, 2-fold CV)" in text
     # the head with those examples is the one the calibration is for
     from pcd_cli.api import Labeler
-    from pcd_cli.cli import draw_shots
-    from pcd_cli.io.readers import InputSpec
+    from pcd_cli.job import LabelJob, build_labeler
 
     parsed = load_schema(schema)
-    shots = draw_shots(gold, parsed, InputSpec(id_field="id"), shots=2, seed=0)
-    labeler = Labeler(parsed, backend=embedded_backend, examples=shots)
+    labeler = build_labeler(parsed, LabelJob(examples=gold, shots=2, seed=0, id_field="id"), backend=embedded_backend)
     calibration.check(labeler.metadata())
     with pytest.raises(CalibrationError, match="pcd.prompt_head_sha256"):
         calibration.check(Labeler(parsed, backend=embedded_backend, examples=()).metadata())
