@@ -1,7 +1,8 @@
 """JevBench (``pip install jevbench``, Apache-2.0: coherence and stability relations for
 ``/v1/systemone`` servers) against a real ``pcd serve`` on the embedded model.
 
-    python benchmarks/jevbench.py [--suite jevbench-mini] [--dimensions BAT] [--relations option_permutation]
+    python benchmarks/jevbench.py [--suite jevbench-mini] [--domains customer_support] [--dimensions BAT]
+                                  [--relations option_permutation]
                                   [--concurrency 4] [--server-root DIR] [--name pcd]
                                   [--out benchmarks/jevbench.json]
 
@@ -16,8 +17,9 @@ the CPU, ``schemas/sms_spam.yaml`` as its one startup schema, defaults otherwise
 
 ``--server-root DIR`` runs the server from another checkout of pcd (e.g. the code before question
 isolation, unpacked with ``git archive <commit> pcd_cli schemas | tar -x -C DIR``), with the same
-Python environment, for a before/after comparison. ``--dimensions`` / ``--relations`` select
-relations (their union, as JevBench's own options); none selects every relation of the suite.
+Python environment, for a before/after comparison. ``--domains`` selects cases, ``--dimensions`` /
+``--relations`` select relations (their union, as JevBench's own options); none selects the whole
+suite.
 
 JevBench's own warning applies: coherence is not accuracy (a model answering every question
 uniformly scores 89.4 on jevbench-mini at chance accuracy); read its scores beside ``pcd eval`` on a
@@ -102,6 +104,7 @@ def summary(report, seconds: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="jevbench-mini")
+    parser.add_argument("--domains", default=None, help="comma-separated case domains, e.g. customer_support")
     parser.add_argument("--dimensions", default=None, help="comma-separated, e.g. BAT,CHO")
     parser.add_argument("--relations", default=None, help="comma-separated relation names")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -116,12 +119,12 @@ def main() -> None:
     started = time.perf_counter()
     with Serve(args.server_root, log) as server:
         model = jb.systemone(server.url + "/v1/systemone", model="pcd")
-        report = jb.evaluate(model, suite=args.suite, dimensions=split(args.dimensions),
+        report = jb.evaluate(model, suite=args.suite, domains=split(args.domains), dimensions=split(args.dimensions),
                              relations=split(args.relations), concurrency=args.concurrency, cache=None,
                              name=args.name, progress=True)
     seconds = time.perf_counter() - started
     report.save(args.out.with_name(args.out.stem + ".report.json.gz"))
-    out = {"suite": args.suite, "dimensions": args.dimensions, "relations": args.relations,
+    out = {"suite": args.suite, "domains": args.domains, "dimensions": args.dimensions, "relations": args.relations,
            "server_root": str(args.server_root), "name": args.name, "concurrency": args.concurrency,
            "model": "smollm2-135m-instruct (embedded), CPU float32", "jevbench": jb.__version__,
            **summary(report, seconds)}
