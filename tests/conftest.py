@@ -30,3 +30,13 @@ def tiny_chat_backend():
 @pytest.fixture(scope="session")
 def tiny_plain_backend():
     return tiny_backend(chat_template=False, seed=1)
+
+
+@pytest.fixture
+def fewer_resamples(monkeypatch):
+    """Bootstrap intervals with 100 resamples, for tests that check no interval (``pytestmark =
+    pytest.mark.usefixtures("fewer_resamples")``)."""
+    from pcd_cli.quality import metrics as M
+
+    full = M.bootstrap_interval
+    monkeypatch.setattr(M, "bootstrap_interval", lambda *a, **k: full(*a, **(k | {"resamples": 100})))

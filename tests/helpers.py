@@ -3,6 +3,9 @@ the one CLI runner. ``conftest.py`` builds its fixtures from these; test files i
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 #: The oracle-test schema of issue #2: a boolean first, shared prefixes, a label that is a
@@ -114,11 +117,92 @@ def keyword_rows(n=60):
 def keyword_tune_files(root, rows=30):
     """``root`` with the tiny model (``tiny-model``, seed 6), the keyword schema
     (``keyword.json``) and ``rows`` keyword gold rows (``gold.jsonl``): a tune CLI test's inputs."""
-    import json
-
     import orjson
 
     save_tiny_model(root / "tiny-model", seed=6)
     (root / "keyword.json").write_text(json.dumps(KEYWORD_SCHEMA))
     (root / "gold.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in keyword_rows(rows)))
     return root
+
+
+#: The hand-collected cases under tests/data/: ``cases.jsonl`` (schema and label cases from public
+#: bug reports of similar tools) and the case folders of later rounds (``cases-round2/`` ...), each
+#: listed in its own ``cases.jsonl``. Tests are filed under the rule a case tests, not its round.
+DATA = Path(__file__).with_name("data")
+CASES = {c["id"]: c for c in map(json.loads, (DATA / "cases.jsonl").read_text().splitlines())}
+
+
+def label_case(backend, case, scoring="marginal"):
+    """``(schema, labeler, result)`` of a ``tests/data/cases.jsonl`` case labelled with traces."""
+    from pcd_cli.api import Labeler
+    from pcd_cli.schema.load import parse_schema
+
+    schema = parse_schema(case["schema"])
+    labeler = Labeler(schema, backend=backend, scoring=scoring, trace=True)
+    (result,) = list(labeler.label([case["input"]]))
+    return schema, labeler, result
+
+
+def copy_case(name: str, tmp_path, folder: str = "cases-round2"):
+    """A writable copy of the case folder ``tests/data/FOLDER/NAME`` (outputs are written next to
+    the input); the case must be listed in that folder's ``cases.jsonl``."""
+    import shutil
+
+    listed = {json.loads(line)["id"] for line in (DATA / folder / "cases.jsonl").read_text().splitlines()}
+    assert name in listed
+    return Path(shutil.copytree(DATA / folder / name, tmp_path / name))
+
+
+def jsonl_rows(path) -> list[dict]:
+    """Every line of a JSONL file, parsed."""
+    import orjson
+
+    return [orjson.loads(line) for line in Path(path).read_bytes().splitlines()]
+
+
+def trace_contexts(trace) -> dict[str, str]:
+    """Record id -> the context of its first field's trace line (holds the record's text)."""
+    out: dict[str, str] = {}
+    for row in jsonl_rows(trace):
+        out.setdefault(row["record"], row["context"])
+    return out
+
+
+#: Hand-made pcd outputs of the one-field airline schema (``output.output_schema`` and
+#: ``results_table``), for eval, compare and calibrate tests that load no model.
+AIRLINE = "schemas/airline_sentiment.yaml"
+SENTIMENTS = ("NEGATIVE", "NEUTRAL", "POSITIVE")
+
+
+def airline_schema():
+    from pcd_cli.schema.load import load_schema
+
+    return load_schema(Path(__file__).resolve().parents[1] / AIRLINE)
+
+
+def sentiment_probs(label: int, p: float):
+    """Probabilities of the three sentiments: ``p`` on ``label``, the rest shared evenly."""
+    import numpy as np
+
+    out = np.full(3, (1 - p) / 2)
+    out[label] = p
+    return out
+
+
+def write_sentiment_output(path, rows, schema=None):
+    """A pcd output of ``(id, label index, probabilities)`` rows of the one-field airline schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pcd_cli.io.output import output_schema, results_table
+    from pcd_cli.results import FieldResult, RecordResult
+    from pcd_cli.schema.model import schema_metadata
+
+    schema = schema or airline_schema()
+    results = [RecordResult(id=rid, fields=(FieldResult(label, SENTIMENTS[label], float(p[label]), 0.8,
+                                                        tuple(map(float, p))),)) for rid, label, p in rows]
+    metadata = {"pcd.version": "0.1.0", "pcd.model": "fake-model", "pcd.prompt_head_sha256": "h" * 64,
+                "pcd.scoring": "marginal", **schema_metadata(schema)}
+    arrow = output_schema(schema, "id", pa.string(), all_probs=True).with_metadata(metadata)
+    pq.write_table(results_table(results, schema, arrow), path)
+    return path

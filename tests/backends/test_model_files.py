@@ -330,3 +330,34 @@ def test_the_embedded_model_is_checked_before_its_cache_entry_is_looked_up(tmp_p
     target = torch_backend.converted_gguf_target(embedded_gguf_path())
     assert seen == [embedded_gguf_path()]
     assert target.parent == tmp_path / "cache" / "pcd" / "models"
+
+
+# -- the case gguf-html-page-or-truncated-download as it runs, tests/data/cases-round3/ (issue #20;
+# formerly tests/test_cases_round3.py)
+@pytest.mark.parametrize("command", ["label", "inspect-schema"])
+@pytest.mark.parametrize("model, message", [
+    ("not-a-model.gguf", "'not-a-model.gguf': not a GGUF file (it starts with b'<!DOCTYP'; a GGUF file starts with "
+                         "b'GGUF'): it looks like an HTML page: download with the /resolve/ URL, not /blob/"),
+    ("truncated.gguf", "'truncated.gguf': the file is incomplete: 20,000,000 of 98,362,432 bytes "
+                       "(an interrupted download? download it again)"),
+])
+def test_a_gguf_that_is_a_web_page_or_a_cut_download_exits_3_naming_the_cause(tmp_path, monkeypatch, command,
+                                                                               model, message):
+    from pcd_cli.backends.torch_backend import embedded_gguf_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # relative names, as the case runs them
+    for name in ("input.jsonl", "schema.yaml"):
+        (tmp_path / name).write_bytes((CASE / name).read_bytes())
+    # the page is kept as .html in the repository (no model file is tracked by git) and named as the case names it
+    (tmp_path / "not-a-model.gguf").write_bytes((CASE / "not-a-model.html").read_bytes())
+    with embedded_gguf_path().open("rb") as fh:
+        (tmp_path / "truncated.gguf").write_bytes(fh.read(20_000_000))
+    args = (["label", "input.jsonl", "-s", "schema.yaml", "--id-field", "id", "-o", "out.parquet", "--quiet"]
+            if command == "label" else ["inspect-schema", "schema.yaml"])
+    result = pcd(*args, "--model", model, code=None)
+    assert result.exit_code == 3, result.output
+    assert f"error: {message}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and "reshape" not in result.output
+    assert not (tmp_path / "cache").exists()  # no half-converted entry, not even a content key
+    assert not (tmp_path / "out.parquet").exists()

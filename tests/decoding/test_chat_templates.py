@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -22,9 +23,10 @@ from pcd_cli.backends.torch_backend import HFTokenizer, converted_gguf_dir, embe
 from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.errors import CompileError
 from pcd_cli.decoding.prompt import PREAMBLE
-from pcd_cli.schema.load import load_schema
+from pcd_cli.schema.load import load_schema, parse_schema
 
-from ..helpers import pcd
+from .. import helpers
+from ..helpers import pcd, tiny_backend
 from ..oracle_sample import max_oracle_diff
 
 CASES_DIR = Path(__file__).parents[1] / "data" / "cases-round2"
@@ -160,3 +162,42 @@ def test_template_that_loses_the_instructions_everywhere_exits_3(tmp_path):
     result = pcd("inspect-schema", str(case_dir / "schema.yaml"), "-m", str(folder), code=None)
     assert result.exit_code == 3
     assert "instructions and catalog are missing" in result.output
+
+
+# -- cases chat-template-date-injection and reasoning-template-think-block of tests/data/cases.jsonl
+# (schema and label cases from public bug reports of similar tools; formerly tests/test_cases.py)
+
+@contextmanager
+def chat_template(backend, template: str):
+    """Temporarily give the backend's tokenizer another chat template."""
+    tok = backend.tokenizer._tok
+    original, tok.chat_template = tok.chat_template, template
+    try:
+        yield
+    finally:
+        tok.chat_template = original
+
+
+def test_pinned_date_keeps_the_head_reproducible():
+    backend = tiny_backend()
+    with chat_template(backend, "{{ 'Today: ' + date_string + '\n' }}{% for m in messages %}<|im_start|>"
+                       "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                       "<|im_start|>assistant\n{% endif %}"):
+        schema = parse_schema(helpers.CASES["chat-template-date-injection"]["schema"])
+        a = CompiledSchema(schema, backend.tokenizer).prompt
+        b = CompiledSchema(schema, backend.tokenizer).prompt
+        assert "Today: 01 Jan 2025" in a.head_text
+        assert a.head_sha256 == b.head_sha256
+        meta = Labeler(schema, backend=backend).metadata()
+        assert meta["pcd.prompt_head_sha256"] == a.head_sha256
+
+
+def test_reasoning_template_gets_an_empty_think_block():
+    backend = tiny_backend()
+    with chat_template(backend, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                       "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                       "{% if enable_thinking is defined and enable_thinking is false %}"
+                       "<think>\n\n</think>\n\n{% endif %}{% endif %}"):
+        schema = parse_schema(helpers.CASES["reasoning-template-think-block"]["schema"])
+        prompt = CompiledSchema(schema, backend.tokenizer).prompt
+        assert prompt.tail_text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n" + prompt.layout.opener)

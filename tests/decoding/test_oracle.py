@@ -13,7 +13,7 @@ from pcd_cli.decoding.compile import CompiledSchema
 from pcd_cli.decoding.decode import Decoder
 from pcd_cli.results import Record
 
-from ..helpers import TEXTS
+from ..helpers import CASES, TEXTS, label_case
 from ..oracle_sample import max_oracle_diff
 
 TOL = 1e-4
@@ -52,3 +52,38 @@ def test_embedded_decoder_matches_oracle_on_a_sample(embedded_backend, oracle_sc
 @pytest.mark.parametrize("scoring", ["marginal", "exact"])
 def test_embedded_decoder_matches_oracle_everywhere(embedded_backend, oracle_schema, scoring):
     _check(embedded_backend, oracle_schema, scoring, sample=False)
+
+
+# -- every case of tests/data/cases.jsonl (schema and label cases from public bug reports of similar
+# tools; formerly tests/test_cases.py): each labels validly and matches the oracle
+
+def _check_against_oracle(backend, schema, result, scoring, *, sample=True):
+    """Every field of the case against the oracle: its top two labels' ``p * mass`` (``make
+    test``), or every label and the mass (``make test-full``); tests/oracle_sample.py."""
+    worst, checked = max_oracle_diff(backend, schema, [result], scoring, sample=sample)
+    assert checked == len(schema.fields)
+    assert worst < 1e-4
+
+
+def _case_labels_validly_and_matches_oracle(backend, case_id, *, sample):
+    case = CASES[case_id]
+    schema, _, result = label_case(backend, case)
+    for field, res in zip(schema.fields, result.fields):
+        assert res.value in ((True, False) if field.is_boolean else field.labels)
+        assert abs(sum(res.probs) - 1) < 1e-9 and 0 < res.mass <= 1
+    if max(len(f.labels) for f in schema.fields) <= 10:
+        _check_against_oracle(backend, schema, result, "marginal", sample=sample)
+    picked = {f.name: r.value for f, r in zip(schema.fields, result.fields)}
+    print(f"{case_id}: picked {picked}, case expects {case['expected'].get('label', case['expected'].get('labels'))}")
+
+
+@pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.full) if c == "large-enum-parser-blowup" else c
+                                     for c in sorted(CASES)])  # its 255 labels stay in make test (test_label_strings.py)
+def test_case_labels_validly_and_matches_oracle(embedded_backend, case_id):
+    _case_labels_validly_and_matches_oracle(embedded_backend, case_id, sample=True)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("case_id", sorted(CASES))
+def test_case_matches_oracle_on_every_label(embedded_backend, case_id):
+    _case_labels_validly_and_matches_oracle(embedded_backend, case_id, sample=False)

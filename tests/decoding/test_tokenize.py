@@ -25,7 +25,7 @@ from pcd_cli.backends.conformance import max_oracle_diff
 from pcd_cli.decoding.prompt import INPUT_LABEL, PREAMBLE, render_turns
 from pcd_cli.schema.load import parse_schema
 
-from ..helpers import ORACLE_SCHEMA, TEXTS
+from ..helpers import CASES, ORACLE_SCHEMA, TEXTS
 from ..tokenizer_kinds import CHATML_TEMPLATE, INST_TEMPLATE, punct_bpe, sentencepiece, tiny_backend_for
 
 #: Records ending in punctuation that Qwen2.5/Llama-3 style BPE glues to the newline after it.
@@ -305,3 +305,20 @@ def test_one_label_with_surrounding_whitespace_is_kept_with_a_warning():
     report = inspect(schema, tokenizer=backend_of("punct_bpe").tokenizer)
     (finding,) = [w for w in report.warnings if w.kind == "label_whitespace"]
     assert finding.labels == (" N/A",) and finding.field == "answer"
+
+
+# -- case key-separator-merged-quote-colon of tests/data/cases.jsonl (schema and label cases from
+# public bug reports of similar tools; formerly tests/test_cases.py)
+def test_lines_are_tokenized_in_context(embedded_backend):
+    """The tokens pcd feeds (context + trunk + path) are exactly the tokenizer's output on the whole text."""
+    case = CASES["key-separator-merged-quote-colon"]
+    schema = parse_schema(case["schema"])
+    compiled = CompiledSchema(schema, embedded_backend.tokenizer, scoring="exact")
+    plan = compiled.wave_plan(0, compiled.prompt.tail_text)
+    forest = plan.forests[0]
+    encode = embedded_backend.tokenizer.encode
+    trunk_len = len(forest.ids) - len(forest.query_rows) + 1
+    for term, (label, line) in zip(forest.terminals, forest.lines):
+        tokens = list(plan.context_ids) + list(forest.ids[:trunk_len])
+        tokens += [forest.query_ids[q][c] for q, c in term.edges]
+        assert tokens == encode(plan.context_text + line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.decoding.oracle import oracle_field
 from pcd_cli.schema.load import parse_schema
 
-from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, copy_case, pcd, tiny_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "sample_data"
@@ -548,3 +549,28 @@ def test_resume_with_another_batch_size_is_bit_identical(backend, tmp_path):
     stats = _run(backend, src, out, batch_records=3, chunk_records=8, resume=True)
     assert stats.read == 20
     assert _columns(out) == _columns(reference)
+
+
+# -- case resume-after-input-edited of the cases of tests/data/cases-round2/ (issue #12; formerly
+# tests/test_cases_round2_inputs.py)
+@pytest.mark.parametrize("edited", ["input.same_size_edit.jsonl", "input.rows_inserted.jsonl"])
+def test_resume_after_input_edited(tmp_path, edited):
+    case = copy_case("resume-after-input-edited", tmp_path)
+    src, out = case / "input.jsonl", case / "B.parquet"
+    args = (src, "-s", case / "schema.yaml", "--id-field", "id", "-o", out, "--batch-size", 1)
+    pcd("label", *args, "--max-errors", 0, code=1)  # e3 is broken: the run stops after the chunk holding it
+    manifest = orjson.loads((case / ".B.parquet.pcd-work" / "manifest.json").read_bytes())
+    done = manifest["progress"]["rows"]  # the chunk in flight (16 rows, not tied to --batch-size) is committed
+    assert done >= 3 and manifest["progress"]["failures"] >= 1
+    stat = src.stat()
+    shutil.copyfile(case / edited, src)  # the export is rewritten ...
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # ... with its mtime kept (cp -p, rsync -t)
+    resumed = pcd("label", *args, "--resume", "--log-format", "json")
+    events = [json.loads(line) for line in resumed.stderr.splitlines()]
+    assert events[0]["event"] == "discarded"
+    assert f"the input's first {done} rows are not those the unfinished run labelled" in events[0]["reason"]
+    assert f"{done} rows were discarded and the run starts over" in events[0]["reason"]
+    assert "resumed" not in [e["event"] for e in events]
+    fresh = case / "fresh.parquet"
+    pcd("label", case / edited, "-s", case / "schema.yaml", "--id-field", "id", "-o", fresh, "--batch-size", 1)
+    assert pq.read_table(out).to_pydict() == pq.read_table(fresh).to_pydict()  # no stale label spliced in

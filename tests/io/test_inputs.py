@@ -37,7 +37,7 @@ from pcd_cli.schema.load import load_schema, parse_schema
 from pcd_cli.schema.load import schema_from_model
 from pcd_cli.io.values import CellError, RepeatedIds, cell_text
 
-from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, copy_case, jsonl_rows, pcd, tiny_backend, trace_contexts
 
 SCHEMA = parse_schema(ORACLE_SCHEMA)
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
@@ -517,10 +517,12 @@ import enum
 from typing import Literal
 from pydantic import BaseModel, Field
 
+
 class Review(BaseModel):
     """Product reviews."""
     sentiment: Literal["negative", "positive"] = Field(description="Opinion")
     price: bool
+
 
 class Broken(BaseModel):
     score: float
@@ -549,3 +551,48 @@ def test_schema_option_loads_a_model_from_a_python_file(tmp_path, backend):
         load_schema(f"{tmp_path / 'nopyd.py'}:X")
     (result,) = list(Labeler(Review, backend=backend).label(["Too pricey, but I love it."]))
     assert result.fields[0].value in ("negative", "neutral", "positive") and result.fields[1].value in (True, False)
+
+
+# -- cases of tests/data/cases-round2/ (issue #12; formerly tests/test_cases_round2_inputs.py):
+# jsonl-unicode-line-separators and non-string-text-values
+
+def test_jsonl_unicode_line_separators(tmp_path):
+    case = copy_case("jsonl-unicode-line-separators", tmp_path)
+    pcd("label", case / "input.jsonl", "-s", case / "schema.yaml", "--id-field", "id", "-o", case / "out.parquet",
+         "--trace", case / "trace.jsonl")
+    assert pq.read_table(case / "out.parquet").column("id").to_pylist() == ["r1", "r2", "r3", "r5"]
+    errors = jsonl_rows(case / "out.errors.jsonl")
+    assert [(e["row"], e["line"]) for e in errors] == [(3, 4)]
+    contexts = trace_contexts(case / "trace.jsonl")
+    assert "Great kettle\u2028boils fast" in contexts["r1"]
+    assert "what it does\u2029I returned it." in contexts["r2"]
+    assert "Arrived late\u0085but works fine." in contexts["r3"]
+    assert "\r" not in contexts["r5"]  # CRLF line ends are not part of the record
+
+
+def test_non_string_text_values_cli_and_api_agree(tmp_path, embedded_backend):
+    from pcd_cli import Labeler, RecordFailure
+    from pcd_cli.schema.load import load_schema
+
+    case = copy_case("non-string-text-values", tmp_path)
+    pcd("label", case / "input.jsonl", "-s", case / "schema.yaml", "--id-field", "id", "-o", case / "out.parquet",
+         "--trace", case / "trace.jsonl")
+    table = pq.read_table(case / "out.parquet").to_pydict()
+    assert table["id"] == ["n1", "n2", "n3", "n6"]
+    errors = {e["record"]: e["error"] for e in jsonl_rows(case / "out.errors.jsonl")}
+    assert errors == {"n4": "line 4: text field 'text' is a list, not a string",
+                      "n5": "line 5: text field 'text' is an object, not a string"}
+    contexts = trace_contexts(case / "trace.jsonl")
+    assert "Input:\n123<|im_end|>" in contexts["n1"] and "Input:\n4.5<|im_end|>" in contexts["n2"]
+    assert "Input:\ntrue<|im_end|>" in contexts["n3"] and "True" not in contexts["n3"]
+
+    rows = [json.loads(line) for line in (case / "input.jsonl").read_text().splitlines()]
+    results = list(Labeler(load_schema(case / "schema.yaml"), backend=embedded_backend).label(rows))
+    failed = {r.id: r.error for r in results if isinstance(r, RecordFailure)}
+    assert failed == {"n4": "row 3: text field 'text' is a list, not a string",
+                      "n5": "row 4: text field 'text' is an object, not a string"}
+    labelled = [r for r in results if not isinstance(r, RecordFailure)]
+    assert [r.id for r in labelled] == table["id"]
+    assert [r.fields[0].value for r in labelled] == table["sentiment"]
+    for i, r in enumerate(labelled):  # the same text in the prompt: the same numbers
+        assert abs(r.fields[0].prob - table["sentiment__prob"][i]) < 1e-5

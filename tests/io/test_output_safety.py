@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pyarrow.parquet as pq
 import pytest
 
@@ -28,7 +30,7 @@ from pcd_cli.engines.local import label_file
 from pcd_cli.quality.calibration import Calibration
 from pcd_cli.schema.load import parse_schema
 
-from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import CASES, ORACLE_SCHEMA, label_case, pcd, tiny_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = parse_schema(ORACLE_SCHEMA)
@@ -109,10 +111,10 @@ def test_eval_json_and_plots_follow_symlinks(tmp_path):
     _save(plt, fig, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").is_symlink()
     assert (tmp_path / "site" / "today.png").read_bytes()[:4] == b"\x89PNG"
-    from pcd_cli.cli import _write_json
+    from pcd_cli.console import write_json
 
     (tmp_path / "report.json").symlink_to(tmp_path / "site" / "report.json")
-    _write_json(tmp_path / "report.json", {"accuracy": 0.5})
+    write_json(tmp_path / "report.json", {"accuracy": 0.5})
     assert json.loads((tmp_path / "site" / "report.json").read_text()) == {"accuracy": 0.5}
     assert (tmp_path / "report.json").is_symlink()
 
@@ -304,3 +306,13 @@ def test_nan_literals_fail_the_row_only_where_pcd_reads_them(tmp_path):
     assert "id field 'id' is Infinity" in items[2].error or "'id' is Infinity" in items[2].error
     assert "not valid JSON" in items[3].error
     assert check_input(tmp_path / "in.jsonl", SPEC) is True
+
+
+# -- case neg-inf-logprob-json of tests/data/cases.jsonl (schema and label cases from public bug
+# reports of similar tools; formerly tests/test_cases.py)
+def test_trace_and_results_are_strict_json(embedded_backend):
+    _, _, result = label_case(embedded_backend, CASES["neg-inf-logprob-json"])
+    for trace in result.traces:
+        text = orjson.dumps(trace).decode()
+        json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    assert all(np.isfinite(result.fields[0].probs))

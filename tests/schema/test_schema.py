@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 import pytest
@@ -13,6 +14,8 @@ from pcd_cli.errors import SchemaError
 from pcd_cli.decoding.prompt import LAYOUTS, catalog_line
 from pcd_cli.schema.load import load_schema, parse_schema
 from pcd_cli.schema.load import schema_from_model
+
+from ..helpers import pcd
 
 
 def _schema(**fields):
@@ -468,3 +471,65 @@ def test_list_form_and_preset_files_name_converted_labels_as_written(tmp_path):
     preset = "id: p\nschema:\n  tier: {type: enum, choices: [0x1F, B]}\n"
     assert _problems(tmp_path, preset) == ("field 'tier': label #1 is written 0x1F, which YAML reads as the number "
                                            "31, not as text; quote it: \"0x1F\"")
+
+
+# -- the schema cases of tests/data/cases-round3/ (issue #20; formerly tests/test_cases_round3.py):
+# a key given twice, an unknown key, and jsonschema-pydantic-enum-refs (pydantic's own JSON Schema
+# gives the model's fields)
+
+REFS_CASE = Path(__file__).parents[1] / "data" / "cases-round3" / "jsonschema-pydantic-enum-refs"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("s.yaml", "fields:\n  a:\n    type: boolean\n  a:\n    type: boolean\n",
+     "key 'a' appears twice in one YAML mapping (lines 2 and 4)"),
+    ("s.yaml", "fields:\n  a:\n    type: enum\n    labels: [X, Y]\n    labels: [Y, Z]\n",
+     "key 'labels' appears twice in one YAML mapping (lines 4 and 5)"),
+    ("s.json", '{"fields": {"a": {"type": "boolean"}, "a": {"type": "boolean"}}}',
+     "key 'a' appears twice in one JSON object (entries 1 and 2)"),
+    ("s.yaml", "fields:\n  a:\n    type: enum\n    labels: [X, Y, X]\n", "field 'a': duplicate label 'X'"),
+])
+def test_a_schema_naming_a_key_twice_is_refused(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(SchemaError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_schema(tmp_path / name)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fields:\n  a:\n    type: enum\n    descripton: x\n    labels: [A, B]\n",
+     "field 'a': unknown key 'descripton' (did you mean 'description'?)"),
+    ("fields:\n  a:\n    type: enum\n    label: [A, B]\n", "field 'a': unknown key 'label' (did you mean 'labels'?)"),
+    ("name: x\nfield:\n  a: {type: boolean}\n", "schema: unknown key 'field' (did you mean 'fields'?)"),
+    ("fields:\n  a: {type: boolean, colour: red}\n", "field 'a': unknown key 'colour' (known keys: type, description"),
+])
+def test_an_unknown_schema_key_is_an_error_naming_the_nearest_known_one(tmp_path, text, message):
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(SchemaError) as exc:
+        load_schema(tmp_path / "s.yaml")
+    assert message in str(exc.value)
+
+
+def test_pydantics_own_json_schema_gives_the_fields_of_the_model(monkeypatch):
+    monkeypatch.chdir(REFS_CASE)  # the case names models.py relative to its folder
+    from_json = load_schema("review.schema.json")
+    assert from_json == load_schema("models.py:Review")  # fields, descriptions, name, instructions, hash
+    assert [(f.name, f.type, f.labels, f.description) for f in from_json.fields] == [
+        ("sentiment", "enum", ("negative", "neutral", "positive"), "Overall opinion of the product"),
+        ("mentions_price", "boolean", ("true", "false"), "The review talks about the price"),
+        ("channel", "enum", ("web", "store"), "Where it was bought")]
+
+
+def test_an_optional_field_is_nullable_the_same_way_from_the_json_schema_and_the_model(monkeypatch):
+    monkeypatch.chdir(REFS_CASE)  # issue #17 made Optional[...] a nullable field (it was refused before)
+    from_json = load_schema("review_optional.schema.json")
+    assert from_json == load_schema("models.py:ReviewOptional")
+    (sentiment, _) = from_json.fields
+    assert (sentiment.labels, sentiment.nullable) == (("negative", "neutral", "positive", "null"), True)
+    result = pcd("inspect-schema", "review_optional.schema.json", code=None)
+    assert result.exit_code == 0, result.output
+
+
+def test_the_case_json_schema_passes_inspection(monkeypatch):
+    monkeypatch.chdir(REFS_CASE)
+    result = pcd("inspect-schema", "review.schema.json", code=None)
+    assert result.exit_code == 0, result.output
