@@ -79,7 +79,8 @@ class AppConfig:
     """HTTP-side settings of ``pcd serve``.
 
     Attributes:
-        api_keys: keys accepted (``Authorization: Bearer KEY`` or ``x-api-key: KEY``); empty: no
+        api_keys: keys accepted (``Authorization: Bearer KEY``, ``x-api-key: KEY``, or KEY as the
+            password of ``Authorization: Basic``, as Label Studio sends it); empty: no
             key needed.
         max_body_bytes: largest request body (after decompression); larger is 413, refused
             while streaming (never read whole).
@@ -110,6 +111,9 @@ class AppConfig:
     max_header_bytes: int = 64 * 1024
     max_connections: int = 1024
     allowed_hosts: tuple[str, ...] = ()
+    #: ``pcd serve --label-studio``: a ``label_studio.LabelStudioConfig`` mounts the Label Studio
+    #: ML backend routes (``/setup``, ``/predict``, ``/webhook``, ``/train``, ``/versions``).
+    label_studio: Any = None
 
     @property
     def receive_timeout_s(self) -> float:
@@ -344,12 +348,26 @@ class RequestGuard:
     def _authorized(self, scope) -> bool:
         """Whether the request carries one of the keys (every key compared in constant time)."""
         auth = _header(scope, b"authorization") or ""
-        given = auth[7:].strip() if auth[:7].lower() == "bearer " else (_header(scope, b"x-api-key") or "")
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else _basic_password(auth) \
+            if auth[:6].lower() == "basic " else (_header(scope, b"x-api-key") or "")
         given_b = given.encode("latin-1", "replace")
         ok = False
         for key in self.keys:
             ok |= hmac.compare_digest(given_b, key)
         return ok
+
+
+def _basic_password(auth: str) -> str:
+    """The password of ``Authorization: Basic base64(user:password)``: Label Studio's ML backend
+    settings send their basic-auth user and password this way (``MLBackend.basic_auth``); the
+    password is checked as an API key (any user name). Empty when it does not decode."""
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(auth[6:].strip(), validate=True).decode("latin-1").partition(":")[2]
+    except (binascii.Error, ValueError):
+        return ""
 
 
 def host_name(host: str) -> str:
@@ -621,6 +639,12 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
         if header != REQUEST_ID_HEADER:
             id_headers.update({r.path: header for r in added if hasattr(r, "path")})
         routes.extend(added)
+    backend = None
+    if config.label_studio is not None:
+        from .label_studio import LabelStudioBackend
+
+        backend = LabelStudioBackend(service, config.label_studio)
+        routes.extend(backend.routes())
     routes.extend(extra_routes)
     metrics_ = Metrics(service)
     middleware = [Middleware(RequestContext, metrics=metrics_, known_paths=[r.path for r in routes if hasattr(r, "path")],
@@ -639,6 +663,7 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
     app.state.service = service
     app.state.config = config
     app.state.metrics = metrics_
+    app.state.label_studio = backend
     return app
 
 

@@ -331,6 +331,27 @@ class LabelService:
         with self._cond:
             return len(self._queue), self._queued_records
 
+    def replace_labeler(self, name: str, labeler, options: SchemaOptions) -> None:
+        """Serve the startup schema ``name`` with ``labeler`` (already built, e.g. over a retrained
+        model; ``options`` its job) from the next request on. The swap is one assignment under the
+        queue lock, so it falls between decode calls; requests already submitted keep the entry
+        they were queued with and finish on the old labeler (a request is never split over two
+        models). ``pcd serve --label-studio``'s retrain calls it.
+
+        Raises:
+            KeyError: ``name`` is not a startup schema.
+        """
+        old = self.named[name]
+        entry = _Entry((old.schema.source_sha256, options, id(labeler)), old.schema, options, name=name, pinned=True,
+                       labeler=labeler, metadata=labeler.metadata(),
+                       warnings=[JobWarning(SCHEMA_WARNING, w) for w in old.schema.warnings]
+                       + list(getattr(labeler, "warnings", ())))
+        with self._cond:
+            self.named[name] = entry
+            if self._pinned.get(old.schema.source_sha256) is old:
+                self._pinned[old.schema.source_sha256] = entry
+        log.info("schema %s: labeler replaced (new requests use it; queued ones finish on the old one)", name)
+
     def schema_info(self) -> list[dict]:
         """The startup schemas for ``GET /v1/schemas``: name, fields with their labels, schema and
         prompt-head sha256 and the job's warnings (``{"code", "message"}``;

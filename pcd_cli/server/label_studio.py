@@ -1,0 +1,803 @@
+"""``pcd serve --label-studio``: the server as a Label Studio ML backend that pre-labels tasks,
+journals every annotation as gold, retrains in the background and swaps the better model in.
+
+What Label Studio sends (its ML client ``label_studio/ml/api_connector.py``, ``MLApi``; the
+reference backend HumanSignal/label-studio-ml-backend ``label_studio_ml/api.py``):
+
+* ``GET /health`` before a batch prediction (``MLApi.health``; 1 s connection timeout,
+  ``BaseHTTPAPI.CONNECTION_TIMEOUT``): answered by the server's own ``/health`` (no model work).
+* ``POST /setup`` (``MLApi.setup``): ``{"project": "<id>.<created unix>", "schema": <label config
+  XML>, "hostname", "access_token", "extra_params"}``, answered ``{"model_version"}``. Here the
+  config's ``<Choices>`` controls are mapped to a served schema (``map_config``).
+* ``POST /predict`` (``MLApi.make_predictions``): ``{"tasks": [...], "project", "label_config",
+  "params"}``, all selected tasks in one POST (100 s read timeout, ``BaseHTTPAPI.TIMEOUT``),
+  answered ``{"results": [...]}`` with one prediction per task, in order (Label Studio drops them
+  all on a wrong count): ``{"result": [...], "score", "model_version"}``.
+* ``POST /webhook`` (the project's webhook; ``label_studio_ml/api.py`` ``webhook``): ``{"action":
+  ACTION, ...}`` for ``ANNOTATION_CREATED``/``ANNOTATION_UPDATED`` (``annotation``, ``task``,
+  ``project``), ``ANNOTATIONS_CREATED`` (lists), ``ANNOTATIONS_DELETED`` (``annotations``: ids)
+  and ``START_TRAINING``; without Redis the annotator's save waits on it, so it answers at once:
+  the journal append is the only work done before answering.
+* ``POST /train`` (older Label Studio, ``MLApi.train``): ``{"annotations": [tasks with their
+  annotations], "project", "label_config"}``.
+* ``GET /versions`` (``MLApi.get_versions``): the model versions (``{"versions": [...]}``) with each
+  one's holdout figures.
+
+Learning (``Retrainer``): ``START_TRAINING``, ``/train`` or every ``retrain_every`` new gold rows
+start one background job per schema (a trigger while one runs is answered ``busy``). The job
+writes the schema's journals as one Label Studio export, runs ``pcd calibrate``
+(``calibrate_on_gold``) under ``tune_from_rows`` gold rows and ``pcd tune`` (``tune_on_gold``)
+from there on, and reads the figures the fit did not train on (calibrate: the cross-validated
+before/after; tune: its holdout before training (epoch 0) and at the kept epoch). Only when the
+new model is **not worse** (``not_worse``: mean holdout accuracy not lower and mean holdout NLL not
+higher) is it swapped in (``LabelService.replace_labeler``: between decode calls; requests already
+queued finish on the old model). Every run, kept or not, is a line of the schema's version
+history; the projects mapped to the schema get the new ``model_version`` through Label Studio's
+API (``patch_model_version``, with the token ``/setup`` gave).
+
+State on disk (``state_dir``): ``projects/<id>/gold.jsonl`` (``GoldJournal``),
+``projects/<id>/link.json`` (the mapping, without the token), ``schemas/<name>/versions.json``
+and ``schemas/<name>/<version>/`` (the fitted calibration or adapter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+from xml.etree import ElementTree
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..results import Record, RecordFailure
+from .errors import ApiError
+from .gold_journal import JOURNAL_NAME, GoldJournal
+from .protocols import read_json
+
+log = logging.getLogger("pcd.server")
+
+#: Gold rows from which a retrain runs ``pcd tune`` rather than ``pcd calibrate``: docs/quality.md
+#: ("tune when you have a few hundred labelled rows"; ``pcd_cli.tune.FEW_ROWS``).
+TUNE_FROM_ROWS = 200
+#: Webhook actions that carry annotations (Label Studio's ``webhooks.models.WebhookAction``).
+ANNOTATION_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_CREATED")
+#: Seconds to wait on Label Studio's API when telling it the new model version.
+API_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class LabelStudioConfig:
+    """Settings of ``pcd serve --label-studio``.
+
+    Attributes:
+        state_dir: folder of the journals, links and version histories (``--state-dir``).
+        label_studio_url: Label Studio's base URL for its API (``--label-studio-url``); ``None``:
+            the ``hostname`` each project's ``/setup`` gave.
+        retrain_every: start a retrain after this many new gold rows of a schema
+            (``--retrain-every``); 0: only on ``START_TRAINING`` and ``/train``.
+        tune_from_rows: gold rows from which a retrain tunes rather than calibrates.
+    """
+
+    state_dir: str
+    label_studio_url: str | None = None
+    retrain_every: int = 0
+    tune_from_rows: int = TUNE_FROM_ROWS
+
+
+# -- the label config ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Control:
+    """One ``<Choices>`` control of a Label Studio config: its ``name``, the object it labels
+    (``toName``), its ``<Choice value>`` options and whether several may be chosen."""
+
+    name: str
+    to_name: str
+    choices: tuple[str, ...]
+    multiple: bool
+
+
+@dataclass(frozen=True)
+class ConfigMapping:
+    """A project's config mapped to a served schema.
+
+    Attributes:
+        schema: the served schema's name.
+        fields: control name -> the schema field it answers.
+        to_name: the ``<Text>`` object the controls label; ``text_var``: its data key (``$text``
+            -> ``text``).
+    """
+
+    schema: str
+    fields: dict[str, str]
+    to_name: str
+    text_var: str
+
+
+class MappingError(ApiError):
+    """A config that cannot be mapped to a served schema (422, naming what does not map)."""
+
+    def __init__(self, message: str):
+        super().__init__(422, "invalid_request_error", "label_config_not_mapped", message)
+
+
+def parse_config(xml: str) -> tuple[list[Control], dict[str, str]]:
+    """The ``<Choices>`` controls of a Label Studio labeling config and its ``<Text>`` objects
+    (name -> data key, ``value="$text"`` -> ``text``).
+
+    Raises:
+        MappingError: not XML.
+    """
+    try:
+        root = ElementTree.fromstring(xml)
+    except ElementTree.ParseError as exc:
+        raise MappingError(f"the label config is not XML ({exc})") from None
+    controls = []
+    for el in root.iter("Choices"):
+        choices = tuple(c.get("value") or c.get("alias") or "" for c in el.iter("Choice"))
+        controls.append(Control(el.get("name", ""), el.get("toName", ""), choices,
+                                el.get("choice", "single") == "multiple"))
+    texts = {el.get("name", ""): (el.get("value") or "").lstrip("$") for el in root.iter()
+             if el.tag in ("Text", "HyperText", "Paragraphs")}
+    return controls, texts
+
+
+def map_config(xml: str, schemas: dict) -> ConfigMapping:
+    """Map a config's ``<Choices>`` controls to one served schema's fields.
+
+    A control maps to a field of the same name with the same labels (the config ``pcd review``
+    writes); else to the one field whose labels are the control's choices (a config written by
+    hand). A schema serves the config when every control maps to a distinct field of it; exactly
+    one schema must. Booleans are the choices ``true``/``false``, a multi-select field a
+    ``choice="multiple"`` control.
+
+    Args:
+        schemas: name -> ``Schema`` (``service.named``' schemas).
+
+    Raises:
+        MappingError: no ``<Choices>``; controls labelling different objects or a non-text
+            object; no schema, or more than one, serving every control (names the controls
+            that map nowhere, or the schemas).
+    """
+    controls, texts = parse_config(xml)
+    if not controls:
+        raise MappingError("the label config has no <Choices> control; pcd answers classification configs "
+                           "(pcd review --to label-studio writes one)")
+    targets = {c.to_name for c in controls}
+    if len(targets) != 1:
+        raise MappingError(f"the <Choices> controls label several objects ({', '.join(sorted(targets))}); pcd "
+                           "labels one text per task")
+    to_name = targets.pop()
+    if to_name not in texts or not texts[to_name]:
+        raise MappingError(f"the <Choices> controls label {to_name!r}, which is not a <Text value=\"$key\"> object")
+    fits, misses = {}, {}
+    for name, schema in schemas.items():
+        fields, missing = {}, []
+        for control in controls:
+            field = _field_for(control, schema, taken=set(fields.values()))
+            if field is None:
+                missing.append(control.name)
+            else:
+                fields[control.name] = field
+        (misses if missing else fits)[name] = missing or fields
+    if len(fits) == 1:
+        name, fields = fits.popitem()
+        return ConfigMapping(name, fields, to_name, texts[to_name])
+    if len(fits) > 1:
+        raise MappingError(f"the label config fits several served schemas ({', '.join(sorted(fits))}); name the "
+                           "<Choices> controls after one schema's fields")
+    detail = "; ".join(f"schema {n!r}: no field for control{'s' if len(m) > 1 else ''} {', '.join(map(repr, m))}"
+                       for n, m in sorted(misses.items()))
+    raise MappingError("no served schema has a field with each <Choices> control's options (" + (detail or "no "
+                       "schema served") + "); write the config with pcd review --to label-studio")
+
+
+def _field_for(control: Control, schema, taken: set[str]) -> str | None:
+    fields = [f for f in schema.declared if f.name not in taken and (f.type == "multi") == control.multiple
+              and set(f.labels) == set(control.choices)]
+    named = [f for f in fields if f.name == control.name]
+    if named:
+        return named[0].name
+    return fields[0].name if len(fields) == 1 else None
+
+
+# -- version history --------------------------------------------------------------------------------
+@dataclass
+class Version:
+    """One line of a schema's version history (``GET /versions``).
+
+    Attributes:
+        version: ``<model>:<hash>`` (the model's name, the first 12 hex of the sha256 of the fitted
+            calibration or adapter; ``base`` for the served model as started).
+        method: ``base``, ``calibrate`` or ``tune``.
+        accepted: swapped in (``not_worse``); ``False``: kept the old model (``reason`` says why).
+        gold_rows: gold rows the run read; holdout_rows: rows its figures were measured on.
+        before, after: mean over fields of ``accuracy`` and ``nll`` on those rows, with the
+            served model and with the new one.
+        seconds: the run's wall time; created: UTC ISO time; path: the fitted file or folder.
+        label_studio: project id -> what Label Studio's API answered to the new ``model_version``.
+    """
+
+    version: str
+    method: str
+    accepted: bool
+    created: str
+    gold_rows: int = 0
+    holdout_rows: int = 0
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    reason: str = ""
+    path: str | None = None
+    label_studio: dict = field(default_factory=dict)
+
+
+class VersionHistory:
+    """A schema's versions, oldest first, kept in ``versions.json`` (written whole, atomically)."""
+
+    def __init__(self, path: Path, base: str):
+        self.path = path
+        self._lock = threading.Lock()
+        self.items: list[Version] = []
+        if path.is_file():
+            try:
+                self.items = [Version(**v) for v in json.loads(path.read_text(encoding="utf-8"))]
+            except (ValueError, TypeError) as exc:
+                log.warning("version history %s unreadable (%s); starting a new one", path, exc)
+        self.add(Version(base, "base", True, _now()))  # this process serves the base model until a swap
+
+    @property
+    def current(self) -> str:
+        """The version served now: the last accepted one."""
+        return next(v.version for v in reversed(self.items) if v.accepted)
+
+    def add(self, version: Version) -> None:
+        from ..io.files import write_atomic
+
+        with self._lock:
+            self.items.append(version)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, json.dumps([asdict(v) for v in self.items], indent=1).encode() + b"\n")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def version_name(model_id: str, fitted: bytes | None) -> str:
+    """``<model name>:<first 12 hex of sha256(fitted)>`` (``base`` without a fitted file)."""
+    name = re.split(r"[/\\]", str(model_id).rstrip("/\\"))[-1] or "model"
+    return f"{name}:{hashlib.sha256(fitted).hexdigest()[:12] if fitted is not None else 'base'}"
+
+
+def not_worse(before: dict, after: dict) -> tuple[bool, str]:
+    """The swap rule: the new model's mean holdout accuracy is not lower and its mean holdout NLL
+    not higher than the served model's on the same rows (a missing figure is not compared).
+    Returns ``(ok, why)``."""
+    ba, aa, bn, an = before.get("accuracy"), after.get("accuracy"), before.get("nll"), after.get("nll")
+    if aa is None and an is None:
+        return False, "no holdout figures (too few gold rows with answers)"
+    if ba is not None and aa is not None and aa < ba - 1e-12:
+        return False, f"holdout accuracy {aa:.4f} below the served model's {ba:.4f}"
+    if bn is not None and an is not None and an > bn + 1e-12:
+        return False, f"holdout NLL {an:.4f} above the served model's {bn:.4f}"
+    return True, "not worse on the holdout"
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+# -- training ---------------------------------------------------------------------------------------
+@dataclass
+class Fitted:
+    """What a trainer returns: the new ``job`` (the served one with the calibration or adapter),
+    the holdout figures ``before``/``after`` (``{"accuracy", "nll"}``, means over fields), the
+    rows they were measured on, the fitted ``path`` and whether the job needs a model of its own
+    (``own_model``: a tuned adapter is merged into new weights)."""
+
+    job: Any
+    before: dict
+    after: dict
+    holdout_rows: int
+    path: Path
+    own_model: bool
+
+
+def fit_on_gold(method: str, gold: Path, schema, job, out: Path) -> Fitted:
+    """Run ``pcd calibrate`` or ``pcd tune`` (the library functions behind the commands) on the
+    export ``gold`` for ``schema`` and ``job`` into the folder ``out``.
+
+    ``calibrate``: ``calibrate_on_gold`` (5-fold cross-validated before/after; the served job
+    with ``calibration`` set). ``tune``: ``tune_on_gold`` (its default epochs and holdout; the
+    figures of epoch 0 and of the kept epoch on the holdout; the served job with ``adapter`` set,
+    or, when it already had one, ``model`` the merged folder).
+
+    Raises:
+        PcdError: as ``calibrate_on_gold`` and ``tune_on_gold`` (too few rows, no peft, ...).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    if method == "calibrate":
+        from ..quality.fitting import calibrate_on_gold
+
+        path = out / "calibration.json"
+        n_rows = len(json.loads(gold.read_text(encoding="utf-8")))
+        run = calibrate_on_gold(gold, schema, job, output=path, folds=min(5, max(2, n_rows)))
+        run.calibration.save(path)
+        fields = run.report.fields
+        before = {"accuracy": _mean(f.before.accuracy for f in fields), "nll": _mean(f.before.nll for f in fields)}
+        after = {"accuracy": _mean(f.after.accuracy for f in fields), "nll": _mean(f.after.nll for f in fields)}
+        return Fitted(replace(job, calibration=str(path), tuned_calibration=True), before, after,
+                      max((f.n for f in fields), default=0), path, own_model=False)
+    from ..tune import TuneConfig, tune_on_gold
+
+    path = out / "tuned"
+    adapter_only = job.adapter is None
+    run = tune_on_gold(gold, schema, job, path, TuneConfig(epochs=0), adapter_only=adapter_only)
+    epochs = run.result.epochs
+    first, kept = epochs[0].holdout, epochs[run.result.best_epoch].holdout
+
+    def figures(scores):
+        return {"accuracy": _mean(s.accuracy for s in scores.values()), "nll": _mean(s.nll for s in scores.values())}
+
+    new_job = replace(job, adapter=str(path), calibration=None) if adapter_only else \
+        replace(job, model=str(path), adapter=None, calibration=None)
+    return Fitted(new_job, figures(first), figures(kept), run.result.holdout_rows, path, own_model=True)
+
+
+def _fitted_bytes(path: Path) -> bytes:
+    """The bytes a version hash is taken over: the file, or a folder's adapter/weights files."""
+    if path.is_file():
+        return path.read_bytes()
+    digest = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"):
+            digest.update(p.relative_to(path).as_posix().encode())
+            digest.update(p.read_bytes())
+    return digest.digest()
+
+
+# -- the backend ------------------------------------------------------------------------------------
+@dataclass
+class ProjectLink:
+    """A Label Studio project known from ``/setup``: its id, mapping, and (in memory only) the
+    ``hostname`` and ``access_token`` Label Studio sent."""
+
+    project: str
+    mapping: ConfigMapping
+    hostname: str = ""
+    access_token: str = ""
+
+
+class LabelStudioBackend:
+    """The Label Studio routes over a ``LabelService`` (module doc).
+
+    Args:
+        service: the running ``LabelService``; its startup schemas (``service.named``) are what
+            projects map to.
+        config: ``LabelStudioConfig``.
+        fit: the trainer, ``fit_on_gold(method, gold, schema, job, out) -> Fitted`` (tests pass
+            a fake one).
+        build_labeler: ``(schema, job, own_model) -> labeler`` for a fitted job; default: over
+            the service's loaded model (``service.host.labeler``), or a model of its own
+            (``pcd_cli.job.build_labeler``) for a tuned one.
+        patch_project: ``(base_url, token, project_id, version) -> str`` telling Label Studio the
+            new version (default: ``PATCH /api/projects/<id>/``).
+    """
+
+    def __init__(self, service, config: LabelStudioConfig, *, fit: Callable[..., Fitted] = fit_on_gold,
+                 build_labeler: Callable | None = None, patch_project: Callable | None = None):
+        self.service = service
+        self.config = config
+        self.state = Path(config.state_dir).expanduser()
+        self.fit = fit
+        self.build = build_labeler or self._build_labeler
+        self.patch_project = patch_project or patch_model_version
+        self.links: dict[str, ProjectLink] = {}
+        self._lock = threading.Lock()
+        self._training: dict[str, threading.Thread] = {}
+        self._rows_at_last_run: dict[str, int] = {}
+        self.histories: dict[str, VersionHistory] = {}
+        for name, entry in service.named.items():
+            base = version_name(entry.options.model or "embedded", _adapter_bytes(entry.options))
+            self.histories[name] = VersionHistory(self.state / "schemas" / name / "versions.json", base)
+        for link_file in sorted((self.state / "projects").glob("*/link.json")):
+            try:
+                saved = json.loads(link_file.read_text(encoding="utf-8"))
+                mapping = ConfigMapping(**saved["mapping"])
+                if mapping.schema in service.named:
+                    self.links[saved["project"]] = ProjectLink(saved["project"], mapping)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("label studio link %s unreadable (%s); skipped", link_file, exc)
+
+    # -- routes ---------------------------------------------------------------------------------
+    def routes(self) -> list[Route]:
+        """``/setup``, ``/predict``, ``/webhook``, ``/train`` (POST) and ``/versions`` (GET);
+        ``/health`` is the server's own."""
+        return [Route("/setup", self.setup, methods=["POST"]), Route("/predict", self.predict, methods=["POST"]),
+                Route("/webhook", self.webhook, methods=["POST"]), Route("/train", self.train, methods=["POST"]),
+                Route("/versions", self.versions, methods=["GET"])]
+
+    async def _body(self, request: Request) -> dict:
+        body = await read_json(request, request.app.state.config.max_body_bytes)
+        if not isinstance(body, dict):
+            raise ApiError(422, "invalid_request_error", "invalid_request", "the body must be a JSON object")
+        return body
+
+    async def setup(self, request: Request) -> Response:
+        """``POST /setup``: map the project's config to a served schema (``map_config``; 422 naming
+        what does not map), remember the project (its token in memory only); answers
+        ``{"model_version"}``, the schema's current version."""
+        from .app import json_response
+
+        body = await self._body(request)
+        project = project_id(body.get("project"))
+        schema_xml = body.get("schema") or body.get("label_config")
+        if project is None or not isinstance(schema_xml, str):
+            raise ApiError(422, "invalid_request_error", "invalid_request",
+                           "/setup needs 'project' (\"<id>.<created>\") and 'schema' (the label config XML)")
+        mapping = map_config(schema_xml, {n: e.schema for n, e in self.service.named.items()})
+        link = ProjectLink(project, mapping, str(body.get("hostname") or ""), str(body.get("access_token") or ""))
+        with self._lock:
+            changed = project not in self.links or self.links[project].mapping != mapping
+            self.links[project] = link
+        if changed:
+            await asyncio.to_thread(self._save_link, link)
+            log.info("label studio project %s mapped to schema %s (%s)", project, mapping.schema,
+                     ", ".join(f"{c}->{f}" for c, f in mapping.fields.items()))
+        return json_response({"model_version": self.histories[mapping.schema].current})
+
+    def _save_link(self, link: ProjectLink) -> None:
+        from ..io.files import write_atomic
+
+        path = self.state / "projects" / link.project / "link.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"project": link.project, "mapping": asdict(link.mapping)}).encode())
+
+    def _link(self, body: dict) -> ProjectLink:
+        """The project's link: known from ``/setup``, or made from the body's ``label_config``."""
+        project = project_id(body.get("project"))
+        link = self.links.get(project) if project is not None else None
+        if link is None:
+            xml = body.get("label_config")
+            if not isinstance(xml, str):
+                raise ApiError(422, "invalid_request_error", "unknown_project",
+                               f"project {project!r} has not called /setup and the body carries no label_config")
+            link = ProjectLink(project or "?", map_config(xml, {n: e.schema for n, e in self.service.named.items()}))
+            if project is not None:
+                self.links[project] = link
+        return link
+
+    async def predict(self, request: Request) -> Response:
+        """``POST /predict``: every task through the packing worker in one submit; one prediction
+        per task, in order: per mapped field a ``choices`` result with the label's probability as
+        ``score`` and the full distribution under ``meta.probs``; the task's ``score`` the review
+        score (the lowest chosen-label probability over the fields, as ``pcd review`` orders); a
+        task without text gets an empty result and score 0."""
+        from .app import json_response, render_label, submit
+
+        body = await self._body(request)
+        tasks = body.get("tasks")
+        if not isinstance(tasks, list):
+            raise ApiError(422, "invalid_request_error", "invalid_request", "/predict needs 'tasks', a list")
+        link = self._link(body)
+        mapping = link.mapping
+        entry = self.service.named[mapping.schema]
+        records = []
+        for i, task in enumerate(tasks):
+            data = task.get("data") if isinstance(task, dict) else None
+            text = data.get(mapping.text_var) if isinstance(data, dict) else None
+            records.append(Record(str(i), text, row=i) if isinstance(text, str) else
+                           RecordFailure(str(i), f"task {i}: no data.{mapping.text_var} text", row=i))
+        version = self.histories[mapping.schema].current
+        submitted = await submit(request, entry.schema, records)
+        rendered = render_label(submitted, entry.schema, records, column="id", all_probs=True, id_is_text=True)
+        rows = {row["id"]: row for row in rendered["rows"]}
+        by_field = {f.name: f for f in entry.schema.declared}
+        results = []
+        for i in range(len(tasks)):
+            row = rows.get(str(i))
+            if row is None:
+                results.append({"result": [], "score": 0.0, "model_version": version})
+                continue
+            items, probs = [], []
+            for control, name in mapping.fields.items():
+                f = by_field[name]
+                choices = _choices(row.get(name), f, bool(row.get(f"{name}__abstained")))
+                prob = row.get(f"{name}__prob")
+                probs.append(prob if prob is not None else 0.0)
+                if choices is None:
+                    continue
+                item = {"from_name": control, "to_name": mapping.to_name, "type": "choices",
+                        "value": {"choices": choices}}
+                if prob is not None:
+                    item["score"] = float(prob)
+                if row.get(f"{name}__probs") is not None:
+                    item["meta"] = {"probs": {str(k): float(v) for k, v in row[f"{name}__probs"].items()}}
+                items.append(item)
+            results.append({"result": items, "score": float(min(probs)) if probs else 0.0, "model_version": version})
+        return json_response({"results": results, "model_version": version})
+
+    async def webhook(self, request: Request) -> Response:
+        """``POST /webhook``: an annotation event is appended to the project's journal (the only
+        work before answering); ``START_TRAINING`` starts a retrain; other actions are answered
+        ``ignored``. Answers 200 ``{"status", ...}``."""
+        from .app import json_response
+
+        body = await self._body(request)
+        action = body.get("action")
+        project = project_id(body.get("project"))
+        if project is None and isinstance(body.get("task"), dict):
+            project = project_id(body["task"].get("project"))
+        if action in ANNOTATION_ACTIONS or action == "ANNOTATIONS_DELETED":
+            if project is None:
+                raise ApiError(422, "invalid_request_error", "invalid_request", f"{action}: no project in the body")
+            n = await asyncio.to_thread(self._journal_event, project, action, body)
+            status = self._maybe_retrain(project, "every") if action != "ANNOTATIONS_DELETED" else None
+            return json_response({"status": "ok", "action": action, "events": n, "training": status})
+        if action == "START_TRAINING":
+            if project is None:
+                raise ApiError(422, "invalid_request_error", "invalid_request", "START_TRAINING: no project")
+            return json_response({"status": "ok", "action": action, "training": self.start_training(project)})
+        return json_response({"status": "ignored", "action": action})
+
+    async def train(self, request: Request) -> Response:
+        """``POST /train`` (older Label Studio): every annotated task's annotations go to the
+        journal, then a retrain starts; answers 201 ``{"training": ...}``."""
+        from .app import json_response
+
+        body = await self._body(request)
+        project = project_id(body.get("project"))
+        tasks = body.get("annotations")
+        if project is None or not isinstance(tasks, list):
+            raise ApiError(422, "invalid_request_error", "invalid_request",
+                           "/train needs 'project' and 'annotations' (the annotated tasks)")
+        if project not in self.links and isinstance(body.get("label_config"), str):
+            self._link(body)
+        n = await asyncio.to_thread(self._journal_tasks, project, tasks)
+        return json_response({"events": n, "training": self.start_training(project)}, 201)
+
+    async def versions(self, request: Request) -> Response:
+        """``GET /versions``: ``{"versions": [the accepted version names, oldest first], "schemas":
+        {name: {"current", "history": [Version...]}}}``."""
+        from .app import json_response
+
+        out = {name: {"current": h.current, "history": [asdict(v) for v in h.items]}
+               for name, h in self.histories.items()}
+        accepted = list(dict.fromkeys(v.version for h in self.histories.values() for v in h.items if v.accepted))
+        return json_response({"versions": accepted, "schemas": out})
+
+    # -- the journal ----------------------------------------------------------------------------
+    def journal(self, project: str) -> GoldJournal:
+        """The project's ``GoldJournal`` (``<state_dir>/projects/<id>/gold.jsonl``)."""
+        return GoldJournal(self.state / "projects" / project / JOURNAL_NAME)
+
+    def _journal_event(self, project: str, action: str, body: dict) -> int:
+        journal = self.journal(project)
+        if action == "ANNOTATIONS_DELETED":
+            ids = [a.get("id") if isinstance(a, dict) else a for a in _as_list(body.get("annotations"))]
+            for aid in ids:
+                journal.append_delete(aid)
+            return len(ids)
+        annotations = _as_list(body.get("annotation", body.get("annotations")))
+        tasks = {t.get("id"): t for t in _as_list(body.get("task", body.get("tasks"))) if isinstance(t, dict)}
+        n = 0
+        for a in annotations:
+            if not isinstance(a, dict):
+                continue
+            tid = a.get("task")
+            task = tasks.get(tid) or (next(iter(tasks.values())) if len(tasks) == 1 else None)
+            if task is None:
+                log.warning("label studio project %s: %s annotation %s without its task; not journalled", project,
+                            action, a.get("id"))
+                continue
+            journal.append_annotation(task, a)
+            n += 1
+        return n
+
+    def _journal_tasks(self, project: str, tasks: list) -> int:
+        journal = self.journal(project)
+        n = 0
+        for task in tasks:
+            if isinstance(task, dict):
+                for a in task.get("annotations") or []:
+                    journal.append_annotation(task, a)
+                    n += 1
+        return n
+
+    # -- learning -------------------------------------------------------------------------------
+    def gold_rows(self, schema: str) -> int:
+        """Gold rows (tasks with an answer) over the journals of the projects mapped to ``schema``."""
+        return sum(len(self.journal(p).gold_rows()) for p, link in list(self.links.items())
+                   if link.mapping.schema == schema)
+
+    def _maybe_retrain(self, project: str, why: str) -> str | None:
+        link = self.links.get(project)
+        if link is None or self.config.retrain_every <= 0:
+            return None
+        schema = link.mapping.schema
+        rows = self.gold_rows(schema)
+        if rows - self._rows_at_last_run.get(schema, 0) >= self.config.retrain_every:
+            return self.start_training(project)
+        return None
+
+    def start_training(self, project: str) -> str:
+        """Start a retrain of the schema ``project`` maps to, in a background thread; returns
+        ``started``, ``busy`` (one runs for that schema) or ``unmapped`` (no ``/setup`` yet)."""
+        link = self.links.get(project)
+        if link is None:
+            log.warning("label studio project %s: training asked before /setup mapped it; nothing done", project)
+            return "unmapped"
+        schema = link.mapping.schema
+        with self._lock:
+            running = self._training.get(schema)
+            if running is not None and running.is_alive():
+                log.info("schema %s: a retrain runs already; this trigger is not queued", schema)
+                return "busy"
+            thread = threading.Thread(target=self._retrain, args=(schema,), name=f"pcd-retrain-{schema}",
+                                      daemon=True)
+            self._training[schema] = thread
+            thread.start()
+        return "started"
+
+    def wait_training(self, timeout: float = 600.0) -> None:
+        """Join the running retrain threads (tests, shutdown)."""
+        for thread in list(self._training.values()):
+            thread.join(timeout)
+
+    def _retrain(self, schema: str) -> None:
+        """One retrain of ``schema`` (module doc): journal -> export -> fit -> holdout check ->
+        swap if not worse -> history -> Label Studio told. Every failure is logged and recorded."""
+        started = time.perf_counter()
+        history = self.histories[schema]
+        entry = self.service.named[schema]
+        projects = [p for p, link in list(self.links.items()) if link.mapping.schema == schema]
+        work = self.state / "schemas" / schema / f"run-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-" \
+                                                  f"{threading.get_ident() % 10000:04d}"
+        work.mkdir(parents=True, exist_ok=True)
+        gold = work / "gold.export.json"
+        job = entry.options
+        tasks = []
+        for p in projects:
+            for task in self.journal(p).tasks():
+                data = dict(task["data"])
+                data.setdefault(job.id_field or "id", f"ls-{p}-{task['id']}")
+                var = self.links[p].mapping.text_var
+                if var != job.text_field and var in data:
+                    data[job.text_field] = data[var]
+                tasks.append({**task, "data": data})
+        from ..io.files import write_atomic
+
+        write_atomic(gold, json.dumps(tasks, ensure_ascii=False).encode())
+        rows = sum(1 for p in projects for _ in self.journal(p).gold_rows())
+        self._rows_at_last_run[schema] = rows
+        method = "tune" if rows >= self.config.tune_from_rows else "calibrate"
+        log.info("schema %s: retrain (%s) on %d gold rows of project%s %s", schema, method, rows,
+                 "s" if len(projects) != 1 else "", ", ".join(projects))
+        try:
+            fitted = self.fit(method, gold, entry.schema, replace(job, id_field=None), work)
+            ok, why = not_worse(fitted.before, fitted.after)
+            version = version_name(job.model or "embedded", _fitted_bytes(fitted.path))
+            record = Version(version, method, False, _now(), rows, fitted.holdout_rows, fitted.before, fitted.after,
+                             0.0, why, str(fitted.path))
+            if ok:
+                labeler = self.build(entry.schema, fitted.job, fitted.own_model)
+                self.service.replace_labeler(schema, labeler, fitted.job)
+                record.accepted = True
+                log.info("schema %s: version %s swapped in (%s; accuracy %s -> %s)", schema, version, why,
+                         fitted.before.get("accuracy"), fitted.after.get("accuracy"))
+            else:
+                log.warning("schema %s: version %s not swapped in: %s", schema, version, why)
+        except Exception as exc:  # noqa: BLE001 - a failed run keeps the old model and says why
+            record = Version(f"failed-{_now()}", method, False, _now(), rows, reason=f"{type(exc).__name__}: {exc}")
+            log.warning("schema %s: retrain failed (%s); the served model stays", schema, record.reason)
+        record.seconds = round(time.perf_counter() - started, 3)
+        if record.accepted:
+            for p in projects:
+                record.label_studio[p] = self._tell_label_studio(self.links[p], record.version)
+        history.add(record)
+
+    def _build_labeler(self, schema, job, own_model: bool):
+        if own_model:
+            from ..job import build_labeler
+
+            return build_labeler(schema, job)
+        return self.service.host.labeler(schema, job)
+
+    def _tell_label_studio(self, link: ProjectLink, version: str) -> str:
+        base = self.config.label_studio_url or link.hostname
+        if not base or not link.access_token:
+            return "not told: no Label Studio URL or token (call /setup, or give --label-studio-url)"
+        try:
+            return self.patch_project(base, link.access_token, link.project, version)
+        except Exception as exc:  # noqa: BLE001 - Label Studio unreachable: the swap stands, the log says so
+            log.warning("label studio project %s: model_version not updated (%s)", link.project, exc)
+            return f"error: {type(exc).__name__}: {exc}"
+
+
+def patch_model_version(base_url: str, token: str, project: str, version: str) -> str:
+    """Make ``version`` the project's ``model_version`` in Label Studio, the way Label Studio
+    itself keeps them in step: the project's ML backend (``GET /api/ml?project=<id>``; the one
+    connected, else the first) is renamed ``PATCH /api/ml/<backend id>`` ``{"title": version}``
+    (``ml/models.py`` ``MLBackend.save`` then moves the project's ``model_version`` along when it
+    was the old title), and ``PATCH /api/projects/<id>/`` ``{"model_version": version}`` sets it
+    otherwise (``projects/serializers.py`` ``validate_model_version`` accepts only a live ML
+    backend's title or a version some prediction carries: hence the rename first). Authorised
+    with ``Authorization: Token <token>``, the token ``/setup`` sends as ``access_token``
+    (``MLApi.setup``: ``project.created_by.auth_token.key``). Returns ``"ok"``.
+
+    Raises:
+        OSError: Label Studio did not answer, or refused (its status and body in the message).
+    """
+    base = base_url.rstrip("/")
+    backends = _api(base, token, "GET", f"/api/ml?project={project}")
+    if isinstance(backends, dict):
+        backends = backends.get("results", [])
+    if backends:
+        _api(base, token, "PATCH", f"/api/ml/{backends[0]['id']}", {"title": version})
+    current = _api(base, token, "GET", f"/api/projects/{project}/")
+    if current.get("model_version") != version:
+        _api(base, token, "PATCH", f"/api/projects/{project}/", {"model_version": version})
+    return "ok"
+
+
+def _api(base: str, token: str, method: str, path: str, body: dict | None = None):
+    request = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                     method=method, headers={"Authorization": f"Token {token}",
+                                                             "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raise OSError(f"{method} {path}: {exc.code} {exc.read()[:300].decode('utf-8', 'replace')}") from None
+
+
+def project_id(value) -> str | None:
+    """Label Studio's project id from ``"<id>.<created unix>"`` (``MLApi._create_project_uid``), an
+    integer, or a project object ``{"id", ...}`` (webhooks)."""
+    if isinstance(value, dict):
+        value = value.get("id")
+    if isinstance(value, bool) or value is None:
+        return None
+    text = str(value).split(".", 1)[0].strip()
+    return text if text.isdigit() else None
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _adapter_bytes(job) -> bytes | None:
+    """What the base version's hash is taken over: the served adapter folder (``None``: none)."""
+    adapter = getattr(job, "adapter", None)
+    if adapter and Path(adapter).exists():
+        return _fitted_bytes(Path(adapter))
+    return None
+
+
+def _choices(value, f, abstained: bool) -> list[str] | None:
+    """A row's value of field ``f`` as Label Studio choices (``pcd review``'s ``_label`` rule:
+    booleans ``true``/``false``, integers their digits, a nullable field's null its null label,
+    a multi-select field its chosen options); ``None`` where it abstained."""
+    if f.type == "multi":
+        return [str(v) for v in value] if isinstance(value, (list, tuple)) else None
+    if value is None:
+        return [f.labels[-1]] if getattr(f, "nullable", False) and not abstained else None
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    if isinstance(value, float) and value.is_integer():
+        return [str(int(value))]
+    return [str(value)]
