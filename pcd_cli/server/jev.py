@@ -21,6 +21,12 @@ The spec is the official client, ``typesafe-sdk`` 0.7.x (``typesafe_sdk._core``:
   malformed JSON, 413 too large, 415 multipart or unknown encoding, 422 a well-formed bad request;
   the client retries 408, 429 and 5xx, honouring ``Retry-After`` / ``retry-after-ms``.
 * ``GET /v1/models``: ``{"models": [{"name", "description", "release_date": "YYYY-MM-DD"}]}``.
+* pcd's extensions, which the official client passes through (``extra_body``, dict questions) and
+  skips in its typed views: ``pcd_extras``, ``pcd_prompt`` (``questions.prompt_flag``) and the
+  multi-select question ``{"type": "pcd_multi", "instructions"?, "criteria": {option: description
+  | null}}``, answered ``{"type": "pcd_multi", "chosen": [options with P(yes) >= 0.5, request
+  order], "probabilities": {option: P(yes)}}`` (each option its own yes/no decision, as pcd's
+  ``multi`` fields).
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ from .protocols import (answer_extras, config_value, extras_envelope, extras_fla
 #: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 QUESTION_KEYS = {"noul": ("type", "instructions", "criteria"), "choice": ("type", "instructions", "criteria"),
-                 "score": ("type", "instructions", "criteria")}
+                 "score": ("type", "instructions", "criteria"), Q.MULTI: ("type", "instructions", "criteria")}
+#: A ``pcd_multi`` option is in ``chosen`` when its P(yes) is at least this (pcd's multi default).
+MULTI_THRESHOLD = 0.5
 
 
 def _content(value: Any, where: str, *, nullable: bool = True) -> str | None:
@@ -70,8 +78,8 @@ def parse_question(name: str, raw: Any) -> Q.Question:
         raise Q.invalid(f"{where}: type 'box' locates a region of an image; pcd labels text "
                         "(noul, choice and score questions)", "unsupported_question_type")
     if kind not in QUESTION_KEYS:
-        raise Q.invalid(f"{where}.type: must be 'noul', 'choice' or 'score', got {json.dumps(kind)}",
-                        "invalid_question")
+        raise Q.invalid(f"{where}.type: must be 'noul', 'choice' or 'score' (or pcd's '{Q.MULTI}'), got "
+                        f"{json.dumps(kind)}", "invalid_question")
     unknown = [k for k in raw if k not in QUESTION_KEYS[kind]]
     if unknown:
         raise Q.invalid(f"{where}: unknown key {unknown[0]!r} (a {kind} question has "
@@ -92,9 +100,9 @@ def parse_question(name: str, raw: Any) -> Q.Question:
         if instructions is None and all(text is None for _, text in options):
             raise Q.invalid(f"{where}: has neither instructions nor criteria; at least one is required",
                             "invalid_question")
-    elif kind == "choice":
+    elif kind in ("choice", Q.MULTI):
         if not isinstance(criteria, dict) or not criteria:
-            raise Q.invalid(f"{where}.criteria: a choice needs an object of options (name -> description or null)",
+            raise Q.invalid(f"{where}.criteria: a {kind} needs an object of options (name -> description or null)",
                             "invalid_question")
         options = tuple((label, _content(text, f"{where}.criteria.{label}")) for label, text in criteria.items())
     else:
@@ -152,6 +160,9 @@ def render_answer(answer: Q.Answer, legend: tuple | None = None, *, extras: bool
     q = answer.question
     if q.kind == "noul":
         out: dict[str, Any] = {"type": "noul", "noul": answer.probs[0]}
+    elif q.kind == Q.MULTI:
+        out = {"type": Q.MULTI, "chosen": [label for label, p in zip(answer.labels, answer.probs) if p >= MULTI_THRESHOLD],
+               "probabilities": dict(zip(answer.labels, answer.probs))}
     elif q.kind == "choice":
         out = {"type": "choice", "choice": answer.labels[answer.chosen],
                "probabilities": dict(zip(answer.labels, answer.probs)), "confidence": answer.confidence}

@@ -49,7 +49,7 @@ import numpy as np
 from ..errors import SchemaError
 from ..results import FieldResult, Record
 from ..schema.load import parse_schema
-from ..schema.model import OUTPUT_SUFFIXES, Schema, json_string
+from ..schema.model import MAX_MULTI_OPTIONS, OUTPUT_SUFFIXES, Schema, json_string
 from .errors import ApiError
 
 #: Most options a choice question may have (the OpenAI Decisions API's own limit; one byte per label).
@@ -67,7 +67,11 @@ MAX_ANSWER_CONTEXTS = 4096
 #: Question sets whose schema is kept built (``build``); the core's compile cache is separate.
 CACHE_SIZE = 64
 #: The kinds of question, as pcd fields.
-KINDS = {"noul": "boolean", "choice": "enum", "score": "ordinal"}
+KINDS = {"noul": "boolean", "choice": "enum", "score": "ordinal", "pcd_multi": "multi"}
+#: pcd's multi-select question (``{"type": "pcd_multi", "instructions"?, "criteria": {option:
+#: description | null}}``, an opt-in extension of ``/v1/systemone`` that the official client skips
+#: in its typed views): 2 to ``MAX_MULTI_OPTIONS`` options, each its own yes/no decision.
+MULTI = "pcd_multi"
 _END = (".", "?", "!", ":", ";")
 
 
@@ -208,12 +212,15 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS, 
                         "per request", "too_many_questions")
     for q in questions:
         n = len(q.options)
-        if q.kind == "choice":
-            if n > MAX_CHOICE_OPTIONS:
-                raise too_large(f"{q.where}: {n} options; a choice may have at most {MAX_CHOICE_OPTIONS}",
-                                "too_many_options")
+        if q.kind == MULTI and shared:
+            raise invalid(f"{q.where}: a {MULTI} question is decoded on its own; drop \"pcd_prompt\": \"shared\"",
+                          "invalid_question")
+        if q.kind in ("choice", MULTI):
+            most, what = (MAX_CHOICE_OPTIONS, "a choice") if q.kind == "choice" else (MAX_MULTI_OPTIONS, f"a {MULTI}")
+            if n > most:
+                raise too_large(f"{q.where}: {n} options; {what} may have at most {most}", "too_many_options")
             if n < 2:
-                raise invalid(f"{q.where}: a choice needs at least 2 options, got {n}", "too_few_options")
+                raise invalid(f"{q.where}: {what} needs at least 2 options, got {n}", "too_few_options")
             seen: dict[str, str] = {}
             for label, _ in q.options:
                 if not label.strip():
@@ -382,11 +389,11 @@ def prompt_flag(body: dict) -> str:
 
 def canonical_order(question: Question) -> tuple[int, ...]:
     """The prompt's option order for ``question``: ``order[i]`` is the request index of the option the
-    prompt lists ``i``-th. A choice's options sorted by label (Unicode code points), so a permutation of
+    prompt lists ``i``-th. A choice's (and a ``pcd_multi``'s) options sorted by label (Unicode code points), so a permutation of
     the request's options is the same prompt; a yes/no question's ``true, false`` and a score's levels
     keep their order (a score's order is its meaning)."""
     n = len(question.options)
-    if question.kind != "choice":
+    if question.kind not in ("choice", MULTI):
         return tuple(range(n))
     return tuple(sorted(range(n), key=lambda i: question.options[i][0]))
 
@@ -573,11 +580,26 @@ def answer(question: Question, f: FieldResult, order: tuple[int, ...] | None = N
     return Answer(question, probs_t, label, conf, score, float(np.float32(f.mass)), tuple(raw))
 
 
+def multi_answer(question: Question, fields, order: tuple[int, ...]) -> Answer:
+    """The ``Answer`` to a ``pcd_multi`` question from its option decisions (``fields``, one
+    boolean ``FieldResult`` per option in prompt order): ``probs`` holds each option's P(yes) in
+    request order, ``chosen`` the most probable option, ``mass`` the options' mean candidate mass."""
+    yes, raw = [0.0] * len(order), [0.0] * len(order)
+    for f, j in zip(fields, order):  # an option decision's labels are ("true", "false")
+        yes[j] = float(np.float32(f.probs[0]))
+        raw[j] = float(np.float32(f.raw_probs[0])) if f.raw_probs is not None else yes[j]
+    mass = float(np.float32(np.mean([f.mass for f in fields])))
+    return Answer(question, tuple(yes), int(np.argmax(yes)), None, None, mass, tuple(raw))
+
+
 def plan_answers(p: Plan, results: list[list]) -> list[Answer]:
     """One ``Answer`` per question of ``p`` from ``results[u][r]``, the ``RecordResult`` of unit
     ``u``'s record ``r``."""
-    return [answer(q, results[pick.unit][pick.record].fields[0], pick.order)
-            for q, pick in zip(p.questions, p.picks)]
+    out = []
+    for q, pick in zip(p.questions, p.picks):
+        fields = results[pick.unit][pick.record].fields
+        out.append(multi_answer(q, fields, pick.order) if q.kind == MULTI else answer(q, fields[0], pick.order))
+    return out
 
 
 @dataclass

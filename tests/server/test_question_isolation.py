@@ -204,3 +204,28 @@ def test_openai_decisions_are_isolated_too(served):
     single = client.decisions.create(model="m", input=text, questions=questions[:1]).usage.input_tokens
     assert shuffled.usage.input_tokens == 3 * single
     assert np.isclose(sum(tone.values()), 1.0, atol=1e-5)
+
+
+def test_pcd_multi_is_a_multi_select_question_the_client_passes_through(served):
+    """pcd's opt-in multi-select on /v1/systemone: each option its own yes/no decision (pcd's
+    ``multi``), options in canonical order; the official client sends it as a dict question and
+    leaves the unknown answer type out of its typed views."""
+    topics = {"type": "pcd_multi", "instructions": "Which topics does the message raise?",
+              "criteria": {"billing": "Charges, refunds, invoices", "outage": None, "security": None}}
+    flipped = {**topics, "criteria": dict(reversed(list(topics["criteria"].items())))}
+    with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as client:
+        r = client.system_one(state=STATE, questions={"topics": topics, "billing": QUESTIONS["billing"]})
+        other = client.system_one(state=STATE, questions={"t": flipped})
+        with pytest.raises(typesafe_sdk.TypeSafeUnprocessableEntityError) as info:
+            client.system_one(state=STATE, questions={"topics": topics}, extra_body={"pcd_prompt": "shared"})
+    raw = r.raw_http_response.json()["answers"]
+    assert set(r.nouls) == {"billing"} and "topics" not in r.choices  # the typed views skip it
+    multi = raw["topics"]
+    assert multi["type"] == "pcd_multi" and list(multi["probabilities"]) == ["billing", "outage", "security"]
+    assert all(0.0 < p < 1.0 for p in multi["probabilities"].values())
+    assert multi["chosen"] == [k for k, p in multi["probabilities"].items() if p >= 0.5]
+    assert other.raw_http_response.json()["answers"]["t"]["probabilities"] == multi["probabilities"]
+    assert "decoded on its own" in str(info.value)
+    data, order = Q.question_data(parsed({"topics": topics})[0])
+    assert data["fields"]["answer"]["type"] == "multi" and data["fields"]["answer"]["labels"] == \
+        ["billing", "outage", "security"] and order == (0, 1, 2)
