@@ -544,7 +544,7 @@ class LabelStudioBackend:
             if project is None:
                 raise ApiError(422, "invalid_request_error", "invalid_request", f"{action}: no project in the body")
             n = await asyncio.to_thread(self._journal_event, project, action, body)
-            status = self._maybe_retrain(project, "every") if action != "ANNOTATIONS_DELETED" else None
+            status = await asyncio.to_thread(self._maybe_retrain, project) if action != "ANNOTATIONS_DELETED" else None
             return json_response({"status": "ok", "action": action, "events": n, "training": status})
         if action == "START_TRAINING":
             if project is None:
@@ -622,7 +622,7 @@ class LabelStudioBackend:
         return sum(len(self.journal(p).gold_rows()) for p, link in list(self.links.items())
                    if link.mapping.schema == schema)
 
-    def _maybe_retrain(self, project: str, why: str) -> str | None:
+    def _maybe_retrain(self, project: str) -> str | None:
         link = self.links.get(project)
         if link is None or self.config.retrain_every <= 0:
             return None
