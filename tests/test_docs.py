@@ -75,3 +75,43 @@ def test_cli_reference_is_generated_from_the_code(tmp_path):
                     str(fresh)], check=True, cwd=ROOT, capture_output=True, env={"COLUMNS": "100", "PATH": ""})
     assert (ROOT / "docs" / "cli.md").read_text(encoding="utf-8") == fresh.read_text(encoding="utf-8"), \
         "docs/cli.md is stale: run make docs"
+
+
+#: A test file named in backticks (``tests/<folder>/test_x.py``), alone or with a test of it
+#: (``tests/<folder>/test_x.py::test_y``); ``::test_z`` after one names another test of the same file.
+TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)?(?:::([A-Za-z_]\w*))?`")
+
+
+def _test_names(path: Path) -> set[str]:
+    """The test functions of a test file, at its top level or in its classes."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_every_test_the_docs_name_exists():
+    """The rule -> code -> test maps (docs/contributing.md, docs/architecture.md) and every other
+    page: each ``tests/...py::name`` they cite is a test function of that file, each test file a file."""
+    missing = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+            current = None
+            for match in TEST_REFERENCE.finditer(line):
+                path, name = match.groups()
+                if path:
+                    current = path
+                    if not (ROOT / path).is_file():
+                        missing.append(f"{page.name}:{number}: {path} is not a file")
+                        continue
+                if name and current is None:
+                    missing.append(f"{page.name}:{number}: ::{name} follows no test file")
+                elif name and (ROOT / current).is_file() and name not in _test_names(ROOT / current):
+                    missing.append(f"{page.name}:{number}: {current}::{name} is not a test of that file")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_reference_check_reads_what_the_map_writes():
+    line = "| rule | `tests/io/test_io.py::test_a`, `::test_b`, `tests/cli/test_cli.py` `decoding/compile.py` `::1` |"
+    assert [m.groups() for m in TEST_REFERENCE.finditer(line) if any(m.groups())] == [
+        ("tests/io/test_io.py", "test_a"), (None, "test_b"), ("tests/cli/test_cli.py", None)]
