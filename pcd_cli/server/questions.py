@@ -2,14 +2,23 @@
 the Jev / System One API (``jev``) and the OpenAI Decisions API (``decisions``).
 
 Each wire format parses its own request into ``Question`` values (in request order); this module
-turns them into the pcd-format schema dict a YAML schema file would hold (``QuestionSet.data``),
-validates it with ``pcd_cli.schema.load.parse_schema`` (so ``/v1/label`` with that dict written to a
-file decodes the same prompt and gives the same probabilities), and turns each ``FieldResult`` back
-into the numbers both APIs answer with (``Answer``).
+turns them into pcd-format schema dicts a YAML schema file would hold, validates them with
+``pcd_cli.schema.load.parse_schema`` (so ``/v1/label`` with such a dict written to a file decodes the
+same prompt and gives the same probabilities), and turns each ``FieldResult`` back into the numbers
+both APIs answer with (``Answer``). Two prompts (``PROMPTS``, chosen per request by ``pcd_prompt``):
+
+* **isolated** (the default; issue #35, DESIGN.md "A decision is a function of its record and its
+  question"): each distinct question is its own one-field schema (``question_data``: field
+  ``answer``, the request's key left out, a choice's options in ``canonical_order``), decoded over
+  the state as a record (``plan``, ``decide``); duplicates are decoded once; a data-engine batch
+  (``split_rows``) is cut into one record per row. A question's probabilities are then those of
+  the question asked alone, whatever else the request holds.
+* **shared**: the whole request one schema (``build``: ``QuestionSet``), every question a field,
+  all in one catalog: cheaper, but each answer then depends on the other questions.
 
 Rules (docs/serve.md, "Jev and OpenAI clients"):
 
-* **Fields**, one per question, in request order: a yes/no question (Jev ``noul``, OpenAI
+* **Fields** (shared prompt), one per question, in request order: a yes/no question (Jev ``noul``, OpenAI
   ``predicate``) is a ``boolean``; a choice is an ``enum`` whose labels are the options in request
   order (2 to ``MAX_CHOICE_OPTIONS``); a score is an ``ordinal`` with the labels ``"0".."N-1"``
   (``MIN_SCORE_LEVELS`` to ``MAX_SCORE_LEVELS`` levels).
