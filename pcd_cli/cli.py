@@ -974,6 +974,20 @@ def serve(
     replicas: Optional[int] = typer.Option(None, "--replicas", min=1, help="Replicas on Ray Serve (--engine ray; "
                                            "default 1); each loads the model and packs its own requests.",
                                            rich_help_panel='Network'),
+    label_studio: bool = typer.Option(False, "--label-studio", help="Also serve as a Label Studio ML backend "
+                                      "(/setup, /predict, /webhook, /train, /versions): pre-label tasks, journal "
+                                      "annotations as gold, retrain and swap in a model not worse (docs/review.md).",
+                                      rich_help_panel='Label Studio'),
+    label_studio_url: Optional[str] = typer.Option(None, "--label-studio-url", help="Label Studio's URL for its API "
+                                                   "(default: the hostname its /setup sends).",
+                                                   rich_help_panel='Label Studio'),
+    retrain_every: int = typer.Option(0, "--retrain-every", min=0, help="Retrain after this many new gold rows "
+                                      "(0: only on Label Studio's train button).", rich_help_panel='Label Studio'),
+    tune_from_rows: int = typer.Option(200, "--tune-from-rows", min=1, help="Gold rows from which a retrain runs "
+                                       "pcd tune (fewer: pcd calibrate).", rich_help_panel='Label Studio'),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Folder of the gold journals and model "
+                                             "versions (default ~/.cache/pcd/serve-state).",
+                                             rich_help_panel='Label Studio'),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only warnings and errors."),
 ) -> None:
     """Serve SCHEMAS over HTTP until SIGTERM: the model loads once and every schema shares it.
@@ -1008,7 +1022,8 @@ def serve(
             schemas=schema, job=job, calibration=calibration or [], examples=examples or [], host=host,
             port=port, keys=api_key or [], key_file=api_key_file, allow_public_without_key=allow_public_without_key,
             cors_origins=cors_origin or [], quiet=quiet, shutdown_timeout_s=shutdown_timeout_s,
-            engine=engine.value, replicas=replicas,
+            engine=engine.value, replicas=replicas, label_studio=label_studio, label_studio_url=label_studio_url,
+            retrain_every=retrain_every, tune_from_rows=tune_from_rows, state_dir=state_dir,
             service_config=ServiceConfig(packing=packing, max_batch_records=max_batch_records,
                                          max_queued_records=max_queued_records,
                                          max_queued_requests=max_queued_requests, max_cached_schemas=max_cached_schemas,

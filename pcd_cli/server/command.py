@@ -161,7 +161,8 @@ def is_loopback(host: str) -> bool:
 def serve_command(*, schemas: list[str], job, calibration: list[str], examples: list[str], host: str, port: int,
                   keys: list[str], key_file: Path | None, allow_public_without_key: bool, cors_origins: list[str],
                   service_config, app_config, shutdown_timeout_s: float, quiet: bool, engine: str = "local",
-                  replicas: int | None = None) -> int:
+                  replicas: int | None = None, label_studio: bool = False, label_studio_url: str | None = None,
+                  retrain_every: int = 0, tune_from_rows: int | None = None, state_dir: Path | None = None) -> int:
     """Run ``pcd serve`` until drained; returns the exit code.
 
     Args:
@@ -171,6 +172,8 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
         service_config, app_config: ``ServiceConfig`` and ``AppConfig`` (keys and CORS added here).
         engine, replicas: ``local`` (this process) or ``ray``: ``replicas`` replicas on Ray Serve
             (``pcd_cli.server.ray_serve``), each building the same service and app.
+        label_studio, label_studio_url, retrain_every, tune_from_rows, state_dir: the Label Studio
+            ML backend (``label_studio_config``; ``pcd_cli.server.label_studio``).
 
     Raises:
         MissingExtra: the server extra, or Ray Serve for ``--engine ray``, is not installed (exit 3).
@@ -181,6 +184,8 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
     need_extra()
     if replicas is not None and engine != "ray":
         raise InputError("--replicas applies to --engine ray only")
+    studio = label_studio_config(label_studio, url=label_studio_url, retrain_every=retrain_every,
+                                 tune_from_rows=tune_from_rows, state_dir=state_dir, engine=engine)
     if engine == "ray":
         from .ray_serve import require_serve
 
@@ -198,7 +203,7 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
                          f"--api-key-file or ${API_KEY_ENV}, or pass --allow-public-without-key to serve "
                          "anyone who can reach the port")
     _logging(quiet)
-    app_config = replace(app_config, api_keys=accepted, cors_origins=tuple(cors_origins))
+    app_config = replace(app_config, api_keys=accepted, cors_origins=tuple(cors_origins), label_studio=studio)
     if engine == "ray":
         from .ray_serve import ReplicaSpec, serve_on_ray
 
@@ -211,6 +216,39 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
         return serve(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
     except OSError as exc:
         raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+
+
+#: ``--state-dir``'s default.
+DEFAULT_STATE_DIR = Path("~/.cache/pcd/serve-state")
+
+
+def label_studio_config(enabled: bool, *, url: str | None, retrain_every: int, tune_from_rows: int | None,
+                        state_dir: Path | None, engine: str = "local"):
+    """``--label-studio``'s ``LabelStudioConfig`` (``None`` without it).
+
+    Raises:
+        InputError: a Label Studio option without ``--label-studio`` (names it); ``--label-studio``
+            with ``--engine ray`` (each replica would keep its own journal); a ``--label-studio-url``
+            that is not http(s).
+    """
+    from .label_studio import TUNE_FROM_ROWS, LabelStudioConfig
+
+    if not enabled:
+        given = [flag for flag, value in (("--label-studio-url", url), ("--retrain-every", retrain_every or None),
+                                          ("--state-dir", state_dir)) if value is not None]
+        if tune_from_rows not in (None, TUNE_FROM_ROWS):
+            given.append("--tune-from-rows")
+        if given:
+            raise InputError(f"{', '.join(given)}: applies to --label-studio only; add --label-studio")
+        return None
+    if engine != "local":
+        raise InputError("--label-studio with --engine ray: the gold journal and the retrained model live in one "
+                         "process; serve Label Studio with --engine local")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise InputError(f"--label-studio-url {url!r}: give Label Studio's http:// or https:// address")
+    folder = Path(state_dir or DEFAULT_STATE_DIR).expanduser()
+    return LabelStudioConfig(state_dir=str(folder / "label-studio"), label_studio_url=url, retrain_every=retrain_every,
+                             tune_from_rows=tune_from_rows or TUNE_FROM_ROWS)
 
 
 def _logging(quiet: bool) -> None:
