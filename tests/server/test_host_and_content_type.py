@@ -13,9 +13,20 @@ pytest.importorskip("uvicorn")
 
 from pcd_cli.server.app import AppConfig, allowed_hosts, host_name, is_loopback  # noqa: E402
 
-from .harness import envelope, no_leftovers, serve  # noqa: E402,F401
+import threading  # noqa: E402
+
+from .harness import check_nothing_left, envelope, no_leftovers, serve  # noqa: E402,F401
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+@pytest.fixture(scope="module")
+def srv():
+    """One keyless server on loopback with the default options for the tables below."""
+    before = {t.ident for t in threading.enumerate()}
+    with serve() as server:
+        yield server
+    check_nothing_left(before)
 
 JEV = {"state": "note", "questions": {"a": {"type": "noul", "instructions": "ok?"}}}
 LABEL = {"schema": "triage", "records": ["x"]}
@@ -26,10 +37,9 @@ LABEL = {"schema": "triage", "records": ["x"]}
 @pytest.mark.parametrize("method, path, body", [("POST", "/v1/systemone", JEV), ("POST", "/v1/label", LABEL),
                                                 ("GET", "/v1/schemas", None), ("GET", "/metrics", None),
                                                 ("GET", "/v1/models", None)])
-def test_a_foreign_host_is_421_on_every_route(host, method, path, body):
-    with serve() as srv:
-        r = httpx.request(method, srv.url + path, json=body, headers={"Host": host}, timeout=10)
-        health = httpx.get(srv.url + "/health", headers={"Host": host}, timeout=10)
+def test_a_foreign_host_is_421_on_every_route(srv, host, method, path, body):
+    r = httpx.request(method, srv.url + path, json=body, headers={"Host": host}, timeout=10)
+    health = httpx.get(srv.url + "/health", headers={"Host": host}, timeout=10)
     assert r.status_code == 421
     err = envelope(r)
     assert err["code"] == "misdirected_request" and "--allowed-host" in err["message"]
@@ -37,9 +47,8 @@ def test_a_foreign_host_is_421_on_every_route(host, method, path, body):
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost:8000", "LocalHost", "[::1]:9"])
-def test_loopback_hosts_are_answered(host):
-    with serve() as srv:
-        r = httpx.post(srv.url + "/v1/label", json=LABEL, headers={"Host": host}, timeout=10)
+def test_loopback_hosts_are_answered(srv, host):
+    r = httpx.post(srv.url + "/v1/label", json=LABEL, headers={"Host": host}, timeout=10)
     assert r.status_code == 200
 
 
@@ -66,30 +75,27 @@ def test_which_hosts_are_checked():
                                    "application/xml", "text/json"])
 @pytest.mark.parametrize("path, body", [("/v1/systemone", JEV), ("/v1/label", LABEL),
                                         ("/v1/decisions", {"input": "x", "questions": []})])
-def test_a_body_that_is_not_json_is_415_with_accept(ctype, path, body):
+def test_a_body_that_is_not_json_is_415_with_accept(srv, ctype, path, body):
     import json
 
-    with serve() as srv:
-        r = httpx.post(srv.url + path, content=json.dumps(body).encode(), headers={"Content-Type": ctype}, timeout=10)
+    r = httpx.post(srv.url + path, content=json.dumps(body).encode(), headers={"Content-Type": ctype}, timeout=10)
     assert r.status_code == 415 and r.headers["accept"] == "application/json"
     assert envelope(r)["code"] == "unsupported_media_type"
 
 
 @pytest.mark.parametrize("ctype", ["application/json", "application/json; charset=utf-8", "Application/JSON",
                                    "application/merge-patch+json", None])
-def test_json_content_types_and_none_are_read(ctype):
+def test_json_content_types_and_none_are_read(srv, ctype):
     import json
 
     headers = {"Content-Type": ctype} if ctype else {}
-    with serve() as srv:
-        r = httpx.post(srv.url + "/v1/label", content=json.dumps(LABEL).encode(), headers=headers, timeout=10)
+    r = httpx.post(srv.url + "/v1/label", content=json.dumps(LABEL).encode(), headers=headers, timeout=10)
     assert r.status_code == 200
 
 
-def test_an_unknown_content_encoding_is_415_with_accept_encoding():
-    with serve() as srv:
-        r = httpx.post(srv.url + "/v1/label", content=b"{}", timeout=10,
-                       headers={"Content-Type": "application/json", "Content-Encoding": "br"})
+def test_an_unknown_content_encoding_is_415_with_accept_encoding(srv):
+    r = httpx.post(srv.url + "/v1/label", content=b"{}", timeout=10,
+                   headers={"Content-Type": "application/json", "Content-Encoding": "br"})
     assert r.status_code == 415 and r.headers["accept-encoding"] == "zstd, identity"
     assert envelope(r)["code"] == "unsupported_encoding"
 
