@@ -1,10 +1,14 @@
-"""The chat-template cases of tests/data/cases-round2/ (copied from ../shared/cases-round2/).
+"""Chat templates as models ship them: the instructions and the catalog reach the prompt whatever
+the template does with a system turn (merged into the user turn where it refuses or drops one,
+exit 3 where no merging can help), one BOS where the template prints its own, a pinned date, and
+an empty think block for reasoning templates.
 
-Each case runs on a model folder built in a temporary directory as the case's
-``make_model_folder.sh`` builds it: the embedded SmolLM2-135M-Instruct (converted by pcd)
-with the case's ``chat_template.jinja`` (and ``tokenizer_config.json``). Every case must
-label its input with the instructions and catalog in the prompt, match the brute-force
-oracle, and show the behaviour the case asks for.
+The chat-template cases of tests/data/cases-round2/ (copied from ../shared/cases-round2/; this
+file was tests/test_cases_round2_templates.py): each case runs on a model folder built in a
+temporary directory as the case's ``make_model_folder.sh`` builds it: the embedded
+SmolLM2-135M-Instruct (converted by pcd) with the case's ``chat_template.jinja`` (and
+``tokenizer_config.json``). Every case must label its input with the instructions and catalog in
+the prompt, match the brute-force oracle, and show the behaviour the case asks for.
 """
 
 from __future__ import annotations
