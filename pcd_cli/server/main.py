@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import threading
@@ -197,6 +198,10 @@ def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.
     The port is bound before the model loads (the worker loads it while ``/health`` answers);
     ``on_bound(host, port)`` is called once bound.
 
+    A thread of the service still running once it is closed (a compile, which cannot be
+    interrupted) is abandoned: the process exits at once with the code below (``os._exit``, after
+    the log is flushed), as the interpreter's own exit would abort inside the native code it runs.
+
     Returns:
         0 after a drain; 2 or 3 when the start failed (a schema or calibration problem: 2; the
         model or a compile problem: 3), as ``pcd label`` would exit.
@@ -219,9 +224,17 @@ def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.
 
         error = service.startup_error
         log.error("could not start: %s", error)
-        return 2 if isinstance(error, (SchemaError, InputError, CalibrationError)) else 3
-    log.info("stopped")
-    return 0
+        code = 2 if isinstance(error, (SchemaError, InputError, CalibrationError)) else 3
+    else:
+        log.info("stopped")
+        code = 0
+    left = service.threads_alive
+    if left:  # a compile cannot be interrupted; leaving it to the interpreter's exit aborts (C++ terminate)
+        log.warning("%s still running after the drain (a compile cannot be interrupted): abandoned; exiting %d",
+                    ", ".join(left), code)
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 class ServerThread:

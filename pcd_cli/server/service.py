@@ -326,6 +326,12 @@ class LabelService:
             self._compiler.join(max(0.0, end - time.monotonic()))
 
     @property
+    def threads_alive(self) -> list[str]:
+        """Names of the service's threads still running (after ``close``: a compile that cannot be
+        interrupted, or a decode call that outlived the join)."""
+        return [t.name for t in (self._thread, self._compiler) if t is not None and t.is_alive()]
+
+    @property
     def queue_depth(self) -> tuple[int, int]:
         """(requests, records) waiting to be decoded."""
         with self._cond:

@@ -139,3 +139,46 @@ def test_the_compile_cost_bound_is_refused_up_front(n, label_len, bound, status)
 def test_compile_cost_counts_options_times_tokens():
     assert estimate_label_tokens("abcd") == 2 and estimate_label_tokens("é") == 1
     assert compile_cost(AIRLINE) == sum(len(label.encode()) // 4 + 1 for f in AIRLINE.fields for label in f.labels)
+
+
+@pytest.mark.full  # about 8 s: the drain's grace for the last responses, then the join of the compile
+def test_sigterm_during_a_compile_exits_0_and_abandons_the_compile():
+    """A compile cannot be interrupted: on SIGTERM its request gets its answer, the server drains,
+    and the process exits 0 at once, saying it abandoned the compile (leaving it to the
+    interpreter's exit aborted with the real model: exit 134)."""
+    import signal
+    import subprocess
+    import sys
+
+    from .harness import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.server.slow_compile_server", "60", "1"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        out = {}
+        thread = threading.Thread(target=lambda: out.setdefault(
+            "r", httpx.post(url + "/v1/systemone", json=_choice("sig", 3), timeout=30)))
+        thread.start()
+        time.sleep(0.5)  # compiling now (60 s)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        took = time.monotonic() - started
+        thread.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = proc.stderr.read()
+    assert code == 0, log
+    assert took < 15 and "pcd-compile-worker still running after the drain" in log
+    assert out["r"].status_code == 503 and out["r"].json()["error"]["code"] in ("shutting_down", "draining")
