@@ -643,7 +643,7 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
     if config.label_studio is not None:
         from .label_studio import LabelStudioBackend
 
-        backend = LabelStudioBackend(service, config.label_studio)
+        backend = LabelStudioBackend(service, config.label_studio, render=render_label)
         routes.extend(backend.routes())
     routes.extend(extra_routes)
     metrics_ = Metrics(service)

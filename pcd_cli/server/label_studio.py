@@ -393,12 +393,15 @@ class LabelStudioBackend:
             the service's loaded model (``service.host.labeler``), or a model of its own
             (``pcd_cli.job.build_labeler``) for a tuned one.
         patch_project: ``(base_url, token, project_id, version) -> str`` telling Label Studio the
-            new version (default: ``PATCH /api/projects/<id>/``).
+            new version (default: ``patch_model_version``).
+        render: ``app.render_label``, which turns a submit's results into ``/v1/label``'s rows (passed
+            in by ``create_app``, so that this module does not import the app).
     """
 
-    def __init__(self, service, config: LabelStudioConfig, *, fit: Callable[..., Fitted] = fit_on_gold,
+    def __init__(self, service, config: LabelStudioConfig, *, render: Callable, fit: Callable[..., Fitted] = fit_on_gold,
                  build_labeler: Callable | None = None, patch_project: Callable | None = None):
         self.service = service
+        self.render = render
         self.config = config
         self.state = Path(config.state_dir).expanduser()
         self.fit = fit
@@ -439,8 +442,6 @@ class LabelStudioBackend:
         """``POST /setup``: map the project's config to a served schema (``map_config``; 422 naming
         what does not map), remember the project (its token in memory only); answers
         ``{"model_version"}``, the schema's current version."""
-        from .app import json_response
-
         body = await self._body(request)
         project = project_id(body.get("project"))
         schema_xml = body.get("schema") or body.get("label_config")
@@ -485,8 +486,6 @@ class LabelStudioBackend:
         ``score`` and the full distribution under ``meta.probs``; the task's ``score`` the review
         score (the lowest chosen-label probability over the fields, as ``pcd review`` orders); a
         task without text gets an empty result and score 0."""
-        from .app import json_response, render_label, submit
-
         body = await self._body(request)
         tasks = body.get("tasks")
         if not isinstance(tasks, list):
@@ -501,8 +500,11 @@ class LabelStudioBackend:
             records.append(Record(str(i), text, row=i) if isinstance(text, str) else
                            RecordFailure(str(i), f"task {i}: no data.{mapping.text_var} text", row=i))
         version = self.histories[mapping.schema].current
-        submitted = await submit(request, entry.schema, records)
-        rendered = render_label(submitted, entry.schema, records, column="id", all_probs=True, id_is_text=True)
+        timeout = request.app.state.config.request_timeout_s
+        submitted = await self.service.submit(entry.schema, records, request_id=request.state.log_id,
+                                              deadline=time.monotonic() + timeout if timeout else None,
+                                              is_disconnected=request.is_disconnected)
+        rendered = self.render(submitted, entry.schema, records, column="id", all_probs=True, id_is_text=True)
         rows = {row["id"]: row for row in rendered["rows"]}
         by_field = {f.name: f for f in entry.schema.declared}
         results = []
@@ -533,8 +535,6 @@ class LabelStudioBackend:
         """``POST /webhook``: an annotation event is appended to the project's journal (the only
         work before answering); ``START_TRAINING`` starts a retrain; other actions are answered
         ``ignored``. Answers 200 ``{"status", ...}``."""
-        from .app import json_response
-
         body = await self._body(request)
         action = body.get("action")
         project = project_id(body.get("project"))
@@ -555,8 +555,6 @@ class LabelStudioBackend:
     async def train(self, request: Request) -> Response:
         """``POST /train`` (older Label Studio): every annotated task's annotations go to the
         journal, then a retrain starts; answers 201 ``{"training": ...}``."""
-        from .app import json_response
-
         body = await self._body(request)
         project = project_id(body.get("project"))
         tasks = body.get("annotations")
@@ -571,8 +569,6 @@ class LabelStudioBackend:
     async def versions(self, request: Request) -> Response:
         """``GET /versions``: ``{"versions": [the accepted version names, oldest first], "schemas":
         {name: {"current", "history": [Version...]}}}``."""
-        from .app import json_response
-
         out = {name: {"current": h.current, "history": [asdict(v) for v in h.items]}
                for name, h in self.histories.items()}
         accepted = list(dict.fromkeys(v.version for h in self.histories.values() for v in h.items if v.accepted))
@@ -761,6 +757,13 @@ def _api(base: str, token: str, method: str, path: str, body: dict | None = None
             return json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         raise OSError(f"{method} {path}: {exc.code} {exc.read()[:300].decode('utf-8', 'replace')}") from None
+
+
+def json_response(body, status: int = 200) -> Response:
+    """``body`` as JSON (orjson, as the app's own responses)."""
+    import orjson
+
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
 def project_id(value) -> str | None:
