@@ -27,6 +27,7 @@ from .io.readers import InputSpec, _row_to_record
 from .io.values import RepeatedIds
 from .job import (ADAPTER_MISMATCH, CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET,
                   JobWarning)
+from .quality.calibration import DTYPE_MISMATCH
 from .results import FieldResult, Record, RecordFailure, RecordResult
 from .schema.load import load_schema
 from .schema.model import Example, Schema
@@ -89,9 +90,14 @@ class Labeler:
         tuned_calibration: when ``calibration`` is ``None`` and ``model`` (or ``adapter``) is a
             folder written by ``pcd tune`` holding ``pcd-calibration.json``, apply that
             calibration (fitted by the tune on its holdout; ``calibration_source`` names it).
-            It is skipped, with a ``tune_warnings`` line, when this run reads another schema,
-            prompt head or scoring mode than it was fitted for, and with ``prior_correction``.
+            It is skipped, with a ``warnings`` entry (``tuned_calibration_skipped``), when this
+            run reads another schema, prompt head or scoring mode than it was fitted for, and
+            with ``prior_correction``.
             ``False`` (``pcd label --no-calibration``): the raw probabilities.
+
+    ``warnings`` lists ``pcd_cli.job.JobWarning`` values: what does not stop the run but a user
+    should hear (each front-end shows them). Front-ends build a ``Labeler`` from a
+    ``pcd_cli.job.LabelJob`` with ``pcd_cli.job.build_labeler``.
 
     A schema's rules between fields (``pcd_cli.schema.rules``) are applied to every record after
     calibration or prior correction and before abstaining: a field a rule moves gets
@@ -189,6 +195,7 @@ class Labeler:
         # everything metadata() reads exists from here on
         if self.calibration is not None:
             self.calibration.check(self.metadata())
+            self.warnings += [JobWarning(DTYPE_MISMATCH, w) for w in self.calibration.dtype_warnings(self.metadata())]
         if self.tune_card is not None:  # what differs between the tuned model's card and this run
             from .tune import card_mismatches
 
@@ -219,7 +226,7 @@ class Labeler:
     def _apply_tuned_calibration(self, source) -> None:
         """Load the ``pcd-calibration.json`` a ``pcd tune`` folder holds, if any, and use it when
         it was fitted for this run's schema, prompt head and scoring (its model is the folder,
-        whatever the folder is called now); else say why in ``tune_warnings``."""
+        whatever the folder is called now); else say why in ``warnings``."""
         path = tuned_calibration_path(source)
         if path is None:
             return
@@ -233,6 +240,7 @@ class Labeler:
                                             f"{self._tune_source}: its calibration is not applied ({exc})"))
             return
         self.calibration, self.calibration_source = calibration, self._tune_source
+        self.warnings += [JobWarning(DTYPE_MISMATCH, w) for w in calibration.dtype_warnings(self.metadata())]
 
     @property
     def set_fields(self) -> tuple[str, ...]:
@@ -258,6 +266,7 @@ class Labeler:
             "pcd.truncate": self.decoder.truncate,
             "pcd.examples": str(len(self.examples)),
             "pcd.head_tokens": str(len(self.compiled.prompt.head_ids)),
+            "pcd.dtype": self.backend.dtype_name,
         } | ({"pcd.calibration_sha256": self.calibration.sha256} if self.calibration is not None else {}) \
           | ({"pcd.label_sets": json.dumps({name: self.calibration.fields[name].conformal.coverage
                                             for name in self.set_fields}),

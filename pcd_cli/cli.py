@@ -1,4 +1,6 @@
-"""The ``pcd`` command line: parses options, calls the Python API, formats. No logic here.
+"""The ``pcd`` command line: the commands and their options. Each body parses, builds its options
+(a ``pcd_cli.job.LabelJob`` where it labels), calls one library function and renders what it
+returns with ``pcd_cli.console``. No logic here.
 
 Exit codes: 0 done; 1 more failures than --max-errors, or no record could be labelled
 (``inspect-schema --strict``: any warning); 2 bad schema, input or option; 3 model or
@@ -10,138 +12,36 @@ closed by its reader (``| head``), quietly.
 
 from __future__ import annotations
 
-import datetime as _dt
-import shlex
-import sys
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-import orjson
 import typer
 import typer.core
-from rich.console import Console
 from rich.markup import escape
 
+from .console import (  # noqa: F401 - EXIT_*, write_json: part of the CLI's public face (tests, scripts)
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    EXIT_MACHINE,
+    Group,
+    Reporter,
+    TuneProgress,
+    err,
+    label_done,
+    label_errors,
+    out,
+    said_written,
+    write_json,
+)
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .engines.local import DEFAULT_BATCH_RECORDS
+from .errors import InputError, PcdError, exit_code
 from .tune import DEFAULT_MASS_WEIGHT
-from .errors import (
-    EXIT_CODES,
-    InputError,
-    Interrupted,
-    MachineError,
-    NothingLabelled,
-    PcdError,
-    TooManyErrors,
-    exit_code,
-)
 from .version import __version__
 
-#: Exit code of an unexpected internal exception (a bug), apart from 1 (--max-errors).
-EXIT_INTERNAL = 4
-#: Exit code when the machine could not do it (no space left, read-only folder, permission
-#: denied, I/O error, file too large): not a bug, and not a bad option either.
-EXIT_MACHINE = EXIT_CODES[MachineError]
-#: Exit code when standard output or error was closed by its reader (128 + SIGPIPE, as the
-#: shell reports a tool killed by SIGPIPE).
-EXIT_BROKEN_PIPE = 141
-
-
-def _quiet_after_broken_pipe() -> None:
-    """Point stdout and stderr at /dev/null so that Python's flush at exit does not complain
-    again (the recipe in the ``signal`` module's docs, "Note on SIGPIPE")."""
-    import os
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError):
-            pass
-
-
-def _json_log_requested(args: list[str]) -> bool:
-    """Whether the command line asks for ``--log-format json`` (read raw: parsing may have failed)."""
-    return "--log-format=json" in args or any(a == "--log-format" and b == "json" for a, b in zip(args, args[1:]))
-
-
-def _log_json(level: str, event: str, fields: dict) -> None:
-    line = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "level": level,
-            "event": event, **fields}
-    sys.stderr.write(orjson.dumps(line, default=str).decode() + "\n")
-    sys.stderr.flush()
-
-
-try:  # typer >= 0.20 carries its own copy of click
-    from typer._click.exceptions import ClickException as _ClickException
-    from typer._click.exceptions import UsageError as _UsageError
-except ImportError:  # pragma: no cover - older typer on click
-    from click import ClickException as _ClickException
-    from click import UsageError as _UsageError
-
-
-class _Group(typer.core.TyperGroup):
-    """Usage errors as one JSON line when ``--log-format json`` is on the command line; an
-    unexpected exception as exit 4 with a one-line message (traceback in the JSON log)."""
-
-    def invoke(self, ctx):
-        args = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
-        as_json = _json_log_requested(args)
-        try:
-            return super().invoke(ctx)
-        except _UsageError as exc:
-            _nearest_options(exc)
-            if not as_json:
-                raise
-            _log_json("error", "usage_error", {"message": exc.format_message(), "exit_code": exc.exit_code})
-            raise typer.Exit(exc.exit_code) from None
-        except (typer.Exit, typer.Abort, _ClickException, KeyboardInterrupt):
-            raise
-        except BrokenPipeError:  # `pcd ... | head`: the reader left; end quietly, as Unix tools do
-            _quiet_after_broken_pipe()
-            raise typer.Exit(EXIT_BROKEN_PIPE) from None
-        except OSError as exc:  # the machine, not pcd: no space, read-only folder, permission, I/O
-            from .io.files import machine_error
-
-            message = str(exc if isinstance(exc, MachineError) else machine_error(exc, None, "cannot do it"))
-            if as_json:
-                _log_json("error", "machine_error", {"message": message, "exit_code": EXIT_MACHINE})
-            else:
-                err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-            raise typer.Exit(EXIT_MACHINE) from None
-        except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, reported as one
-            import traceback
-
-            message = (f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-                       "this is a bug in pcd, please report it")
-            if as_json:
-                _log_json("error", "internal_error", {"message": message, "exit_code": EXIT_INTERNAL,
-                                                      "traceback": traceback.format_exc()})
-            else:
-                err.print(f"[bold red]error:[/] {escape(message)} (--log-format json shows the traceback)",
-                          highlight=False)
-            raise typer.Exit(EXIT_INTERNAL) from None
-
-
-def _nearest_options(exc) -> None:
-    """A mistyped option suggests the real ones it starts, then the closest by spelling
-    (``--id`` -> ``--id-field``; click alone offered ``--seed``)."""
-    import difflib
-
-    name, ctx = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
-    if not name or ctx is None or not hasattr(exc, "possibilities"):
-        return
-    opts = [o for param in ctx.command.params for o in (*param.opts, *param.secondary_opts) if o.startswith("--")]
-    prefixed = [o for o in opts if o.startswith(name)]
-    exc.possibilities = prefixed[:4] or difflib.get_close_matches(name, opts, n=3, cutoff=0.6)
-
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=Group,
                   help="Label records with closed schemas (booleans, enums) using parallel constrained decoding.")
-err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (cron mail, grep)
-out = Console()
 
 
 
@@ -279,35 +179,6 @@ class LogFormat(str, Enum):
     json = "json"
 
 
-class Reporter:
-    """Messages of a run: rich text, or one JSON object per line on stderr (``--log-format json``)."""
-
-    def __init__(self, log_format: LogFormat, quiet: bool):
-        self.json = log_format is LogFormat.json
-        self.quiet = quiet
-
-    def __call__(self, event: str, fields: dict, level: str = "info") -> None:
-        if self.json:
-            if level != "info" or not self.quiet:
-                _log_json(level, event, fields)
-            return
-        if event == "resumed":
-            text = f"resuming: {fields['rows']} rows were done by an earlier run ({fields['work_dir']})"
-        elif "reason" in fields or "message" in fields:
-            text = fields.get("reason") or fields["message"]
-        else:
-            return  # checkpoints show in the progress bar; the summary is rendered by the caller
-        if level == "info" and self.quiet:
-            return
-        style = {"error": "[bold red]error:[/] ", "warning": "[yellow]warning:[/] "}.get(level, "")
-        err.print(style + escape(text), highlight=False)
-
-
-def _resume_command() -> str:
-    args = [a for a in sys.argv[1:]]
-    return shlex.join(["pcd", *args, *([] if "--resume" in args else ["--resume"])])
-
-
 @app.command()
 def label(
     input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet (.jsonl/.csv may end in .gz "
@@ -399,7 +270,7 @@ def label(
     if id_field is None and not row_ids and input.is_file() and _has_id_column(input, text_field, template,
                                                                                csv_delimiter, fmt):
         id_field, id_detected = DEFAULT_ID_COLUMN, True  # said with the result (_done), not before an error
-    with _label_errors(report, output, engine):
+    with label_errors(report, output, engine is Engine.local):
         if row_ids and id_field:
             raise InputError("--row-ids and --id-field exclude each other: choose one")
         job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
@@ -424,40 +295,7 @@ def label(
             with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
                 run = run_label_job(schema, input, job, progress=progress, batch_records=batch_size,
                                     should_stop=should_stop, **run_args)
-    _done(report, run.stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
-
-
-@contextmanager
-def _label_errors(report: Reporter, output: Optional[Path], engine: Engine):
-    """``pcd label``'s failures as their messages and exit codes (1, 2, 3, 130, ...)."""
-    from .engines.checkpoint import work_dir_for
-
-    local = engine is Engine.local
-    try:
-        yield
-    except Interrupted as exc:
-        report("interrupted", {"message": f"{exc}; the finished batches are kept in {exc.work_dir}. "
-                               f"Resume with: {_resume_command()}", "rows": exc.stats.read}, "error")
-        raise typer.Exit(130) from None
-    except KeyboardInterrupt:  # a second signal: stopped at once; the committed batches are safe
-        message = (f"stopped at once by a second signal; the finished batches are kept in {work_dir_for(output)}. "
-                   f"Resume with: {_resume_command()}") if local and output else \
-            "interrupted; nothing was written (a Ray run is rerun whole)"
-        report("interrupted", {"message": message}, "error")
-        raise typer.Exit(130) from None
-    except TooManyErrors as exc:
-        message = (f"{exc}. The finished batches are kept in {exc.work_dir}; fix the input and run again, or "
-                   "continue with --resume and a higher --max-errors.") if local else \
-            f"{exc}; an earlier {output}, if any, was left as it was"
-        report("too_many_errors", {"message": message, "failed": exc.stats.failures}, "error")
-        raise typer.Exit(1) from None
-    except NothingLabelled as exc:
-        report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was",
-                         "failed": exc.stats.failures}, "error")
-        raise typer.Exit(1) from None
-    except PcdError as exc:
-        report("error", {"message": str(exc)}, "error")
-        raise typer.Exit(exit_code(exc)) from None
+    label_done(report, run.stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
 
 
 def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, fmt) -> bool:
@@ -470,28 +308,6 @@ def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, f
     except PcdError:
         return False
     return has_id_column(input, spec, fmt.value if fmt else None)
-
-
-def _done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool, *,
-          id_field: str | None, id_detected: bool) -> None:
-    """The end of a finished ``pcd label`` run: the summary, where the ids came from, the warnings."""
-    ids = (f"ids from the {id_field!r} column" if id_field else "ids are row numbers (column 'row')") + (
-        "; --row-ids numbers the rows instead" if id_detected else "")
-    if report.json:
-        report("done", {"output": str(output), "errors": str(errors) if stats.failures else None,
-                        "id_column": id_field or "row", **stats.to_dict()})
-    elif not quiet:
-        stats.render(out)
-        out.print(f"wrote {stats.records} rows to {escape(str(output))} ({ids})", highlight=False)
-    if stats.read == 0:
-        report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
-    if stats.failures:
-        report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
-    if stats.repeated_ids.count:
-        report("warning", {"message": stats.repeated_ids.message(), "repeated_ids": stats.repeated_ids.count},
-               "warning")
-    for warning in stats.one_label_warnings():
-        report("warning", {"message": warning}, "warning")
 
 
 @app.command("inspect-schema")
@@ -529,6 +345,11 @@ def inspect_schema(
         raise typer.Exit(1)
 
 
+class Baseline(str, Enum):
+    transformers = "transformers"
+    llama_cpp = "llama.cpp"
+
+
 @app.command()
 def bench(
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file."),
@@ -550,6 +371,13 @@ def bench(
     id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id, matched with "
                                            "--gold's id column of the same name (default: row numbers, gold 'id')."),
     permutations: int = PERMUTATIONS_OPT,
+    baseline: Baseline = typer.Option(Baseline.transformers, "--baseline", help="What pcd is compared with: "
+                                      "transformers generate on the same model, or llama.cpp's grammar-constrained "
+                                      "JSON on the same GGUF (--model x.gguf, default the embedded model's file; "
+                                      "needs pip install 'pcd-cli\\[bench]')."),
+    compare_dtype: bool = typer.Option(True, "--compare-dtype/--no-compare-dtype", help="On a CPU with bfloat16 "
+                                       "(avx512_bf16) running float32: also label the records in bfloat16 and "
+                                       "give both dtypes' speed and agreement (loads the model twice)."),
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
@@ -561,7 +389,8 @@ def bench(
         report = run_bench(parsed, input, InputSpec(text_field=text_field, template=template, limit=n,
                                                     id_field=id_field, csv_delimiter=csv_delimiter), model=model,
                            device=device.value, dtype=dtype.value, max_new_tokens=max_new_tokens,
-                           max_tokens_per_pass=max_tokens_per_pass, backend=backend.value, permutations=permutations)
+                           max_tokens_per_pass=max_tokens_per_pass, backend=backend.value, permutations=permutations,
+                           baseline=baseline.value, compare_dtype=compare_dtype)
     except PcdError as exc:
         raise _fail(exc) from None
     render_bench(report, out)
@@ -633,12 +462,12 @@ def eval_(
                                               min_mass=min_mass),
                               out, before_name=compare.name, after_name=predictions.name)
         if json_out:
-            _write_json(json_out, report.to_dict())
+            write_json(json_out, report.to_dict())
             out.print(f"wrote {escape(str(json_out))}", highlight=False)
         if plot is not None:
             from .quality.plots import eval_plot_name
 
-            _said_written(eval_plots(report, plot, eval_plot_name(predictions, gold)), "reliability diagram", plot)
+            said_written(eval_plots(report, plot, eval_plot_name(predictions, gold)), "reliability diagram", plot)
     except PcdError as exc:
         raise _fail(exc) from None
 
@@ -701,7 +530,7 @@ def calibrate(
         saved = run.calibration.save(output)
         out.print(f"wrote {escape(str(output))} (sha256 {saved.sha256[:12]}...)", highlight=False)
         if plot is not None:
-            _said_written(calibration_plots(run.report, plot, file_stem(output)), "before/after reliability diagram",
+            said_written(calibration_plots(run.report, plot, file_stem(output)), "before/after reliability diagram",
                           plot)
     except PcdError as exc:
         raise _fail(exc) from None
@@ -774,7 +603,7 @@ def tune(
         for line in row_warnings:
             err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
 
-    bar = _TuneProgress(progress, epochs)
+    bar = TuneProgress(progress, epochs)
     try:
         job = LabelJob(model=model, device=device.value, dtype=dtype.value, template=template, text_field=text_field,
                        examples=examples, shots=shots, seed=seed)
@@ -798,43 +627,6 @@ def tune(
     if run.result.interrupted:
         err.print("[yellow]interrupted:[/] the best adapter so far was written", highlight=False)
         raise typer.Exit(130)
-
-
-class _TuneProgress:
-    """A tqdm bar per epoch (optimiser steps, loss, ETA) on stderr, and one line per epoch."""
-
-    def __init__(self, enabled: bool, epochs: int):
-        self.enabled, self.epochs, self.bar = enabled, epochs, None
-
-    def step(self, done: int, total: int, loss: float) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="step", leave=False, file=sys.stderr, dynamic_ncols=True)
-        self.bar.set_postfix(loss=f"{loss:.3f}")
-        self.bar.update(1)
-
-    def fold(self, run: int, runs: int, train_rows: int, holdout_rows: int, epochs: int) -> None:
-        self.close()
-        self.epochs = epochs
-        what = (f"fold {run} of {runs - 1}: {train_rows} training rows, {holdout_rows} held out" if run < runs else
-                f"final run: all {train_rows} rows, {epochs} epochs (the folds' median)")
-        err.print(f"cross-fit run {run}/{runs}: {what}", highlight=False)
-
-    def epoch(self, log) -> None:
-        self.close()
-        scores = "  ".join(f"{name}: acc {s.accuracy:.3f} nll {s.nll:.3f}" for name, s in log.holdout.items()
-                           if s.accuracy is not None)
-        loss = f"train loss {log.train_loss:.3f}  " if log.train_loss is not None else "before training  "
-        err.print(f"epoch {log.epoch}/{self.epochs}  {loss}holdout {scores or '(none)'}  ({log.seconds:.0f} s)",
-                  highlight=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
 
 class ReviewTarget(str, Enum):
@@ -1033,19 +825,6 @@ def serve(
     except PcdError as exc:
         raise _fail(exc) from None
     raise typer.Exit(code)
-
-
-def _said_written(files: list, what: str, folder: Path) -> None:
-    """Say how many plot files were written into ``folder``, and their names."""
-    names = ", ".join(Path(f).name for f in files)
-    out.print(f"wrote {len(files)} {what}{'s' * (len(files) != 1)} to {escape(str(folder))}"
-              + (f": {escape(names)}" if names else ""), highlight=False)
-
-
-def _write_json(path: Path, value: dict) -> None:
-    from .io.files import write_atomic
-
-    write_atomic(path, orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
