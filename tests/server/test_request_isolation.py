@@ -21,7 +21,7 @@ from pcd_cli.results import Record, RecordFailure  # noqa: E402
 from pcd_cli.schema.load import parse_schema  # noqa: E402
 from pcd_cli.server.app import error_response  # noqa: E402
 from pcd_cli.server.errors import ApiError, log_crash, printable  # noqa: E402
-from pcd_cli.server.protocols import check_json  # noqa: E402
+from pcd_cli.server.protocols import check_json, too_deep_at  # noqa: E402
 from pcd_cli.server.service import LabelService, SchemaOptions  # noqa: E402
 
 from .harness import AIRLINE, TokenizingHost, check_nothing_left, envelope, serve  # noqa: E402
@@ -57,7 +57,8 @@ BAD_BODIES = [
      "invalid_text", "questions.b.criteria.a\\udbff: the key"),
     ("/v1/systemone", '{"state":"x","questions":{"b":{"type":"score","criteria":["low","hi\\ud83d"]}}}', 422,
      "invalid_text", "questions.b.criteria[1]:"),
-    ("/v1/systemone", '{"state":%s,"questions":%s}' % (DEEP, json.dumps(Q)), 400, "invalid_json", "too deep"),
+    ("/v1/systemone", '{"state":%s,"questions":%s}' % (DEEP, json.dumps(Q)), 400, "invalid_json",
+     "state: the request body nests arrays or objects too deep"),
     ("/v1/systemone", '{"state":%s,"questions":%s}' % ("[" * 100 + "]" * 100, json.dumps(Q)), 422, "too_deep",
      "state[0][0]:"),
     ("/v1/systemone", '{"state":{"n":%s},"questions":%s}' % (BIG, json.dumps(Q)), 422, "number_out_of_range",
@@ -72,7 +73,9 @@ BAD_BODIES = [
     ("/v1/label", '{"schema":"tri\\ud83dage","records":["x"]}', 422, "invalid_text", "schema:"),
     ("/v1/label", '{"schema":"triage","records":[{"text":"x","no\\ud83dte":1}]}', 422, "invalid_text",
      "records[0].no\\ud83dte: the key"),
-    ("/v1/label", '{"schema":"triage","records":%s}' % DEEP, 400, "invalid_json", "too deep"),
+    ("/v1/label", '{"schema":"triage","records":%s}' % DEEP, 400, "invalid_json", "records: the request body"),
+    ("/v1/decisions", '{"input":"x","questions":[{"type":"predicate","instructions":%s}]}' % DEEP, 400,
+     "invalid_json", "questions: the request body"),
 ]
 
 
@@ -200,6 +203,17 @@ def test_check_json_accepts_the_edges_of_what_it_refuses():
         check_json({"a": 2 ** 63})
     with pytest.raises(ApiError):
         check_json({"records": [{"te\ud83dxt": "x"}]}, text_checked_by_caller=("records",))
+
+
+@pytest.mark.parametrize("body, where", [
+    (b'{"questions": {"a": 1}, "state": ' + b"[" * 70 + b"]" * 70 + b"}", "state"),
+    (b'{"s\\"x": "[[[[", "records": ' + b"[" * 70, "records"),  # brackets inside strings are not counted
+    (b'{"a": {"b": ' + b"{" * 70, "a"),
+    (b"[" * 70, "body"),
+    (b'{"na\\ud83dme": ' + b"[" * 70, "na\\ud83dme"),
+])
+def test_too_deep_at_names_the_top_level_key(body, where):
+    assert too_deep_at(body) == where
 
 
 def test_a_crash_log_never_quotes_request_content(caplog):
