@@ -18,9 +18,8 @@ import pytest
 
 from pcd_cli.job import CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, LabelJob, planned_output_schema
 
-from ..helpers import pcd
-from ..test_ray import assert_same
-from ..test_tune import _keyword_rows, keyword_tune_files
+from ..helpers import keyword_rows, keyword_tune_files, pcd
+from .test_ray_engine import assert_same
 
 #: Option sets that change the output's columns or the calibration that applies: the tuned
 #: folder's calibration (a temperature at its bound: a warning), abstention with order spread and
@@ -47,7 +46,7 @@ def tuned(tmp_path_factory):
         root / "tiny-model", "--device", "cpu", "--epochs", "1", "--rank", "4", "--holdout", "0.3",
         "--adapter-only", "--no-progress")
     assert (root / "adapter" / "pcd-calibration.json").is_file()
-    rows = [{"id": f"n{i}", "text": r["text"].replace("number", "ref")} for i, r in enumerate(_keyword_rows(8))]
+    rows = [{"id": f"n{i}", "text": r["text"].replace("number", "ref")} for i, r in enumerate(keyword_rows(8))]
     (root / "rows.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     (root / "empty.jsonl").write_bytes(b"")
     return root

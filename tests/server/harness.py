@@ -2,7 +2,7 @@
 free port), the check that nothing it started is left running, raw-socket requests, and running
 a replayed-fault script (``cases/``) against a server.
 
-``TokenizingHost`` is ``tests/server_fakes.FakeHost`` whose labelers encode every text they decode
+``TokenizingHost`` is ``tests/server/fakes.FakeHost`` whose labelers encode every text they decode
 as UTF-8, as a real tokenizer does (so a lone surrogate that reaches a decode call fails the whole
 call, as it did with the embedded model), and whose labelers of request-built schemas take
 ``compile_s`` seconds to build (a large question set compiling on the real model).
@@ -25,7 +25,7 @@ from pcd_cli.server.app import AppConfig
 from pcd_cli.server.main import ServerThread
 from pcd_cli.server.service import LabelService, SchemaOptions, ServiceConfig
 
-from ..server_fakes import FakeHost, FakeLabeler
+from .fakes import FakeHost, FakeLabeler
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).resolve().parent / "cases"

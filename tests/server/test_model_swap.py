@@ -23,7 +23,7 @@ from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.label_studio import Fitted, LabelStudioConfig, not_worse  # noqa: E402
 from pcd_cli.server.service import ServiceConfig  # noqa: E402
 
-from ..server_fakes import FakeLabeler  # noqa: E402
+from .fakes import FakeLabeler  # noqa: E402
 from .harness import TokenizingHost, check_nothing_left, serve  # noqa: E402
 
 BODIES = json.loads((Path(__file__).parent / "cases" / "label_studio" / "bodies.json").read_text())

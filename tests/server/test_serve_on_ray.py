@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import pcd, tiny_backend
+from ..helpers import pcd, tiny_backend
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMS = ROOT / "schemas" / "sms_spam.yaml"
 
 

@@ -26,7 +26,7 @@ from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.main import ServerThread  # noqa: E402
 from pcd_cli.server.service import LabelService, ModelHost, SchemaOptions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Largest |P(packed) - P(alone)| allowed for one label of a record decoded in one pass with other
 #: requests' records versus alone (float32, CPU). Measured: at most 3.9e-6 over 64 SMS records
 #: decoded 16 to a call versus one to a call, no label changed (docs/serve.md). Packing never

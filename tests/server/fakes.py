@@ -99,7 +99,7 @@ class FakeHost:
         return FakeLabeler(schema, options, self)
 
 
-if __name__ == "__main__":  # a server over the fake host, for the SIGTERM test: python tests/server_fakes.py
+if __name__ == "__main__":  # a server over the fake host, for the SIGTERM test: python tests/server/fakes.py
     import logging
     import sys
 

@@ -17,7 +17,7 @@ from pcd_cli.cli import app
 from pcd_cli.errors import InputError
 from pcd_cli.server.command import api_keys, calibrations, is_loopback, schema_sources
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMS = str(ROOT / "schemas" / "sms_spam.yaml")
 
 

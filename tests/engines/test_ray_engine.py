@@ -17,7 +17,7 @@ import pytest
 
 from pcd_cli.engines.ray_engine import EXIT_ONCE_ENV
 
-from .helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
 
 
 TEXTS = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:10]

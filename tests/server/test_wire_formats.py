@@ -26,7 +26,7 @@ from pcd_cli.server import jev as J  # noqa: E402
 from pcd_cli.server import questions as Q  # noqa: E402
 from pcd_cli.server.errors import ApiError  # noqa: E402
 
-from .server_fakes import FakeHost  # noqa: E402
+from .fakes import FakeHost  # noqa: E402
 
 
 # -- the translation ------------------------------------------------------------------------------

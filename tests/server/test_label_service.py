@@ -30,9 +30,9 @@ from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.main import ServerThread  # noqa: E402
 from pcd_cli.server.service import LabelService, SchemaOptions, ServiceConfig  # noqa: E402
 
-from .server_fakes import FakeHost  # noqa: E402
+from .fakes import FakeHost  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMS = load_schema(ROOT / "schemas" / "sms_spam.yaml")
 TRIAGE = load_schema(ROOT / "schemas" / "support_triage.yaml")
 
@@ -470,7 +470,7 @@ def test_a_drain_past_its_timeout_answers_the_queued_503_at_once():
 
 
 def test_sigterm_drains_requests_in_flight_and_exits_0():
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "server_fakes.py"), "0.3", "20"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "server" / "fakes.py"), "0.3", "20"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())
