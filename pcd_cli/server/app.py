@@ -228,6 +228,7 @@ class RequestContext:
             rid = log_id = "req_" + uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"], state["log_id"] = rid, log_id
+        state["arrived"] = time.monotonic()  # the request deadline counts from here, body reading included
         path = scope.get("path", "")
         if len(path) > 1 and path.endswith("/") and path.rstrip("/") in self.known:
             path = path.rstrip("/")
@@ -518,11 +519,13 @@ def render_label(submitted, schema, items, *, column: str, all_probs: bool, id_i
 
 
 async def submit(request: Request, schema, records):
-    """``service.submit`` for this request: its id, the configured deadline, its connection."""
+    """``service.submit`` for this request: its log id, the configured deadline (counted from the
+    request's arrival, ``RequestContext``), its connection."""
     service: LabelService = request.app.state.service
     timeout = request.app.state.config.request_timeout_s
+    arrived = getattr(request.state, "arrived", None) or time.monotonic()
     return await service.submit(schema, records, request_id=request.state.log_id,
-                                deadline=time.monotonic() + timeout if timeout else None,
+                                deadline=arrived + timeout if timeout else None,
                                 is_disconnected=request.is_disconnected)
 
 

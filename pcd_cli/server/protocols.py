@@ -317,8 +317,8 @@ def config_value(config: Any, name: str, default: Any) -> Any:
 
 
 async def label_one(service: Any, config: Any, schema: Any, record: Any, *, request: Request, rid: str):
-    """Run one record through ``service.submit`` (deadline: ``config.request_timeout_s`` from
-    now, else the service's own); return ``(RecordResult, SubmitResult)``.
+    """Run one record through ``service.submit`` (deadline: ``config.request_timeout_s`` from the
+    request's arrival, else the service's own); return ``(RecordResult, SubmitResult)``.
 
     Raises:
         ApiError: what the service raises (429 queue full, 503 draining or past the deadline),
@@ -326,8 +326,9 @@ async def label_one(service: Any, config: Any, schema: Any, record: Any, *, requ
             long for the model with ``--truncate error``, ...).
     """
     timeout = config_value(config, "request_timeout_s", None)
+    arrived = getattr(request.state, "arrived", None) or time.monotonic()  # set by the app's RequestContext
     submitted = await service.submit(schema, [record], request_id=getattr(request.state, "log_id", None) or rid,
-                                     deadline=time.monotonic() + float(timeout) if timeout else None,
+                                     deadline=arrived + float(timeout) if timeout else None,
                                      is_disconnected=request.is_disconnected)
     result = submitted.results[0]
     if not hasattr(result, "fields"):  # a RecordFailure
