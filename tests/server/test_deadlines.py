@@ -182,3 +182,26 @@ def test_sigterm_during_a_compile_exits_0_and_abandons_the_compile():
     assert code == 0, log
     assert took < 15 and "pcd-compile-worker still running after the drain" in log
     assert out["r"].status_code == 503 and out["r"].json()["error"]["code"] in ("shutting_down", "draining")
+
+
+def test_the_deadline_counts_from_the_request_arrival_body_reading_included():
+    """Headers at 0 s, body at 0.7 s, 0.6 s of decoding, --request-timeout-s 1: 503 at about 1 s
+    from arrival (counted from the end of the body it would be answered 200 at 1.3 s)."""
+    import json
+    import socket
+
+    from .harness import port_of
+
+    host = TokenizingHost(delay=0.6)
+    with serve(host, app_config=AppConfig(request_timeout_s=1.0, read_timeout_s=5.0)) as srv:
+        body = json.dumps({"schema": "triage", "records": ["slow body"]}).encode()
+        with socket.create_connection(("127.0.0.1", port_of(srv)), timeout=5) as s:
+            started = time.monotonic()
+            s.sendall(b"POST /v1/label HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode())
+            time.sleep(0.7)
+            s.sendall(body)
+            answer = s.recv(65536)
+            took = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 503") and b"deadline_exceeded" in answer
+    assert 0.9 <= took < 1.25
