@@ -1,9 +1,13 @@
 """The label service: one worker thread owns the model and packs concurrent requests into
-shared decode calls.
+shared decode calls; a compile thread builds the labelers of request-built schemas beside it.
 
-The HTTP event loop only calls ``LabelService.submit`` (an ``async`` method that queues a
-request and waits for its results); every piece of model code (loading the backend, compiling a
-schema into a ``Labeler``, decoding, even counting tokens) runs on the worker thread.
+The HTTP event loop only calls ``LabelService.submit`` (an ``async`` method that checks a
+request's text, queues it and waits for its results); model code runs on the service's two
+threads: the worker loads the backend, compiles the startup schemas, decodes and counts tokens;
+the compile thread (``pcd-compile-worker``) compiles each new question set, so that a long
+compile never holds up decoding for schemas already compiled. A queued request whose schema is
+not compiled yet waits for it; one past its deadline (or whose client left) is dropped before
+its compile, between compile and decode, and between chunks.
 
 Packing (``ServiceConfig.packing``, on by default): a request is cut into chunks of
 ``chunk_records`` records counted from its first record (the chunks ``pcd label`` hands to the
@@ -220,9 +224,16 @@ class LabelService:
         default_options: options of request-built schemas (Jev / OpenAI question sets).
 
     ``start()`` starts the worker, which loads the model, compiles the startup schemas and runs a
-    warm-up decode; ``ready`` is set after that (``startup_error`` holds what failed).
-    ``drain()`` refuses new work; ``wait_idle()`` waits for the queued work; ``close()`` stops
-    the worker (failing what is still queued with 503) and joins it.
+    warm-up decode, then starts the compile thread; ``ready`` is set after that
+    (``startup_error`` holds what failed). ``drain()`` refuses new work; ``wait_idle()`` waits
+    for the queued work; ``close()`` stops both threads (failing what is still queued with 503)
+    and joins them (``threads_alive`` names any still running: a compile cannot be interrupted).
+
+    ``submit`` checks what reaches the tokenizer before anything is queued: a record whose text
+    or id is not Unicode (a lone surrogate) fails alone; a request-built schema holding such text,
+    labels that look alike (``textcheck.label_problem``) or a compile cost over
+    ``config.max_compile_cost`` is refused (422, 413). A decode call of several requests that
+    raises is decoded again request by request, so only the request at fault fails.
 
     Labelers are keyed by ``(schema.source_sha256, options)``: a submitted schema whose sha256 is
     a startup schema's uses that labeler (and its options); any other gets ``default_options``
