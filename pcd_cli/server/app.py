@@ -593,15 +593,18 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     as RFC 9110 §15.5.6 asks) in the error envelope, so that the official clients read its
     ``code``."""
     method, path = request.method, printable(request.url.path)[:200]
+    headers = dict(exc.headers or {})
+    if "Allow" in headers:  # Starlette builds it from a set: sorted, so that it reads the same each time
+        headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
     if exc.status_code == 404:
         message = f"no route {path!r}; pcd serves /v1/label, /v1/schemas, /v1/systemone, /v1/models, /v1/decisions, " \
                   "/health, /ready and /metrics"
     elif exc.status_code == 405:
-        message = f"{method} is not allowed on {path!r}; allowed: {(exc.headers or {}).get('Allow', '')}"
+        message = f"{method} is not allowed on {path!r}; allowed: {headers.get('Allow', '')}"
     else:
         message = printable(str(exc.detail))
     return error_response(ApiError(exc.status_code, "invalid_request_error",
-                                   _HTTP_CODES.get(exc.status_code, "http_error"), message, dict(exc.headers or {})))
+                                   _HTTP_CODES.get(exc.status_code, "http_error"), message, headers))
 
 
 def _log_id(request: Request) -> str:
@@ -648,6 +651,7 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
 
         backend = LabelStudioBackend(service, config.label_studio, render=render_label)
         routes.extend(backend.routes())
+        backend.restore()
     routes.extend(extra_routes)
     metrics_ = Metrics(service)
     middleware = [Middleware(RequestContext, metrics=metrics_, known_paths=[r.path for r in routes if hasattr(r, "path")],

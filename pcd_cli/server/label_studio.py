@@ -226,6 +226,8 @@ class Version:
             served model and with the new one.
         seconds: the run's wall time; created: UTC ISO time; path: the fitted file or folder.
         label_studio: project id -> what Label Studio's API answered to the new ``model_version``.
+        job: the options that make the served job this version (``{"calibration": path}``,
+            ``{"adapter": path}``, ...): what a restart applies again (``restore``).
     """
 
     version: str
@@ -240,6 +242,7 @@ class Version:
     reason: str = ""
     path: str | None = None
     label_studio: dict = field(default_factory=dict)
+    job: dict = field(default_factory=dict)
 
 
 class VersionHistory:
@@ -254,7 +257,17 @@ class VersionHistory:
                 self.items = [Version(**v) for v in json.loads(path.read_text(encoding="utf-8"))]
             except (ValueError, TypeError) as exc:
                 log.warning("version history %s unreadable (%s); starting a new one", path, exc)
+        #: the version served when the server last stopped, applied again once the model is loaded
+        self.to_restore = self.last_fitted()
         self.add(Version(base, "base", True, _now()))  # this process serves the base model until a swap
+
+    def last_fitted(self) -> Version | None:
+        """The latest accepted version that a fit made, when its files are still there (``None``:
+        none, or the base model was served last)."""
+        for v in reversed(self.items):
+            if v.accepted and v.method != "base":
+                return v if v.job and v.path and Path(v.path).exists() else None
+        return None
 
     @property
     def current(self) -> str:
@@ -686,7 +699,7 @@ class LabelStudioBackend:
             ok, why = not_worse(fitted.before, fitted.after)
             version = version_name(job.model or "embedded", _fitted_bytes(fitted.path))
             record = Version(version, method, False, _now(), rows, fitted.holdout_rows, fitted.before, fitted.after,
-                             0.0, why, str(fitted.path))
+                             0.0, why, str(fitted.path), job=_changed(entry.options, fitted.job))
             if ok:
                 labeler = self.build(entry.schema, fitted.job, fitted.own_model)
                 self.service.replace_labeler(schema, labeler, fitted.job)
@@ -703,6 +716,32 @@ class LabelStudioBackend:
             for p in projects:
                 record.label_studio[p] = self._tell_label_studio(self.links[p], record.version)
         history.add(record)
+
+    def restore(self) -> None:
+        """Serve again, once the model is loaded, the version each schema served when the server
+        last stopped (``VersionHistory.to_restore``), in a thread that ends when done or when the
+        service fails to start or stops. Called by ``create_app``."""
+        pending = {name: h.to_restore for name, h in self.histories.items() if h.to_restore is not None}
+        if pending:
+            threading.Thread(target=self._restore, args=(pending,), name="pcd-restore", daemon=True).start()
+
+    def _restore(self, pending: dict) -> None:
+        while not self.service.ready.wait(0.2):
+            if self.service.startup_error is not None or self.service.draining:
+                return
+        for name, version in pending.items():
+            entry = self.service.named[name]
+            job = replace(entry.options, **version.job)
+            try:
+                labeler = self.build(entry.schema, job, version.method == "tune")
+            except Exception as exc:  # noqa: BLE001 - a version that no longer loads: the base model stays
+                log.warning("schema %s: version %s not restored (%s: %s); serving the base model", name,
+                            version.version, type(exc).__name__, exc)
+                continue
+            self.service.replace_labeler(name, labeler, job)
+            self.histories[name].add(replace(version, method=version.method, created=_now(), seconds=0.0,
+                                             reason="restored at start-up", label_studio={}))
+            log.info("schema %s: version %s restored", name, version.version)
 
     def _build_labeler(self, schema, job, own_model: bool):
         if own_model:
@@ -725,7 +764,8 @@ class LabelStudioBackend:
 def patch_model_version(base_url: str, token: str, project: str, version: str) -> str:
     """Make ``version`` the project's ``model_version`` in Label Studio, the way Label Studio
     itself keeps them in step: the project's ML backend (``GET /api/ml?project=<id>``; the one
-    connected, else the first) is renamed ``PATCH /api/ml/<backend id>`` ``{"title": version}``
+    connected, else the first) is renamed ``PATCH /api/ml/<backend id>`` ``{"title": version, "url",
+    "project"}`` (``ml/serializers.py`` checks health and setup on every update)
     (``ml/models.py`` ``MLBackend.save`` then moves the project's ``model_version`` along when it
     was the old title), and ``PATCH /api/projects/<id>/`` ``{"model_version": version}`` sets it
     otherwise (``projects/serializers.py`` ``validate_model_version`` accepts only a live ML
@@ -741,7 +781,11 @@ def patch_model_version(base_url: str, token: str, project: str, version: str) -
     if isinstance(backends, dict):
         backends = backends.get("results", [])
     if backends:
-        _api(base, token, "PATCH", f"/api/ml/{backends[0]['id']}", {"title": version})
+        backend = next((b for b in backends if b.get("state") == "CO"), backends[0])
+        # the serializer checks the backend again (``MLBackendSerializer.validate``: health and setup
+        # with the body's url and project), so both go with the new title
+        _api(base, token, "PATCH", f"/api/ml/{backend['id']}", {"title": version, "url": backend["url"],
+                                                                  "project": int(project)})
     current = _api(base, token, "GET", f"/api/projects/{project}/")
     if current.get("model_version") != version:
         _api(base, token, "PATCH", f"/api/projects/{project}/", {"model_version": version})
@@ -775,6 +819,11 @@ def project_id(value) -> str | None:
         return None
     text = str(value).split(".", 1)[0].strip()
     return text if text.isdigit() else None
+
+
+def _changed(old, new) -> dict:
+    """The options of job ``new`` that differ from ``old`` (JSON values)."""
+    return {k: getattr(new, k) for k in old.options() if getattr(new, k) != getattr(old, k)}
 
 
 def _as_list(value) -> list:

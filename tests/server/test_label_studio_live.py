@@ -142,7 +142,7 @@ def test_label_studio_round_trip(label_studio, tmp_path):
         fresh = [p for p in api.get("/api/predictions", params={"project": pid}).json() if p["task"] in ids[3:]]
         assert {p["task"] for p in fresh} == set(ids[3:])
         assert {p["model_version"] for p in fresh} == {new_version}
-        assert all(abs(p["score"] - 0.9) < 1e-9 for p in fresh)
+        assert [p["score"] for p in fresh] == pytest.approx([0.9] * len(fresh), abs=1e-6), [p["score"] for p in fresh]
         link = backend.links[str(pid)]  # what /setup carried: the project's token, Label Studio's host
         assert link.access_token == TOKEN and link.hostname.startswith("http")
         sent = json.loads(backend.journal(str(pid)).path.read_text().splitlines()[0])["annotation"]

@@ -199,3 +199,28 @@ def test_retrain_every_n_gold_rows(tmp_path):
 ])
 def test_not_worse(before, after, ok):
     assert not_worse(before, after)[0] is ok
+
+
+def test_a_restart_serves_the_last_accepted_version_and_keeps_the_journal(tmp_path):
+    before = {t.ident for t in threading.enumerate()}
+    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path)))
+    with serve(TokenizingHost(), app_config=config) as srv:
+        backend = srv.server.config.app.state.label_studio
+        backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.6, "nll": 0.9})
+        post(srv, "/setup", BODIES["setup"])
+        post(srv, "/webhook", BODIES["annotation_created"])
+        post(srv, "/webhook", BODIES["start_training"])
+        backend.wait_training(30)
+        served = backend.histories["triage"].current
+        assert served != "embedded:base" and srv.service.named["triage"].options.seed == 1
+    with serve(TokenizingHost(), app_config=config) as srv:  # the same --state-dir
+        deadline = time.monotonic() + 10
+        while srv.service.named["triage"].options.seed != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.service.named["triage"].options.seed == 1  # the fitted job is served again
+        assert post(srv, "/setup", BODIES["setup"]).json() == {"model_version": served}
+        history = httpx.get(srv.url + "/versions", timeout=10).json()["schemas"]["triage"]["history"]
+        assert [(v["version"], v["reason"]) for v in history[-2:]] == [("embedded:base", ""),
+                                                                      (served, "restored at start-up")]
+        assert len(srv.server.config.app.state.label_studio.journal("3").gold_rows()) == 1
+    check_nothing_left(before)
