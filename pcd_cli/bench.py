@@ -14,6 +14,12 @@ values, quoted booleans, extra keys), and per-field agreement with pcd's argmax.
 that fails (unparseable, runaway, missing keys) is reported as a failure, never dropped.
 Generation is capped at twice the token length of a complete answer object plus 32 tokens,
 unless ``max_new_tokens`` says otherwise; a run that hits the cap is marked ``runaway``.
+
+``baseline="llama.cpp"`` replaces the two transformers methods by llama.cpp's
+grammar-constrained JSON on the same GGUF file (``pcd_cli.bench_llamacpp``). Every run also
+states pcd's forward limit (``forward_limit``: tokens pcd fed per record, and its packed time
+against plain causal forward passes over as many tokens), and on a CPU with ``avx512_bf16``
+both dtypes' speed and agreement on the same records (``compare_dtypes``).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from rich.table import Table
 from .api import Labeler
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .decoding.prompt import answer_object
-from .errors import InputError
+from .errors import InputError, ModelError
 from .io.files import write_atomic
 from .io.output import declared_values
 from .io.readers import InputSpec, read_records
@@ -42,6 +48,9 @@ from .results import Record, RecordResult
 from .schema.model import Schema
 
 METHODS = ("generate", "generate_cached", "pcd")
+#: ``pcd bench --baseline``: what pcd is compared with (transformers ``generate``, or
+#: llama.cpp's grammar-constrained JSON on the GGUF file, ``pcd_cli.bench_llamacpp``).
+BASELINES = ("transformers", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -150,16 +159,31 @@ def _answer_tokens(labeler: Labeler) -> int:
 def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model: str | None = None,
               device: str = "auto", dtype: str = "auto", max_new_tokens: int | None = None,
               max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, backend=None, methods: tuple[str, ...] = METHODS,
-              permutations: int = 1) -> BenchReport:
-    """Run the three methods on the first ``spec.limit`` records of ``input_path``.
+              permutations: int = 1, baseline: str = "transformers", compare_dtype: bool = False) -> BenchReport:
+    """Run pcd and a baseline on the first ``spec.limit`` records of ``input_path``.
 
     ``backend``: a loaded backend, or ``auto``/``torch``/``mlx`` (see ``Labeler``);
     ``permutations``: pcd's ``--permutations K`` (generation then reads the prompt of the
-    first ordering, the values listed after the record).
+    first ordering, the values listed after the record); ``baseline``: one of ``BASELINES``
+    (``llama.cpp``: ``methods`` is ignored, the GGUF is ``model`` or the embedded model's
+    file); ``compare_dtype``: on a CPU with ``avx512_bf16`` running float32, also label the
+    records in bfloat16 (``compare_dtypes``; loads the model a second time).
 
     Raises:
-        InputError: no usable record in the input. ModelError/CompileError: see ``Labeler``.
+        InputError: no usable record in the input, an unknown baseline, or ``--baseline
+            llama.cpp`` with a model that is not a GGUF file. ModelError: llama-cpp-python
+            missing for ``llama.cpp``; see also ``Labeler`` (and CompileError).
     """
+    if baseline not in BASELINES:
+        raise InputError(f"--baseline {baseline!r}: expected one of {', '.join(BASELINES)}")
+    gguf = None
+    if baseline == "llama.cpp":
+        from .bench_llamacpp import INSTALL_HINT, LLAMA_METHOD, baseline_gguf, llama_cpp_available
+
+        if not llama_cpp_available():
+            raise ModelError(f"--baseline llama.cpp needs llama-cpp-python: {INSTALL_HINT}")
+        gguf = baseline_gguf(model)  # refused before the model loads
+        methods = (LLAMA_METHOD, "pcd")
     items = [r for batch in read_records(input_path, spec) for r in batch]
     records = [r for r in items if isinstance(r, Record)]
     if not records:  # said before the model loads, with the first row's reason
@@ -175,7 +199,9 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
     head = list(prompt.head_ids)
     eos = set(backend.eos_token_ids)
     labeler.label_batch(records[:1])  # warm-up (first-call allocations), not timed
-    backend.generate(head + prompt.record_ids(records[0].id, records[0].text)[1], 2)
+    generated = [m for m in methods if m in ("generate", "generate_cached")]
+    if generated:
+        backend.generate(head + prompt.record_ids(records[0].id, records[0].text)[1], 2)
     for record in records:
         passes = labeler.forward_passes
         started = time.perf_counter()
@@ -188,9 +214,7 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
         report.rows.append(BenchRow(str(record.id), "pcd", latency, labeler.forward_passes - passes, 0, True, True,
                                     (), 1.0, pcd_values))
         ids = head + prompt.record_ids(record.id, record.text)[1]
-        for method in methods:
-            if method == "pcd":
-                continue
+        for method in generated:
             started = time.perf_counter()
             new, passes_used = backend.generate(ids, cap, cache_prefix_len=len(head) if method == "generate_cached" else 0)
             latency = time.perf_counter() - started
@@ -200,11 +224,15 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
             agree = sum(values.get(k) == v for k, v in pcd_values.items()) / len(pcd_values)
             report.rows.append(BenchRow(str(record.id), method, latency, passes_used, len(new), parsed,
                                         parsed and not problems, tuple(problems), agree, values))
-    passes = labeler.forward_passes
+    passes, fed = labeler.forward_passes, labeler.decoder.tokens_fed
     started = time.perf_counter()
-    labeler.label_batch(records)
+    packed = labeler.label_batch(records)
     packed_seconds = time.perf_counter() - started
+    packed_passes, fed = labeler.forward_passes - passes, labeler.decoder.tokens_fed - fed
+    if gguf is not None:
+        report.rows += _llamacpp_rows(labeler, schema, records, report.rows, gguf, cap, report.summary)
     report.summary = {**summarize(report.rows, methods), **report.summary}
+    report.summary["forward_limit"] = forward_limit(labeler, packed_seconds, fed, packed_passes, len(records))
     answer = _answer_tokens(labeler)
     gen = [r for r in report.rows if r.method == "generate" and r.output_tokens]
     if gen:
@@ -215,11 +243,144 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
             per_token * answer / report.summary["pcd_median_latency_s"])
     report.summary.update(
         pcd_packed_records_per_s=len(records) / packed_seconds,
-        pcd_packed_passes_per_record=(labeler.forward_passes - passes) / len(records),
+        pcd_packed_passes_per_record=packed_passes / len(records),
         peak_rss_mb=peak_rss_mb(), **({"mlx_peak_mb": backend.peak_memory_mb()}
                                        if hasattr(backend, "peak_memory_mb") else {}), machine=f"{platform.machine()} {platform.system()}", device=report.device,
         max_new_tokens=cap)
+    if gguf is not None:
+        from .bench_llamacpp import llamacpp_summary
+
+        report.summary.update(llamacpp_summary(report.summary.pop("_llama_runs"), len(records) / packed_seconds,
+                                               report.summary["pcd_median_latency_s"]))
+    if compare_dtype and bfloat16_would_run(labeler.backend):
+        report.summary["dtypes"] = compare_dtypes(labeler, records, packed, packed_seconds, model=model)
     return report
+
+
+def _llamacpp_rows(labeler, schema: Schema, records, pcd_rows: list[BenchRow], gguf: Path, cap: int,
+                   summary: dict) -> list[BenchRow]:
+    """llama.cpp's row per record (``bench_llamacpp.run_llamacpp``), checked and compared with
+    pcd's values; its runs and set-up facts go into ``summary`` (``_llama_runs`` is taken out
+    by ``run_bench``), the agreement per field as ``llama_cpp_agreement_per_field``."""
+    from .bench_llamacpp import LLAMA_METHOD, agreement_per_field, run_llamacpp
+
+    pcd_values = {r.record: r.values for r in pcd_rows if r.method == "pcd"}
+    kept = [r for r in records if str(r.id) in pcd_values]
+    runs, info = run_llamacpp(labeler, kept, gguf=gguf, n_threads=cpu_threads(labeler.backend), max_new_tokens=cap,
+                              gpu=str(labeler.backend.device).startswith("cuda"))
+    rows = []
+    for run in runs:
+        parsed, values, problems = check_generated(schema, run.text, run.hit_cap)
+        mine = pcd_values[run.record]
+        agree = sum(values.get(k) == v for k, v in mine.items()) / len(mine)
+        rows.append(BenchRow(run.record, LLAMA_METHOD, run.latency_s, 0, run.output_tokens,  # passes: not counted
+                             parsed, parsed and not problems, tuple(problems), agree, values))
+    summary.update({f"llama_cpp_{k}": v for k, v in info.items()}, _llama_runs=runs,
+                   llama_cpp_agreement_per_field=agreement_per_field(
+                       schema, [(pcd_values[r.record], r.values) for r in rows]))
+    return rows
+
+
+def cpu_threads(backend) -> int:
+    """Threads the backend computes with (``backend.cpu_threads`` where it says, else the CPUs
+    this process may run on)."""
+    import os
+
+    threads = getattr(backend, "cpu_threads", None)
+    return int(threads) if threads else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+
+
+def forward_limit(labeler, packed_seconds: float, tokens_fed: int, passes: int, records: int) -> dict:
+    """pcd's packed time against plain forward passes over the same number of tokens.
+
+    The plain passes are causal forwards on the cached prompt head, ``tokens_fed`` tokens cut
+    into ``passes`` equal chunks (pcd's passes, at most ``max_tokens_per_pass`` each), no
+    token forest, no reads beyond one row: the cost of the tokens alone, i.e. the fastest any
+    method that reads those tokens could go on this backend.
+
+    Returns:
+        ``{"tokens_per_record", "passes", "pcd_s", "plain_forward_s", "ratio"}``: ``ratio`` =
+        pcd's time / the plain passes' time (1.0: pcd is at the forward limit), seconds wall-clock.
+    """
+    import numpy as np
+
+    backend = labeler.backend
+    cache = labeler.decoder.cache
+    head = len(labeler.compiled.prompt.head_ids)
+    filler = np.array(backend.tokenizer.encode("The quick brown fox jumps over the lazy dog. "))
+    sizes = [len(c) for c in np.array_split(np.arange(tokens_fed), max(passes, 1)) if len(c)]
+
+    def one(n: int) -> None:
+        ids = np.resize(filler, n)
+        visible = np.zeros((n, head + n), dtype=bool)
+        visible[:, :head] = True
+        visible[:, head:] = np.tril(np.ones((n, n), dtype=bool))
+        backend.forward(cache, ids, np.arange(head, head + n), visible, np.array([n - 1]), np.array([[0]]))
+        backend.truncate(cache, head)
+
+    one(sizes[0])  # warm-up for this shape
+    started = time.perf_counter()
+    for n in sizes:
+        one(n)
+    plain = time.perf_counter() - started
+    return {"tokens_per_record": tokens_fed / records, "passes": passes, "pcd_s": packed_seconds,
+            "plain_forward_s": plain, "ratio": packed_seconds / plain}
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU advertises ``avx512_bf16`` or ``amx_bf16`` (Linux ``/proc/cpuinfo``;
+    ``False`` elsewhere)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def bfloat16_would_run(backend) -> bool:
+    """Whether ``compare_dtypes`` applies: a torch backend on CPU in float32, on a CPU with bfloat16."""
+    return (str(getattr(backend, "device", "")) == "cpu" and getattr(backend, "dtype_name", "") == "float32"
+            and type(backend).__name__ == "TorchBackend" and cpu_has_bfloat16())
+
+
+def compare_dtypes(labeler, records, results, seconds: float, *, model: str | None) -> dict:
+    """The same records labelled in bfloat16: speed and agreement against the float32 run.
+
+    Args:
+        labeler: the float32 ``Labeler`` (its schema, options and records' results ``results``,
+            packed, in ``seconds``).
+        model: the model as given (the bfloat16 copy is loaded again from it).
+
+    Returns:
+        ``{"float32_records_per_s", "bfloat16_records_per_s", "speedup", "decisions",
+        "labels_equal", "max_abs_dprob", "load_s"}``: ``labels_equal`` counts the decisions
+        (record x decision) whose label is the same in both; ``max_abs_dprob`` is the largest
+        |p32 - p16| over every label of every decision.
+    """
+    from .backends import load_backend
+
+    started = time.perf_counter()
+    backend = load_backend(model, backend="torch", device="cpu", dtype="bfloat16")
+    load_s = time.perf_counter() - started
+    other = Labeler(labeler.schema, backend=backend, max_tokens_per_pass=labeler.decoder.budget,
+                    permutations=labeler.permutations, scoring=labeler.compiled.scoring)
+    other.label_batch(records[:1])  # warm-up
+    started = time.perf_counter()
+    mine = other.label_batch(records)
+    bf16_seconds = time.perf_counter() - started
+    decisions = equal = 0
+    worst = 0.0
+    for a, b in zip(results, mine):
+        if not (isinstance(a, RecordResult) and isinstance(b, RecordResult)):
+            continue
+        for fa, fb in zip(a.fields, b.fields):
+            decisions += 1
+            equal += fa.label == fb.label
+            worst = max(worst, max(abs(x - y) for x, y in zip(fa.probs, fb.probs)))
+    return {"float32_records_per_s": len(records) / seconds, "bfloat16_records_per_s": len(records) / bf16_seconds,
+            "speedup": seconds / bf16_seconds, "decisions": decisions, "labels_equal": equal,
+            "max_abs_dprob": worst, "load_s": load_s}
 
 
 def summarize(rows: list[BenchRow], methods: tuple[str, ...] = METHODS) -> dict:
@@ -255,15 +416,43 @@ def render_bench(report: BenchReport, console: Console) -> None:
                       "yes" if r.valid else "[red]no[/]", f"{r.agreement:.2f}", escape(problems))
     console.print(table)
     s = report.summary
-    console.print(
-        f"median latency: generate {s.get('generate_median_latency_s', float('nan')):.3f}s, "
-        f"generate+cached head {s.get('generate_cached_median_latency_s', float('nan')):.3f}s, "
-        f"pcd {s['pcd_median_latency_s']:.3f}s -> speedup {s.get('speedup_vs_generate', float('nan')):.1f}x / "
-        f"{s.get('speedup_vs_generate_cached', float('nan')):.1f}x; pcd passes per record {s['passes_per_record']:g} "
-        f"(packed: {s['pcd_packed_passes_per_record']:.2f}, {s['pcd_packed_records_per_s']:.2f} records/s); "
-        f"generated JSON valid: {s.get('generate_valid_rate', float('nan')):.0%}; "
-        f"peak RSS {s['peak_rss_mb']:.0f} MiB"
-        + (f", MLX peak {s['mlx_peak_mb']:.0f} MiB" if "mlx_peak_mb" in s else ""), highlight=False)
+    line = (f"pcd: {s['pcd_median_latency_s']:.3f}s per record alone ({s['passes_per_record']:g} passes), "
+            f"packed {s['pcd_packed_records_per_s']:.2f} records/s ({s['pcd_packed_passes_per_record']:.2f} "
+            f"passes per record); peak RSS {s['peak_rss_mb']:.0f} MiB"
+            + (f", MLX peak {s['mlx_peak_mb']:.0f} MiB" if "mlx_peak_mb" in s else ""))
+    console.print(line, highlight=False)
+    if "generate_median_latency_s" in s:
+        console.print(
+            f"transformers generate: median {s['generate_median_latency_s']:.3f}s, with the head cached "
+            f"{s.get('generate_cached_median_latency_s', float('nan')):.3f}s -> pcd {s['speedup_vs_generate']:.1f}x / "
+            f"{s.get('speedup_vs_generate_cached', float('nan')):.1f}x faster; generated JSON valid: "
+            f"{s['generate_valid_rate']:.0%}", highlight=False)
+    if "llama_cpp_records_per_s" in s:
+        per_field = s["llama_cpp_agreement_per_field"]
+        low = sorted(per_field.items(), key=lambda kv: kv[1])[:3]
+        console.print(
+            f"llama.cpp {s['llama_cpp_llama_cpp_version']} (grammar JSON, {s['llama_cpp_n_threads']} threads, "
+            f"{Path(s['llama_cpp_gguf']).name}): {s['llama_cpp_records_per_s']:.2f} records/s, "
+            f"{s['llama_cpp_median_output_tokens']:g} tokens generated (median), parsed "
+            f"{s['llama.cpp_parsed_rate']:.0%}, valid {s['llama.cpp_valid_rate']:.0%}, agreement with pcd "
+            f"{s['llama.cpp_agreement_with_pcd']:.0%} of decisions (lowest: "
+            + ", ".join(f"{escape(k)} {v:.0%}" for k, v in low) + ")", highlight=False)
+        console.print(
+            f"pcd / llama.cpp grammar JSON: {s['pcd_packed_vs_llama_cpp']:.1f}x packed "
+            f"({s['pcd_packed_records_per_s']:.2f} vs {s['llama_cpp_records_per_s']:.2f} records/s), "
+            f"{s['pcd_one_vs_llama_cpp']:.1f}x one record alone; llama.cpp prefill alone: "
+            f"{s.get('llama_cpp_prefill_records_per_s', float('nan')):.2f} records/s", highlight=False)
+    fl = s.get("forward_limit")
+    if fl:
+        console.print(f"forward limit: pcd fed {fl['tokens_per_record']:.1f} tokens per record ({fl['passes']} passes); "
+                      f"its time is {fl['ratio']:.2f}x plain forward passes over as many tokens "
+                      f"({fl['pcd_s']:.2f}s vs {fl['plain_forward_s']:.2f}s)", highlight=False)
+    dt = s.get("dtypes")
+    if dt:
+        console.print(f"bfloat16 (this CPU has it): {dt['bfloat16_records_per_s']:.2f} vs float32 "
+                      f"{dt['float32_records_per_s']:.2f} records/s packed ({dt['speedup']:.2f}x), "
+                      f"{dt['labels_equal']}/{dt['decisions']} labels equal, max |dp| {dt['max_abs_dprob']:.3f} "
+                      "(--dtype bfloat16 to use it)", highlight=False)
 
 
 def write_bench_json(report: BenchReport, path: str | Path) -> None:
@@ -320,7 +509,7 @@ def gold_accuracy(report: BenchReport, gold, schema: Schema, *, id_field: str = 
 
 def render_gold_accuracy(accuracy: dict, console: Console) -> None:
     """``gold_accuracy``'s figures as a table: one row per field, one column per method."""
-    methods = [m for m in METHODS if any(m in v for v in accuracy.values())]
+    methods = [m for m in (*METHODS, "llama.cpp") if any(m in v for v in accuracy.values())]
     table = Table(title="accuracy against the gold labels (invalid generated answers count as wrong)")
     table.add_column("field")
     for m in methods:

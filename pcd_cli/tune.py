@@ -650,7 +650,7 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
         return None, notes
     return Calibration(pcd_version=__version__, model=model, schema_sha256=metadata["pcd.schema_sha256"],
                        prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
-                       fields=fields), notes
+                       fields=fields, dtype=metadata.get("pcd.dtype", "")), notes
 
 
 def calibration_card(calibration, notes: Sequence[str], holdout_rows: int, cross_fit: dict | None = None) -> dict:
@@ -695,6 +695,7 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
         "schema_sha256": metadata["pcd.schema_sha256"],
         "prompt_head_sha256": metadata["pcd.prompt_head_sha256"],
         "scoring": metadata["pcd.scoring"],
+        "dtype": metadata.get("pcd.dtype"),
         "examples": int(metadata["pcd.examples"]),
         "gold_file": Path(gold_path).name,  # its name: the folder travels, this machine's paths do not
         "gold_sha256": file_sha256(gold_path),
@@ -721,7 +722,7 @@ def card_mismatches(card: dict, metadata: dict[str, str]) -> list[str]:
     when the run reads what was trained."""
     checks = [("schema", "schema_sha256", "pcd.schema_sha256"),
               ("prompt head (instructions, catalog, examples)", "prompt_head_sha256", "pcd.prompt_head_sha256"),
-              ("scoring mode", "scoring", "pcd.scoring")]
+              ("scoring mode", "scoring", "pcd.scoring"), ("dtype", "dtype", "pcd.dtype")]
     out = [f"{what}: trained for {card.get(key)!r}, labelling with {metadata.get(meta)!r}"
            for what, key, meta in checks if card.get(key) is not None and card.get(key) != metadata.get(meta)]
     trained = (card.get("hyperparameters") or {}).get("permutations")

@@ -300,6 +300,12 @@ class TorchBackend:
     def _count_pass(self, *_args) -> None:
         self.forward_passes += 1
 
+    @property
+    def cpu_threads(self) -> int:
+        """Threads torch computes with on CPU (``torch.get_num_threads()``; ``pcd bench`` gives
+        llama.cpp as many)."""
+        return torch.get_num_threads()
+
     def rope_variant(self, n_positions: int) -> Hashable:
         """The RoPE factor set a plain forward over ``n_positions`` tokens uses: 0 (short, or
         a RoPE that does not depend on the length) or 1 (``longrope`` past its original

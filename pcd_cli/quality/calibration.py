@@ -41,6 +41,9 @@ DEFAULT_L2 = 1e-3
 #: ``Calibration`` attribute <- output metadata key, compared by ``Calibration.check``.
 CHECKED_KEYS = {"model": "pcd.model", "schema_sha256": "pcd.schema_sha256",
                 "prompt_head_sha256": "pcd.prompt_head_sha256", "scoring": "pcd.scoring"}
+#: ``JobWarning`` code of a calibration (or tuned folder) fitted in another dtype than the run's
+#: (``Calibration.dtype_warnings``): applied, since the probabilities differ by rounding only, but named.
+DTYPE_MISMATCH = "dtype_mismatch"
 FILE_FORMAT = "pcd-calibration"
 FILE_FORMAT_VERSION = 1
 #: Bounds of the temperature the fit may choose.
@@ -104,6 +107,8 @@ class Calibration:
         fields: field name -> ``FieldCalibration``; fields without gold labels are absent
             (their probabilities stay as decoded).
         sha256: sha256 of the file's bytes (``''`` before saving).
+        dtype: the dtype of the predictions it was fitted on (``pcd.dtype``; ``''``: not recorded,
+            files before issue #38); another dtype is named, not refused (``dtype_warnings``).
     """
 
     pcd_version: str
@@ -113,6 +118,17 @@ class Calibration:
     scoring: str
     fields: dict[str, FieldCalibration]
     sha256: str = ""
+    dtype: str = ""
+
+    def dtype_warnings(self, metadata: dict[str, str]) -> list[str]:
+        """One line when this calibration was fitted on predictions of another dtype than the
+        run's (``pcd.dtype`` of ``metadata``); empty when either is not recorded."""
+        run = metadata.get("pcd.dtype", "")
+        if not self.dtype or not run or run == self.dtype:
+            return []
+        return [f"the calibration was fitted on {self.dtype} predictions and this run decodes in {run}: "
+                "probabilities differ by rounding (pcd bench shows how much); refit it with pcd calibrate on "
+                f"{run} predictions, or run with --dtype {self.dtype}"]
 
     def to_json(self) -> bytes:
         """The file's bytes (indented JSON, keys in a fixed order)."""
@@ -120,6 +136,7 @@ class Calibration:
             "format": FILE_FORMAT, "format_version": FILE_FORMAT_VERSION, "pcd_version": self.pcd_version,
             "model": self.model, "schema_sha256": self.schema_sha256,
             "prompt_head_sha256": self.prompt_head_sha256, "scoring": self.scoring,
+            **({"dtype": self.dtype} if self.dtype else {}),
             "fields": {name: {"labels": list(fc.labels), "temperature": fc.temperature,
                               "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n, "cv": fc.cv}
                        | ({"conformal": fc.conformal.to_dict()} if fc.conformal is not None else {})
@@ -137,7 +154,7 @@ class Calibration:
         data = self.to_json()
         write_atomic(path, data)
         return Calibration(self.pcd_version, self.model, self.schema_sha256, self.prompt_head_sha256, self.scoring,
-                           self.fields, hashlib.sha256(data).hexdigest())
+                           self.fields, hashlib.sha256(data).hexdigest(), self.dtype)
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -172,7 +189,10 @@ class Calibration:
         if not isinstance(raw_fields, dict) or not raw_fields:
             raise CalibrationError(f"{where}: key 'fields' is missing or empty")
         fields = {name: _load_field(where, name, raw) for name, raw in raw_fields.items()}
-        return cls(**top, fields=fields, sha256=hashlib.sha256(data).hexdigest())
+        dtype = doc.get("dtype", "")
+        if not isinstance(dtype, str):
+            raise CalibrationError(f"{where}: key 'dtype' must be a string")
+        return cls(**top, fields=fields, sha256=hashlib.sha256(data).hexdigest(), dtype=dtype)
 
     def check(self, metadata: dict[str, str]) -> None:
         """Refuse to apply this calibration to outputs of another model, schema, prompt head or
@@ -558,7 +578,7 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     calibration = Calibration(pcd_version=__version__, model=metadata["pcd.model"],
                               schema_sha256=metadata["pcd.schema_sha256"],
                               prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
-                              fields=fitted)
+                              fields=fitted, dtype=metadata.get("pcd.dtype", ""))
     report = CalibrationReport(fields=tuple(reports), fields_without_gold=joined.fields_without_gold,
                                gold_rows=joined.gold_rows, matched=joined.matched,
                                gold_without_prediction=joined.gold_without_prediction,
