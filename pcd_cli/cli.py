@@ -757,6 +757,21 @@ def serve(
                                           "requests packed into one decode call.", rich_help_panel='Limits'),
     max_cached_schemas: int = typer.Option(64, "--max-cached-schemas", min=1, help="Question sets (Jev, OpenAI) "
                                            "kept compiled, least recently used out.", rich_help_panel='Limits'),
+    allowed_host: Optional[list[str]] = typer.Option(None, "--allowed-host", help="Also answer requests whose Host "
+                                                     "is this name (repeatable; '*': any Host). On loopback only "
+                                                     "loopback names are answered without it (DNS rebinding): 421.",
+                                                     rich_help_panel='Network'),
+    read_timeout_s: Optional[float] = typer.Option(None, "--read-timeout-s", min=0.1, help="Most seconds to receive "
+                                                   "a request's headers (from their first byte) and, separately, its "
+                                                   "body; past it 408. Default: --request-timeout-s.",
+                                                   rich_help_panel='Limits'),
+    max_header_bytes: int = typer.Option(64 << 10, "--max-header-bytes", min=1024, help="Largest request line and "
+                                         "header block; larger is 431.", rich_help_panel='Limits'),
+    max_connections: int = typer.Option(1024, "--max-connections", min=1, help="Most open connections; one more is "
+                                        "answered 503 and closed.", rich_help_panel='Limits'),
+    max_compile_cost: int = typer.Option(8192, "--max-compile-cost", min=1, help="Most estimated label tokens "
+                                         "(options x tokens) of a question set compiled for a request; more is 413.",
+                                         rich_help_panel='Limits'),
     packing: bool = typer.Option(True, "--packing/--no-packing", help="Pack records of concurrent requests into "
                                  "shared forward passes (--no-packing: one request per decode call, a baseline).",
                                  rich_help_panel='Limits'),
@@ -819,9 +834,11 @@ def serve(
             service_config=ServiceConfig(packing=packing, max_batch_records=max_batch_records,
                                          max_queued_records=max_queued_records,
                                          max_queued_requests=max_queued_requests, max_cached_schemas=max_cached_schemas,
-                                         request_timeout_s=request_timeout_s),
+                                         request_timeout_s=request_timeout_s, max_compile_cost=max_compile_cost),
             app_config=AppConfig(max_body_bytes=max_body_bytes, max_records_per_request=max_records_per_request,
-                                 request_timeout_s=request_timeout_s))
+                                 request_timeout_s=request_timeout_s, read_timeout_s=read_timeout_s,
+                                 max_header_bytes=max_header_bytes, max_connections=max_connections,
+                                 allowed_hosts=tuple(allowed_host or ())))
     except PcdError as exc:
         raise _fail(exc) from None
     raise typer.Exit(code)
