@@ -208,7 +208,7 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
         from .ray_serve import ReplicaSpec, serve_on_ray
 
         spec = ReplicaSpec(served, job=job.resolved(), service=service_config,
-                           default_options=job.resolved().for_questions(), app=app_config)
+                           default_options=job.resolved().for_questions(), app=app_config, listen_host=host)
         return serve_on_ray(spec, host=host, port=port, replicas=replicas or 1, shutdown_timeout_s=shutdown_timeout_s)
     service = LabelService(ModelHost(job.resolved()), served, config=service_config,
                            default_options=job.resolved().for_questions())

@@ -75,6 +75,9 @@ class ReplicaSpec:
         app: keys, body and request limits, CORS (``AppConfig``).
         ready_timeout_s: seconds a replica may take to load, compile and warm up before its
             constructor fails (Serve then starts another, up to its retry count).
+        listen_host: the address Serve's proxy listens on (``--host``): on loopback, a request
+            whose ``Host`` is not a loopback name (or ``--allowed-host``) is refused, as
+            ``pcd serve`` without Ray refuses it (``app.allowed_hosts``).
     """
 
     schemas: dict[str, tuple[Schema, LabelJob]] = field(default_factory=dict)
@@ -83,6 +86,7 @@ class ReplicaSpec:
     default_options: LabelJob = LabelJob()
     app: AppConfig = AppConfig()
     ready_timeout_s: float = 900.0
+    listen_host: str | None = None
 
 
 def build_replica(spec: ReplicaSpec):
@@ -98,7 +102,7 @@ def build_replica(spec: ReplicaSpec):
     """
     host = ModelHost(spec.job)
     service = LabelService(host, dict(spec.schemas), config=spec.service, default_options=spec.default_options)
-    app = create_app(service, spec.app)
+    app = create_app(service, spec.app, listen_host=spec.listen_host)
     service.start()
     end = time.monotonic() + spec.ready_timeout_s
     while not service.ready.wait(0.1):
