@@ -65,6 +65,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def label_studio(tmp_path):
+    """Label Studio on 127.0.0.1 (a free port) for one test; afterwards its process group is gone
+    and no thread or child process the test started is left (``check_nothing_left``)."""
+    before = {t.ident for t in threading.enumerate()}
     exe = label_studio_venv()
     port = free_port()
     env = dict(os.environ, LABEL_STUDIO_BASE_DATA_DIR=str(tmp_path / "ls"), SSRF_PROTECTION_ENABLED="false",
@@ -95,11 +98,11 @@ def label_studio(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
+    check_nothing_left(before)
     assert proc.pid not in children()
 
 
 def test_label_studio_round_trip(label_studio, tmp_path):
-    before = {t.ident for t in threading.enumerate()}
     api = httpx.Client(base_url=label_studio, headers={"Authorization": f"Token {TOKEN}"}, timeout=120)
     host = TokenizingHost()
     config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state")))
@@ -148,4 +151,3 @@ def test_label_studio_round_trip(label_studio, tmp_path):
         sent = json.loads(backend.journal(str(pid)).path.read_text().splitlines()[0])["annotation"]
         assert set(sent) >= set(BODIES["annotation_created"]["annotation"]) - {"created_username", "created_ago"}
         api.close()
-    check_nothing_left(before)
