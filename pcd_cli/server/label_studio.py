@@ -425,8 +425,13 @@ class LabelStudioBackend:
         self._training: dict[str, threading.Thread] = {}
         self._rows_at_last_run: dict[str, int] = {}
         self.histories: dict[str, VersionHistory] = {}
+        #: id(labeler) -> the version it is (set before a labeler is swapped in); the base model's
+        #: labelers are not in it (``_version_of``)
+        self._versions: dict[int, str] = {}
+        self._base: dict[str, str] = {}
         for name, entry in service.named.items():
             base = version_name(entry.options.model or "embedded", _adapter_bytes(entry.options))
+            self._base[name] = base
             self.histories[name] = VersionHistory(self.state / "schemas" / name / "versions.json", base)
         for link_file in sorted((self.state / "projects").glob("*/link.json")):
             try:
@@ -512,13 +517,13 @@ class LabelStudioBackend:
             text = data.get(mapping.text_var) if isinstance(data, dict) else None
             records.append(Record(str(i), text, row=i) if isinstance(text, str) else
                            RecordFailure(str(i), f"task {i}: no data.{mapping.text_var} text", row=i))
-        version = self.histories[mapping.schema].current
         timeout = request.app.state.config.request_timeout_s
         submitted = await self.service.submit(entry.schema, records, request_id=request.state.log_id,
                                               deadline=time.monotonic() + timeout if timeout else None,
                                               is_disconnected=request.is_disconnected)
         rendered = self.render(submitted, entry.schema, records, column="id", all_probs=True, id_is_text=True)
         rows = {row["id"]: row for row in rendered["rows"]}
+        version = self._version_of(mapping.schema, submitted.labeler)  # the model that decoded them
         by_field = {f.name: f for f in entry.schema.declared}
         results = []
         for i in range(len(tasks)):
@@ -702,6 +707,7 @@ class LabelStudioBackend:
                              0.0, why, str(fitted.path), job=_changed(entry.options, fitted.job))
             if ok:
                 labeler = self.build(entry.schema, fitted.job, fitted.own_model)
+                self._versions[id(labeler)] = version
                 self.service.replace_labeler(schema, labeler, fitted.job)
                 record.accepted = True
                 log.info("schema %s: version %s swapped in (%s; accuracy %s -> %s)", schema, version, why,
@@ -738,10 +744,18 @@ class LabelStudioBackend:
                 log.warning("schema %s: version %s not restored (%s: %s); serving the base model", name,
                             version.version, type(exc).__name__, exc)
                 continue
+            self._versions[id(labeler)] = version.version
             self.service.replace_labeler(name, labeler, job)
             self.histories[name].add(replace(version, method=version.method, created=_now(), seconds=0.0,
                                              reason="restored at start-up", label_studio={}))
             log.info("schema %s: version %s restored", name, version.version)
+
+    def _version_of(self, schema: str, labeler) -> str:
+        """The version ``labeler`` is (the one that decoded a request): a swapped-in one's, else the
+        base model's; the schema's current version when no labeler decoded anything."""
+        if labeler is None:
+            return self.histories[schema].current
+        return self._versions.get(id(labeler), self._base[schema])
 
     def _build_labeler(self, schema, job, own_model: bool):
         if own_model:
