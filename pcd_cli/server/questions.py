@@ -398,10 +398,16 @@ def prompt_flag(body: dict) -> str:
 
 def canonical_order(question: Question) -> tuple[int, ...]:
     """The prompt's option order for ``question``: ``order[i]`` is the request index of the option the
-    prompt lists ``i``-th. A choice's (and a ``pcd_multi``'s) options sorted by label (Unicode code points), so a permutation of
-    the request's options is the same prompt; a yes/no question's ``true, false`` and a score's levels
-    keep their order (a score's order is its meaning)."""
+    prompt lists ``i``-th. A choice's (and a ``pcd_multi``'s) options sorted by label (Unicode code
+    points), so a permutation of the request's options is the same prompt. A score keeps its levels
+    in scale order (the order is their meaning) but reads the scale in one canonical direction: as
+    sent, or reversed when the reversed level texts sort first, so a scale sent lowest-first and the
+    same scale sent highest-first are one prompt (the answer is mirrored back: JevBench's
+    ``option_permutation`` reverses scores). A yes/no question is ``true, false``."""
     n = len(question.options)
+    if question.kind == "score":  # one scale, read in the direction whose level texts sort first
+        texts = tuple(text or "" for _, text in question.options)
+        return tuple(range(n - 1, -1, -1)) if texts[::-1] < texts else tuple(range(n))
     if question.kind not in ("choice", MULTI):
         return tuple(range(n))
     return tuple(sorted(range(n), key=lambda i: question.options[i][0]))
@@ -410,12 +416,14 @@ def canonical_order(question: Question) -> tuple[int, ...]:
 def question_data(question: Question) -> tuple[dict, tuple[int, ...]]:
     """The one-question pcd schema dict that ``question`` is decoded with when isolated, and its
     ``canonical_order``. The dict depends only on the question's kind, instructions and options as a
-    set (a choice) or a sequence (a score): never on its key, its place in the request or its
+    set (a choice) or a scale read either way (a score): never on its key, its place in the request or its
     neighbours. Field ``ISOLATED_FIELD``; description and labels as ``schema_data`` writes them, in
-    canonical order."""
+    canonical order (a score's levels renumbered ``"0".."N-1"`` in the direction read)."""
     order = canonical_order(question)
-    canonical = Question(None, question.kind, question.instructions,
-                         tuple(question.options[i] for i in order), question.where)
+    options = tuple(question.options[i] for i in order)
+    if question.kind == "score":  # levels are numbered by their place on the scale as read
+        options = tuple((str(place), text) for place, (_, text) in enumerate(options))
+    canonical = Question(None, question.kind, question.instructions, options, question.where)
     return schema_data([canonical], (ISOLATED_FIELD,)), order
 
 

@@ -51,10 +51,15 @@ def test_a_question_schema_ignores_its_key_neighbours_and_option_order():
                "criteria": {"excited": None, "angry": None, "calm": "A neutral or polite message"}}
     other = parsed({"mood": flipped})[0]
     assert Q.question_data(other)[0] == data and Q.canonical_order(other) == (1, 2, 0)
-    # a score keeps its levels' order (their meaning); a yes/no question keeps true, false
+    # a score keeps its levels' order (their meaning), read in one direction: the same scale sent
+    # highest-first is the same prompt, its answer mirrored back; a yes/no question keeps true, false
     urgency = parsed({"u": QUESTIONS["urgency"]})[0]
-    assert Q.question_data(urgency)[0]["fields"]["answer"]["labels"] == ["0", "1", "2"]
-    assert Q.canonical_order(urgency) == (0, 1, 2)
+    data = Q.question_data(urgency)[0]
+    assert data["fields"]["answer"]["labels"] == ["0", "1", "2"] and Q.canonical_order(urgency) == (0, 1, 2)
+    assert data["fields"]["answer"]["description"] == ('How urgent is this message? "0": Can wait. "1": Needs '
+                                                      'attention this week. "2": Needs attention today.')
+    mirrored = parsed({"u": {**QUESTIONS["urgency"], "criteria": QUESTIONS["urgency"]["criteria"][::-1]}})[0]
+    assert Q.question_data(mirrored)[0] == data and Q.canonical_order(mirrored) == (2, 1, 0)
     assert Q.canonical_order(parsed({"b": QUESTIONS["billing"]})[0]) == (0, 1)
 
 
@@ -128,9 +133,12 @@ def test_alone_batched_reordered_duplicated_permuted_give_the_same_answers(serve
         for order in itertools.permutations(QUESTIONS["tone"]["criteria"].items()):
             q = {**QUESTIONS["tone"], "criteria": dict(order)}
             permuted.append(dists(client.system_one(state=STATE, questions={"tone": q}))["tone"])
+        reversed_scale = {**QUESTIONS["urgency"], "criteria": QUESTIONS["urgency"]["criteria"][::-1]}
+        mirrored = dists(client.system_one(state=STATE, questions={"urgency": reversed_scale}))["urgency"]
     assert batch == alone == {k: reordered[k] for k in QUESTIONS} == {k: duplicated[k] for k in QUESTIONS}
     assert duplicated["tone__copy"] == duplicated["tone"] and fillers["tone"] == batch["tone"]
     assert all(p == batch["tone"] for p in permuted)  # every one of the 6 option orders
+    assert {str(2 - int(k)): p for k, p in mirrored.items()} == batch["urgency"]  # the scale sent reversed
     assert abs(sum(batch["tone"].values()) - 1.0) < 1e-5 and 0.0 < batch["billing"]["true"] < 1.0
 
 
