@@ -1,23 +1,27 @@
 """``pcd serve --label-studio``: the server as a Label Studio ML backend that pre-labels tasks,
 journals every annotation as gold, retrains in the background and swaps the better model in.
 
-What Label Studio sends (its ML client ``label_studio/ml/api_connector.py``, ``MLApi``; the
+What Label Studio 1.23.2 sends (its ML client ``label_studio/ml/api_connector.py``, ``MLApi``, whose
+timeouts are ``ML_TIMEOUT_HEALTH`` 1 s, ``ML_TIMEOUT_SETUP`` 3 s, ``ML_TIMEOUT_PREDICT`` 100 s; the
 reference backend HumanSignal/label-studio-ml-backend ``label_studio_ml/api.py``):
 
-* ``GET /health`` before a batch prediction (``MLApi.health``; 1 s connection timeout,
-  ``BaseHTTPAPI.CONNECTION_TIMEOUT``): answered by the server's own ``/health`` (no model work).
+* ``GET /health`` before a batch prediction (``MLApi.health``): answered by the server's own
+  ``/health`` (no model work; any 200 JSON is "connected", ``ml/models.py`` ``update_state``).
 * ``POST /setup`` (``MLApi.setup``): ``{"project": "<id>.<created unix>", "schema": <label config
   XML>, "hostname", "access_token", "extra_params"}``, answered ``{"model_version"}``. Here the
   config's ``<Choices>`` controls are mapped to a served schema (``map_config``).
 * ``POST /predict`` (``MLApi.make_predictions``): ``{"tasks": [...], "project", "label_config",
-  "params"}``, all selected tasks in one POST (100 s read timeout, ``BaseHTTPAPI.TIMEOUT``),
-  answered ``{"results": [...]}`` with one prediction per task, in order (Label Studio drops them
-  all on a wrong count): ``{"result": [...], "score", "model_version"}``.
-* ``POST /webhook`` (the project's webhook; ``label_studio_ml/api.py`` ``webhook``): ``{"action":
-  ACTION, ...}`` for ``ANNOTATION_CREATED``/``ANNOTATION_UPDATED`` (``annotation``, ``task``,
-  ``project``), ``ANNOTATIONS_CREATED`` (lists), ``ANNOTATIONS_DELETED`` (``annotations``: ids)
-  and ``START_TRAINING``; without Redis the annotator's save waits on it, so it answers at once:
-  the journal append is the only work done before answering.
+  "params"}``, all selected tasks in one POST, answered ``{"results": [...]}`` with one
+  prediction per task, in order (``MLBackend._get_predictions_from_ml_backend`` falls back to
+  one task per call on a wrong count): ``{"result": [...], "score", "model_version"}``.
+* ``POST /webhook``: the webhook Label Studio creates for the backend when it is added
+  (``ml/models.py`` ``create_ml_webhook``: every action, with payload) sends ``{"action": ACTION,
+  ...}`` for ``ANNOTATION_CREATED``/``ANNOTATION_UPDATED`` (``annotation``, ``task``,
+  ``project``), ``ANNOTATIONS_CREATED`` (lists), ``ANNOTATIONS_DELETED`` (``annotations``)
+  (``webhooks/models.py`` ``WebhookAction``), with ``WEBHOOK_TIMEOUT`` 1 s, and without Redis the
+  annotator's save waits on it: the journal append is the only work done before answering.
+  ``MLApi.train`` sends ``START_TRAINING`` there too (``{"action", "project"}``) when the flag
+  ``ff_back_dev_1417_start_training_mlbackend_webhooks_250122_long`` is on (it is in 1.23.2).
 * ``POST /train`` (older Label Studio, ``MLApi.train``): ``{"annotations": [tasks with their
   annotations], "project", "label_config"}``.
 * ``GET /versions`` (``MLApi.get_versions``): the model versions (``{"versions": [...]}``) with each
