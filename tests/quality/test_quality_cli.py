@@ -19,7 +19,7 @@ from pcd_cli.quality import Calibration
 from pcd_cli.schema.load import load_schema
 
 from .. import helpers
-from ..helpers import SENTIMENTS, flat, pcd, sentiment_probs, write_sentiment_output
+from ..helpers import SENTIMENTS, flat, sentiment_probs, write_sentiment_output
 from .test_quality import LABELS, SCHEMA, hand_gold, hand_predictions, metadata, synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +231,7 @@ def test_evals_into_one_plot_folder_never_overwrite_each_other(tmp_path):
     zero = write_sentiment_output(tmp_path / "airline.zero.parquet", [(f"t{i}", 0, sentiment_probs(0, 0.6)) for i in range(12)])
     tuned = write_sentiment_output(tmp_path / "airline.tuned.parquet", [(f"t{i}", i % 3, sentiment_probs(i % 3, 0.8)) for i in range(12)])
     plots = tmp_path / "plots"
-    said = [flat(pcd("eval", out, g, "--plot", plots, env={"COLUMNS": "200"}).stdout)
+    said = [flat(helpers.pcd("eval", out, g, "--plot", plots, env={"COLUMNS": "200"}).stdout)
             for out, g in ((zero, gold), (tuned, gold), (tuned, export))]
     names = ["airline.zero.vs.airline_tweets.sentiment.reliability.png",
              "airline.tuned.vs.airline_tweets.sentiment.reliability.png",
