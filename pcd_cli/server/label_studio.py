@@ -425,6 +425,9 @@ class LabelStudioBackend:
         self.build = build_labeler or self._build_labeler
         self.patch_project = patch_project or patch_model_version
         self.links: dict[str, ProjectLink] = {}
+        #: when a list, every request body is appended to it as ``(path, body)`` (recording what
+        #: a real Label Studio sends: tests/server/test_label_studio_live.py)
+        self.recorded: list | None = None
         self._lock = threading.Lock()
         self._training: dict[str, threading.Thread] = {}
         self._rows_at_last_run: dict[str, int] = {}
@@ -458,6 +461,8 @@ class LabelStudioBackend:
         body = await read_json(request, request.app.state.config.max_body_bytes)
         if not isinstance(body, dict):
             raise ApiError(422, "invalid_request_error", "invalid_request", "the body must be a JSON object")
+        if self.recorded is not None:
+            self.recorded.append((request.url.path, body))
         return body
 
     async def setup(self, request: Request) -> Response:

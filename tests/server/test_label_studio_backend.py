@@ -1,7 +1,9 @@
 """``pcd serve --label-studio`` answers what Label Studio sends (``label_studio/ml/api_connector.py``)
-with the shapes it reads: contract tests on the request bodies in ``cases/label_studio/bodies.json``
-(the shapes Label Studio 1.23's ML client and webhooks send), over the fake host; no Label Studio
-needed. The real round trip is ``test_label_studio_live.py`` (``make test-full``)."""
+with the shapes it reads, over the fake host; no Label Studio needed. ``cases/label_studio/recorded.json``
+holds bodies a real Label Studio 1.23.2 sent in ``test_label_studio_live.py`` (``make test-full``;
+``PCD_RECORD_LABEL_STUDIO=FILE`` records them again, the token masked), replayed here;
+``cases/label_studio/bodies.json`` holds variants of them (updates, skips, deletions, ``/train``)
+made from Label Studio's serializers (``webhooks/models.py`` ``WebhookAction``)."""
 
 from __future__ import annotations
 
@@ -177,3 +179,26 @@ def test_routes_absent_without_the_option():
     with serve() as server:
         assert post(server, "/setup", BODIES["setup"]).status_code == 404
     check_nothing_left(before)
+
+
+RECORDED = json.loads((Path(__file__).parent / "cases" / "label_studio" / "recorded.json").read_text())
+
+
+def test_bodies_recorded_from_a_real_label_studio(srv, tmp_path):
+    """The bodies Label Studio 1.23.2 sent in ``test_label_studio_live.py``, replayed: /setup,
+    /predict, an ANNOTATION_CREATED webhook and START_TRAINING get the answers Label Studio reads."""
+    assert post(srv, "/setup", RECORDED["setup"]).json() == {"model_version": "embedded:base"}
+    predict = RECORDED["predict"]
+    results = post(srv, "/predict", predict).json()["results"]
+    assert len(results) == len(predict["tasks"]) >= 1
+    assert [text for _, text in srv.service.host.calls[-1]] == [t["data"]["text"] for t in predict["tasks"]]
+    assert all(r["result"][0]["value"]["choices"][0] in ("NEGATIVE", "NEUTRAL", "POSITIVE") for r in results)
+    hook = RECORDED["webhook:ANNOTATION_CREATED"]
+    assert post(srv, "/webhook", hook).json()["events"] == 1
+    project = str(hook["project"]["id"])
+    (row,) = srv.server.config.app.state.label_studio.journal(project).gold_rows()
+    assert row["sentiment"] == hook["annotation"]["result"][0]["value"]["choices"][0]
+    backend = srv.server.config.app.state.label_studio
+    backend.fit = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("not in this test"))
+    assert post(srv, "/webhook", RECORDED["webhook:START_TRAINING"]).json()["training"] == "started"
+    backend.wait_training(30)

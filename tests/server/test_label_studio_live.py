@@ -110,6 +110,7 @@ def test_label_studio_round_trip(label_studio, tmp_path):
         backend = srv.server.config.app.state.label_studio
         backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.75, "nll": 0.8})
         backend.build = lambda schema, job, own: NewLabeler(schema, job, host)
+        backend.recorded = []
         project = api.post("/api/projects", json={"title": "pcd live loop",
                                                   "label_config": BODIES["setup"]["schema"]}).json()
         pid = project["id"]
@@ -151,3 +152,20 @@ def test_label_studio_round_trip(label_studio, tmp_path):
         sent = json.loads(backend.journal(str(pid)).path.read_text().splitlines()[0])["annotation"]
         assert set(sent) >= set(BODIES["annotation_created"]["annotation"]) - {"created_username", "created_ago"}
         api.close()
+        check_recorded(backend.recorded)
+
+
+def check_recorded(recorded: list) -> None:
+    """What Label Studio sent has the shape of ``cases/label_studio/recorded.json``, the bodies the
+    contract tests replay (``PCD_RECORD_LABEL_STUDIO=FILE`` writes them afresh, the token masked)."""
+    kinds = {}
+    for path, body in recorded:
+        kind = path.strip("/") + (":" + body["action"] if "action" in body else "")
+        kinds.setdefault(kind, body)
+    assert {"setup", "predict", "webhook:ANNOTATION_CREATED", "webhook:START_TRAINING"} <= set(kinds), sorted(kinds)
+    if os.environ.get("PCD_RECORD_LABEL_STUDIO"):
+        text = json.dumps(kinds, indent=1, sort_keys=True).replace(TOKEN, "0" * len(TOKEN))
+        Path(os.environ["PCD_RECORD_LABEL_STUDIO"]).write_text(text + "\n")
+    saved = json.loads((Path(__file__).parent / "cases" / "label_studio" / "recorded.json").read_text())
+    for kind, body in saved.items():
+        assert set(kinds[kind]) == set(body), (kind, sorted(kinds[kind]), sorted(body))
