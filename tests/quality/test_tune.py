@@ -24,8 +24,6 @@ from ..helpers import (KEYWORD_SCHEMA, ORACLE_SCHEMA, TEXTS, keyword_rows, keywo
                       tiny_backend)
 from ..decoding.test_examples import EXAMPLES
 
-_keyword_rows = keyword_rows  # the name tests/engines/test_one_job.py imports from here
-
 
 #: The oracle schema in three waves: ``refund`` and ``action`` also see the written ``deadline`` line.
 WAVES_SCHEMA = dict(ORACLE_SCHEMA, fields={
