@@ -1,6 +1,6 @@
 """Backend conformance: any backend's decoder results against an independent oracle.
 
-Library code so every backend runs the same checks (tests/test_conformance.py runs them
+Library code so every backend runs the same checks (tests/backends/test_conformance.py runs them
 for ``TorchBackend``; the MLX backend's tests call ``run_family`` with its own loader):
 
 1. ``build_tiny_model(family, folder)`` writes a tiny random-initialised checkpoint of one

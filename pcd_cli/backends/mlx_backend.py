@@ -25,7 +25,7 @@ wrappers make them take a token forest (DESIGN.md §3):
 ``full_logprobs`` and ``generate`` run mlx-lm's own code path (its causal mask, its RoPE
 offset, its KV cache): the oracle then checks the forest path against code it shares
 nothing with beyond the weights (for sliding-window models whose mlx-lm file ignores the
-window, check against ``conformance.EagerOracle`` instead, as tests/test_mlx.py does).
+window, check against ``conformance.EagerOracle`` instead, as tests/backends/test_mlx.py does).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from .tokenizer import HFTokenizer
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 #: mlx-lm ``model_type`` values whose attention layers take ``(x, mask, cache)`` and read RoPE
-#: through ``self.rope(x, offset=cache.offset)``; each is checked by tests/test_mlx.py.
+#: through ``self.rope(x, offset=cache.offset)``; each is checked by tests/backends/test_mlx.py.
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "gemma3", "gemma3_text", "mistral")
 
 
