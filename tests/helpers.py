@@ -206,3 +206,47 @@ def write_sentiment_output(path, rows, schema=None):
     arrow = output_schema(schema, "id", pa.string(), all_probs=True).with_metadata(metadata)
     pq.write_table(results_table(results, schema, arrow), path)
     return path
+
+
+def retrained_labeler(schema, job, host, *, prob: float = 0.9):
+    """The "retrained model" of the Label Studio retrain tests: ``tests/server/fakes.py``'s fake
+    labeler (same labels) whose chosen label has probability ``prob`` (the fake's own is 0.7), so
+    a response tells which model decoded it."""
+    from pcd_cli.results import FieldResult, RecordResult
+
+    from .server.fakes import FakeLabeler
+
+    class Retrained(FakeLabeler):
+        def _one(self, record):
+            out = super()._one(record)
+            if not isinstance(out, RecordResult):
+                return out
+            fields = []
+            for f, r in zip(self.schema.fields, out.fields):
+                k = len(f.labels)
+                probs = tuple(prob if i == r.label else (1 - prob) / (k - 1) for i in range(k))
+                fields.append(FieldResult(label=r.label, value=r.value, prob=prob, mass=0.9, probs=probs))
+            return RecordResult(id=out.id, fields=tuple(fields))
+
+    return Retrained(schema, job, host)
+
+
+class FakeFit:
+    """Stands in for ``pcd_cli.server.label_studio.fit_on_gold`` in the retrain tests: sleeps
+    ``seconds``, writes a file, returns ``before``/``after`` as the holdout figures and the job with
+    ``seed`` set to the call's number; ``calls`` keeps ``(method, the gold export read back)``."""
+
+    def __init__(self, before: dict, after: dict, seconds: float = 0.0):
+        self.before, self.after, self.seconds, self.calls = before, after, seconds, []
+
+    def __call__(self, method, gold, schema, job, out):
+        import time
+        from dataclasses import replace
+
+        from pcd_cli.server.label_studio import Fitted
+
+        self.calls.append((method, json.loads(Path(gold).read_text())))
+        time.sleep(self.seconds)
+        path = Path(out) / "calibration.json"
+        path.write_text(json.dumps({"fit": len(self.calls), "after": self.after}))
+        return Fitted(replace(job, seed=len(self.calls)), self.before, self.after, 4, path, own_model=False)

@@ -33,8 +33,8 @@ pytest.importorskip("starlette")
 from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.label_studio import LabelStudioConfig  # noqa: E402
 
+from ..helpers import FakeFit, retrained_labeler  # noqa: E402
 from .harness import TokenizingHost, check_nothing_left, children, serve  # noqa: E402
-from .test_model_swap import FakeFit, NewLabeler  # noqa: E402
 
 VERSION = "1.23.2"
 VENV = Path(os.environ.get("PCD_TEST_CACHE", Path.home() / ".cache" / "pcd-test")) / "label-studio-venv"
@@ -109,7 +109,7 @@ def test_label_studio_round_trip(label_studio, tmp_path):
     with serve(host, app_config=config) as srv:
         backend = srv.server.config.app.state.label_studio
         backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.75, "nll": 0.8})
-        backend.build = lambda schema, job, own: NewLabeler(schema, job, host)
+        backend.build = lambda schema, job, own: retrained_labeler(schema, job, host)
         backend.recorded = []
         project = api.post("/api/projects", json={"title": "pcd live loop",
                                                   "label_config": BODIES["setup"]["schema"]}).json()

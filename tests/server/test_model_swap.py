@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,45 +17,15 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
-from pcd_cli.results import FieldResult, RecordResult  # noqa: E402
 from pcd_cli.server.app import AppConfig  # noqa: E402
-from pcd_cli.server.label_studio import Fitted, LabelStudioConfig, not_worse  # noqa: E402
+from pcd_cli.server.label_studio import LabelStudioConfig, not_worse  # noqa: E402
 from pcd_cli.server.service import ServiceConfig  # noqa: E402
 
-from .fakes import FakeLabeler  # noqa: E402
+from ..helpers import FakeFit, retrained_labeler  # noqa: E402
 from .harness import TokenizingHost, check_nothing_left, serve  # noqa: E402
 
 BODIES = json.loads((Path(__file__).parent / "cases" / "label_studio" / "bodies.json").read_text())
 OLD_P, NEW_P = 0.7, 0.9
-
-
-class NewLabeler(FakeLabeler):
-    """The retrained model: the fake labeler's labels with probability 0.9."""
-
-    def _one(self, record):
-        out = super()._one(record)
-        if not isinstance(out, RecordResult):
-            return out
-        fields = []
-        for f, r in zip(self.schema.fields, out.fields):
-            k = len(f.labels)
-            probs = tuple(NEW_P if i == r.label else (1 - NEW_P) / (k - 1) for i in range(k))
-            fields.append(FieldResult(label=r.label, value=r.value, prob=NEW_P, mass=0.9, probs=probs))
-        return RecordResult(id=out.id, fields=tuple(fields))
-
-
-class FakeFit:
-    """Stands in for ``fit_on_gold``: writes a file, returns the figures it is given."""
-
-    def __init__(self, before, after, seconds=0.0):
-        self.before, self.after, self.seconds, self.calls = before, after, seconds, []
-
-    def __call__(self, method, gold, schema, job, out):
-        self.calls.append((method, json.loads(Path(gold).read_text())))
-        time.sleep(self.seconds)
-        path = Path(out) / "calibration.json"
-        path.write_text(json.dumps({"fit": len(self.calls), "after": self.after}))
-        return Fitted(replace(job, seed=len(self.calls)), self.before, self.after, 4, path, own_model=False)
 
 
 @pytest.fixture
@@ -66,7 +35,7 @@ def ls(tmp_path):
     config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state")))
     with serve(host, config=ServiceConfig(chunk_records=2), app_config=config) as server:
         backend = server.server.config.app.state.label_studio
-        backend.build = lambda schema, job, own: NewLabeler(schema, job, host)
+        backend.build = lambda schema, job, own: retrained_labeler(schema, job, host, prob=NEW_P)
         told = []
         backend.patch_project = lambda base, token, project, version: told.append((base, token, project, version)) \
             or "ok"
@@ -178,7 +147,7 @@ def test_retrain_every_n_gold_rows(tmp_path):
     with serve(host, app_config=config) as srv:
         backend = srv.server.config.app.state.label_studio
         backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.6, "nll": 0.9})
-        backend.build = lambda schema, job, own: NewLabeler(schema, job, host)
+        backend.build = lambda schema, job, own: retrained_labeler(schema, job, host, prob=NEW_P)
         post(srv, "/setup", BODIES["setup"])
         assert post(srv, "/webhook", BODIES["annotation_created"]).json()["training"] is None  # 1 gold row
         assert post(srv, "/webhook", BODIES["annotation_cancelled"]).json()["training"] is None  # never gold
