@@ -17,7 +17,7 @@ Marginal mode stops each path at the first trie node below which only one label 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import CompileError, RecordError
 from ..schema.model import Schema
@@ -53,6 +53,10 @@ class FieldForest:
         terminals: scored path ends (one per label spelling in exact mode; one per
             identification node in marginal mode).
         lines: ``(label index, complete line text)`` for every spelling (for the trace).
+        shared: leading trunk tokens that are the first ``shared`` tokens of the forest before
+            it in the wave (same ids, so same positions and ancestors: the context only):
+            the decoder feeds them once, with that forest, and this forest's tokens attend to
+            them there. The options of a multi field share ``"topics": {"`` this way (issue #38).
     """
 
     field_index: int
@@ -63,6 +67,7 @@ class FieldForest:
     query_ids: tuple[tuple[int, ...], ...]
     terminals: tuple[Terminal, ...]
     lines: tuple[tuple[int, str], ...]
+    shared: int = 0
 
     @property
     def trunk_len(self) -> int:
@@ -88,7 +93,8 @@ class WavePlan:
 
     @property
     def n_tokens(self) -> int:
-        return sum(len(f.ids) for f in self.forests)
+        """Tokens one record feeds for the forests (trunk tokens shared with the forest before counted once)."""
+        return sum(len(f.ids) - f.shared for f in self.forests)
 
 
 class CompiledSchema:
@@ -254,9 +260,13 @@ class CompiledSchema:
             rows[fi] = spelled
         while k > 0 and any(_lcp_all([ids[k:] for _, _, ids in spelled]) == 0 for spelled in rows.values()):
             k -= 1  # a field's lines differ at their first token: re-feed the last context token as its trunk
-        forests = tuple(self._forest(fi, [(label, line, ids[k:]) for label, line, ids in rows[fi]])
-                        for fi in self.schema.waves[wave])
-        return WavePlan(context_text=context_text, context_ids=tuple(base[:k]), forests=forests)
+        forests = [self._forest(fi, [(label, line, ids[k:]) for label, line, ids in rows[fi]])
+                   for fi in self.schema.waves[wave]]
+        for i in range(1, len(forests)):  # trunk tokens equal to the previous forest's are fed once
+            before, forest = forests[i - 1], forests[i]
+            shared = min(common_prefix_len(before.ids, forest.ids), before.trunk_len, forest.trunk_len)
+            forests[i] = replace(forest, shared=shared)
+        return WavePlan(context_text=context_text, context_ids=tuple(base[:k]), forests=tuple(forests))
 
     def _forest(self, fi: int, spelled: list[tuple[int, str, list[int]]]) -> FieldForest:
         field = self.schema.fields[fi]

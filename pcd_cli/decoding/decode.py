@@ -435,18 +435,21 @@ class Decoder:
             chains.append((start, end))
             slot.stream = (base + start, base + end)
             ctx_end = H + slot.ctx_len + len(chain)
+            at: list[int] = []  # stream index of each token of the forest before (its shared trunk's source)
             for forest in plan.forests:
-                offset = len(ids)
-                ids.extend(forest.ids)
-                pos.extend(ctx_end + d for d in forest.depths)
-                owner.extend([s] * len(forest.ids))
-                chain_lo.extend([start] * len(forest.ids))
-                chain_hi.extend([end] * len(forest.ids))
-                for i, path in enumerate(forest.paths):
-                    pair_rows.extend([offset + i] * len(path))
-                    pair_cols.extend(offset + p for p in path)
+                k = forest.shared  # its first k tokens are the previous forest's, fed there
+                new = len(forest.ids) - k
+                at = at[:k] + list(range(len(ids), len(ids) + new))
+                ids.extend(forest.ids[k:])
+                pos.extend(ctx_end + d for d in forest.depths[k:])
+                owner.extend([s] * new)
+                chain_lo.extend([start] * new)
+                chain_hi.extend([end] * new)
+                for i, path in enumerate(forest.paths[k:], k):
+                    pair_rows.extend([at[i]] * len(path))
+                    pair_cols.extend(at[p] for p in path)
                 field_queries.append((s, forest, len(queries)))
-                queries.extend((offset + r, q) for r, q in zip(forest.query_rows, forest.query_ids))
+                queries.extend((at[r], q) for r, q in zip(forest.query_rows, forest.query_ids))
         query_lp, query_tensors = self._feed(cache, group, base, np.array(ids), np.array(pos), np.array(owner),
                                              np.array(chain_lo), np.array(chain_hi), np.array(pair_rows),
                                              np.array(pair_cols), queries)
