@@ -337,9 +337,9 @@ def fit_on_gold(method: str, gold: Path, schema, job, out: Path) -> Fitted:
     export ``gold`` for ``schema`` and ``job`` into the folder ``out``.
 
     ``calibrate``: ``calibrate_on_gold`` (5-fold cross-validated before/after; the served job
-    with ``calibration`` set). ``tune``: ``tune_on_gold`` (its default epochs and holdout; the
-    figures of epoch 0 and of the kept epoch on the holdout; the served job with ``adapter`` set,
-    or, when it already had one, ``model`` the merged folder).
+    with ``calibration`` set). ``tune``: ``tune_on_gold`` (``pcd tune``'s default epochs, holdout
+    and patience; the figures of epoch 0 and of the kept epoch on the holdout; the served job with
+    ``adapter`` set, or, when it already had one, ``model`` the merged folder).
 
     Raises:
         PcdError: as ``calibrate_on_gold`` and ``tune_on_gold`` (too few rows, no peft, ...).
@@ -357,11 +357,13 @@ def fit_on_gold(method: str, gold: Path, schema, job, out: Path) -> Fitted:
         after = {"accuracy": _mean(f.after.accuracy for f in fields), "nll": _mean(f.after.nll for f in fields)}
         return Fitted(replace(job, calibration=str(path), tuned_calibration=True), before, after,
                       max((f.n for f in fields), default=0), path, own_model=False)
-    from ..tune import TuneConfig, tune_on_gold
+    from ..tune import DEFAULT_PATIENCE, TuneConfig, tune_on_gold
 
     path = out / "tuned"
     adapter_only = job.adapter is None
-    run = tune_on_gold(gold, schema, job, path, TuneConfig(epochs=0), adapter_only=adapter_only)
+    # pcd tune's defaults: epochs by the gold rows (``default_epochs``), --patience DEFAULT_PATIENCE
+    run = tune_on_gold(gold, schema, job, path, TuneConfig(epochs=0, patience=DEFAULT_PATIENCE),
+                       adapter_only=adapter_only)
     epochs = run.result.epochs
     first, kept = epochs[0].holdout, epochs[run.result.best_epoch].holdout
 
