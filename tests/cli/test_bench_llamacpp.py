@@ -104,3 +104,20 @@ def test_bfloat16_comparison_applies_to_a_float32_torch_backend_on_cpu_only(embe
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     assert bfloat16_would_run(embedded_backend) == ("avx512_bf16" in flags or "amx_bf16" in flags)
     assert not bfloat16_would_run(object())
+
+
+def test_a_calibration_or_tune_fitted_in_another_dtype_is_named(tmp_path):
+    from pcd_cli.quality.calibration import Calibration
+    from pcd_cli.tune import card_mismatches
+
+    cal = Calibration("0", "m", "s", "h", "marginal", {}, dtype="float32")
+    assert cal.dtype_warnings({"pcd.dtype": "bfloat16"}) == [
+        "the calibration was fitted on float32 predictions and this run decodes in bfloat16: probabilities differ "
+        "by rounding (pcd bench shows how much); refit it with pcd calibrate on bfloat16 predictions, or run with "
+        "--dtype float32"]
+    assert cal.dtype_warnings({"pcd.dtype": "float32"}) == [] == cal.dtype_warnings({})
+    assert Calibration("0", "m", "s", "h", "marginal", {}).dtype_warnings({"pcd.dtype": "bfloat16"}) == []
+    assert b'"dtype": "float32"' in cal.to_json()
+    assert card_mismatches({"dtype": "float32"}, {"pcd.dtype": "bfloat16"}) == [
+        "dtype: trained for 'float32', labelling with 'bfloat16'"]
+    assert card_mismatches({"dtype": "float32"}, {"pcd.dtype": "float32"}) == []
