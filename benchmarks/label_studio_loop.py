@@ -4,6 +4,7 @@ held-out tasks, N annotations by webhook (the records' own human labels stand in
 annotators), ``START_TRAINING``, and predictions for the same held-out tasks from the new version.
 
     .venv/bin/python benchmarks/label_studio_loop.py --annotations 80 --json benchmarks/label_studio_loop.json
+    .venv/bin/python benchmarks/label_studio_loop.py --annotations 200 --json benchmarks/label_studio_loop_tune.json
 
 Held-out tasks: ``sample_data/<set>.jsonl`` (never annotated); annotations: the first N rows of
 ``sample_data/<set>.dev.jsonl``. Accuracy is the share of held-out tasks whose predicted choice is
