@@ -25,7 +25,7 @@ from .decoding.examples import resolve_examples
 from .io.output import base_metadata
 from .io.readers import InputSpec, _row_to_record
 from .io.values import RepeatedIds
-from .job import (ADAPTER_MISMATCH, CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET,
+from .job_warnings import (ADAPTER_MISMATCH, CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET,
                   JobWarning)
 from .quality.calibration import DTYPE_MISMATCH
 from .results import FieldResult, Record, RecordFailure, RecordResult

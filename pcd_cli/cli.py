@@ -594,7 +594,8 @@ def tune(
     is written first)."""
     from .job import LabelJob
     from .quality.render import render_tune
-    from .tune import DEFAULT_PATIENCE, TuneConfig, tune_on_gold
+    from .quality.fitting import tune_on_gold
+    from .tune import DEFAULT_PATIENCE, TuneConfig
 
     def said(notes, row_warnings, config):
         bar.epochs = config.epochs

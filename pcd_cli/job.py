@@ -25,34 +25,16 @@ from typing import Any
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .errors import InputError
 
-#: ``JobWarning.code`` values, one per kind of warning a job can carry.
-SCHEMA_WARNING = "schema"
-ADAPTER_MISMATCH = "adapter_mismatch"
-TUNE_MISMATCH = "tune_mismatch"
-TUNED_CALIBRATION_SKIPPED = "tuned_calibration_skipped"
-CALIBRATION_WORSE = "calibration_worse"
-WEAK_LABEL_SET = "weak_label_set"
-OUTPUT_NOT_PARQUET = "output_not_parquet"
-
-
-@dataclass(frozen=True)
-class JobWarning:
-    """Something a user should know about a labelling job that does not stop it.
-
-    Attributes:
-        code: the kind (``SCHEMA_WARNING``, ``ADAPTER_MISMATCH``, ``TUNE_MISMATCH``,
-            ``TUNED_CALIBRATION_SKIPPED``, ``CALIBRATION_WORSE``, ``WEAK_LABEL_SET``,
-            ``OUTPUT_NOT_PARQUET``), stable for
-            scripts and JSON logs.
-        message: one line for a person, naming the field, folder or option concerned.
-    """
-
-    code: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        """``{"code", "message"}`` (JSON logs, ``GET /v1/schemas``)."""
-        return {"code": self.code, "message": self.message}
+from .job_warnings import (  # noqa: F401 - the codes are part of the job's public face
+    ADAPTER_MISMATCH,
+    CALIBRATION_WORSE,
+    OUTPUT_NOT_PARQUET,
+    SCHEMA_WARNING,
+    TUNE_MISMATCH,
+    TUNED_CALIBRATION_SKIPPED,
+    WEAK_LABEL_SET,
+    JobWarning,
+)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
-"""``pcd calibrate``'s whole job: gold rows (and their predictions, or a model to label them) ->
-a fitted ``Calibration`` with its cross-validated before/after report. The CLI parses its options
-into a ``pcd_cli.job.LabelJob`` and renders what ``calibrate_on_gold`` returns.
+"""Gold rows -> a fitted model: ``pcd calibrate``'s whole job (``calibrate_on_gold``: a
+``Calibration`` with its cross-validated before/after report) and ``pcd tune``'s
+(``tune_on_gold``: a LoRA adapter trained through the decoder's own forest, its calibration and
+card, written). The CLI, and ``pcd serve``'s Label Studio loop, parse their options into a
+``pcd_cli.job.LabelJob`` and call these.
 """
 
 from __future__ import annotations
@@ -95,3 +97,104 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
                                           seed=seed, coverage=coverage)
     return CalibrateRun(calibration, report, notes, row_warnings,
                         worse_calibration_warnings(calibration, "this calibration", bound=False))
+
+
+@dataclass
+class TuneRun:
+    """What ``tune_on_gold`` did.
+
+    Attributes:
+        result: the training's ``pcd_cli.tune.TuneResult`` (epochs, best epoch, warnings, interrupted).
+        calibration: the calibration fitted on the kept epoch's holdout (``None``: none) and
+            ``calibration_notes``, what was decided about it.
+        notes: lines to say before training (gold rows left out as few-shot examples).
+        row_warnings: lines about gold rows not used.
+        use: the ``pcd label`` command line that reads the written folder.
+    """
+
+    result: object
+    calibration: object | None
+    calibration_notes: list[str]
+    notes: list[str]
+    row_warnings: list[str]
+    use: str
+
+
+def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, config, *,
+                 id_field: str = "id", csv_delimiter: str = ",", adapter_only: bool = False,
+                 on_step=None, on_epoch=None, on_fold=None, on_notes=None) -> TuneRun:
+    """``pcd tune``'s whole job: gold rows -> a LoRA adapter trained through the decoder's own
+    forest (``tune``), the kept epoch's calibration (``fit_tune_calibration``), the card
+    (``make_card``), all written to ``output`` (a merged model folder, or the adapter alone).
+
+    Every check that needs no model runs first: peft installed, ``--cross-fit 1``, ``output``
+    free of others' files, the schema, the gold file and its text columns.
+
+    Args:
+        schema: a ``Schema`` or a schema file path.
+        job: the ``pcd_cli.job.LabelJob`` of the runs that will read the model (model, device,
+            dtype, scoring, template, examples, permutations, budget); it is built on the torch
+            backend, without any calibration.
+        config: the training options (``pcd_cli.tune.TuneConfig``); ``config.epochs`` 0 or ``None`` means ``default_epochs``
+            of the usable gold rows.
+        on_step, on_epoch, on_fold: progress callbacks (``tune``); ``on_notes(notes, row_warnings,
+            config)`` is called once the gold rows are read (``config.epochs`` resolved), before training.
+
+    Returns:
+        ``TuneRun``; the folder is written (with ``result.interrupted``, the best adapter so far).
+
+    Raises:
+        MissingExtra: peft is not installed. InputError: a bad option, gold file or ``output``
+        folder; ``TrainingDiverged`` (nothing written). ModelError: the model cannot be loaded.
+    """
+    from ..backends.torch_backend import model_content_key
+    from ..backends.torch_tune import require_peft
+    from ..backends.tune_folder import CALIBRATION_NAME, check_tune_output
+    from ..io.readers import check_frame_columns
+    from ..schema.load import load_schema
+    from ..schema.model import Schema
+    from ..tune import (calibration_card, default_epochs, fit_tune_calibration, gold_records, make_card,
+                        tune)
+    from . import read_gold
+    from .data import drop_example_rows
+
+    require_peft()
+    if config.cross_fit == 1:
+        raise InputError("--cross-fit 1: one fold has nothing to hold out; give 0 (one --holdout) or K >= 2 folds")
+    check_tune_output(output)  # a team's files in it: refused before the model loads
+    parsed = schema if isinstance(schema, Schema) else load_schema(schema)
+    job = replace(job, id_field=id_field, backend="torch", calibration=None, tuned_calibration=False,
+                  scoring=config.scoring, permutations=config.permutations,
+                  max_tokens_per_pass=config.max_tokens_per_pass)
+    spec = job.input_spec(csv_delimiter=csv_delimiter)
+    gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
+    check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
+    labeler = build_labeler(parsed, job)
+    gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
+    notes = [f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; left out "
+             "of training"] if dropped else []
+    records, labels, skipped = gold_records(gold_frame, parsed, spec)
+    row_warnings = [f"{len(skipped)} gold rows are not used (e.g. {skipped[0]})"] if skipped else []
+    config = replace(config, epochs=config.epochs or default_epochs(len(records)))
+    if on_notes is not None:
+        on_notes(notes, row_warnings, config)
+    result, trainer = tune(labeler.backend, parsed, records, labels, config, examples=labeler.compiled.examples,
+                           on_step=on_step, on_epoch=on_epoch, on_fold=on_fold)
+    # the pcd.model that pcd label records for the result: a folder's name, or the adapter's base
+    label_model = labeler.backend.model_id if adapter_only else Path(output).expanduser().name
+    calibration, calibration_notes = fit_tune_calibration(result, parsed, labeler.metadata(), model=label_model,
+                                                          seed=config.seed)
+    card = make_card(base_model=labeler.backend.model_id, base_key=model_content_key(job.model),
+                     metadata=labeler.metadata(), gold_path=gold, records=records, result=result, config=config,
+                     adapter_only=adapter_only,
+                     calibration=calibration_card(calibration, calibration_notes, result.holdout_rows,
+                                                  result.cross_fit))
+    try:
+        trainer.save(output, adapter_only=adapter_only, card=card, base_name=labeler.backend.model_id,
+                     files={CALIBRATION_NAME: calibration.to_json()} if calibration is not None else None)
+    except OSError as exc:
+        raise InputError(f"-o {str(output)!r}: cannot write ({exc.strerror or exc})") from None
+    schema_arg = "SCHEMA" if isinstance(schema, Schema) else str(schema)
+    use = (f"pcd label INPUT -s {schema_arg} --adapter {output}" + (f" --model {job.model}" if job.model else "")
+           if adapter_only else f"pcd label INPUT -s {schema_arg} --model {output}")
+    return TuneRun(result, calibration, list(calibration_notes), notes, row_warnings, use)

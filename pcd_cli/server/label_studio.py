@@ -357,7 +357,8 @@ def fit_on_gold(method: str, gold: Path, schema, job, out: Path) -> Fitted:
         after = {"accuracy": _mean(f.after.accuracy for f in fields), "nll": _mean(f.after.nll for f in fields)}
         return Fitted(replace(job, calibration=str(path), tuned_calibration=True), before, after,
                       max((f.n for f in fields), default=0), path, own_model=False)
-    from ..tune import DEFAULT_PATIENCE, TuneConfig, tune_on_gold
+    from ..quality.fitting import tune_on_gold
+    from ..tune import DEFAULT_PATIENCE, TuneConfig
 
     path = out / "tuned"
     adapter_only = job.adapter is None
