@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import questions as Q
-from .protocols import (answer_extras, config_value, extras_envelope, extras_flag, guarded, label_one, read_json,
+from .protocols import (answer_extras, config_value, log_id, extras_envelope, extras_flag, guarded, label_one, read_json,
                         request_id)
 
 #: The response header the ``openai`` client reads as the request id.
@@ -249,7 +249,7 @@ def routes(service: Any, config: Any = None) -> list[Route]:
             if prompt == "isolated":
                 timeout = config_value(config, "request_timeout_s", None)
                 decoded = await Q.decide(service, Q.plan(questions, text, max_questions=max_questions),
-                                         request_id=rid, is_disconnected=request.is_disconnected,
+                                         request_id=log_id(request), is_disconnected=request.is_disconnected,
                                          deadline=time.monotonic() + float(timeout) if timeout else None)
                 found, tokens, envelope = decoded.answers, decoded.input_tokens, decoded.extras()
             else:

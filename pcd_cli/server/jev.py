@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import questions as Q
-from .protocols import (answer_extras, config_value, extras_envelope, extras_flag, guarded, label_one, read_json,
+from .protocols import (answer_extras, config_value, log_id, extras_envelope, extras_flag, guarded, label_one, read_json,
                         request_id)
 
 #: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
@@ -85,6 +85,9 @@ def parse_question(name: str, raw: Any) -> Q.Question:
         raise Q.invalid(f"{where}: unknown key {unknown[0]!r} (a {kind} question has "
                         f"{', '.join(QUESTION_KEYS[kind])})", "invalid_question")
     instructions = _content(raw.get("instructions"), f"{where}.instructions")
+    if instructions is not None and not instructions.strip():
+        raise Q.invalid(f"{where}.instructions: is empty; give the question's text, or leave the key out when the "
+                        "criteria say it all")
     criteria = raw.get("criteria")
     if kind == "noul":
         if criteria is None:
@@ -193,7 +196,7 @@ def routes(service: Any, config: Any = None) -> list[Route]:
             if prompt == "isolated":
                 timeout = config_value(config, "request_timeout_s", None)
                 decoded = await Q.decide(service, Q.plan(parsed, state, max_questions=max_questions),
-                                         request_id=rid, is_disconnected=request.is_disconnected,
+                                         request_id=log_id(request), is_disconnected=request.is_disconnected,
                                          deadline=time.monotonic() + float(timeout) if timeout else None)
                 found, tokens, envelope = decoded.answers, decoded.input_tokens, decoded.extras()
             else:

@@ -206,10 +206,12 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS, 
     """Refuse a question set pcd does not take, naming the question.
 
     Raises:
-        ApiError: 413 for more than ``max_questions`` questions, more than
-            ``MAX_CHOICE_OPTIONS`` options or ``MAX_SCORE_LEVELS`` levels, or a first question's
+        ApiError: 413 for more than ``max_questions`` questions, or a first question's
             options times the later questions' over ``MAX_ANSWER_CONTEXTS`` (only for a ``shared``
-            prompt: an isolated question is its own schema, with no later questions); 422 for no questions,
+            prompt: an isolated question is its own schema, with no later questions); 422
+            ``invalid_request`` naming the limit for a choice over ``MAX_CHOICE_OPTIONS`` options or a
+            score over ``MAX_SCORE_LEVELS`` levels (the Jev contract's validation: a question's
+            shape, not a body size or count); 422 for no questions,
             a choice with fewer than two options or a score with fewer than ``MIN_SCORE_LEVELS``,
             and option labels pcd cannot tell apart (empty, only whitespace, or equal once their
             surrounding whitespace is stripped).
@@ -226,8 +228,8 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS, 
                           "invalid_question")
         if q.kind in ("choice", MULTI):
             most, what = (MAX_CHOICE_OPTIONS, "a choice") if q.kind == "choice" else (MAX_MULTI_OPTIONS, f"a {MULTI}")
-            if n > most:
-                raise too_large(f"{q.where}: {n} options; {what} may have at most {most}", "too_many_options")
+            if n > most:  # the contract's limit on a question, not a size: 422 (413 is for bodies and counts)
+                raise invalid(f"{q.where}: {n} options; {what} may have at most {most} options")
             if n < 2:
                 raise invalid(f"{q.where}: {what} needs at least 2 options, got {n}", "too_few_options")
             seen: dict[str, str] = {}
@@ -241,8 +243,7 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS, 
                 seen[label.strip()] = label
         elif q.kind == "score":
             if n > MAX_SCORE_LEVELS:
-                raise too_large(f"{q.where}: {n} levels; a score may have at most {MAX_SCORE_LEVELS}",
-                                "too_many_levels")
+                raise invalid(f"{q.where}: {n} levels; a score may have at most {MAX_SCORE_LEVELS} levels")
             if n < MIN_SCORE_LEVELS:
                 raise invalid(f"{q.where}: a score needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} levels, got {n}",
                               "too_few_levels")

@@ -93,8 +93,8 @@ def test_limits_255_options_and_2_to_10_levels():
     assert qs.schema.fields[0].labels == tuple(labels)
     with pytest.raises(ApiError) as info:
         jev_qs({"cat": {"type": "choice", "criteria": {k: None for k in labels + ["one_more"]}}})
-    assert (info.value.status, info.value.code) == (413, "too_many_options")
-    assert "question 'cat': 256 options; a choice may have at most 255" in info.value.message
+    assert (info.value.status, info.value.code) == (422, "invalid_request")
+    assert "question 'cat': 256 options; a choice may have at most 255 options" in info.value.message
     with pytest.raises(ApiError) as info:
         jev_qs({"cat": {"type": "choice", "criteria": {"only": None}}})
     assert info.value.status == 422 and "a choice needs at least 2 options, got 1" in info.value.message
@@ -106,7 +106,13 @@ def test_limits_255_options_and_2_to_10_levels():
     assert info.value.status == 422 and "2 to 10 levels, got 1" in info.value.message
     with pytest.raises(ApiError) as info:
         jev_qs({"s": {"type": "score", "criteria": [str(i) for i in range(11)]}})
-    assert (info.value.status, info.value.code) == (413, "too_many_levels")
+    assert (info.value.status, info.value.code) == (422, "invalid_request")
+    assert "11 levels; a score may have at most 10 levels" in info.value.message
+    for empty in ("", "  \n"):  # empty instructions: 422, as the Jev contract validates them
+        with pytest.raises(ApiError) as info:
+            jev_qs({"q": {"type": "noul", "instructions": empty}})
+        assert (info.value.status, info.value.code) == (422, "invalid_request")
+        assert "questions.q.instructions: is empty" in info.value.message
     # a 255-option first question prepares every later question after each of its answers: 255 × 16 at most
     big = {"type": "choice", "criteria": dict.fromkeys(labels)}
     nouls = {f"n{i}": {"type": "noul", "instructions": f"{i}?"} for i in range(8)}  # 16 options
@@ -319,7 +325,7 @@ def test_typesafe_client_errors(server):
         with pytest.raises(TypeSafeAPIError) as info:
             client.system_one(state="x", questions={"cat": typesafe_sdk.Choice(
                 criteria={f"c{i}": None for i in range(256)})})
-        assert info.value.status == 413 and "256 options" in str(info.value)
+        assert info.value.status == 422 and "at most 255 options" in str(info.value)  # the contract: 422, not 413
         # a malformed body, parsed by the client's own response handling
         raw = client._http_client.post(server.url + "/v1/systemone", content=b'{"state": "x",',
                                        headers={"Content-Type": "application/json", **AUTH})
@@ -412,7 +418,8 @@ def test_openai_client_errors(server):
     with pytest.raises(openai.APIStatusError) as info:
         client.decisions.create(model="m", input="x", questions=[{"type": "choice", "instructions": "?",
                                                                   "choices": [{"value": f"v{i}"} for i in range(300)]}])
-    assert info.value.status_code == 413 and info.value.code == "too_many_options"
+    assert info.value.status_code == 422 and info.value.code == "invalid_request"
+    assert "300 options; a choice may have at most 255 options" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         client.post("/decisions", cast_to=Decision, content=b"{nope", options={"headers": {
             "Content-Type": "application/json"}})
