@@ -426,6 +426,10 @@ def eval_(
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0.0, max=1.0,
                                                     help="Also find the probability (and mass) threshold, and "
                                                     "its coverage, that reach this accuracy."),
+    error_budget: Optional[float] = typer.Option(None, "--error-budget", min=0.0, max=1.0, help="The share of "
+                                                 "rows that can be decided automatically with at most this error "
+                                                 "on the gold rows (e.g. 0.05), with its probability threshold: "
+                                                 "--target-accuracy 1-E."),
     min_mass: float = typer.Option(0.5, "--min-mass", min=0.0, max=1.0, help="Report the share of rows whose "
                                    "candidate mass is below M (the model wanted to answer off the menu)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON (shape: docs/quality.md)."),
@@ -441,6 +445,12 @@ def eval_(
     from .quality.render import render_eval
     from .schema.load import load_schema
 
+    if error_budget is not None:
+        if target_accuracy is not None:
+            raise typer.BadParameter("give --error-budget E or --target-accuracy 1-E, not both", param_hint="--error-budget")
+        if error_budget >= 1:
+            raise typer.BadParameter("must be at least 0 and below 1", param_hint="--error-budget")
+        target_accuracy = 1.0 - error_budget
     if target_accuracy is not None and target_accuracy <= 0:
         raise typer.BadParameter("must be above 0 and at most 1", param_hint="--target-accuracy")
     try:

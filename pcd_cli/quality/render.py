@@ -194,6 +194,13 @@ def _field_tables(f, console: Console) -> None:
             cells += ["not reached", "0%"] if t.threshold is None else [f"{t.threshold:.4f}", f"{t.coverage:.1%}"]
         selective.add_row(f"__{sel.score}", *cells)
     console.print(selective)
+    if target is not None:
+        console.print(f"{escape(f.field)}: " + (
+            f"no probability threshold keeps the error at or below {1 - target.target:.1%} on these rows"
+            if target.threshold is None else
+            f"{target.coverage:.1%} of rows ({target.n}) can be decided automatically with an error of at most "
+            f"{1 - target.target:.1%} on these gold rows ({1 - target.accuracy:.1%} measured): those whose "
+            f"__prob >= {target.threshold:.4f}; the rest go to review"), highlight=False)
 
 
 def render_calibration(report, console: Console) -> None:

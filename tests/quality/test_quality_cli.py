@@ -239,3 +239,32 @@ def test_evals_into_one_plot_folder_never_overwrite_each_other(tmp_path):
     assert sorted(p.name for p in plots.iterdir()) == sorted(names)
     for text, name in zip(said, names):
         assert f"wrote 1 reliability diagram to {plots}: {name}" in text
+
+
+def test_error_budget_gives_the_share_decided_automatically_and_its_threshold(tmp_path):
+    """``pcd eval --error-budget E`` (issue #35 item 6): the largest share of rows whose label is
+    kept above one probability threshold with at most E error on the gold rows."""
+    from ..helpers import SENTIMENTS, sentiment_probs, write_sentiment_output
+
+    # 10 rows, ranked by probability: the top 6 are right, then a wrong one, then 3 more right
+    probs = [0.95, 0.9, 0.88, 0.85, 0.8, 0.75, 0.7, 0.6, 0.55, 0.5]
+    right = [True] * 6 + [False] + [True] * 3
+    rows, gold = [], []
+    for i, (p, ok) in enumerate(zip(probs, right)):
+        rows.append((f"r{i}", 0, sentiment_probs(0, p)))
+        gold.append({"id": f"r{i}", "sentiment": SENTIMENTS[0] if ok else SENTIMENTS[1]})
+    out = write_sentiment_output(tmp_path / "out.parquet", rows)
+    (tmp_path / "gold.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
+    report = tmp_path / "report.json"
+    result = pcd("eval", out, tmp_path / "gold.jsonl", "--error-budget", "0.1", "--json", report)
+    # at most 10 % error: all 10 rows (9 right, 1 wrong: 10.0 %); at 0 %: the top 6 only
+    text = flat(result.stdout)
+    assert "100.0% of rows (10) can be decided automatically with an error of at most 10.0%" in text
+    assert "__prob >= 0.5000" in text
+    target = json.loads(report.read_text())["fields"]["sentiment"]["by_prob"]["target"]
+    assert target["threshold"] == pytest.approx(0.5) and target["coverage"] == 1.0
+    strict = flat(pcd("eval", out, tmp_path / "gold.jsonl", "--error-budget", "0").stdout)
+    assert "60.0% of rows (6) can be decided automatically with an error of at most 0.0%" in strict
+    assert "__prob >= 0.7500" in strict
+    both = pcd("eval", out, tmp_path / "gold.jsonl", "--error-budget", "0.1", "--target-accuracy", "0.9", code=2)
+    assert "not both" in flat(both.output)
