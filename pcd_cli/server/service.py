@@ -48,11 +48,6 @@ log = logging.getLogger("pcd.server")
 POLL_S = 0.1
 
 
-#: The labelling options of one served schema: ``pcd_cli.job.LabelJob``, the one description of a
-#: labelling job that ``pcd label`` and ``--engine ray`` use too (the name is kept for callers).
-SchemaOptions = LabelJob
-
-
 class ModelHost:
     """The model, loaded once, and the labelers built over it (one per schema and job).
 
@@ -181,7 +176,7 @@ class _Entry:
 
     key: tuple
     schema: Schema
-    options: SchemaOptions
+    options: LabelJob
     name: str | None = None
     pinned: bool = False
     labeler: Any = None
@@ -241,8 +236,8 @@ class LabelService:
     questions share one decoder and are packed together.
     """
 
-    def __init__(self, host, schemas: dict[str, tuple[Schema, SchemaOptions]] | None = None, *,
-                 config: ServiceConfig = ServiceConfig(), default_options: SchemaOptions = SchemaOptions()):
+    def __init__(self, host, schemas: dict[str, tuple[Schema, LabelJob]] | None = None, *,
+                 config: ServiceConfig = ServiceConfig(), default_options: LabelJob = LabelJob()):
         self.host = host
         self.config = config
         self.default_options = default_options
@@ -348,7 +343,7 @@ class LabelService:
         with self._cond:
             return len(self._queue), self._queued_records
 
-    def replace_labeler(self, name: str, labeler, options: SchemaOptions) -> None:
+    def replace_labeler(self, name: str, labeler, options: LabelJob) -> None:
         """Serve the startup schema ``name`` with ``labeler`` (already built, e.g. over a retrained
         model; ``options`` its job) from the next request on. The swap is one assignment under the
         queue lock, so it falls between decode calls; requests already submitted keep the entry

@@ -106,10 +106,11 @@ if __name__ == "__main__":  # a server over the fake host, for the SIGTERM test:
     from pcd_cli.schema.load import load_schema
     from pcd_cli.server.app import AppConfig
     from pcd_cli.server.main import serve
-    from pcd_cli.server.service import LabelService, SchemaOptions
+    from pcd_cli.job import LabelJob
+    from pcd_cli.server.service import LabelService
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     service = LabelService(FakeHost(delay=float(sys.argv[1])),
-                           {"sms": (load_schema("schemas/sms_spam.yaml"), SchemaOptions())})
+                           {"sms": (load_schema("schemas/sms_spam.yaml"), LabelJob())})
     sys.exit(serve(service, AppConfig(), port=0, shutdown_timeout_s=float(sys.argv[2]),
                    on_bound=lambda host, port: print(port, flush=True)))

@@ -23,7 +23,8 @@ import pytest
 from pcd_cli.schema.load import load_schema
 from pcd_cli.server.app import AppConfig
 from pcd_cli.server.main import ServerThread
-from pcd_cli.server.service import LabelService, SchemaOptions, ServiceConfig
+from pcd_cli.job import LabelJob
+from pcd_cli.server.service import LabelService, ServiceConfig
 
 from .fakes import FakeHost, FakeLabeler
 
@@ -98,7 +99,7 @@ def serve(host=None, *, config: ServiceConfig = ServiceConfig(), app_config: App
     """A ``ServerThread`` over ``host`` (default: a ``TokenizingHost``) serving ``triage``
     (airline_sentiment, as the case scripts expect) and ``sms``."""
     host = host or TokenizingHost()
-    schemas = schemas or {"triage": (AIRLINE, SchemaOptions()), "sms": (SMS, SchemaOptions())}
+    schemas = schemas or {"triage": (AIRLINE, LabelJob()), "sms": (SMS, LabelJob())}
     return ServerThread(LabelService(host, schemas, config=config), app_config, **kw)
 
 

@@ -9,12 +9,13 @@ import sys
 
 from pcd_cli.server.app import AppConfig
 from pcd_cli.server.main import serve
-from pcd_cli.server.service import LabelService, SchemaOptions
+from pcd_cli.job import LabelJob
+from pcd_cli.server.service import LabelService
 
 from .harness import AIRLINE, TokenizingHost
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    service = LabelService(TokenizingHost(compile_s=float(sys.argv[1])), {"triage": (AIRLINE, SchemaOptions())})
+    service = LabelService(TokenizingHost(compile_s=float(sys.argv[1])), {"triage": (AIRLINE, LabelJob())})
     sys.exit(serve(service, AppConfig(), port=0, shutdown_timeout_s=float(sys.argv[2]),
                    on_bound=lambda host, port: print(port, flush=True)))

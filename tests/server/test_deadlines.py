@@ -18,7 +18,8 @@ pytest.importorskip("uvicorn")
 from pcd_cli.results import Record  # noqa: E402
 from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.errors import ApiError  # noqa: E402
-from pcd_cli.server.service import LabelService, SchemaOptions, ServiceConfig  # noqa: E402
+from pcd_cli.job import LabelJob  # noqa: E402
+from pcd_cli.server.service import LabelService, ServiceConfig  # noqa: E402
 from pcd_cli.server.textcheck import compile_cost, estimate_label_tokens  # noqa: E402
 
 from .harness import AIRLINE, TokenizingHost, envelope, no_leftovers, serve  # noqa: E402,F401
@@ -85,7 +86,7 @@ def test_a_request_is_dropped_between_chunks_at_its_deadline():
     """48 records (three chunks of 16) at 0.3 s a call and a 0.45 s deadline: 503, and no chunk
     is started after the deadline."""
     host = TokenizingHost(delay=0.3)
-    service = LabelService(host, {"triage": (AIRLINE, SchemaOptions())}, config=ServiceConfig(packing=False))
+    service = LabelService(host, {"triage": (AIRLINE, LabelJob())}, config=ServiceConfig(packing=False))
     service.start()
     assert service.ready.wait(10)
     records = [Record(f"r{i}", f"text {i}") for i in range(48)]

@@ -24,7 +24,8 @@ from pcd_cli.results import Record  # noqa: E402
 from pcd_cli.schema.load import load_schema  # noqa: E402
 from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.main import ServerThread  # noqa: E402
-from pcd_cli.server.service import LabelService, ModelHost, SchemaOptions  # noqa: E402
+from pcd_cli.job import LabelJob  # noqa: E402
+from pcd_cli.server.service import LabelService, ModelHost  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Largest |P(packed) - P(alone)| allowed for one label of a record decoded in one pass with other
@@ -75,7 +76,7 @@ def test_label_equals_pcd_label_parquet(embedded_backend, tmp_path):
     expected = table.to_pylist()
     for row in expected:
         row["is_spam__probs"] = dict(row["is_spam__probs"])
-    service = LabelService(ModelHost(loaded=embedded_backend), {"sms": (schema, SchemaOptions())})
+    service = LabelService(ModelHost(loaded=embedded_backend), {"sms": (schema, LabelJob())})
     with ServerThread(service, AppConfig()) as srv:
         r = httpx.post(srv.url + "/v1/label", json={"schema": "sms", "records": rows, "all_probs": True}, timeout=120)
     assert r.status_code == 200, r.text
@@ -92,7 +93,7 @@ def test_concurrent_requests_pack_and_keep_their_labels(embedded_backend):
     rows = _sms_rows(12, skip=6)
     alone = Labeler(schema, backend=embedded_backend)
     single = [alone.label_batch([Record(r["id"], r["text"])])[0] for r in rows]  # each record in its own call
-    service = LabelService(ModelHost(loaded=embedded_backend), {"sms": (schema, SchemaOptions())})
+    service = LabelService(ModelHost(loaded=embedded_backend), {"sms": (schema, LabelJob())})
     with ServerThread(service, AppConfig()) as srv:
         calls = service.batches
 

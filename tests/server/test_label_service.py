@@ -28,7 +28,8 @@ from pcd_cli.schema.load import load_schema, parse_schema  # noqa: E402
 from pcd_cli.server import app as app_module  # noqa: E402
 from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.main import ServerThread  # noqa: E402
-from pcd_cli.server.service import LabelService, SchemaOptions, ServiceConfig  # noqa: E402
+from pcd_cli.job import LabelJob  # noqa: E402
+from pcd_cli.server.service import LabelService, ServiceConfig  # noqa: E402
 
 from .fakes import FakeHost  # noqa: E402
 
@@ -67,7 +68,7 @@ def _children() -> list[int]:
 
 def serve(host=None, *, config=ServiceConfig(), app_config=AppConfig(), schemas=None, **kw) -> ServerThread:
     host = host or FakeHost()
-    schemas = schemas or {"sms": (SMS, SchemaOptions())}
+    schemas = schemas or {"sms": (SMS, LabelJob())}
     return ServerThread(LabelService(host, schemas, config=config), app_config, **kw)
 
 
@@ -197,7 +198,7 @@ def test_a_small_request_waits_one_chunk_behind_a_large_one(packing):
 
 def test_different_schemas_are_never_packed_together():
     host = FakeHost(gate=threading.Event())
-    schemas = {"sms": (SMS, SchemaOptions()), "triage": (TRIAGE, SchemaOptions())}
+    schemas = {"sms": (SMS, LabelJob()), "triage": (TRIAGE, LabelJob())}
     bodies = [{"schema": "sms" if i % 2 else "triage", "records": [f"t{i}"]} for i in range(6)]
     with serve(host, schemas=schemas) as srv:
         _, responses = _blocked_then(srv, host, bodies, expect_queued=6)
@@ -266,7 +267,7 @@ def test_too_many_queued_records_is_429_and_retry_after_follows_the_rate():
 
 def test_body_too_large_is_refused_without_being_read_whole():
     """A chunked body without Content-Length: the app stops reading just past the limit."""
-    service = LabelService(FakeHost(), {"sms": (SMS, SchemaOptions())})
+    service = LabelService(FakeHost(), {"sms": (SMS, LabelJob())})
     service.ready.set()
     app = app_module.create_app(service, AppConfig(max_body_bytes=8 << 20))
     chunk, read, sent = b"x" * (1 << 20), [0], []

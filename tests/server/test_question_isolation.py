@@ -164,13 +164,14 @@ def test_isolated_answer_equals_v1_label_with_the_one_question_schema(embedded_b
 
     from pcd_cli.server.app import AppConfig
     from pcd_cli.server.main import ServerThread
-    from pcd_cli.server.service import LabelService, ModelHost, SchemaOptions
+    from pcd_cli.job import LabelJob
+    from pcd_cli.server.service import LabelService, ModelHost
 
     tone = parsed({"tone": QUESTIONS["tone"]})[0]
     data, order = Q.question_data(tone)
     path = tmp_path / "tone.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-    service = LabelService(ModelHost(loaded=embedded_backend), {"tone": (load_schema(path), SchemaOptions())})
+    service = LabelService(ModelHost(loaded=embedded_backend), {"tone": (load_schema(path), LabelJob())})
     with ServerThread(service, AppConfig(api_keys=(KEY,))) as srv:
         with typesafe_sdk.TypeSafeClient(base_url=srv.url, api_key=KEY, timeout=300) as client:
             j = client.system_one(state=STATE, questions={"tone": QUESTIONS["tone"]})

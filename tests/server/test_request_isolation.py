@@ -22,7 +22,8 @@ from pcd_cli.schema.load import parse_schema  # noqa: E402
 from pcd_cli.server.app import error_response  # noqa: E402
 from pcd_cli.server.errors import ApiError, log_crash, printable  # noqa: E402
 from pcd_cli.server.protocols import check_json, too_deep_at  # noqa: E402
-from pcd_cli.server.service import LabelService, SchemaOptions  # noqa: E402
+from pcd_cli.job import LabelJob  # noqa: E402
+from pcd_cli.server.service import LabelService  # noqa: E402
 
 from .harness import AIRLINE, TokenizingHost, check_nothing_left, envelope, serve  # noqa: E402
 
@@ -98,7 +99,7 @@ def test_a_bad_record_text_on_v1_label_stays_a_row_error(srv):
 def _service_with_a_busy_worker(host):
     """A started service whose worker is held in a decode call (so that what comes next queues
     and is packed), and the thread running that first call."""
-    service = LabelService(host, {"triage": (AIRLINE, SchemaOptions())})
+    service = LabelService(host, {"triage": (AIRLINE, LabelJob())})
     service.start()
     assert service.ready.wait(10)
     return service

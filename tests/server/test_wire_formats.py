@@ -464,10 +464,10 @@ def test_systemone_equals_v1_label_on_the_embedded_model(embedded_backend, tmp_p
     qs, text = jev_qs(questions, state=state)
     path = tmp_path / "equivalent.yaml"
     path.write_text(yaml.safe_dump(qs.data, sort_keys=False, allow_unicode=True))
-    from pcd_cli.server.service import SchemaOptions
+    from pcd_cli.job import LabelJob
 
     before = set(threading.enumerate())
-    service, served = _serve(embedded_backend, {"equivalent": (load_schema(path), SchemaOptions())})
+    service, served = _serve(embedded_backend, {"equivalent": (load_schema(path), LabelJob())})
     try:
         with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY) as client:
             j = client.system_one(state=state, questions=questions, extra_body={"pcd_prompt": "shared"})
