@@ -51,11 +51,13 @@ def main() -> None:
     for name, schema, data, template, n in JOBS:
         if args.only and name not in args.only.split(","):
             continue
+        load_before = os.getloadavg()
         report = run_bench(load_schema(ROOT / schema), ROOT / data,
                            InputSpec(template=template, limit=max(2, round(n * args.scale))), backend=backend,
                            model=args.model, baseline="llama.cpp", compare_dtype=True)
         render_bench(report, console)
-        out["jobs"][name] = {"records": report.records, "summary": report.summary}
+        out["jobs"][name] = {"records": report.records, "load_average_before": load_before,
+                             "load_average_after": os.getloadavg(), "summary": report.summary}
         args.json.write_text(json.dumps(out, indent=2, default=str) + "\n")
     out["load_average_after"] = os.getloadavg()
     args.json.write_text(json.dumps(out, indent=2, default=str) + "\n")

@@ -212,6 +212,10 @@ def agreement_per_field(schema: Schema, pairs) -> dict[str, float]:
 def llamacpp_summary(runs: list[LlamaRun], pcd_packed_records_per_s: float, pcd_median_latency_s: float) -> dict:
     """Records/s, generated tokens and prefill rate of the llama.cpp runs, and pcd's ratios.
 
+    Args:
+        pcd_packed_records_per_s: pcd's packed rate to compare with (``run_bench``: over its two
+            packed runs).
+
     Returns keys ``llama_cpp_records_per_s`` (records over summed generation time),
     ``llama_cpp_median_output_tokens``, ``llama_cpp_prefill_records_per_s`` (records over
     summed prefill-only time), ``pcd_packed_vs_llama_cpp`` (pcd packed records/s over
@@ -226,6 +230,7 @@ def llamacpp_summary(runs: list[LlamaRun], pcd_packed_records_per_s: float, pcd_
            "llama_cpp_median_latency_s": statistics.median(r.latency_s for r in runs),
            "llama_cpp_median_output_tokens": statistics.median(r.output_tokens for r in runs),
            "llama_cpp_mean_output_tokens": statistics.mean(r.output_tokens for r in runs),
+           "pcd_packed_records_per_s_two_runs": pcd_packed_records_per_s,
            "pcd_packed_vs_llama_cpp": pcd_packed_records_per_s / rps,
            "pcd_one_vs_llama_cpp": statistics.median(r.latency_s for r in runs) / pcd_median_latency_s}
     if prefill:
