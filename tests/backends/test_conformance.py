@@ -79,7 +79,7 @@ def test_non_finite_logits_fail_the_record_naming_the_dtype(tokenizer_source):
     from pcd_cli.results import Record, RecordFailure
     from pcd_cli.schema.load import parse_schema
 
-    from .helpers import tiny_backend
+    from ..helpers import tiny_backend
 
     backend = tiny_backend(seed=11)
     overflow = {"on": False}

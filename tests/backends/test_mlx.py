@@ -161,7 +161,7 @@ def test_auto_picks_mlx_only_on_apple_silicon_with_mlx_lm(monkeypatch, apple, in
 
 
 def test_backend_mlx_without_mlx_lm_exits_3_with_the_install_command(monkeypatch, tmp_path):
-    from .helpers import pcd
+    from ..helpers import pcd
 
     monkeypatch.setitem(sys.modules, "mlx_lm", None)  # `import mlx_lm` now raises ImportError
     monkeypatch.delitem(sys.modules, "pcd_cli.backends.mlx_backend", raising=False)
@@ -383,7 +383,7 @@ def test_unsupported_architecture_is_a_model_error(tiny_dirs, tmp_path):
 def test_pcd_label_mlx_equals_torch_on_sample_data(tmp_path, scoring):
     import pyarrow.parquet as pq
 
-    from .helpers import pcd
+    from ..helpers import pcd
 
     tables = {}
     for kind in ("torch", "mlx"):
@@ -459,7 +459,7 @@ def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, per
     from pcd_cli.decoding.permute import compile_orderings
     from pcd_cli.schema.load import parse_schema
 
-    from .test_field_types import TYPES_SCHEMA
+    from ..decoding.test_field_types import TYPES_SCHEMA
 
     backend, schema = mlx_backends["llama"], parse_schema(TYPES_SCHEMA)
     orderings = compile_orderings(schema, backend.tokenizer, permutations, scoring="marginal",
