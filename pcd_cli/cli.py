@@ -352,32 +352,38 @@ class Baseline(str, Enum):
 
 @app.command()
 def bench(
-    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file."),
-    input: Path = typer.Option(..., "--input", "-i", help="Records (.jsonl/.csv/.parquet, 'text' column)."),
-    n: int = typer.Option(5, "--n", min=1, help="Records to run."),
-    model: Optional[str] = MODEL_OPT,
-    device: Device = DEVICE_OPT,
-    dtype: DType = DTYPE_OPT,
-    backend: BackendKind = BACKEND_OPT,
-    text_field: str = TEXT_FIELD_OPT,
-    template: Optional[str] = TEMPLATE_OPT,
-    csv_delimiter: str = CSV_DELIMITER_OPT,
+    schema: Path = typer.Option(..., "--schema", "-s", help="Schema file.", rich_help_panel='Input'),
+    input: Path = typer.Option(..., "--input", "-i", help="Records (.jsonl/.csv/.parquet, 'text' column).",
+                               rich_help_panel='Input'),
+    n: int = typer.Option(5, "--n", min=1, help="Records to run.", rich_help_panel='Input'),
+    model: Optional[str] = _panel(MODEL_OPT, 'Model'),
+    device: Device = _panel(DEVICE_OPT, 'Model'),
+    dtype: DType = _panel(DTYPE_OPT, 'Model'),
+    backend: BackendKind = _panel(BACKEND_OPT, 'Model'),
+    text_field: str = _panel(TEXT_FIELD_OPT, 'Input'),
+    template: Optional[str] = _panel(TEMPLATE_OPT, 'Input'),
+    csv_delimiter: str = _panel(CSV_DELIMITER_OPT, 'Input'),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens "
-                                                 "(default: twice a complete answer object's tokens + 32)."),
-    max_tokens_per_pass: int = BUDGET_OPT,
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write per-record rows and the summary as JSON."),
+                                                 "(default: twice a complete answer object's tokens + 32).",
+                                                 rich_help_panel='Baseline'),
+    max_tokens_per_pass: int = _panel(BUDGET_OPT, 'Model'),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write per-record rows and the summary as JSON.",
+                                            rich_help_panel='Output'),
     gold: Optional[Path] = typer.Option(None, "--gold", help="Human labels (id column + one column per field): "
-                                        "adds each method's accuracy per field on the same records."),
+                                        "adds each method's accuracy per field on the same records.",
+                                        rich_help_panel='Output'),
     id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id, matched with "
-                                           "--gold's id column of the same name (default: row numbers, gold 'id')."),
-    permutations: int = PERMUTATIONS_OPT,
+                                           "--gold's id column of the same name (default: row numbers, gold 'id').",
+                                           rich_help_panel='Input'),
+    permutations: int = _panel(PERMUTATIONS_OPT, 'Model'),
     baseline: Baseline = typer.Option(Baseline.transformers, "--baseline", help="What pcd is compared with: "
                                       "transformers generate on the same model, or llama.cpp's grammar-constrained "
                                       "JSON on the same GGUF (--model x.gguf, default the embedded model's file; "
-                                      "needs pip install 'pcd-cli\\[bench]')."),
+                                      "needs pip install 'pcd-cli\\[bench]').", rich_help_panel='Baseline'),
     compare_dtype: bool = typer.Option(True, "--compare-dtype/--no-compare-dtype", help="On a CPU with bfloat16 "
                                        "(avx512_bf16) running float32: also label the records in bfloat16 and "
-                                       "give both dtypes' speed and agreement (loads the model twice)."),
+                                       "give both dtypes' speed and agreement (loads the model twice).",
+                                       rich_help_panel='Baseline'),
 ) -> None:
     """Compare pcd with token-by-token generation on the same model, machine and records."""
     from .bench import render_bench, run_bench, write_bench_json
