@@ -25,9 +25,8 @@ from .decoding.examples import resolve_examples
 from .io.output import base_metadata
 from .io.readers import InputSpec, _row_to_record
 from .io.values import RepeatedIds
-from .job_warnings import (ADAPTER_MISMATCH, CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET,
-                  JobWarning)
-from .quality.calibration import DTYPE_MISMATCH
+from .job_warnings import (ADAPTER_MISMATCH, CALIBRATION_WORSE, DTYPE_MISMATCH, TUNE_MISMATCH,
+                           TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET, JobWarning)
 from .results import FieldResult, Record, RecordFailure, RecordResult
 from .schema.load import load_schema
 from .schema.model import Example, Schema

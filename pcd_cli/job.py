@@ -28,6 +28,7 @@ from .errors import InputError
 from .job_warnings import (  # noqa: F401 - the codes are part of the job's public face
     ADAPTER_MISMATCH,
     CALIBRATION_WORSE,
+    DTYPE_MISMATCH,
     OUTPUT_NOT_PARQUET,
     SCHEMA_WARNING,
     TUNE_MISMATCH,

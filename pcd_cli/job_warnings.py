@@ -13,6 +13,8 @@ TUNED_CALIBRATION_SKIPPED = "tuned_calibration_skipped"
 CALIBRATION_WORSE = "calibration_worse"
 WEAK_LABEL_SET = "weak_label_set"
 OUTPUT_NOT_PARQUET = "output_not_parquet"
+#: a calibration or tune fitted in another dtype than this run's (applied: they differ by rounding)
+DTYPE_MISMATCH = "dtype_mismatch"
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class JobWarning:
     Attributes:
         code: the kind (``SCHEMA_WARNING``, ``ADAPTER_MISMATCH``, ``TUNE_MISMATCH``,
             ``TUNED_CALIBRATION_SKIPPED``, ``CALIBRATION_WORSE``, ``WEAK_LABEL_SET``,
-            ``OUTPUT_NOT_PARQUET``), stable for scripts and JSON logs.
+            ``OUTPUT_NOT_PARQUET``, ``DTYPE_MISMATCH``), stable for scripts and JSON logs.
         message: one line for a person, naming the field, folder or option concerned.
     """
 

@@ -41,9 +41,6 @@ DEFAULT_L2 = 1e-3
 #: ``Calibration`` attribute <- output metadata key, compared by ``Calibration.check``.
 CHECKED_KEYS = {"model": "pcd.model", "schema_sha256": "pcd.schema_sha256",
                 "prompt_head_sha256": "pcd.prompt_head_sha256", "scoring": "pcd.scoring"}
-#: ``JobWarning`` code of a calibration (or tuned folder) fitted in another dtype than the run's
-#: (``Calibration.dtype_warnings``): applied, since the probabilities differ by rounding only, but named.
-DTYPE_MISMATCH = "dtype_mismatch"
 FILE_FORMAT = "pcd-calibration"
 FILE_FORMAT_VERSION = 1
 #: Bounds of the temperature the fit may choose.
