@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .errors import InputError
@@ -141,12 +140,6 @@ class LabelJob:
         return replace(self, calibration=None, tuned_calibration=False, abstain_below=None,
                        abstain_unless_single=False, examples=None, drawn_examples=None, id_field=None)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The options as JSON values (``drawn_examples`` as their count)."""
-        out = {name: getattr(self, name) for name in self.options()}
-        out["drawn_examples"] = None if self.drawn_examples is None else len(self.drawn_examples)
-        return out
-
 
 def build_labeler(schema, job: LabelJob, *, backend=None):
     """The ``Labeler`` of ``job`` for ``schema``: the one place a front-end builds one.
@@ -239,6 +232,12 @@ def planned_output_schema(schema, job: LabelJob, *, all_probs: bool):
                              abstain_unless_single=job.abstain_unless_single, permutations=job.permutations)
     return output_schema(schema, job.id_field or "row", pa.string() if job.id_field else pa.int64(),
                          all_probs=all_probs, **columns)
+
+
+def schema_warnings(schema) -> list[JobWarning]:
+    """The schema's own load-time warnings (``Schema.warnings``) as ``JobWarning`` values
+    (``SCHEMA_WARNING``): the first a run says, before any model loads."""
+    return [JobWarning(SCHEMA_WARNING, text) for text in schema.warnings]
 
 
 def warnings_json(warnings) -> str:

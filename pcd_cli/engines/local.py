@@ -180,7 +180,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         ModelError, CompileError, CalibrationError: as ``build_labeler``. TooManyErrors,
         Interrupted, NothingLabelled: as ``label_file``.
     """
-    from ..job import SCHEMA_WARNING, build_labeler
+    from ..job import build_labeler, schema_warnings
     from ..schema.load import load_schema
 
     emit = on_event or (lambda _name, _fields, _level="info": None)
@@ -196,8 +196,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     job = replace(job, trace=trace_path is not None)
     spec = job.input_spec(limit=limit, csv_delimiter=csv_delimiter)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
-    for text in parsed.warnings:
-        warn(JobWarning(SCHEMA_WARNING, text))
+    for warning in schema_warnings(parsed):
+        warn(warning)
     has_rows, created = check_job(parsed, input_path, spec, output=output, errors_path=errors_path,
                                   trace_path=trace_path, all_probs=all_probs, fmt=fmt)
     for folder in created:  # writable, not locked by another run

@@ -554,7 +554,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         InputError: ``--resume`` or ``--trace`` (the local engine's), standard input; see
         ``label_files``.
     """
-    from ..job import SCHEMA_WARNING, JobWarning
+    from ..job import schema_warnings
     from ..schema.load import load_schema
     from .local import JobRun, id_column
     from ..io.output import check_columns
@@ -570,9 +570,9 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     spec = job.input_spec(limit=limit, csv_delimiter=csv_delimiter)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
     run = JobRun()
-    for text in parsed.warnings:
-        run.warnings.append(JobWarning(SCHEMA_WARNING, text))
-        emit("warning", run.warnings[-1].to_dict(), "warning")
+    for warning in schema_warnings(parsed):
+        run.warnings.append(warning)
+        emit("warning", warning.to_dict(), "warning")
     # the columns here; inputs (files, folders, globs) and the output folder in label_files
     check_columns(parsed, id_column(spec), all_probs=all_probs)
     done = label_files(input_path, parsed, spec, job, output=output, errors_path=errors_path, fmt=fmt,

@@ -114,14 +114,12 @@ def served_jobs(job, parsed: dict, *, calibration: list[str], examples: list[str
             examples file without enough usable rows. CalibrationError: ``--abstain-unless-single``
             with a schema whose calibration has no label sets.
     """
-    from dataclasses import replace as _replace
-
     names = list(parsed)
     cal = per_schema_files("--calibration", calibration, names)
     shots = per_schema_files("--examples", examples, names)
     out = {}
     for name, schema in parsed.items():
-        served = _replace(job, calibration=cal.get(name, job.calibration), examples=shots.get(name, job.examples))
+        served = replace(job, calibration=cal.get(name, job.calibration), examples=shots.get(name, job.examples))
         out[name] = (schema, served.with_examples(schema))
     return out
 
@@ -196,7 +194,8 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
 
     sources = schema_sources(schemas)
     parsed = {name: load_schema(path) for name, path in sources.items()}
-    served = served_jobs(job.resolved(), parsed, calibration=calibration, examples=examples)
+    job = job.resolved()  # absolute paths: workers and replicas may run elsewhere
+    served = served_jobs(job, parsed, calibration=calibration, examples=examples)
     accepted = api_keys(keys, key_file)
     if not accepted and not is_loopback(host) and not allow_public_without_key:
         raise InputError(f"--host {host}: listening beyond this machine without an API key; give --api-key, "
@@ -207,11 +206,10 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
     if engine == "ray":
         from .ray_serve import ReplicaSpec, serve_on_ray
 
-        spec = ReplicaSpec(served, job=job.resolved(), service=service_config,
-                           default_options=job.resolved().for_questions(), app=app_config, listen_host=host)
+        spec = ReplicaSpec(served, job=job, service=service_config, default_options=job.for_questions(),
+                           app=app_config, listen_host=host)
         return serve_on_ray(spec, host=host, port=port, replicas=replicas or 1, shutdown_timeout_s=shutdown_timeout_s)
-    service = LabelService(ModelHost(job.resolved()), served, config=service_config,
-                           default_options=job.resolved().for_questions())
+    service = LabelService(ModelHost(job), served, config=service_config, default_options=job.for_questions())
     try:
         return serve(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
     except OSError as exc:

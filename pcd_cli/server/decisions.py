@@ -32,7 +32,6 @@ schema is the Jev endpoint's (``questions``):
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from starlette.requests import Request
@@ -40,7 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import questions as Q
-from .protocols import (answer_extras, config_value, log_id, extras_envelope, extras_flag, guarded, label_one, read_json,
+from .protocols import (answer_extras, config_value, decide_questions, extras_flag, guarded, read_json,
                         request_id)
 
 #: The response header the ``openai`` client reads as the request id.
@@ -246,18 +245,8 @@ def routes(service: Any, config: Any = None) -> list[Route]:
             body = await read_json(request, config_value(config, "max_body_bytes", None))
             max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
             questions, values, text, extras, prompt = parse_body(body, max_questions=max_questions)
-            if prompt == "isolated":
-                timeout = config_value(config, "request_timeout_s", None)
-                decoded = await Q.decide(service, Q.plan(questions, text, max_questions=max_questions),
-                                         request_id=log_id(request), is_disconnected=request.is_disconnected,
-                                         deadline=time.monotonic() + float(timeout) if timeout else None)
-                found, tokens, envelope = decoded.answers, decoded.input_tokens, decoded.extras()
-            else:
-                qs = Q.build(questions, max_questions=max_questions)
-                result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
-                                                    rid=rid)
-                found, tokens = Q.answers(qs, result.fields), int(submitted.input_tokens)
-                envelope = {**extras_envelope(submitted, result, qs), "prompt": "shared"}
+            found, tokens, envelope = await decide_questions(service, config, questions, text, text, prompt,
+                                                             request=request, rid=rid, max_questions=max_questions)
             out: dict[str, Any] = {
                 "answers": [render_answer(a, v, extras=extras) for a, v in zip(found, values)],
                 "model": service.model_id,

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import time
 from typing import Any
 
 from starlette.requests import Request
@@ -41,7 +40,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import questions as Q
-from .protocols import (answer_extras, config_value, log_id, extras_envelope, extras_flag, guarded, label_one, read_json,
+from .protocols import (answer_extras, config_value, decide_questions, extras_flag, guarded, read_json,
                         request_id)
 
 #: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
@@ -193,18 +192,8 @@ def routes(service: Any, config: Any = None) -> list[Route]:
             max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
             parsed, state, text, extras, prompt = parse_body(body, max_questions=max_questions)
             legends = {q.key: body["questions"][q.key].get("criteria") for q in parsed if q.kind == "score"}
-            if prompt == "isolated":
-                timeout = config_value(config, "request_timeout_s", None)
-                decoded = await Q.decide(service, Q.plan(parsed, state, max_questions=max_questions),
-                                         request_id=log_id(request), is_disconnected=request.is_disconnected,
-                                         deadline=time.monotonic() + float(timeout) if timeout else None)
-                found, tokens, envelope = decoded.answers, decoded.input_tokens, decoded.extras()
-            else:
-                qs = Q.build(parsed, max_questions=max_questions)
-                result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request,
-                                                    rid=rid)
-                found, tokens = Q.answers(qs, result.fields), int(submitted.input_tokens)
-                envelope = {**extras_envelope(submitted, result, qs), "prompt": "shared"}
+            found, tokens, envelope = await decide_questions(service, config, parsed, state, text, prompt,
+                                                             request=request, rid=rid, max_questions=max_questions)
             answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras) for a in found}
             out: dict[str, Any] = {"model": service.model_id, "answers": answers,
                                    "usage": {"input_tokens": tokens, "output_tokens": 0}}

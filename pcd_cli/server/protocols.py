@@ -325,15 +325,48 @@ async def label_one(service: Any, config: Any, schema: Any, record: Any, *, requ
             or 422 ``record_failed`` with the decoder's message when the record fails (a text too
             long for the model with ``--truncate error``, ...).
     """
-    timeout = config_value(config, "request_timeout_s", None)
-    arrived = getattr(request.state, "arrived", None) or time.monotonic()  # set by the app's RequestContext
     submitted = await service.submit(schema, [record], request_id=getattr(request.state, "log_id", None) or rid,
-                                     deadline=arrived + float(timeout) if timeout else None,
+                                     deadline=request_deadline(request, config),
                                      is_disconnected=request.is_disconnected)
     result = submitted.results[0]
     if not hasattr(result, "fields"):  # a RecordFailure
         raise ApiError(422, "invalid_request_error", "record_failed", f"state: {result.error}")
     return result, submitted
+
+
+def request_deadline(request: Request, config: Any) -> float | None:
+    """``time.monotonic()`` seconds at which the request is past ``config.request_timeout_s``,
+    counted from its arrival (``RequestContext`` sets ``state.arrived``; now when unset);
+    ``None`` without a timeout (the service's own applies)."""
+    timeout = config_value(config, "request_timeout_s", None)
+    arrived = getattr(request.state, "arrived", None) or time.monotonic()
+    return arrived + float(timeout) if timeout else None
+
+
+async def decide_questions(service: Any, config: Any, questions: list, plan_input: Any, text: str, prompt: str, *,
+                           request: Request, rid: str, max_questions: int) -> tuple[list, int, dict]:
+    """Decode a decision request's questions, the one step ``/v1/systemone`` and ``/v1/decisions``
+    share: ``prompt == "isolated"`` (the default) decides each distinct question alone about
+    ``plan_input`` (``questions.plan`` / ``questions.decide``), ``"shared"`` builds one schema of
+    every question and labels ``text`` as one record (``label_one``).
+
+    Returns:
+        ``(answers in request order, input tokens, the extras envelope)``.
+
+    Raises:
+        ApiError: as ``questions.build``, ``questions.decide`` and ``label_one``.
+    """
+    from . import questions as Q
+
+    if prompt == "isolated":
+        decoded = await Q.decide(service, Q.plan(questions, plan_input, max_questions=max_questions),
+                                 request_id=log_id(request), is_disconnected=request.is_disconnected,
+                                 deadline=request_deadline(request, config))
+        return decoded.answers, decoded.input_tokens, decoded.extras()
+    qs = Q.build(questions, max_questions=max_questions)
+    result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request, rid=rid)
+    return Q.answers(qs, result.fields), int(submitted.input_tokens), \
+        {**extras_envelope(submitted, result, qs), "prompt": "shared"}
 
 
 def extras_envelope(submitted: Any, result: Any, qs: Any) -> dict:

@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from ..engines.local import CHUNK_RECORDS
 from ..errors import PcdError
-from ..job import SCHEMA_WARNING, JobWarning, LabelJob
+from ..job import LabelJob, schema_warnings
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from . import textcheck
@@ -356,7 +356,7 @@ class LabelService:
         old = self.named[name]
         entry = _Entry((old.schema.source_sha256, options, id(labeler)), old.schema, options, name=name, pinned=True,
                        labeler=labeler, metadata=labeler.metadata(),
-                       warnings=[JobWarning(SCHEMA_WARNING, w) for w in old.schema.warnings]
+                       warnings=schema_warnings(old.schema)
                        + list(getattr(labeler, "warnings", ())))
         with self._cond:
             self.named[name] = entry
@@ -611,8 +611,7 @@ class LabelService:
         if entry.labeler is None:
             labeler = self.host.labeler(entry.schema, entry.options)
             entry.metadata = labeler.metadata()
-            entry.warnings = [JobWarning(SCHEMA_WARNING, w) for w in entry.schema.warnings] + \
-                list(getattr(labeler, "warnings", ()))
+            entry.warnings = schema_warnings(entry.schema) + list(getattr(labeler, "warnings", ()))
             entry.labeler = labeler
         return entry.labeler
 

@@ -91,15 +91,6 @@ def _serve(root, extra, monkeypatch, records):
     return got["label"].json(), got["schemas"]["schemas"][0]["warnings"]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    assert not ray.is_initialized()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("name", list(OPTION_SETS))
 def test_label_serve_and_ray_write_the_same_columns_values_and_warnings(name, tuned, tmp_path, monkeypatch,
                                                                         local_ray):

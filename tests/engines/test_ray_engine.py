@@ -24,15 +24,6 @@ TEXTS = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.j
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    assert not ray.is_initialized()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """The tiny random model saved to a folder, a schema, and the same rows as JSONL, CSV and Parquet parts."""
     root = tmp_path_factory.mktemp("ray")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ from pcd_cli.job import LabelJob  # noqa: E402
 from pcd_cli.server.service import LabelService, ServiceConfig  # noqa: E402
 
 from .fakes import FakeHost  # noqa: E402
+from .harness import check_nothing_left  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SMS = load_schema(ROOT / "schemas" / "sms_spam.yaml")
@@ -43,27 +43,7 @@ def no_leftovers():
     """No thread (and no child process) started by the test is left once it ends."""
     before = {t.ident for t in threading.enumerate()}
     yield
-    deadline = time.monotonic() + 5
-    while True:
-        left = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not left, f"threads left running: {[t.name for t in left]}"
-    assert _children() == [], f"child processes left: {_children()}"
-
-
-def _children() -> list[int]:
-    """Live (not zombie) child processes of this process, from /proc."""
-    out = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        if fields.get("PPid", "").strip() == str(os.getpid()) and not fields.get("State", "").startswith("Z"):
-            out.append(int(status.parent.name))
-    return out
+    check_nothing_left(before)
 
 
 def serve(host=None, *, config=ServiceConfig(), app_config=AppConfig(), schemas=None, **kw) -> ServerThread:
