@@ -29,7 +29,7 @@ from .job_warnings import (ADAPTER_MISMATCH, CALIBRATION_WORSE, DTYPE_MISMATCH, 
                            TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET, JobWarning)
 from .results import FieldResult, Record, RecordFailure, RecordResult
 from .schema.load import load_schema
-from .schema.model import Example, Schema
+from .schema.model import Example, Schema, field_alone
 
 
 class RepeatedIdWarning(UserWarning):
@@ -93,6 +93,13 @@ class Labeler:
             run reads another schema, prompt head or scoring mode than it was fitted for, and
             with ``prior_correction``.
             ``False`` (``pcd label --no-calibration``): the raw probabilities.
+        isolate_fields: decide every field in its own branch of the record's prompt, seeing
+            only its own key, description and allowed values (``Decoder(field_branches=...)``;
+            also the schema's ``isolate_fields: true``): a field's probabilities are those of its
+            one-field schema, whatever other fields the schema has, in any order (issue #35
+            item 3; equal within packing's float rounding). The record is fed once; each field
+            adds its catalog line and answer. Refused with ``permutations``, few-shot
+            ``examples`` and ``depends_on`` (each shows a field another field).
 
     ``warnings`` lists ``pcd_cli.job.JobWarning`` values: what does not stop the run but a user
     should hear (each front-end shows them). Front-ends build a ``Labeler`` from a
@@ -114,7 +121,8 @@ class Labeler:
                  pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
                  template: str | None = None, calibration=None, adapter: str | Path | None = None,
                  abstain_unless_single: bool = False, abstain_below: float | None = None,
-                 prior_correction: bool = False, permutations: int = 1, tuned_calibration: bool = True):
+                 prior_correction: bool = False, permutations: int = 1, tuned_calibration: bool = True,
+                 isolate_fields: bool = False):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -140,6 +148,10 @@ class Labeler:
         if abstain_unless_single and self.calibration is not None:  # a file without sets: refused before loading
             output_columns(self.schema, self.calibration, abstain_below=abstain_below,
                            abstain_unless_single=True, permutations=permutations)
+        #: every field decided in its own branch (``isolate_fields`` or the schema's)
+        self.isolate_fields = bool(isolate_fields or self.schema.isolate_fields)
+        if self.isolate_fields:  # refused before the model loads
+            check_isolation(self.schema, permutations, shots)
         if permutations > 1:  # a K the schema cannot take is refused before the model loads
             from .decoding.permute import orderings_for
 
@@ -173,10 +185,16 @@ class Labeler:
 
             orderings = compile_orderings(self.schema, backend.tokenizer, permutations, scoring=scoring,
                                           logits_width=backend.logits_width, examples=shots)
-        self.compiled = orderings[0] if orderings else CompiledSchema(
+        branches: list[CompiledSchema] = []
+        if self.isolate_fields:
+            branches = [CompiledSchema(field_alone(self.schema, i, self.schema.isolated_key), backend.tokenizer,
+                                       scoring=scoring, logits_width=backend.logits_width, catalog_after=True)
+                        for i in range(len(self.schema.declared))]
+        self.compiled = orderings[0] if orderings else branches[0] if branches else CompiledSchema(
             self.schema, backend.tokenizer, scoring=scoring, logits_width=backend.logits_width, examples=shots)
-        self.decoder = Decoder(backend, self.compiled, orderings=orderings, max_tokens_per_pass=max_tokens_per_pass,
-                               trace=trace, pack_records=pack_records, truncate=truncate)
+        self.decoder = Decoder(backend, self.compiled, orderings=orderings, field_branches=branches,
+                               max_tokens_per_pass=max_tokens_per_pass, trace=trace, pack_records=pack_records,
+                               truncate=truncate)
         #: field name -> (k,) mean probabilities on content-free records (``prior_correction``)
         self.priors: dict[str, np.ndarray] | None = None
         if prior_correction:
@@ -277,7 +295,8 @@ class Labeler:
               "pcd.abstain_fields": json.dumps(list(self.abstain_fields))} if self.abstain_fields else {}) \
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
              if self.tune_card is not None else {}) \
-          | self._permutations_metadata()
+          | self._permutations_metadata() \
+          | ({"pcd.isolate_fields": "true"} if self.isolate_fields else {})
 
     def output_schema(self, id_column: str, id_type, *, all_probs: bool):
         """The Arrow schema of this labeler's output (``pcd_cli.io.output.output_schema`` with its
@@ -429,6 +448,27 @@ class Labeler:
         result.attrs["errors"] = errors
         result.attrs["metadata"] = self.metadata()
         return result
+
+
+def check_isolation(schema: Schema, permutations: int, examples: Sequence) -> None:
+    """Refuse what cannot hold with ``isolate_fields``: each of these shows a field another one.
+
+    Raises:
+        SchemaError: ``permutations`` above 1, few-shot ``examples`` (their answer objects hold
+            every field), a field with ``depends_on``; the message names the option or field.
+    """
+    from .errors import SchemaError
+    from .schema.load import isolation_problems
+
+    problems = isolation_problems(schema.declared)
+    if permutations > 1:
+        problems.append(f"--permutations {permutations} cannot be combined with isolate_fields (each ordering lists "
+                        "every field's values); use one of them")
+    if examples:
+        problems.append("few-shot examples cannot be combined with isolate_fields (an example's answer holds every "
+                        "field); drop the examples or the isolation")
+    if problems:
+        raise SchemaError("; ".join(problems))
 
 
 def label_set_fields(schema: Schema, calibration) -> tuple[str, ...]:

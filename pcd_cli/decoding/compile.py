@@ -110,6 +110,8 @@ class CompiledSchema:
             field)`` (``pcd_cli.decoding.examples.resolve_examples``); rendered in the chosen layout.
         label_orders: ``--permutations``: list the booleans' and enums' allowed values after the
             record in these orders (``prompt.build_prompt``); ``None``: in the system catalog.
+        catalog_after: an isolated field's branch (``Schema.isolate_fields``; ``schema`` is then
+            that field's ``field_alone``): its catalog is written after the record.
 
     Raises:
         CompileError: a label needs a token the model has no logit for, or no layout keeps
@@ -119,13 +121,14 @@ class CompiledSchema:
     def __init__(self, schema: Schema, tokenizer, *, scoring: str = "marginal",
                  logits_width: int | None = None, layout: Layout | None = None,
                  examples: tuple[tuple[str, tuple[int, ...]], ...] = (),
-                 label_orders: dict[str, tuple[int, ...]] | None = None):
+                 label_orders: dict[str, tuple[int, ...]] | None = None, catalog_after: bool = False):
         if scoring not in SCORING_MODES:
             raise CompileError(f"--scoring {scoring!r}: expected one of {', '.join(SCORING_MODES)}")
         self.schema = schema
         self.tokenizer = tokenizer
         self.examples = tuple(examples)
         self.label_orders = label_orders
+        self.catalog_after = catalog_after
         self.scoring = scoring
         self.logits_width = min(logits_width or tokenizer.vocab_size, tokenizer.vocab_size)
         self._plans: dict[tuple[int, str], WavePlan] = {}
@@ -138,14 +141,14 @@ class CompiledSchema:
         if layout is None:  # keep the first layout with the fewest moved seams, with its plans
             best = None
             for candidate in LAYOUTS:
-                self.prompt, self._plans = build_prompt(schema, tokenizer, candidate, self.examples, label_orders), {}
+                self.prompt, self._plans = build_prompt(schema, tokenizer, candidate, self.examples, label_orders, catalog_after), {}
                 moves = self.seam_moves()
                 self.layout_moves[candidate.name] = moves
                 if best is None or moves < best[0]:
                     best = (moves, self.prompt, self._plans)
             _, self.prompt, self._plans = best
         else:
-            self.prompt = build_prompt(schema, tokenizer, layout, self.examples, label_orders)
+            self.prompt = build_prompt(schema, tokenizer, layout, self.examples, label_orders, catalog_after)
         self.wave_plan(0, self.prompt.tail_text)
 
     @property

@@ -73,6 +73,13 @@ class _Slot:
     stream: tuple[int, int] = (0, 0)  # where the slot's chain lies in the wave-0 stream (kv coordinates)
 
 
+def concatenate(results: list[RecordResult]) -> RecordResult:
+    """One record's isolated field branches (``Decoder(field_branches=...)``) -> its result: the
+    branches' fields and traces in branch order (the schema's order)."""
+    return RecordResult(id=results[0].id, fields=tuple(f for r in results for f in r.fields),
+                        traces=tuple(t for r in results for t in r.traces), truncated=results[0].truncated)
+
+
 def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_labels: int
                  ) -> tuple[np.ndarray, float]:
     """Label probabilities and candidate mass of one field from its read log-probabilities.
@@ -117,6 +124,13 @@ class Decoder:
             are a branch attending to them; the results are combined (``permute.combine``).
         pack_records: pack several records into one pass (block-diagonal mask); ``False``
             decodes one record per group (for comparison; results agree to float rounding).
+        field_branches: ``isolate_fields`` (issue #35): one compiled schema per declared field of
+            the schema (its ``field_alone``, catalog after the record; ``compiled`` is the first),
+            all with one head. Each record's tokens
+            shared by the branches are fed once; each field's tail and answer is a branch that
+            sees the head, the record and itself only; the results are the branches' fields in
+            order. So a field's probabilities are those of its one-field schema alone, whatever
+            other fields the schema has (equal within packing's float rounding).
         truncate: a text too long for the model's context (with the prompt and the deepest
             answer) is cut: ``middle`` keeps its start and end around ``TRUNCATION_MARK``,
             ``head`` drops its start, ``tail`` drops its end; the result is marked
@@ -130,7 +144,7 @@ class Decoder:
     def __init__(self, backend, compiled: CompiledSchema, *,
                  max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False,
                  pack_records: bool = True, truncate: str = "middle",
-                 orderings: Sequence[CompiledSchema] = ()):
+                 orderings: Sequence[CompiledSchema] = (), field_branches: Sequence[CompiledSchema] = ()):
         if max_tokens_per_pass < 16:
             raise ValueError(f"max_tokens_per_pass must be at least 16, got {max_tokens_per_pass}")
         if truncate not in TRUNCATE_SIDES:
@@ -138,11 +152,19 @@ class Decoder:
         self.truncate = truncate
         self.backend = backend
         self.compiled = compiled
+        if orderings and field_branches:
+            raise CompileError("isolate_fields and --permutations cannot be combined")
+        if field_branches and field_branches[0] is not compiled:
+            raise ValueError("field_branches: pass the first branch as compiled")
+        #: ``field_branches``: the branches' results are concatenated in order, not combined
+        self.isolated = bool(field_branches)
         #: ``--permutations``: the schema compiled once per label ordering (``pcd_cli.decoding.permute``),
         #: ``compiled`` first; the same head, the values listed after the record in each order.
-        self.orderings = tuple(orderings) or (compiled,)
+        #: ``isolate_fields``: the field branches. Otherwise ``(compiled,)``.
+        self.orderings = tuple(orderings) or tuple(field_branches) or (compiled,)
         if any(c.prompt.head_ids != compiled.prompt.head_ids for c in self.orderings):
-            raise CompileError("the label orderings' prompts do not share their head")
+            raise CompileError("the label orderings' prompts do not share their head" if not field_branches
+                               else "the isolated fields' prompts do not share their head")
         self.budget = max_tokens_per_pass
         self.trace = trace
         self.pack_records = pack_records
@@ -150,9 +172,15 @@ class Decoder:
         self.record_passes = 0  # forward passes spent on records (the head prefill excluded)
         self._training = False  # set by ``training_reads``: passes under autograd, gold lines written
         self.tokens_fed = 0  # tokens fed in those passes
-        self._wave_cost, self._positions_after_record = self._estimate_wave_costs()
+        estimates = [self._estimate_wave_costs(c) for c in (self.orderings if self.isolated else (compiled,))]
+        waves = max(len(costs) for costs, _ in estimates)
+        #: tokens per record and wave (every isolated branch's summed: they are one record's)
+        self._wave_cost = [sum(costs[w] for costs, _ in estimates if w < len(costs)) for w in range(waves)]
+        self._positions_after_record = max(p for _, p in estimates)
+        #: tokens by which the longest branch's tail exceeds ``compiled``'s (isolated fields' catalogs)
+        self._longer_tail = max(len(c.record_tail.tail_ids) for c in self.orderings) - len(compiled.record_tail.tail_ids)
         limit = getattr(backend, "max_positions", None)
-        fixed = self.head_len + len(compiled.record_tail.tail_ids) + self._positions_after_record
+        fixed = self.head_len + len(compiled.record_tail.tail_ids) + self._longer_tail + self._positions_after_record
         if limit and fixed >= limit:
             raise CompileError(f"the prompt ({self.head_len} tokens of instructions and catalog) and the answer "
                                f"need {fixed} of the model's {limit} positions, leaving no room for any text; "
@@ -168,12 +196,12 @@ class Decoder:
         return self.caches[variant]
 
     # -- preparing and grouping ------------------------------------------------------------
-    def _estimate_wave_costs(self) -> tuple[list[int], int]:
+    @staticmethod
+    def _estimate_wave_costs(compiled: CompiledSchema) -> tuple[list[int], int]:
         """Tokens per record fed in each wave (wave 0 without the record part), and positions
         used after the record part (answer lines plus the deepest forest token), following in
         each field the label whose written answer line is longest in tokens, so that the
         estimate bounds every record's answers (it sizes the context and the passes)."""
-        compiled = self.compiled
         encode = compiled.tokenizer.encode
         text = compiled.prompt.tail_text
         prev = compiled.wave_plan(0, text)
@@ -257,7 +285,7 @@ class Decoder:
     def _slot(self, record: Record, text: str) -> tuple[_Slot, int]:
         """A record's slot for ``text``, and the positions it needs (head, record, answer)."""
         full, chain = self.compiled.record_chain(record.id, text)  # in context, seams checked (pcd_cli.decoding.seams)
-        needed = self.head_len + len(chain) + self._positions_after_record
+        needed = self.head_len + len(chain) + self._positions_after_record + self._longer_tail
         return _Slot(record=record, prompt_text=full, chain=list(chain), context_text=self.compiled.prompt.tail_text,
                      needed=needed, variant=self.backend.rope_variant(needed), text=text,
                      compiled=self.compiled), needed
@@ -270,7 +298,7 @@ class Decoder:
             totals: list[int] = []
             first = len(groups)
             for slot in (s for s in slots if s.variant == variant):
-                k = max(1, len(slot.branches))
+                k = 1 if self.isolated else max(1, len(slot.branches))
                 cost = ([len(slot.chain) + sum(len(b.chain) for b in slot.branches) + k * self._wave_cost[0]]
                         + [k * c for c in self._wave_cost[1:]])
                 if (len(groups) > first and self.pack_records
@@ -309,13 +337,14 @@ class Decoder:
             if failed is not None or len(results) == 1:
                 out[index] = failed or results[0]
                 continue
-            out[index] = combine(results, self.compiled.schema)
+            out[index] = concatenate(results) if self.isolated else combine(results, self.compiled.schema)
         return out  # type: ignore[return-value]
 
     def _result(self, slot: _Slot) -> RecordResult | RecordFailure:
         if slot.error:
             return RecordFailure(slot.record.id, slot.error)
-        return RecordResult(id=slot.record.id, fields=tuple(slot.results[i] for i in range(len(self.compiled.schema.fields))),
+        fields = (slot.compiled or self.compiled).schema.fields
+        return RecordResult(id=slot.record.id, fields=tuple(slot.results[i] for i in range(len(fields))),
                             traces=tuple(slot.traces), truncated=slot.truncated)
 
     def training_groups(self, records: Sequence[Record]) -> tuple[list[list[int]], list[RecordFailure]]:
@@ -392,10 +421,12 @@ class Decoder:
     def _decode_group(self, group: list[_Slot], cache) -> None:
         """Decode ``group``'s slots wave by wave (a record's shared slot, when ``orderings``
         branch it, comes right before its branches and is fed in wave 0 only)."""
-        schema = self.compiled.schema
-        for wave in range(len(schema.waves)):
-            if wave == 1:
-                group = [slot for slot in group if not slot.branches]
+        for wave in range(max(len(c.schema.waves) for c in self.orderings)):
+            if wave >= 1:  # a shared slot reads nothing; an isolated branch may have fewer waves
+                group = [slot for slot in group if not slot.branches
+                         and wave < len((slot.compiled or self.compiled).schema.waves)]
+                if not group:
+                    break
             plans = [_SHARED_PLAN if slot.branches else (slot.compiled or self.compiled).wave_plan(wave, slot.context_text)
                      for slot in group]
             self._run_wave(wave, group, plans, cache)
@@ -453,12 +484,12 @@ class Decoder:
         query_lp, query_tensors = self._feed(cache, group, base, np.array(ids), np.array(pos), np.array(owner),
                                              np.array(chain_lo), np.array(chain_hi), np.array(pair_rows),
                                              np.array(pair_cols), queries)
-        fields = self.compiled.schema.fields
         for s, forest, first in field_queries:
             fi = forest.field_index
             n_q = len(forest.query_rows)
             read = query_lp[first:first + n_q]
             slot = group[s]
+            fields = (slot.compiled or self.compiled).schema.fields
             if query_tensors is not None:
                 slot.reads[fi] = (forest, query_tensors[first:first + n_q])
             if slot.error is None and any(np.isnan(row).any() for row in read):
@@ -535,7 +566,7 @@ class Decoder:
         return results, tensors  # type: ignore[return-value]
 
     def _trace(self, slot: _Slot, forest: FieldForest, probs: np.ndarray, mass: float) -> dict:
-        field_ = self.compiled.schema.fields[forest.field_index]
+        field_ = (slot.compiled or self.compiled).schema.fields[forest.field_index]
         tail = (slot.compiled or self.compiled).prompt.tail_text
         context = slot.prompt_text[: len(slot.prompt_text) - len(tail)] + slot.context_text
         return {"record": slot.record.id, "field": field_.name, "scoring": self.compiled.scoring,

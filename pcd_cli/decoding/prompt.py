@@ -111,6 +111,11 @@ LAYOUTS = (Layout("newline_first"), Layout("newline_last"))
 VALUES_AFTER = "Allowed: listed after the input"
 #: Opens the list of allowed values after the record (``--permutations``).
 VALUES_AFTER_HEADER = "\n\nAllowed values:\n"
+#: The system turn's last line when each field is asked in its own branch after the record
+#: (``isolate_fields``): the head is then the same for every field.
+CATALOG_AFTER = "The key to fill in and its allowed values are listed after the input."
+#: Opens the one-field catalog after the record (``isolate_fields``).
+CATALOG_AFTER_HEADER = "\n\nKey:\n"
 
 
 def catalog_line(field: Field, *, values: bool = True) -> str:
@@ -145,14 +150,24 @@ def answer_object(schema: Schema, layout: Layout, labels: tuple[int, ...]) -> st
     return text if text.endswith("}") else text + "}"
 
 
-def system_text(schema: Schema, *, values_after: bool = False) -> str:
+def system_text(schema: Schema, *, values_after: bool = False, catalog_after: bool = False) -> str:
     """The system turn: preamble, instructions and the catalog of keys (with their allowed
-    values, or with ``VALUES_AFTER`` for the fields ``values_after_record`` lists after it)."""
+    values, or with ``VALUES_AFTER`` for the fields ``values_after_record`` lists after it);
+    ``catalog_after`` (an isolated field's branch): ``CATALOG_AFTER`` instead of the catalog,
+    which ``catalog_after_record`` writes after the record, so the head names no field."""
     parts = [PREAMBLE]
     if schema.instructions:
         parts.append(schema.instructions)
+    if catalog_after:
+        return "\n".join(parts) + "\n\n" + CATALOG_AFTER
     return "\n".join(parts) + "\n\nKeys:\n" + "\n".join(
         catalog_line(f, values=not (values_after and is_permuted(f))) for f in schema.declared)
+
+
+def catalog_after_record(schema: Schema) -> str:
+    """The text after the record of an isolated field's branch (``Schema.isolate_fields``): the
+    catalog of its one-field schema (``field_alone``), ``CATALOG_AFTER_HEADER`` and its line."""
+    return CATALOG_AFTER_HEADER + "\n".join(catalog_line(f) for f in schema.declared)
 
 
 def is_permuted(field: Field) -> bool:
@@ -310,7 +325,7 @@ def common_prefix_len(a, b) -> int:
 
 def build_prompt(schema: Schema, tokenizer, layout: Layout,
                  examples: tuple[tuple[str, tuple[int, ...]], ...] = (),
-                 label_orders: dict[str, tuple[int, ...]] | None = None) -> Prompt:
+                 label_orders: dict[str, tuple[int, ...]] | None = None, catalog_after: bool = False) -> Prompt:
     """Render the schema's prompt through the tokenizer's chat template and find the head.
 
     Args:
@@ -320,9 +335,16 @@ def build_prompt(schema: Schema, tokenizer, layout: Layout,
         label_orders: ``--permutations``: the allowed values of booleans and enums are listed
             after the record (``values_after_record``), in these orders, and the system
             catalog says so; the head is then the same for every ordering.
+        catalog_after: an isolated field's branch (``isolate_fields``): the catalog of the
+            (one-field) schema is written after the record (``catalog_after_record``), the
+            system turn says so; the head is then the same for every field of the schema.
     """
     suffix = ""
-    if label_orders is not None:
+    if catalog_after:
+        if label_orders is not None or examples:
+            raise CompileError("isolate_fields: an isolated field's prompt takes neither --permutations nor examples")
+        system, suffix = system_text(schema, catalog_after=True), catalog_after_record(schema)
+    elif label_orders is not None:
         system, suffix = system_text(schema, values_after=True), values_after_record(schema, label_orders)
     else:
         system = system_text(schema)

@@ -266,6 +266,11 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
     instructions = data.get("instructions") or ""
     if not isinstance(name, str) or not isinstance(instructions, str):
         problems.append("schema: 'name' and 'instructions' must be strings")
+    isolate = data.get("isolate_fields", False)
+    if not isinstance(isolate, bool):
+        problems.append("schema: 'isolate_fields' must be true or false")
+    elif isolate:
+        problems.extend(isolation_problems(fields))
     raw_examples = data.get("examples") or []
     if not isinstance(raw_examples, list):
         problems.append("schema: 'examples' must be a list of {text: ..., labels: {...}}")
@@ -285,12 +290,21 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
         canonical_data["examples"] = [[e.text, e.columns, list(e.labels)] for e in examples]
     if rules:  # likewise for rules
         canonical_data["rules"] = [r.to_dict() for r in rules]
+    if isolate is True:  # likewise for isolation
+        canonical_data["isolate_fields"] = True
     canonical = json.dumps(canonical_data, ensure_ascii=False, sort_keys=True)
     decisions, parts = _expand(fields)
     return Schema(name=name, instructions=instructions.strip(), fields=decisions,
                   waves=tuple(tuple(d for fi in wave for d in parts[fi]) for wave in waves), warnings=tuple(warnings),
                   source_sha256=hashlib.sha256(canonical.encode()).hexdigest(), examples=tuple(examples),
-                  declared=tuple(fields), parts=parts, rules=rules)
+                  declared=tuple(fields), parts=parts, rules=rules, isolate_fields=isolate is True)
+
+
+def isolation_problems(fields) -> list[str]:
+    """Why ``fields`` cannot be decided in isolation (``isolate_fields``): a ``depends_on`` field
+    sees another field's answer by definition."""
+    return [f"field {f.name!r}: depends_on {list(f.depends_on)} cannot hold with isolate_fields (an isolated "
+            "field sees no other field's answer); drop one of them" for f in fields if f.depends_on]
 
 
 def _expand(fields: list[Field]) -> tuple[tuple[Field, ...], tuple[tuple[int, ...], ...]]:

@@ -8,6 +8,8 @@ A leaf of the package: no reading, no parsing. Files become these values in
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -304,6 +306,13 @@ class Schema:
     parts: tuple[tuple[int, ...], ...] = ()
     #: rules between fields (``pcd_cli.schema.rules.Rule``), applied after decoding
     rules: tuple = ()
+    #: ``isolate_fields: true`` (issue #35 item 3): every declared field is decided in its own
+    #: branch of the record's prompt, seeing only itself (``field_alone``), so its label does not
+    #: depend on the other fields, their order or their count.
+    isolate_fields: bool = False
+    #: With ``isolate_fields``: the JSON key every field's branch writes instead of its name
+    #: (``pcd serve``'s isolated questions are all asked as ``"answer"``); ``None``: the field's name.
+    isolated_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.declared:  # built from decisions alone: every field is one decision
@@ -332,6 +341,29 @@ class Schema:
                                   "rename the field or pass another --id-field")
 
 
+def field_alone(schema: Schema, index: int, key: str | None = None) -> Schema:
+    """The one-field schema of ``schema``'s declared field ``index``: its decisions only (every
+    option of a multi field), ``schema``'s instructions, one wave; ``key`` renames the field
+    (its options become ``<key>.<option>``). What an isolated field's branch is compiled from
+    (``Schema.isolate_fields``): it depends on that field and the instructions, nothing else.
+
+    Raises:
+        IndexError: ``index`` is not a declared field's.
+    """
+    declared = schema.declared[index]
+    decisions = tuple(schema.fields[i] for i in schema.parts[index])
+    if key is not None and key != declared.name:
+        declared = dataclasses.replace(declared, name=key)
+        decisions = tuple(dataclasses.replace(d, name=f"{key}.{d.option}", group=key) if d.group is not None
+                          else dataclasses.replace(d, name=key) for d in decisions)
+    decisions = tuple(dataclasses.replace(d, depends_on=()) for d in decisions)
+    canonical = json.dumps([schema.instructions, declared.name, declared.type, declared.description,
+                            list(declared.labels), [d.name for d in decisions]], ensure_ascii=False)
+    return Schema(name=f"{schema.name}.{declared.name}", instructions=schema.instructions, fields=decisions,
+                  waves=(tuple(range(len(decisions))),), source_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+                  declared=(dataclasses.replace(declared, depends_on=()),), parts=(tuple(range(len(decisions))),))
+
+
 def schema_metadata(schema: Schema) -> dict[str, str]:
     """The schema's part of an output's key-value metadata.
 
@@ -357,7 +389,7 @@ def json_string(text: str) -> str:
 
 
 #: Keys a schema in pcd's own format may have at the top level, and in each field.
-TOP_KEYS = ("name", "instructions", "fields", "examples", "rules")
+TOP_KEYS = ("name", "instructions", "fields", "examples", "rules", "isolate_fields")
 FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on", "abstain_below", "nullable", "none_label",
               "minimum", "maximum", "threshold", "min_items", "max_items")
 #: ``written`` for a JSON file: a value's text is its JSON spelling (JSON converts nothing).
