@@ -38,6 +38,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .api import Labeler
+from .backends.dtype_speed import bfloat16_would_run, record_measurement  # noqa: F401 (also public here)
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .decoding.prompt import answer_object
 from .errors import InputError, ModelError
@@ -256,6 +257,8 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
                                                report.summary["pcd_median_latency_s"]))
     if compare_dtype and bfloat16_would_run(labeler.backend):
         report.summary["dtypes"] = compare_dtypes(labeler, records, packed, packed_seconds, model=model)
+        record_measurement(labeler.backend.model_id, report.summary["dtypes"], schema=schema.name,
+                           records=len(records))  # pcd label's bfloat16 note reads it
     return report
 
 
@@ -339,22 +342,6 @@ def forward_limit(labeler, records, packed_seconds: float, tokens_fed: int, pass
     pcd = min(packed_seconds, again)
     return {"tokens_per_record": tokens_fed / len(records), "passes": passes, "pcd_s": pcd,
             "plain_forward_s": plain, "ratio": pcd / plain, "pcd_runs_s": [packed_seconds, again]}
-
-
-def cpu_has_bfloat16() -> bool:
-    """Whether this CPU advertises ``avx512_bf16`` or ``amx_bf16`` (Linux ``/proc/cpuinfo``;
-    ``False`` elsewhere)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def bfloat16_would_run(backend) -> bool:
-    """Whether ``compare_dtypes`` applies: a torch backend on CPU in float32, on a CPU with bfloat16."""
-    return (str(getattr(backend, "device", "")) == "cpu" and getattr(backend, "dtype_name", "") == "float32"
-            and type(backend).__name__ == "TorchBackend" and cpu_has_bfloat16())
 
 
 def compare_dtypes(labeler, records, results, seconds: float, *, model: str | None) -> dict:

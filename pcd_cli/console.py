@@ -197,8 +197,9 @@ def label_errors(report: Reporter, output: Optional[Path], local: bool):
 
 
 def label_done(report: Reporter, stats, input: Path, output: Path, errors: Path, quiet: bool, *,
-          id_field: str | None, id_detected: bool) -> None:
-    """The end of a finished ``pcd label`` run: the summary, where the ids came from, the warnings."""
+          id_field: str | None, id_detected: bool, notes: list[str] | tuple[str, ...] = ()) -> None:
+    """The end of a finished ``pcd label`` run: the summary, where the ids came from, the notes
+    (``JobRun.notes``), the warnings."""
     ids = (f"ids from the {id_field!r} column" if id_field else "ids are row numbers (column 'row')") + (
         "; --row-ids numbers the rows instead" if id_detected else "")
     if report.json:
@@ -207,6 +208,8 @@ def label_done(report: Reporter, stats, input: Path, output: Path, errors: Path,
     elif not quiet:
         stats.render(out)
         out.print(f"wrote {stats.records} rows to {escape(str(output))} ({ids})", highlight=False)
+    for note in notes:
+        report("note", {"message": note}, "info")
     if stats.read == 0:
         report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
     if stats.failures:

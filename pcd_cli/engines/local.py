@@ -153,6 +153,8 @@ class JobRun:
 
     stats: RunStats | None = None
     warnings: list[JobWarning] = field(default_factory=list)
+    #: lines worth saying once at the end that are not warnings (``dtype_speed.bfloat16_note``)
+    notes: list[str] = field(default_factory=list)
 
 
 def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: LabelJob, *, output: Path | None,
@@ -216,6 +218,11 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                            trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
                            batch_records=batch_records, resume=resume, max_errors=max_errors,
                            should_stop=should_stop, on_event=emit)
+    from ..backends.dtype_speed import bfloat16_note
+
+    note = bfloat16_note(labeler.backend) if job.dtype == "auto" else None
+    if note is not None:
+        run.notes.append(note)
     return run
 
 
