@@ -175,7 +175,7 @@ class FieldReport:
     trunk_text: str
     trunk_ids: tuple[int, ...]
     trunk_pieces: tuple[str, ...]
-    forest_tokens: int  #: tokens the field adds to its wave's forward pass
+    forest_tokens: int  #: tokens the field adds to its wave's forward pass (a trunk shared with the forest before counted there)
     decision_points: int  #: trie nodes whose next-token distribution is read
     deepest: int  #: largest ``identified_at`` of the field
     labels: tuple[LabelReport, ...]
@@ -425,7 +425,7 @@ def _field_report(compiled: CompiledSchema, plan: WavePlan, forest: FieldForest,
     trunk = forest.ids[:forest.trunk_len]
     return FieldReport(
         name=field.name, type=field.type, wave=wave, trunk_text=tok.decode(trunk), trunk_ids=trunk,
-        trunk_pieces=tuple(tok.decode([t]) for t in trunk), forest_tokens=len(forest.ids),
+        trunk_pieces=tuple(tok.decode([t]) for t in trunk), forest_tokens=len(forest.ids) - forest.shared,
         decision_points=len(forest.query_rows),
         deepest=max(s.identified_at for lab in labels for s in lab.spellings), labels=labels,
         collisions=collisions,

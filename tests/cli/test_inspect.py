@@ -176,7 +176,7 @@ def test_paths_are_what_the_decoder_feeds(smol, scoring):
     plan = compiled.wave_plan(0, compiled.prompt.tail_text)
     forest = plan.forests[0]
     f = report.fields[0]
-    assert f.trunk_ids == forest.ids[:forest.trunk_len] and f.forest_tokens == len(forest.ids)
+    assert f.trunk_ids == forest.ids[:forest.trunk_len] and f.forest_tokens == len(forest.ids) - forest.shared
     for lab, (_, line) in zip(f.labels, forest.lines):
         (s,) = lab.spellings
         assert list(plan.context_ids) + list(f.trunk_ids) + list(s.ids) == smol.encode(plan.context_text + line)
@@ -500,3 +500,15 @@ def test_cli_id_field_moves_the_id_column(tmp_path):
     result = inspect_schema(write(tmp_path, {"fields": {"row": {"type": "boolean"}}}), "--id-field", "id", "--json")
     assert result.exit_code == 0, result.output
     assert [f["name"] for f in json.loads(result.stdout)["fields"]] == ["row"]
+
+
+def test_a_multi_fields_options_count_their_shared_trunk_once(smol):
+    """Issue #38 item 3: the options of a multi field share their trunk (``"topics": {``); the
+    report's forest tokens are what each option adds to the pass, as the decoder feeds them."""
+    schema = parse_schema({"fields": {"topics": {"type": "multi", "labels": ["billing", "outage", "security"]}}})
+    report = report_for(schema, smol)
+    compiled = CompiledSchema(schema, smol)
+    plan = compiled.wave_plan(0, compiled.prompt.tail_text)
+    assert [f.forest_tokens for f in report.fields] == [len(fo.ids) - fo.shared for fo in plan.forests]
+    assert sum(f.forest_tokens for f in report.fields) == plan.n_tokens
+    assert plan.forests[1].shared > 0 and report.fields[1].forest_tokens < len(plan.forests[1].ids)
