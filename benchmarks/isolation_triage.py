@@ -1,7 +1,8 @@
-"""What field isolation would cost ``pcd label`` on the 28-field triage preset (issue #35 item 3's
-measurement; the option itself is not built): the shared-catalog prompt (one schema, every field
-in one catalog, two passes per record) against every field as its own one-field schema (the
-record read once per field), same records, same model.
+"""What field isolation costs ``pcd label`` on the 28-field triage preset (issue #35 item 3): the
+shared-catalog prompt (one schema, every field in one catalog, two passes per record) against
+``--isolate-fields`` (every field its own branch after the record, the record read once) and
+against every field as its own one-field schema (the record read once per field), same records,
+same model.
 
     python benchmarks/isolation_triage.py [--records 8] [--json benchmarks/isolation_triage.json]
 
@@ -11,7 +12,8 @@ one-field schema keeps its spec (``depends_on`` dropped: a field alone sees no o
 schema's rules, which act between fields, do not apply) and, for an enum, lists its labels sorted.
 Reported: tokens fed per record (records and answer forests; prompt heads apart), prompt-head tokens
 prefilled once per schema, forward passes per record, ms per record (compiling excluded), compile
-seconds, and how many labels differ from the shared prompt's.
+seconds, and how many labels differ from the shared prompt's. ``isolate_fields`` runs the preset
+with ``depends_on`` dropped and each enum's labels sorted (as the one-field schemas).
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ def one_field_schemas(data: dict) -> list[dict]:
     return out
 
 
+def isolated_preset(data: dict) -> dict:
+    """The preset with ``isolate_fields: true`` (``depends_on`` dropped, enum labels sorted)."""
+    fields = {}
+    for one in one_field_schemas(data):
+        fields.update(one["fields"])
+    return {"name": data["name"], "instructions": data.get("instructions"), "fields": fields, "isolate_fields": True}
+
+
 def run(labelers: list, records: list[Record]) -> tuple[dict, list]:
     passes = sum(lab.forward_passes for lab in labelers)
     tokens = sum(lab.decoder.tokens_fed for lab in labelers)
@@ -76,15 +86,23 @@ def main() -> None:
     started = time.perf_counter()
     isolated = [Labeler(parse_schema(d), backend=backend) for d in one_field_schemas(data)]
     isolated_compile = time.perf_counter() - started
+    started = time.perf_counter()
+    branches = Labeler(parse_schema(isolated_preset(data)), backend=backend)
+    branches_compile = time.perf_counter() - started
     s, shared_out = run([shared], records)
     i, isolated_out = run(isolated, records)
+    b, branches_out = run([branches], records)
     names = [f.name for f in shared.schema.fields]
     by_name = {lab.schema.fields[k].name: (j, k) for j, lab in enumerate(isolated) for k in range(len(lab.schema.fields))}
-    differ = 0
+    differ = branch_differ = 0
+    worst = 0.0  # a field's probabilities: its isolated branch vs its one-field schema alone
     for r, rec in enumerate(records):
         for f, name in enumerate(names):
             j, k = by_name[name]
             differ += shared_out[0][r].fields[f].value != isolated_out[j][r].fields[k].value
+            branch_differ += shared_out[0][r].fields[f].value != branches_out[0][r].fields[f].value
+            worst = max(worst, max(abs(x - y) for x, y in zip(branches_out[0][r].fields[f].probs,
+                                                               isolated_out[j][r].fields[k].probs)))
     out = {"model": backend.model_id, "schema": "schemas/support_triage.yaml", "records": len(records),
            "decisions": len(records) * len(names),
            "shared": {**s, "compile_s": round(shared_compile, 2)},
@@ -92,7 +110,15 @@ def main() -> None:
            "ratios": {"tokens": round(i["tokens_per_record"] / s["tokens_per_record"], 2),
                       "ms": round(i["ms_per_record"] / s["ms_per_record"], 2),
                       "passes": round(i["passes_per_record"] / s["passes_per_record"], 2)},
-           "labels_that_differ": differ}
+           "labels_that_differ": differ,
+           "isolate_fields": {**b, "compile_s": round(branches_compile, 2),
+                              "ratios": {"tokens": round(b["tokens_per_record"] / s["tokens_per_record"], 2),
+                                         "ms": round(b["ms_per_record"] / s["ms_per_record"], 2),
+                                         "passes": round(b["passes_per_record"] / s["passes_per_record"], 2)},
+                              "labels_that_differ_from_shared": branch_differ,
+                              "max_abs_diff_vs_one_field_schemas": worst,
+                              "note": "the one-field schemas put the field's catalog in the head, isolate_fields "
+                                      "after the record: two prompts, so their probabilities differ"}}
     args.json.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
 

@@ -88,7 +88,7 @@ def cli_baseline(schema_path: str, rows: list[dict], model: str | None, device: 
     started = time.perf_counter()
     labeler = Labeler(schema_path, model=model, device=device)
     load_s = time.perf_counter() - started
-    records = [Record(r["id"], r["text"]) for r in rows]
+    records = [Record(r["id"], r["text"].strip()) for r in rows]  # as pcd label and pcd serve read a text
     labeler.label_batch(records[:CHUNK_RECORDS])  # warm-up
     passes = labeler.forward_passes
     started = time.perf_counter()

@@ -127,6 +127,10 @@ ABSTAIN_UNLESS_SINGLE_OPT = typer.Option(False, "--abstain-unless-single", help=
 PRIOR_CORRECTION_OPT = typer.Option(False, "--prior-correction", help="Divide each field's probabilities by those "
                                     "of content-free records ('N/A', '[MASK]', '(empty)'), measured once: less lean "
                                     "toward the labels a small model prefers anyway.")
+ISOLATE_FIELDS_OPT = typer.Option(False, "--isolate-fields", help="Decide each field in its own branch after the "
+                                  "record, seeing only its own key and values: a field's label does not change when "
+                                  "other fields are added, removed or moved (the schema's isolate_fields: true). "
+                                  "Costs each field's catalog line per record.")
 ABSTAIN_BELOW_OPT = typer.Option(None, "--abstain-below", min=0.0, max=1.0, help="Leave a field without a label "
                                  "(null, <field>__abstained true) when its probability is below P; a field's own "
                                  "abstain_below wins.")
@@ -229,6 +233,7 @@ def label(
     abstain_unless_single: bool = _panel(ABSTAIN_UNLESS_SINGLE_OPT, 'Quality'),
     prior_correction: bool = _panel(PRIOR_CORRECTION_OPT, 'Quality'),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
+    isolate_fields: bool = _panel(ISOLATE_FIELDS_OPT, 'Quality'),
     abstain_below: Optional[float] = _panel(ABSTAIN_BELOW_OPT, 'Quality'),
     adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Quality'),
     examples: Optional[Path] = _panel(EXAMPLES_OPT, 'Quality'),
@@ -276,7 +281,7 @@ def label(
         job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
                        scoring=scoring.value, template=template, text_field=text_field, id_field=id_field,
                        truncate=truncate.value, permutations=permutations, prior_correction=prior_correction,
-                       calibration=calibration, tuned_calibration=not no_calibration, abstain_below=abstain_below,
+                       isolate_fields=isolate_fields, calibration=calibration, tuned_calibration=not no_calibration, abstain_below=abstain_below,
                        abstain_unless_single=abstain_unless_single, examples=examples, shots=shots, seed=seed,
                        max_tokens_per_pass=max_tokens_per_pass)
         run_args = dict(output=output, errors_path=errors, trace_path=trace, all_probs=all_probs, min_mass=min_mass,
@@ -295,7 +300,8 @@ def label(
             with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
                 run = run_label_job(schema, input, job, progress=progress, batch_records=batch_size,
                                     should_stop=should_stop, **run_args)
-    label_done(report, run.stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected)
+    label_done(report, run.stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected,
+               notes=getattr(run, "notes", ()))
 
 
 def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, fmt) -> bool:
@@ -499,6 +505,7 @@ def calibrate(
                                                "rows, labelled with --all-probs (then no model is loaded)."),
     folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Model'),
+    isolate_fields: bool = _panel(ISOLATE_FIELDS_OPT, 'Model'),
     coverage: Optional[float] = typer.Option(None, "--coverage", min=0.5, max=0.999, help="Also fit conformal "
                                              "label sets holding the gold label with at least this probability "
                                              "(e.g. 0.9); half of the gold rows then set the threshold instead of "
@@ -533,7 +540,8 @@ def calibrate(
             require_matplotlib()
         job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
                        scoring=scoring.value, template=template, text_field=text_field, permutations=permutations,
-                       examples=examples, shots=shots, seed=seed, max_tokens_per_pass=max_tokens_per_pass)
+                       isolate_fields=isolate_fields, examples=examples, shots=shots, seed=seed,
+                       max_tokens_per_pass=max_tokens_per_pass)
         run = calibrate_on_gold(gold, schema, job, output=output, predictions=predictions, folds=folds, seed=seed,
                                 coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter)
         for line in run.notes:
@@ -738,6 +746,7 @@ def serve(
     abstain_unless_single: bool = _panel(ABSTAIN_UNLESS_SINGLE_OPT, 'Quality'),
     prior_correction: bool = _panel(PRIOR_CORRECTION_OPT, 'Quality'),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
+    isolate_fields: bool = _panel(ISOLATE_FIELDS_OPT, 'Quality'),
     abstain_below: Optional[float] = _panel(ABSTAIN_BELOW_OPT, 'Quality'),
     examples: Optional[list[str]] = typer.Option(None, "--examples", help="NAME=PATH (repeatable; a bare PATH with "
                                                  "one schema): a gold file to draw that schema's few-shot examples "
@@ -836,7 +845,7 @@ def serve(
 
         job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
                        scoring=scoring.value, template=template, text_field=text_field, truncate=truncate.value,
-                       permutations=permutations, prior_correction=prior_correction,
+                       permutations=permutations, prior_correction=prior_correction, isolate_fields=isolate_fields,
                        tuned_calibration=not no_calibration, abstain_below=abstain_below,
                        abstain_unless_single=abstain_unless_single, shots=shots, seed=seed,
                        max_tokens_per_pass=max_tokens_per_pass)

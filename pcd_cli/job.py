@@ -50,6 +50,8 @@ class LabelJob:
         truncate: ``middle|head|tail|error`` for a text too long for the context.
         permutations: K >= 2 averages K label orderings (``pcd_cli.decoding.permute``).
         prior_correction: divide by the content-free priors (``pcd_cli.decoding.prior``).
+        isolate_fields: decide each field in its own branch (``Labeler``; also the schema's
+            ``isolate_fields: true``).
         calibration: a ``pcd calibrate`` file; ``None``: none, or the tuned folder's own.
         tuned_calibration: apply the ``pcd-calibration.json`` of a tuned ``model``/``adapter``
             folder when ``calibration`` is ``None`` (``--no-calibration`` sets it false).
@@ -77,6 +79,7 @@ class LabelJob:
     truncate: str = "middle"
     permutations: int = 1
     prior_correction: bool = False
+    isolate_fields: bool = False
     calibration: str | None = None
     tuned_calibration: bool = True
     abstain_below: float | None = None
@@ -136,8 +139,9 @@ class LabelJob:
     def for_questions(self) -> "LabelJob":
         """The job of a schema built from a request's questions (``pcd serve``'s Jev and OpenAI
         routes): the model, scoring, truncation, permutations and prior correction of the served
-        job, without what belongs to one schema (its calibration, examples, abstention)."""
-        return replace(self, calibration=None, tuned_calibration=False, abstain_below=None,
+        job, without what belongs to one schema (its calibration, examples, abstention, isolation:
+        an isolated request's schema says so itself, ``questions.isolated_schema``)."""
+        return replace(self, calibration=None, tuned_calibration=False, abstain_below=None, isolate_fields=False,
                        abstain_unless_single=False, examples=None, drawn_examples=None, id_field=None)
 
 
@@ -175,7 +179,8 @@ def build_labeler(schema, job: LabelJob, *, backend=None):
                    examples=job.drawn_examples, template=job.template, calibration=job.calibration,
                    adapter=job.adapter, abstain_unless_single=job.abstain_unless_single,
                    abstain_below=job.abstain_below, prior_correction=job.prior_correction,
-                   permutations=job.permutations, tuned_calibration=job.tuned_calibration)
+                   permutations=job.permutations, tuned_calibration=job.tuned_calibration,
+                   isolate_fields=job.isolate_fields)
 
 
 def load_model(job: LabelJob):

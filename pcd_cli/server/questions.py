@@ -9,10 +9,12 @@ both APIs answer with (``Answer``). Two prompts (``PROMPTS``, chosen per request
 
 * **isolated** (the default; issue #35, DESIGN.md "A decision is a function of its record and its
   question"): each distinct question is its own one-field schema (``question_data``: field
-  ``answer``, the request's key left out, a choice's options in ``canonical_order``), decoded over
-  the state as a record (``plan``, ``decide``); duplicates are decoded once; a data-engine batch
-  (``split_rows``) is cut into one record per row. A question's probabilities are then those of
-  the question asked alone, whatever else the request holds.
+  ``answer``, the request's key left out, a choice's options in ``canonical_order``), asked in its
+  own branch after the state (``isolate_fields``: the state is fed once, each question's catalog
+  line and answer attend to it and to nothing else; ``plan``, ``decide``); duplicates are decoded
+  once; a data-engine batch (``split_rows``) is cut into one record per row. A question's
+  probabilities are then those of the question asked alone, whatever else the request holds
+  (equal within packing's float rounding).
 * **shared**: the whole request one schema (``build``: ``QuestionSet``), every question a field,
   all in one catalog: cheaper, but each answer then depends on the other questions.
 
@@ -50,7 +52,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -428,13 +430,14 @@ def question_data(question: Question) -> tuple[dict, tuple[int, ...]]:
     return schema_data([canonical], (ISOLATED_FIELD,)), order
 
 
-def _schema(data: dict) -> Schema:
-    """``parse_schema(data)``, the last ``CACHE_SIZE`` kept (keyed by the dict's JSON text).
+def _schema(data: dict, isolated_key: str | None = None) -> Schema:
+    """``parse_schema(data)`` (with ``Schema.isolated_key`` set), the last ``CACHE_SIZE`` kept
+    (keyed by the dict's JSON text).
 
     Raises:
         ApiError: 422 when pcd's schema rules refuse it.
     """
-    key = json.dumps(data, ensure_ascii=False)
+    key = json.dumps([data, isolated_key], ensure_ascii=False)
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None:
@@ -444,6 +447,8 @@ def _schema(data: dict) -> Schema:
         schema = parse_schema(data, default_name=data["name"], source="questions")
     except SchemaError as exc:
         raise invalid(f"questions: {exc}", "invalid_questions") from None
+    if isolated_key is not None:
+        schema = replace(schema, isolated_key=isolated_key)
     with _cache_lock:
         _cache[key] = QuestionSet((), (), data, schema)
         while len(_cache) > CACHE_SIZE:
@@ -514,9 +519,10 @@ def split_rows(state: Any, questions: list[Question]) -> list[tuple[Any, Questio
 
 @dataclass(frozen=True)
 class Unit:
-    """One ``LabelService.submit`` of an isolated request: a one-question schema and the distinct
-    record texts it is decoded over (one for an ordinary request; one per row of a data-engine
-    batch). Units of concurrent requests with the same schema share a compiled decoder and pass."""
+    """One ``LabelService.submit`` of an isolated request: the schema of a set of distinct questions
+    (``isolated_schema``: one isolated field each, sorted by question) and the distinct record texts
+    they are asked about (one state for an ordinary request; one per row of a data-engine batch).
+    Units of concurrent requests with the same question set share a compiled decoder and pass."""
 
     schema: Schema
     texts: tuple[str, ...]
@@ -524,12 +530,15 @@ class Unit:
 
 @dataclass(frozen=True)
 class Pick:
-    """Where a question's answer comes from: ``unit``'s record ``record``, with ``order`` mapping the
-    prompt's option positions to the request's (``canonical_order``)."""
+    """Where a question's answer comes from: ``unit``'s record ``record``, declared field ``field``,
+    with ``order`` mapping the prompt's option positions to the request's (``canonical_order``);
+    ``sha256``: the question's own one-question schema's hash (``question_data``)."""
 
     unit: int
     record: int
     order: tuple[int, ...]
+    field: int = 0
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -549,9 +558,11 @@ class Plan:
 
 
 def plan(questions: list[Question], state: Any, *, max_questions: int = MAX_QUESTIONS) -> Plan:
-    """The isolated plan of a request: each question's one-question schema (``question_data``)
-    over its record text (``state_text`` of the state, or of its row's one-row state for a
-    data-engine batch, ``split_rows``).
+    """The isolated plan of a request: per distinct record text (``state_text`` of the state, or of
+    its row's one-row state for a data-engine batch, ``split_rows``), the distinct questions asked
+    about it (``question_data``); texts asked the same question set share a unit, whose schema
+    has one isolated field per question (``isolated_schema``). The state is fed once for all its
+    questions; each question's branch sees the state and itself only.
 
     Raises:
         ApiError: 413/422 from ``check_limits`` (without the answer-context limit, which only a
@@ -560,21 +571,43 @@ def plan(questions: list[Question], state: Any, *, max_questions: int = MAX_QUES
     check_limits(questions, max_questions, shared=False)
     split = split_rows(state, questions)
     asked = split if split is not None else [(state, q) for q in questions]
-    units: dict[str, tuple[Schema, dict[str, int]]] = {}
-    picks = []
-    for (one_state, q) in asked:
+    by_text: dict[str, dict[str, dict]] = {}  # record text -> {question key: its schema dict}
+    raw = []
+    for one_state, q in asked:
         text = state_text(one_state)
         data, order = question_data(q)
-        key = data["name"]
-        if key not in units:
-            units[key] = (_schema(data), {})
-        texts = units[key][1]
-        texts.setdefault(text, len(texts))
-        picks.append((key, texts[text], order))
-    index = {key: i for i, key in enumerate(units)}
-    return Plan(tuple(questions), tuple(Unit(schema, tuple(texts)) for schema, texts in units.values()),
-                tuple(Pick(index[key], record, order) for key, record, order in picks),
-                len(asked) if split is not None else 0)
+        by_text.setdefault(text, {})[data["name"]] = data
+        raw.append((text, data["name"], order))
+    sets: dict[tuple[str, ...], list[str]] = {}  # sorted question keys -> the texts asked exactly those
+    for text, datas in by_text.items():
+        sets.setdefault(tuple(sorted(datas)), []).append(text)
+    units, where = [], {}
+    for u, (keys, texts) in enumerate(sets.items()):
+        units.append(Unit(isolated_schema([by_text[texts[0]][k] for k in keys]), tuple(texts)))
+        for r, text in enumerate(texts):
+            for f, key in enumerate(keys):
+                where[(text, key)] = (u, r, f)
+    picks = []
+    for text, key, order in raw:
+        u, r, f = where[(text, key)]
+        picks.append(Pick(u, r, order, f, hashlib.sha256(
+            json.dumps(by_text[text][key], ensure_ascii=False, sort_keys=True).encode()).hexdigest()))
+    return Plan(tuple(questions), tuple(units), tuple(picks), len(asked) if split is not None else 0)
+
+
+def isolated_schema(datas: list[dict]) -> Schema:
+    """The schema of a unit: one field per question schema dict (``question_data``) in the order
+    given, named by the dict's ``name``, with ``isolate_fields`` and every branch asked under the
+    key ``ISOLATED_FIELD`` (``Schema.isolated_key``): each field's branch is the prompt of its
+    question asked alone.
+
+    Raises:
+        ApiError: 422 when pcd's schema rules refuse it.
+    """
+    fields = {d["name"]: d["fields"][ISOLATED_FIELD] for d in datas}
+    canonical = json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _schema({"name": "isolated_" + hashlib.sha256(canonical.encode()).hexdigest()[:12], "fields": fields,
+                    "isolate_fields": True}, isolated_key=ISOLATED_FIELD)
 
 
 def answer(question: Question, f: FieldResult, order: tuple[int, ...] | None = None) -> Answer:
@@ -615,7 +648,8 @@ def plan_answers(p: Plan, results: list[list]) -> list[Answer]:
     ``u``'s record ``r``."""
     out = []
     for q, pick in zip(p.questions, p.picks):
-        fields = results[pick.unit][pick.record].fields
+        decided = results[pick.unit][pick.record].fields
+        fields = [decided[i] for i in p.units[pick.unit].schema.parts[pick.field]]
         out.append(multi_answer(q, fields, pick.order) if q.kind == MULTI else answer(q, fields[0], pick.order))
     return out
 
@@ -630,7 +664,8 @@ class Decoded:
             questions counts ``Q`` times: it is read once per question).
         truncated: any record was truncated to fit the model.
         queue_ms: the longest queue wait of the units; decode_ms: their decode calls' time, summed.
-        schema_sha256: per question, the sha256 of the schema it was decoded with.
+        schema_sha256: per question, the sha256 of its one-question schema dict (``question_data``).
+        units: distinct questions decoded (summed over the units).
     """
 
     answers: list[Answer]
@@ -678,4 +713,4 @@ async def decide(service: Any, p: Plan, *, request_id: str, deadline: float | No
                    any(bool(getattr(r, "truncated", False)) for per_unit in results for r in per_unit),
                    max(float(getattr(d, "queue_ms", 0.0) or 0.0) for d in done),
                    sum(float(getattr(d, "decode_ms", 0.0) or 0.0) for d in done),
-                   [p.units[pick.unit].schema.source_sha256 for pick in p.picks], p.rows, len(p.units))
+                   [pick.sha256 for pick in p.picks], p.rows, sum(len(u.schema.declared) for u in p.units))

@@ -31,7 +31,7 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Sequence
 
 from ..engines.local import CHUNK_RECORDS
@@ -493,11 +493,16 @@ class LabelService:
         pinned = self._pinned.get(schema.source_sha256)
         if pinned is not None:
             return pinned
-        key = (schema.source_sha256, self.default_options)
+        options = self.default_options
+        if schema.isolate_fields and options.permutations > 1:
+            # an isolated question's option order is canonical already (questions.canonical_order);
+            # --permutations needs every field's values in one list, so it applies to shared prompts
+            options = replace(options, permutations=1)
+        key = (schema.source_sha256, options)
         with self._cond:
             entry = self._cache.get(key)
             if entry is None:
-                entry = self._cache[key] = _Entry(key, schema, self.default_options)
+                entry = self._cache[key] = _Entry(key, schema, options)
                 busy = {job.entry.key for job in self._queue}
                 for old in list(self._cache):
                     if len(self._cache) <= self.config.max_cached_schemas:

@@ -69,7 +69,9 @@ def test_jevbench_check_and_the_examples_suite_hold_batch_and_option_order(pcd_s
         dict.fromkeys((*BATCH, "option_permutation"), 1.0)
     outcomes = report["result"]["outcomes"]
     assert {o["relation"] for o in outcomes} == {*BATCH, "option_permutation"}
-    # one request at a time: each question's schema is decoded alone, so every deviation is 0;
-    # a duplicate is decoded once, so it is exact whatever the packing
-    assert all(o["deviation"] == 0.0 and not o["violated"] for o in outcomes), \
-        [(o["relation"], o["deviation"]) for o in outcomes if o["deviation"]]
+    # each question is its own branch after the state: a deviation is packing's float32 rounding
+    # at most (the bound the decision endpoints state, docs/serve.md); a duplicate is decoded once,
+    # so it is exact
+    assert all(o["deviation"] <= 2e-5 and not o["violated"] for o in outcomes), \
+        [(o["relation"], o["deviation"]) for o in outcomes if o["deviation"] > 2e-5]
+    assert all(o["deviation"] == 0.0 for o in outcomes if o["relation"] == "duplicate_question")

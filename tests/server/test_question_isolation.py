@@ -1,7 +1,9 @@
 """Question isolation on the decision endpoints (issue #35 items 1 and 2): each question is its own
-one-question schema, so its probabilities are those of the question asked alone about the same
-state, whatever else the request asks, in whatever order, with duplicates, and whatever order a
-choice lists its options in."""
+one-question schema asked in its own branch after the state (``isolate_fields``), so its
+probabilities are those of the question asked alone about the same state, whatever else the request
+asks, in whatever order, with duplicates, and whatever order a choice lists its options in (equal
+within ``BOUND``, packing's float32 rounding: a question's branch shares passes with its
+neighbours')."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from pcd_cli.server import jev as J  # noqa: E402
 from pcd_cli.server import questions as Q  # noqa: E402
 
 KEY = "test-key"
+#: packed vs alone: the decoder's float32 packing bound (measured 5.8e-6, benchmarks/isolation.json)
+BOUND = 2e-5
 STATE = {"subject": "Duplicate charge", "body": "I was charged twice for my March invoice. Please refund one."}
 QUESTIONS = {
     "billing": {"type": "noul", "instructions": "Is this about billing?"},
@@ -63,22 +67,29 @@ def test_a_question_schema_ignores_its_key_neighbours_and_option_order():
     assert Q.canonical_order(parsed({"b": QUESTIONS["billing"]})[0]) == (0, 1)
 
 
-def test_plan_decodes_each_distinct_question_once():
+def test_plan_decodes_each_distinct_question_once_over_one_state():
     qs = parsed({**QUESTIONS, "billing_again": QUESTIONS["billing"],
                  "tone2": {**QUESTIONS["tone"], "criteria": dict(reversed(list(QUESTIONS["tone"]["criteria"].items())))}})
     p = Q.plan(qs, STATE)
-    assert len(p.units) == 4 and p.rows == 0  # billing, tone, urgency, spam; the two copies are not decoded again
-    assert all(unit.texts == (Q.state_text(STATE),) for unit in p.units)
-    assert p.picks[4].unit == p.picks[0].unit and p.picks[5].unit == p.picks[1].unit
+    # one unit: the state read once, one isolated field per distinct question (billing, tone,
+    # urgency, spam); the two copies are not decoded again
+    assert len(p.units) == 1 and p.rows == 0 and p.units[0].texts == (Q.state_text(STATE),)
+    schema = p.units[0].schema
+    assert schema.isolate_fields and schema.isolated_key == "answer" and len(schema.declared) == 4
+    assert (p.picks[4].unit, p.picks[4].field) == (p.picks[0].unit, p.picks[0].field)
+    assert (p.picks[5].unit, p.picks[5].field) == (p.picks[1].unit, p.picks[1].field)
     assert p.picks[5].order == (1, 2, 0)  # calm, angry, excited reversed: excited, angry, calm
     alone = Q.plan(parsed({"tone": QUESTIONS["tone"]}), STATE)
-    assert alone.units[0].schema.source_sha256 == p.units[p.picks[1].unit].schema.source_sha256
+    assert alone.picks[0].sha256 == p.picks[1].sha256 == p.picks[5].sha256
+    # the unit's schema does not depend on the request's order: the question set is sorted
+    shuffled = Q.plan(parsed(dict(reversed(list(QUESTIONS.items())))), STATE)
+    assert shuffled.units[0].schema.source_sha256 == schema.source_sha256
 
 
 def test_isolation_lifts_the_shared_prompts_answer_context_limit():
     big = {"type": "choice", "criteria": {f"CAT_{i:03d}": None for i in range(255)}}
     nouls = {f"n{i}": {"type": "noul", "instructions": f"{i}?"} for i in range(20)}
-    assert len(Q.plan(parsed({"cat": big, **nouls}), "x").units) == 21
+    assert len(Q.plan(parsed({"cat": big, **nouls}), "x").units[0].schema.declared) == 21
     with pytest.raises(Q.ApiError) as info:
         Q.build(parsed({"cat": big, **nouls}))
     assert info.value.code == "too_many_options"
@@ -118,9 +129,16 @@ def tv(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a[k] - b[k]) for k in a)
 
 
+def close(a: dict, b: dict, bound: float = BOUND) -> bool:
+    """Two distributions by option (or two dicts of them by question) equal within ``bound``."""
+    if set(a) != set(b):
+        return False
+    return all(close(a[k], b[k], bound) if isinstance(a[k], dict) else abs(a[k] - b[k]) <= bound for k in a)
+
+
 def test_alone_batched_reordered_duplicated_permuted_give_the_same_answers(served):
     """The JevBench batch relations and option permutation, exactly: on an idle server every
-    question's schema is decoded alone in its own call, so the probabilities are equal to the bit."""
+    question is decoded in its own branch, so the probabilities are equal within ``BOUND``."""
     with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as client:
         batch = dists(client.system_one(state=STATE, questions=QUESTIONS))
         reordered = dists(client.system_one(state=STATE, questions=dict(reversed(list(QUESTIONS.items())))))
@@ -135,31 +153,31 @@ def test_alone_batched_reordered_duplicated_permuted_give_the_same_answers(serve
             permuted.append(dists(client.system_one(state=STATE, questions={"tone": q}))["tone"])
         reversed_scale = {**QUESTIONS["urgency"], "criteria": QUESTIONS["urgency"]["criteria"][::-1]}
         mirrored = dists(client.system_one(state=STATE, questions={"urgency": reversed_scale}))["urgency"]
-    assert batch == alone == {k: reordered[k] for k in QUESTIONS} == {k: duplicated[k] for k in QUESTIONS}
-    assert duplicated["tone__copy"] == duplicated["tone"] and fillers["tone"] == batch["tone"]
-    assert all(p == batch["tone"] for p in permuted)  # every one of the 6 option orders
-    assert {str(2 - int(k)): p for k, p in mirrored.items()} == batch["urgency"]  # the scale sent reversed
+    assert close(batch, alone) and close(batch, {k: reordered[k] for k in QUESTIONS})
+    assert close(batch, {k: duplicated[k] for k in QUESTIONS})
+    assert duplicated["tone__copy"] == duplicated["tone"]  # decoded once: the very same numbers
+    assert close(fillers["tone"], batch["tone"])
+    assert all(close(p, batch["tone"]) for p in permuted)  # every one of the 6 option orders
+    assert close({str(2 - int(k)): p for k, p in mirrored.items()}, batch["urgency"])  # the scale sent reversed
     assert abs(sum(batch["tone"].values()) - 1.0) < 1e-5 and 0.0 < batch["billing"]["true"] < 1.0
 
 
 def test_shared_prompt_is_still_there_and_differs(served):
     """``pcd_prompt: "shared"`` is today's one-schema prompt: an answer there depends on its
-    neighbours (what isolation removes); the isolated answer is the shared one of a one-question
-    request under the key ``answer``."""
+    neighbours (what isolation removes)."""
     with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as client:
         shared = dists(client.system_one(state=STATE, questions=QUESTIONS, extra_body={"pcd_prompt": "shared"}))
         shared_alone = dists(client.system_one(state=STATE, questions={"tone": QUESTIONS["tone"]},
                                                extra_body={"pcd_prompt": "shared"}))
-        as_answer = dists(client.system_one(state=STATE, extra_body={"pcd_prompt": "shared"}, questions={
-            "answer": {**QUESTIONS["tone"], "criteria": dict(sorted(QUESTIONS["tone"]["criteria"].items()))}}))
         isolated = dists(client.system_one(state=STATE, questions=QUESTIONS))
     assert tv(shared["tone"], shared_alone["tone"]) > 1e-3  # the neighbours move the shared answer
-    assert as_answer["answer"] == isolated["tone"]
+    assert tv(shared["tone"], isolated["tone"]) > 1e-3  # and the isolated prompt is another prompt
 
 
 def test_isolated_answer_equals_v1_label_with_the_one_question_schema(embedded_backend, tmp_path):
-    """The schema an isolated question is decoded with, written to a file and served by
-    ``/v1/label``: the same probabilities ``pcd label`` writes, to the bit."""
+    """The schema an isolated question is decoded with (its one-question dict with
+    ``isolate_fields: true``), written to a file and served by ``/v1/label``: the same
+    probabilities ``pcd label`` writes, to the bit (alone, nothing else shares its passes)."""
     import httpx
 
     from pcd_cli.server.app import AppConfig
@@ -170,7 +188,7 @@ def test_isolated_answer_equals_v1_label_with_the_one_question_schema(embedded_b
     tone = parsed({"tone": QUESTIONS["tone"]})[0]
     data, order = Q.question_data(tone)
     path = tmp_path / "tone.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    path.write_text(yaml.safe_dump({**data, "isolate_fields": True}, sort_keys=False, allow_unicode=True))
     service = LabelService(ModelHost(loaded=embedded_backend), {"tone": (load_schema(path), LabelJob())})
     with ServerThread(service, AppConfig(api_keys=(KEY,))) as srv:
         with typesafe_sdk.TypeSafeClient(base_url=srv.url, api_key=KEY, timeout=300) as client:
@@ -199,19 +217,20 @@ def test_openai_decisions_are_isolated_too(served):
     shuffled = client.decisions.create(model="m", input=text, questions=[flipped, questions[1], dict(questions[1], name="t2"),
                                                                          questions[0]])
     tone = {p.value: p.probability for p in batch.answers[1].probabilities}
-    assert tone == {p.value: p.probability for p in alone.answers[0].probabilities}
-    assert tone == {p.value: p.probability for p in shuffled.answers[1].probabilities} == \
-        {p.value: p.probability for p in shuffled.answers[2].probabilities}
-    refund = {p.value: p.probability for p in batch.answers[2].probabilities}
-    assert refund == {p.value: p.probability for p in shuffled.answers[0].probabilities}
+    assert close(tone, {p.value: p.probability for p in alone.answers[0].probabilities})
+    assert close(tone, {p.value: p.probability for p in shuffled.answers[1].probabilities})
+    assert {p.value: p.probability for p in shuffled.answers[1].probabilities} == \
+        {p.value: p.probability for p in shuffled.answers[2].probabilities}  # the copy: decoded once
+    refund = {str(p.value): p.probability for p in batch.answers[2].probabilities}
+    assert close(refund, {str(p.value): p.probability for p in shuffled.answers[0].probabilities})
     assert [p.value for p in shuffled.answers[0].probabilities] == [False, True]  # request order kept
-    assert batch.answers[0].probability == shuffled.answers[3].probability
+    assert abs(batch.answers[0].probability - shuffled.answers[3].probability) <= BOUND
     with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as jc:
         j = jc.system_one(state=text, questions={"tone": QUESTIONS["tone"]})
-    assert tone == j.choices["tone"].probabilities
-    # the usage counts the state once per distinct question decoded (3 here, 4 asked)
+    assert close(tone, j.choices["tone"].probabilities)
+    # the usage counts the state once: it is read once for every question
     single = client.decisions.create(model="m", input=text, questions=questions[:1]).usage.input_tokens
-    assert shuffled.usage.input_tokens == 3 * single
+    assert shuffled.usage.input_tokens == single
     assert np.isclose(sum(tone.values()), 1.0, atol=1e-5)
 
 
@@ -233,7 +252,7 @@ def test_pcd_multi_is_a_multi_select_question_the_client_passes_through(served):
     assert multi["type"] == "pcd_multi" and list(multi["probabilities"]) == ["billing", "outage", "security"]
     assert all(0.0 < p < 1.0 for p in multi["probabilities"].values())
     assert multi["chosen"] == [k for k, p in multi["probabilities"].items() if p >= 0.5]
-    assert other.raw_http_response.json()["answers"]["t"]["probabilities"] == multi["probabilities"]
+    assert close(other.raw_http_response.json()["answers"]["t"]["probabilities"], multi["probabilities"])
     assert "decoded on its own" in str(info.value)
     data, order = Q.question_data(parsed({"topics": topics})[0])
     assert data["fields"]["answer"]["type"] == "multi" and data["fields"]["answer"]["labels"] == \

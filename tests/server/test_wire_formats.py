@@ -486,9 +486,9 @@ def test_systemone_equals_v1_label_on_the_embedded_model(embedded_backend, tmp_p
 
 
 def test_same_questions_over_other_states_share_one_decode_call():
-    """Concurrent System One requests with the same questions share their one-question schemas, so
-    the worker packs their states into one decode call per question; a request with other
-    questions is decoded apart."""
+    """Concurrent System One requests with the same questions share their isolated schema (one
+    branch per question), so the worker packs their states into one decode call; a request with
+    other questions is decoded apart."""
     import asyncio
 
     from pcd_cli.server.app import AppConfig
@@ -507,10 +507,10 @@ def test_same_questions_over_other_states_share_one_decode_call():
             blocker = asyncio.ensure_future(client.system_one(state="blocker", questions=questions))
             while not host.entered.is_set():
                 await asyncio.sleep(0.005)
-            futures, jobs = [], 1  # the blocker's second question waits in the queue
+            futures, jobs = [], 0
             for state, asked in (("s0", questions), ("o", other), ("s1", questions), ("s2", questions)):
                 futures.append(asyncio.ensure_future(client.system_one(state=state, questions=asked)))
-                jobs += len(asked)  # one queued job per question
+                jobs += 1  # one queued job per request: its questions are branches of one schema
                 while service.queue_depth[0] < jobs:
                     await asyncio.sleep(0.005)
             host.gate.set()
@@ -520,8 +520,8 @@ def test_same_questions_over_other_states_share_one_decode_call():
         blocker, (s0, o, s1, s2) = asyncio.run(run(srv.url))
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
     assert [sorted(text for _, text in call) for call in host.calls[1:]] == [  # after the warm-up
-        ["blocker"], ["blocker", "s0", "s1", "s2"], ["s0", "s1", "s2"], ["o"]]
-    assert len(host.compiled) == 4  # the warm-up's, billing's, tone's, spam's
+        ["blocker"], ["s0", "s1", "s2"], ["o"]]
+    assert len(host.compiled) == 3  # the warm-up's, billing and tone's, spam's
     fake = {float(np.float32(0.7)), float(np.float32(0.3))}  # the fake labeler's two probabilities
     assert {r.nouls["billing"].noul for r in (blocker, s0, s1, s2)} <= fake and o.nouls["spam"].noul in fake
     assert all(r.model == "fake-model" for r in (blocker, s0, o, s1, s2))
