@@ -396,8 +396,8 @@ def targets(result: dict) -> list[dict]:
 
 def machine() -> str:
     load = os.getloadavg()
-    return (f"{platform.machine()} {os.cpu_count()} cores (shared with other sessions; load average "
-            f"{load[0]:.1f} at the start), Python {platform.python_version()}")
+    return (f"{platform.machine()} {os.cpu_count()} cores (load average {load[0]:.1f} at the start: below 1 "
+            f"means nothing else ran), Python {platform.python_version()}")
 
 
 def main() -> None:
