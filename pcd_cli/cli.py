@@ -31,6 +31,7 @@ from .console import (  # noqa: F401 - EXIT_*, write_json: part of the CLI's pub
     label_done,
     label_errors,
     out,
+    render_error_budget,
     said_written,
     write_json,
 )
@@ -679,6 +680,13 @@ def review(
                                          "fitted on their answers will be applied to."),
     seed: int = typer.Option(0, "--seed", help="Seed of --sample."),
     top: Optional[int] = typer.Option(None, "--top", min=1, help="At most N rows, the most uncertain."),
+    error_budget: Optional[float] = typer.Option(None, "--error-budget", min=0.0, max=0.999, help="With --gold: "
+                                                 "per field, the probability threshold above which the gold rows "
+                                                 "have at most this error (as pcd eval --error-budget); only rows "
+                                                 "where some field is below it go to review, and the share decided "
+                                                 "automatically is printed."),
+    gold: Optional[Path] = typer.Option(None, "--gold", help="Gold rows of this output (id column + one column "
+                                        "per field, or a review export) to fit --error-budget's thresholds on."),
     id_field: str = typer.Option("id", "--id-field", help="Id column of the output and the input (an output "
                                  "without it: its 'row' column, input rows by position)."),
     schema: Optional[Path] = typer.Option(None, "--schema", "-s", help="Schema file (default: the fields and "
@@ -695,15 +703,21 @@ def review(
     probability over the fields), with the model's labels and probabilities as pre-annotations.
     pcd eval, pcd calibrate and --examples read the tool's export back as gold. Exit 2 on a
     bad file or option (--sets on an output without label sets)."""
-    from .quality.review import select_for_review, write_review
+    from .quality.review import error_budget_thresholds, select_for_review, write_review
     from .schema.load import load_schema
 
     try:
+        if (error_budget is None) != (gold is None):
+            raise InputError("--error-budget and --gold go together: the thresholds are fitted on the gold rows")
+        if error_budget is not None and below is not None:
+            raise InputError("--error-budget fits each field's threshold; give it or --below P, not both")
         parsed = load_schema(schema) if schema else None
+        budget = error_budget_thresholds(predictions, gold, budget=error_budget, schema=parsed, id_field=id_field,
+                                         csv_delimiter=csv_delimiter) if gold is not None else None
         selection = select_for_review(predictions, input, schema=parsed, id_field=id_field, text_field=text_field,
                                       template=template, csv_delimiter=csv_delimiter,
                                       fmt=fmt.value if fmt else None, below=below, sets=sets, sample=sample,
-                                      seed=seed, top=top)
+                                      seed=seed, top=top, below_by_field=budget.thresholds if budget else None)
         written, checked = write_review(selection, to.value, output, check=check)
     except PcdError as exc:
         raise _fail(exc) from None
@@ -713,6 +727,8 @@ def review(
         "" if to is ReviewTarget.csv or check is False else " (not checked: pip install 'pcd-cli\\[review]')"
     out.print(f"wrote {len(selection.rows)} of {selection.total} rows, most uncertain first, to {shown}{note}",
               highlight=False)
+    if budget is not None:
+        render_error_budget(budget, selection)
     if to is ReviewTarget.argilla:
         from .quality.review import argilla_renamed
 

@@ -273,3 +273,17 @@ def write_json(path: Path, value: dict) -> None:
     write_atomic(path, orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
 
 
+def render_error_budget(budget, selection) -> None:
+    """``pcd review --error-budget``: each field's fitted threshold and gold coverage, then the
+    share of the output's rows decided automatically (every field at or above its threshold)."""
+    for name, threshold in budget.thresholds.items():
+        if threshold is None:
+            out.print(f"  {escape(name)}: no threshold keeps the error at or below {budget.budget:g} on its "
+                      f"{budget.gold_rows[name]} gold rows: every row goes to review", highlight=False)
+        else:
+            out.print(f"  {escape(name)}: probability >= {threshold:.3f} (gold rows: error <= {budget.budget:g} on "
+                      f"{budget.coverage[name]:.0%} of {budget.gold_rows[name]})", highlight=False)
+    auto = selection.total - selection.selected
+    share = auto / selection.total if selection.total else 0.0
+    out.print(f"error budget {budget.budget:g}: {auto} of {selection.total} rows ({share:.1%}) can be decided "
+              f"automatically; {selection.selected} go to review", highlight=False)

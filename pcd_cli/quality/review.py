@@ -106,6 +106,8 @@ class ReviewSelection:
         model: the model that labelled them (``pcd.model``), for ``model_version``/``agent``.
         total: rows in the output.
         set_fields: fields with a ``<f>__set`` column.
+        selected: rows the filters kept (``below``, ``below_by_field``, ``sets``), before
+            ``sample`` and ``top``.
     """
 
     rows: tuple[ReviewRow, ...]
@@ -114,13 +116,15 @@ class ReviewSelection:
     model: str
     total: int
     set_fields: tuple[str, ...] = ()
+    selected: int = 0
 
 
 def select_for_review(predictions: str | Path, input: str | Path, *, schema: Schema | None = None,
                       id_field: str = "id", text_field: str = "text", template: str | None = None,
                       csv_delimiter: str = ",", fmt: str | None = None, below: float | None = None,
                       sets: bool = False, sample: int | None = None, seed: int = 0,
-                      top: int | None = None) -> ReviewSelection:
+                      top: int | None = None, below_by_field: dict[str, float | None] | None = None
+                      ) -> ReviewSelection:
     """Choose the rows of a pcd output to review, most uncertain first (module doc).
 
     Args:
@@ -130,6 +134,9 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
         id_field: the id column (as ``pcd eval``): the output's column of that name, else its
             ``row`` column, which matches input rows by position (from 0).
         below: keep rows where some field's probability is below this (a missing one counts).
+        below_by_field: keep rows where some field's probability is below that field's threshold
+            (``error_budget_thresholds``; ``None``: no threshold reaches the budget, every row of
+            that field goes to review).
         sets: keep rows where some field's conformal label set holds more than one label.
         sample: then keep a uniform random sample of this many rows (``numpy`` generator seeded
             with ``seed``), still most uncertain first: rows like those a calibration will be
@@ -158,12 +165,17 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
     keep = np.ones(n, dtype=bool)
     if below is not None:
         keep &= (np.isnan(probs) | (probs < below)).any(axis=1)
+    if below_by_field is not None:
+        limits = np.array([np.inf if below_by_field.get(s.name, np.inf) is None else below_by_field.get(s.name, np.inf)
+                           for s in specs], dtype=np.float64)
+        keep &= (np.isnan(probs) | (probs < limits)).any(axis=1) if len(specs) else keep
     if sets:
         wide = np.zeros(n, dtype=bool)
         for name in set_fields:
             wide |= np.array([_is_list(c) and len(c) > 1 for c in frame[f"{name}__set"].tolist()], dtype=bool)
         keep &= wide
     order = [int(i) for i in np.argsort(score, kind="stable") if keep[i]]
+    selected = len(order)
     if sample is not None and sample < len(order):
         chosen = np.sort(np.random.default_rng(seed).choice(len(order), size=sample, replace=False))
         order = [order[int(k)] for k in chosen]
@@ -185,7 +197,49 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
     rows = tuple(_row(cells, specs, k, raw_ids[i], texts[ids[i]], float(score[i]), set_fields)
                  for k, i in enumerate(order))
     return ReviewSelection(rows=rows, fields=tuple(specs), id_column=id_column,
-                           model=metadata.get("pcd.model") or "pcd", total=n, set_fields=set_fields)
+                           model=metadata.get("pcd.model") or "pcd", total=n, set_fields=set_fields,
+                           selected=selected)
+
+
+@dataclass(frozen=True)
+class ErrorBudget:
+    """Per field, the probability threshold above which labels meet an error budget on gold rows
+    (``pcd review --error-budget E --gold G``; the same fit as ``pcd eval --error-budget``).
+
+    Attributes:
+        budget: the error budget E (the largest error rate allowed above the threshold).
+        thresholds: field -> the lowest ``<f>__prob`` threshold whose kept gold rows have error
+            at most E (``metrics.threshold_for_accuracy`` at accuracy 1 - E), ``None`` when none does.
+        coverage: field -> the share of its gold rows at or above the threshold.
+        gold_rows: gold rows matched to the output and evaluated, per field.
+    """
+
+    budget: float
+    thresholds: dict[str, float | None]
+    coverage: dict[str, float]
+    gold_rows: dict[str, int]
+
+
+def error_budget_thresholds(predictions: str | Path, gold: str | Path, *, budget: float,
+                            schema: Schema | None = None, id_field: str = "id",
+                            csv_delimiter: str = ",") -> ErrorBudget:
+    """Fit ``ErrorBudget`` on the gold rows of a pcd output (``pcd_cli.quality.evaluate`` with
+    ``target_accuracy = 1 - budget``; single-label fields, multi-select fields aside).
+
+    Raises:
+        InputError: an unreadable output or gold file; ``budget`` outside [0, 1).
+    """
+    from .data import read_gold
+    from .evaluate import evaluate
+
+    if not 0 <= budget < 1:
+        raise InputError(f"--error-budget {budget}: must be at least 0 and below 1")
+    frame, _ = read_predictions(predictions)
+    report = evaluate(frame, read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter), schema,
+                      id_field=id_field, target_accuracy=1.0 - budget)
+    return ErrorBudget(budget, {f.field: f.by_prob.target.threshold for f in report.fields},
+                       {f.field: f.by_prob.target.coverage for f in report.fields},
+                       {f.field: f.n for f in report.fields})
 
 
 def _is_list(cell) -> bool:

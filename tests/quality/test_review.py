@@ -512,3 +512,35 @@ def test_multi_nullable_and_integer_fields_go_round(tmp_path):
     from_argilla = read_gold(exported).set_index("id")
     assert from_argilla.loc["t2", "tags"] == ["outage", "security"] and from_argilla.loc["t0", "tags"] == []
     assert from_argilla.loc["t1", "product"] == "null" and from_argilla.loc["t2", "urgency"] == "1"
+
+
+def test_error_budget_sends_only_the_rows_below_each_fields_fitted_threshold(case, tmp_path):
+    """Issue #35 item 6, the review loop: ``--error-budget E --gold G`` fits per field the lowest
+    probability threshold whose gold rows have error <= E (the same fit as ``pcd eval
+    --error-budget``), sends only the rows where some field is below it, and says the share decided
+    automatically. The thresholds are recomputed here by brute force."""
+    budget = 0.15
+    probs = {"sentiment": [float(np.float32(p)) for p in case.prob],
+             "urgent": [float(np.float32(p)) for p in case.urgent_prob]}
+    right = {"sentiment": [p == g for p, g in zip(case.pred, case.gold)],
+             "urgent": [p == g for p, g in zip(case.urgent, case.gold_urgent)]}
+    thresholds = {}
+    for name in probs:
+        ok = [t for t in sorted(set(probs[name]))
+              if np.mean([r for p, r in zip(probs[name], right[name]) if p >= t]) >= 1 - budget - 1e-12]
+        thresholds[name] = ok[0] if ok else None
+    assert all(t is not None for t in thresholds.values())
+    review = {case.ids[i] for i in range(N) if any(probs[f][i] < thresholds[f] for f in probs)}
+    assert 0 < len(review) < N
+    said = helpers.flat(pcd("review", case.output, case.input, "--to", "csv", "-o", tmp_path / "r.csv",
+                            "--error-budget", budget, "--gold", case.input).stdout)
+    with (tmp_path / "r.csv").open() as fh:
+        written = [row["id"] for row in csv.DictReader(fh)]
+    assert set(written) == review and written == [r for r in case.order() if r in review]
+    auto = N - len(review)
+    assert f"error budget {budget:g}: {auto} of {N} rows ({auto / N:.1%}) can be decided automatically; " \
+           f"{len(review)} go to review" in said
+    assert f"sentiment: probability >= {thresholds['sentiment']:.3f}" in said
+    refused = pcd("review", case.output, case.input, "--to", "csv", "-o", tmp_path / "x.csv",
+                  "--error-budget", budget, code=2)
+    assert "--error-budget and --gold go together" in helpers.flat(refused.stderr + refused.stdout)
