@@ -163,6 +163,9 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
         raise InputError("--cross-fit 1: one fold has nothing to hold out; give 0 (one --holdout) or K >= 2 folds")
     check_tune_output(output)  # a team's files in it: refused before the model loads
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
+    if parsed.isolate_fields or job.isolate_fields:  # the trainer reads the shared-catalog prompt only
+        raise InputError("pcd tune trains the shared-catalog prompt; isolate_fields is not trained yet: tune "
+                         "without it (drop isolate_fields: true / --isolate-fields) and label the same way")
     job = replace(job, id_field=id_field, backend="torch", calibration=None, tuned_calibration=False,
                   scoring=config.scoring, permutations=config.permutations,
                   max_tokens_per_pass=config.max_tokens_per_pass)

@@ -125,3 +125,18 @@ def test_what_cannot_hold_with_isolation_is_refused(backend):
     # the run's option and the schema's key are one switch
     assert Labeler(schema, backend=backend, isolate_fields=True).isolate_fields
     assert parse_schema({"fields": FIELDS, "isolate_fields": True}).source_sha256 != schema.source_sha256
+
+
+def test_pcd_tune_refuses_an_isolated_schema_before_loading_a_model(tmp_path):
+    """The trainer reads the shared-catalog prompt only: an isolated schema is refused (exit 2),
+    not trained on another prompt than the one it will be labelled with."""
+    import json
+
+    from ..helpers import pcd
+
+    schema = tmp_path / "s.yaml"
+    schema.write_text("isolate_fields: true\nfields:\n  refund: {type: boolean}\n")
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"id": f"k{i}", "text": f"t {i}", "refund": i % 2 == 0}) + "\n" for i in range(8)))
+    said = pcd("tune", gold, "-s", schema, "-o", tmp_path / "out", "--model", tmp_path / "no-model", code=2)
+    assert "isolate_fields is not trained yet" in " ".join((said.stdout + said.stderr).split())
