@@ -171,12 +171,16 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
     records in bfloat16 (``compare_dtypes``; loads the model a second time).
 
     Raises:
-        InputError: no usable record in the input, an unknown baseline, or ``--baseline
-            llama.cpp`` with a model that is not a GGUF file. ModelError: llama-cpp-python
-            missing for ``llama.cpp``; see also ``Labeler`` (and CompileError).
+        InputError: no usable record in the input, an unknown baseline, a schema with
+            ``isolate_fields``, or ``--baseline llama.cpp`` with a model that is not a GGUF file.
+            ModelError: llama-cpp-python missing for ``llama.cpp``; see also ``Labeler`` (and
+            CompileError).
     """
     if baseline not in BASELINES:
         raise InputError(f"--baseline {baseline!r}: expected one of {', '.join(BASELINES)}")
+    if schema.isolate_fields:  # the baselines generate one object from one prompt; isolated fields have one each
+        raise InputError("pcd bench compares the shared-catalog prompt with generation from it; a schema with "
+                         "isolate_fields has one prompt per field: bench it without isolate_fields")
     gguf = None
     if baseline == "llama.cpp":
         from .bench_llamacpp import INSTALL_HINT, LLAMA_METHOD, baseline_gguf, llama_cpp_available

@@ -80,3 +80,14 @@ def test_gold_accuracy_counts_invalid_generations_as_wrong():
     assert acc["spam"]["generate"] == {"accuracy": 2 / 3, "n": 3, "invalid": 1}
     assert acc["lang"]["pcd"] == {"accuracy": 1.0, "n": 2, "invalid": 0}
     assert acc["lang"]["generate"] == {"accuracy": 0.5, "n": 2, "invalid": 1}
+
+
+def test_an_isolated_schema_is_refused_before_the_model_loads(tmp_path):
+    """The baselines generate one object from one prompt; an isolated schema has one per field."""
+    from pcd_cli.errors import InputError
+
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"text": "x"}) + "\n")
+    isolated = parse_schema({"fields": {"spam": {"type": "boolean"}}, "isolate_fields": True})
+    with pytest.raises(InputError, match="isolate_fields has one prompt per field"):
+        run_bench(isolated, path, InputSpec(limit=1), model=str(tmp_path / "no-such-model"))
