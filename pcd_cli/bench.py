@@ -38,7 +38,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .api import Labeler
-from .backends.dtype_speed import bfloat16_would_run, record_measurement  # noqa: F401 (also public here)
+from .backends.dtype_speed import bfloat16_would_run, record_measurement
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .decoding.prompt import answer_object
 from .errors import InputError, ModelError

@@ -302,7 +302,7 @@ def label(
                 run = run_label_job(schema, input, job, progress=progress, batch_records=batch_size,
                                     should_stop=should_stop, **run_args)
     label_done(report, run.stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected,
-               notes=getattr(run, "notes", ()))
+               notes=run.notes)
 
 
 def _has_id_column(input: Path, text_field: str, template, csv_delimiter: str, fmt) -> bool:

@@ -64,9 +64,10 @@ def record_measurement(model_id: str, measured: dict, *, schema: str, records: i
                       "decisions": int(measured["decisions"]), "max_abs_dprob": round(float(measured["max_abs_dprob"]), 4),
                       "schema": schema, "records": records,
                       "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    path = _path()
     try:
-        _path().parent.mkdir(parents=True, exist_ok=True)
-        _path().write_text(json.dumps(data, indent=2) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
     except OSError:
         pass
 

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from pcd_cli import bench_llamacpp
-from pcd_cli.bench import bfloat16_would_run, run_bench
+from pcd_cli.backends.dtype_speed import bfloat16_would_run
+from pcd_cli.bench import run_bench
 from pcd_cli.bench_llamacpp import (agreement_per_field, answer_json_schema, baseline_gguf,
                                     llama_cpp_available, prompt_ids_before_opener)
 from pcd_cli.errors import InputError, ModelError
