@@ -189,7 +189,7 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
 
         require_serve()
     from ..schema.load import load_schema
-    from .main import serve
+    from .main import cannot_listen, serve
     from .service import LabelService, ModelHost
 
     sources = schema_sources(schemas)
@@ -213,7 +213,7 @@ def serve_command(*, schemas: list[str], job, calibration: list[str], examples: 
     try:
         return serve(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
     except OSError as exc:
-        raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+        raise cannot_listen(host, port, exc.strerror or str(exc)) from None
 
 
 #: ``--state-dir``'s default.

@@ -178,17 +178,39 @@ def make_server(service: LabelService, app_config: AppConfig, *, host: str, port
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=RESPONSE_GRACE_S, server_header=False, http=http,
                             h11_max_incomplete_event_size=app_config.max_header_bytes, proxy_headers=False)
+    sock = bound_socket(host, port, reuse_address=True)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return DrainingServer(config), sock
+
+
+def bound_socket(host: str, port: int, *, reuse_address: bool) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (IPv6 when ``host`` has a colon), not yet listening.
+
+    ``reuse_address`` sets ``SO_REUSEADDR`` (pcd's own server, which may restart on a port left in
+    TIME_WAIT); without it the bind fails as Ray Serve's proxy's would (it does not set it).
+
+    Raises:
+        OSError: the address cannot be bound (in use, not this machine's, a privileged port).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError:
         sock.close()
         raise
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return DrainingServer(config), sock
+    return sock
+
+
+def cannot_listen(host: str, port: int, reason: str):
+    """The one error of ``pcd serve`` for an address it cannot listen on, whichever the engine
+    (an ``InputError``: exit 2)."""
+    from ..errors import InputError
+
+    return InputError(f"--host {host} --port {port}: cannot listen there ({reason})")
 
 
 def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.1", port: int = 8000,

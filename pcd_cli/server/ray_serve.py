@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from ..errors import EngineError, MissingExtra
 from ..schema.model import Schema
 from .app import AppConfig, create_app
+from .main import bound_socket, cannot_listen
 from ..job import LabelJob
 from .service import LabelService, ModelHost, ServiceConfig
 
@@ -219,7 +220,9 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
         cluster; the reason is logged).
 
     Raises:
-        MissingExtra: Ray Serve is not installed. EngineError: the cluster cannot be reached.
+        MissingExtra: Ray Serve is not installed. EngineError: the cluster cannot be reached, or
+        Serve's proxy failed to start. InputError: ``host:port`` cannot be bound (checked before a
+        local Ray starts, and named again if the proxy's own bind fails), as for ``--engine local``.
     """
     if replicas < 1:
         raise EngineError(f"--replicas must be at least 1, not {replicas}")
@@ -229,6 +232,11 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:  # the proxy will listen on this machine: a taken port fails before Ray starts
+        try:
+            bound_socket(host, port, reuse_address=False).close()
+        except OSError as exc:
+            raise cannot_listen(host, port, exc.strerror or str(exc)) from None
     stop = stop or threading.Event()
     previous = {}
     started_here = False
@@ -241,7 +249,7 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: stop.set())
         num_cpus, num_gpus = replica_resources(ray, replicas, spec.job.device, started_here)
-        serve.start(http_options={"host": host, "port": port})
+        start_proxy(serve, host, port)
         log.info("Ray Serve proxy on http://%s:%d; starting %d replica(s)", host, port, replicas)
         app = deployment(spec, replicas=replicas, num_cpus=num_cpus, num_gpus=num_gpus,
                          shutdown_timeout_s=shutdown_timeout_s)
@@ -269,6 +277,24 @@ def serve_on_ray(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000
                 signal.signal(sig, handler)
     log.info("stopped")
     return code
+
+
+def start_proxy(serve, host: str, port: int) -> None:
+    """``serve.start`` with Serve's HTTP proxy on ``host:port``.
+
+    Raises:
+        InputError: the proxy cannot bind the address (taken since pcd checked it, e.g. by another
+            process, or on the cluster's head node), as ``pcd serve`` says for its own server (exit 2).
+        EngineError: the proxy failed to start for another reason (its message).
+    """
+    try:
+        serve.start(http_options={"host": host, "port": port})
+    except Exception as exc:  # noqa: BLE001 - Ray wraps the proxy actor's error in a RayTaskError
+        cause = getattr(exc, "cause", None) or exc
+        message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+        if "Failed to bind" in str(cause):
+            raise cannot_listen(host, port, "Ray Serve's proxy: " + message) from None
+        raise EngineError(f"Ray Serve's HTTP proxy did not start on {host}:{port}: {message}") from exc
 
 
 def _deployment_message(serve) -> str | None:
