@@ -218,12 +218,18 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                            trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
                            batch_records=batch_records, resume=resume, max_errors=max_errors,
                            should_stop=should_stop, on_event=emit)
+    run.notes.extend(run_notes(labeler, job))
+    return run
+
+
+def run_notes(labeler: Labeler, job: LabelJob) -> list[str]:
+    """The lines a finished run says once that are not warnings (``JobRun.notes``), whichever the
+    engine (a Ray worker computes them on its own machine): today the bfloat16 note
+    (``pcd_cli.backends.dtype_speed.bfloat16_note``) when the dtype was left to ``auto``."""
     from ..backends.dtype_speed import bfloat16_note
 
     note = bfloat16_note(labeler.backend) if job.dtype == "auto" else None
-    if note is not None:
-        run.notes.append(note)
-    return run
+    return [note] if note is not None else []
 
 
 def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,

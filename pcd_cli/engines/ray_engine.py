@@ -84,7 +84,7 @@ PARSED_SCHEMA = pa.schema([
 #: Columns the label step adds to the output columns (dropped before writing).
 EXTRA_COLUMNS = (("__pcd_error", pa.string()), ("__pcd_row", pa.int64()), ("__pcd_line", pa.int64()),
                  ("__pcd_file", pa.int32()), ("__pcd_record", pa.string()), ("__pcd_meta", pa.string()),
-                 ("__pcd_passes", pa.int64()), ("__pcd_warnings", pa.string()))
+                 ("__pcd_passes", pa.int64()), ("__pcd_warnings", pa.string()), ("__pcd_notes", pa.string()))
 
 
 def require_ray():
@@ -178,7 +178,8 @@ class LabelWorker:
     Returns (per call): a table with the output columns (``output.output_schema``) and
     ``EXTRA_COLUMNS``: per row its error (null when labelled), global row, line, file and
     record id (JSON); on the first row the actor's metadata (JSON), the forward passes
-    the batch took and the job's warnings (``pcd_cli.job.warnings_json``).
+    the batch took, the job's warnings (``pcd_cli.job.warnings_json``) and its notes (a JSON list:
+    ``pcd_cli.engines.local.run_notes``, computed on the worker's machine).
     """
 
     def __init__(self, schema: Schema, job: LabelJob, all_probs: bool, offsets: list[int] | None = None,
@@ -194,6 +195,9 @@ class LabelWorker:
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
         self.warnings = warnings_json(self.labeler.warnings)
+        from .local import run_notes
+
+        self.notes = json.dumps(run_notes(self.labeler, job))
 
     def _maybe_exit(self) -> None:
         if not self.exit_once:
@@ -236,6 +240,7 @@ class LabelWorker:
             "__pcd_meta": [self.meta] + [None] * (len(rows) - 1) if rows else [],
             "__pcd_passes": [passes] + [None] * (len(rows) - 1) if rows else [],
             "__pcd_warnings": [self.warnings] + [None] * (len(rows) - 1) if rows else [],
+            "__pcd_notes": [self.notes] + [None] * (len(rows) - 1) if rows else [],
         }
         table = pa.concat_tables([labelled, nulls])
         for name, kind in EXTRA_COLUMNS:
@@ -315,6 +320,8 @@ class RayRun:
     workers: int
     #: the job's warnings (``pcd_cli.job.JobWarning``), as the workers' labelers gave them, each once
     warnings: list = field(default_factory=list)
+    #: the workers' notes (``pcd_cli.engines.local.run_notes``), each once
+    notes: list = field(default_factory=list)
 
 
 def connect(address: str | None) -> tuple[bool, float]:
@@ -583,6 +590,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         run.warnings.append(warning)
         emit("warning", warning.to_dict(), "warning")
     run.stats = done.stats
+    run.notes.extend(done.notes)
     return run
 
 
@@ -614,7 +622,7 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size, max_retries=max_retries,
         offsets=offsets, limit=spec.limit if offsets else None).materialize(), max_retries)
     stats.seconds = time.perf_counter() - started
-    errors, metas, said = [], set(), set()
+    errors, metas, said, noted = [], set(), set(), {}
     for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=None):
         names = [n for n in batch.column_names if not n.startswith("__pcd_")]
         ok = pc.is_null(batch.column("__pcd_error"))
@@ -624,6 +632,8 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         stats.forward_passes += int(pc.sum(batch.column("__pcd_passes")).as_py() or 0)
         metas.update(m for m in batch.column("__pcd_meta").to_pylist() if m)
         said.update(w for w in batch.column("__pcd_warnings").to_pylist() if w)
+        noted.update(dict.fromkeys(n for text in batch.column("__pcd_notes").to_pylist() if text
+                                   for n in json.loads(text)))
         for r in batch.filter(pc.invert(ok)).to_pylist():
             errors.append({"row": r["__pcd_row"], "line": r["__pcd_line"], "record": orjson.loads(r["__pcd_record"]),
                            "error": r["__pcd_error"]} | ({"file": str(files[r["__pcd_file"]])} if len(files) > 1 else {}))
@@ -634,7 +644,7 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         raise EngineError("the workers built different prompts or models (their metadata differ: "
                           f"{sorted(metas)[:2]}); install the same pcd, model files and options on every node")
     run = RayRun(stats, startup, address, workers,
-                 list(dict.fromkeys(w for text in sorted(said) for w in warnings_from_json(text))))
+                 list(dict.fromkeys(w for text in sorted(said) for w in warnings_from_json(text))), list(noted))
     if max_errors is not None and stats.failures > max_errors:
         _write_errors(errors, errors_path)
         raise TooManyErrors(f"{stats.failures} rows failed, more than --max-errors {max_errors}; they are in "

@@ -224,3 +224,18 @@ def test_a_run_leaves_no_ray_process_behind(files, tmp_path, outcome):
     assert (result.returncode == 0) == (outcome == "finished"), result.stderr[-2000:]
     left = {pid: line for pid, line in _ray_processes().items() if pid not in before}
     assert left == {}
+
+
+def test_the_bfloat16_note_is_said_once_by_a_ray_run_as_by_the_local_engine(local_ray, files, tmp_path, monkeypatch):
+    """The note is computed where the model runs (each worker, on its own machine's CPU and
+    measurement) and said once, as ``pcd label`` says it (tests/backends/test_dtype_speed.py)."""
+    from pcd_cli.backends import dtype_speed, load_backend
+
+    if not dtype_speed.cpu_has_bfloat16():
+        pytest.skip("this CPU has no bfloat16: the note is never said here (the rule: tests/backends/test_dtype_speed.py)")
+    model_id = load_backend(files["model"], device="cpu").model_id
+    monkeypatch.setenv("XDG_CACHE_HOME", str(local_ray))  # the workers' cache folder
+    dtype_speed.record_measurement(model_id, {"speedup": 1.68, "labels_equal": 30, "decisions": 30,
+                                              "max_abs_dprob": 0.063}, schema="tweets", records=30)
+    said = _ray(files, files["jsonl"], tmp_path / "out.parquet", 2).output  # two workers, one note
+    assert said.count("pcd bench measured --dtype bfloat16 1.68x faster for this model") == 1, said
