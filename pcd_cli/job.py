@@ -144,6 +144,15 @@ class LabelJob:
         return replace(self, calibration=None, tuned_calibration=False, abstain_below=None, isolate_fields=False,
                        abstain_unless_single=False, examples=None, drawn_examples=None, id_field=None)
 
+    def for_question_schema(self, schema) -> "LabelJob":
+        """``for_questions``'s job as it applies to one request-built ``schema``: on an isolated
+        schema (``questions.isolated_schema``) ``permutations`` is 1, since each question's option
+        order is canonical already (``questions.canonical_order``) and ``--permutations`` needs
+        every field's values in one list: ``pcd serve --permutations K`` applies to served schemas
+        and shared-prompt requests (docs/serve.md)."""
+        job = self.for_questions()
+        return replace(job, permutations=1) if schema.isolate_fields and job.permutations > 1 else job
+
 
 def build_labeler(schema, job: LabelJob, *, backend=None):
     """The ``Labeler`` of ``job`` for ``schema``: the one place a front-end builds one.

@@ -31,7 +31,7 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from ..engines.local import CHUNK_RECORDS
@@ -493,11 +493,7 @@ class LabelService:
         pinned = self._pinned.get(schema.source_sha256)
         if pinned is not None:
             return pinned
-        options = self.default_options
-        if schema.isolate_fields and options.permutations > 1:
-            # an isolated question's option order is canonical already (questions.canonical_order);
-            # --permutations needs every field's values in one list, so it applies to shared prompts
-            options = replace(options, permutations=1)
+        options = self.default_options.for_question_schema(schema)
         key = (schema.source_sha256, options)
         with self._cond:
             entry = self._cache.get(key)

@@ -20,7 +20,7 @@ from pcd_cli.decoding.oracle import oracle_label_logprobs
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.tune import TuneConfig, card_mismatches, file_sha256, stratified_holdout, tune
 
-from ..helpers import (KEYWORD_SCHEMA, ORACLE_SCHEMA, TEXTS, keyword_rows, keyword_tune_files, pcd, save_tiny_model,
+from ..helpers import (KEYWORD_SCHEMA, ORACLE_SCHEMA, TEXTS, keyword_rows, pcd, save_tiny_model,
                       tiny_backend)
 from ..decoding.test_examples import EXAMPLES
 

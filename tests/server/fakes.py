@@ -94,7 +94,7 @@ class FakeHost:
 
     def labeler(self, schema, options):
         if schema.name == "uncompilable":
-            raise CompileError(f"label 'x' of field 'y' needs a token the model lacks (fake)")
+            raise CompileError("label 'x' of field 'y' needs a token the model lacks (fake)")
         self.compiled.append(schema.name)
         return FakeLabeler(schema, options, self)
 
