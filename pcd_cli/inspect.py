@@ -181,6 +181,10 @@ class FieldReport:
     labels: tuple[LabelReport, ...]
     collisions: tuple[Collision, ...]
     prefixes: tuple[tuple[str, str], ...]  #: ``(label, longer label it is a prefix of)``
+    #: with ``isolate_fields``, on a declared field's first decision: the tokens its branch feeds per
+    #: record after the record's text and before its forest (its catalog line, the turn's close, the
+    #: JSON opener; the tail tokenized alone); 0 otherwise
+    branch_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,9 @@ class SchemaReport:
     rule_groups: tuple[dict, ...] = ()
     #: the fields as declared, with their types and options (``DeclaredReport``)
     declared: tuple[DeclaredReport, ...] = ()
+    #: every field decided in its own branch (``isolate_fields``): the head names no field, each
+    #: field's ``trunk`` is its catalog line after the record, then its key
+    isolate_fields: bool = False
 
     def to_dict(self) -> dict:
         """Plain data for ``--json`` (shape documented in docs/inspect-schema.md)."""
@@ -269,12 +276,23 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
     width = logits_width or getattr(text_config, "vocab_size", None)
     from .decoding.examples import resolve_examples
 
-    compiled = CompiledSchema(schema, tokenizer, scoring=scoring, examples=resolve_examples(schema.examples, template))
+    if schema.isolate_fields:  # as the Labeler compiles it: one branch per declared field, its catalog after the record
+        from .schema.model import field_alone
+
+        branches = [CompiledSchema(field_alone(schema, i, schema.isolated_key), tokenizer, scoring=scoring,
+                                   catalog_after=True) for i in range(len(schema.declared))]
+    else:
+        branches = [CompiledSchema(schema, tokenizer, scoring=scoring,
+                                   examples=resolve_examples(schema.examples, template))]
+    compiled = branches[0]  # the head (the system turn) is the same in every branch
     fields, found = [], {}
-    for wave, plan in enumerate(compiled.default_plans()):
-        for forest in plan.forests:
-            fields.append(_field_report(compiled, plan, forest, wave))
-            found[forest.field_index] = _field_warnings(compiled, plan, forest, fields[-1], width)
+    for branch in branches:
+        tail = len(tokenizer.encode(branch.prompt.tail_text)) if schema.isolate_fields else 0
+        for wave, plan in enumerate(branch.default_plans()):
+            for forest in plan.forests:
+                fields.append(replace(_field_report(branch, plan, forest, wave), branch_tokens=tail))
+                tail = 0
+                found[schema.field_index(fields[-1].name)] = _field_warnings(branch, plan, forest, fields[-1], width)
     fields.sort(key=lambda r: schema.field_index(r.name))
     prompt = compiled.prompt
     n_head = len(prompt.head_ids)
@@ -291,7 +309,8 @@ def inspect(schema: Schema, *, model: str | None = None, scoring: str = "margina
                           logits_width=width, layout=layout, chat_template=template, head=head,
                           fields=tuple(fields), warnings=(),
                           rules=tuple({"index": r.index, "text": r.text, "rule": r.to_dict()} for r in schema.rules),
-                          rule_groups=tuple(rule_components(schema)), declared=declared_reports(schema, fields))
+                          rule_groups=tuple(rule_components(schema)), declared=declared_reports(schema, fields),
+                          isolate_fields=schema.isolate_fields)
     warnings = (_schema_warnings(report) + _load_warnings(schema) + _record_warnings(compiled)
                 + [w for i in sorted(found) for w in found[i]])
     context = getattr(text_config, "max_position_embeddings", None)

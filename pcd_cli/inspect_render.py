@@ -70,10 +70,17 @@ def render_inspection(report: SchemaReport, console: Console) -> None:
         args = ", ".join(f"{k}={v!r}" for k, v in tpl.args.items())
         date = (f"prints a date, pinned to {tpl.pinned_date}" if tpl.pinned_date else
                 "prints today's date, NOT pinned" if tpl.injects_date else "prints no date")
+        what = "instructions" if report.isolate_fields else "instructions and catalog"
         say(f"chat template: rendered with {args}; reads {', '.join(tpl.reads) or 'none of them'}; {date}; "
-            f"instructions and catalog {SYSTEM_WAYS[tpl.system]}")
+            f"{what} {SYSTEM_WAYS[tpl.system]}")
     else:
         say("chat template: none (plain-text prompt)")
+    if report.isolate_fields:
+        tails = {f.name: f.branch_tokens for f in report.fields}
+        fed = ", ".join(f"{d.name} {tails.get(d.decisions[0], 0)}" for d in report.declared)
+        say("isolate_fields: every field is decided in its own branch after the record (its catalog line, "
+            "then its key); the head names no field, a field's trunk and forest are those of its branch; "
+            f"tokens each branch feeds per record before its forest: {fed}")
     kv = head.kv
     memory = (f"KV cache {_mib(kv.bytes)} in {kv.dtype} ({kv.layers} layers x {kv.kv_heads} KV heads x "
               f"{kv.head_dim} dims x 2; {kv.bytes_per_token} bytes per token)" if kv

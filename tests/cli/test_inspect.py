@@ -340,11 +340,11 @@ SHAPE = {
     "chat_template": {"used": bool, "system": str, "args": dict, "reads": list, "injects_date": bool, "pinned_date": type(None)},
     "head": {"tokens": int, "cut": int, "examples": int, "kv": {"dtype": str, "layers": int, "kv_heads": int, "head_dim": int,
                                                "bytes_per_token": int, "bytes": int}},
-    "fields": list, "warnings": list, "rules": list, "rule_groups": list, "declared": list,
+    "fields": list, "warnings": list, "rules": list, "rule_groups": list, "declared": list, "isolate_fields": bool,
 }
 FIELD_SHAPE = {"name": str, "type": str, "wave": int, "trunk_text": str, "trunk_ids": list, "trunk_pieces": list,
                "forest_tokens": int, "decision_points": int, "deepest": int, "labels": list, "collisions": list,
-               "prefixes": list}
+               "prefixes": list, "branch_tokens": int}
 
 
 def check_shape(value, shape):
@@ -512,3 +512,32 @@ def test_a_multi_fields_options_count_their_shared_trunk_once(smol):
     assert [f.forest_tokens for f in report.fields] == [len(fo.ids) - fo.shared for fo in plan.forests]
     assert sum(f.forest_tokens for f in report.fields) == plan.n_tokens
     assert plan.forests[1].shared > 0 and report.fields[1].forest_tokens < len(plan.forests[1].ids)
+
+
+def test_an_isolated_schema_is_reported_as_its_branches_are_compiled(smol):
+    """``isolate_fields``: the head is the system turn naming no field, and each field's trunk and
+    forest are those of its own branch (``field_alone`` with the catalog after the record), as the
+    Labeler compiles them; not the shared prompt's."""
+    from pcd_cli.schema.model import field_alone
+
+    fields = {"urgent": {"type": "boolean", "description": "Needs action today, with a much longer description "
+                                                           "than the other fields have"},
+              "team": {"type": "enum", "labels": ["billing", "shipping", "other"]},
+              "topics": {"type": "multi", "labels": ["refund", "delay", "login"]}}
+    isolated = parse_schema({"name": "iso", "fields": fields, "isolate_fields": True})
+    report = report_for(isolated, smol)
+    shared = report_for({"name": "iso", "fields": fields}, smol)
+    assert report.isolate_fields and not shared.isolate_fields
+    branches = [CompiledSchema(field_alone(isolated, i), smol, catalog_after=True) for i in range(3)]
+    assert report.head.tokens == len(branches[0].prompt.head_ids) < shared.head.tokens
+    by_name = {f.name: f for f in report.fields}
+    for branch in branches:
+        plan = branch.wave_plan(0, branch.prompt.tail_text)
+        for forest in plan.forests:
+            f = by_name[branch.schema.fields[forest.field_index].name]
+            assert f.trunk_ids == forest.ids[:forest.trunk_len] and f.forest_tokens == len(forest.ids) - forest.shared
+    # the multi field's first option opens the object: its forest differs from the shared prompt's
+    assert by_name["topics.refund"].forest_tokens != field(shared, "topics.refund").forest_tokens
+    tails = {f.name: f.branch_tokens for f in report.fields}
+    assert tails["urgent"] > tails["team"] > 0 and tails["topics.refund"] > 0 and tails["topics.delay"] == 0
+    assert all(f.branch_tokens == 0 for f in shared.fields)
