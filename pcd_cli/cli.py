@@ -282,8 +282,8 @@ def label(
         job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
                        scoring=scoring.value, template=template, text_field=text_field, id_field=id_field,
                        truncate=truncate.value, permutations=permutations, prior_correction=prior_correction,
-                       isolate_fields=isolate_fields, calibration=calibration, tuned_calibration=not no_calibration, abstain_below=abstain_below,
-                       abstain_unless_single=abstain_unless_single, examples=examples, shots=shots, seed=seed,
+                       isolate_fields=isolate_fields, calibration=calibration, tuned_calibration=not no_calibration,
+                       abstain_below=abstain_below, abstain_unless_single=abstain_unless_single, examples=examples, shots=shots, seed=seed,
                        max_tokens_per_pass=max_tokens_per_pass)
         run_args = dict(output=output, errors_path=errors, trace_path=trace, all_probs=all_probs, min_mass=min_mass,
                         fmt=fmt.value if fmt else None, limit=limit, csv_delimiter=csv_delimiter,

@@ -166,8 +166,8 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
     if below is not None:
         keep &= (np.isnan(probs) | (probs < below)).any(axis=1)
     if below_by_field is not None:
-        limits = np.array([np.inf if below_by_field.get(s.name, np.inf) is None else below_by_field.get(s.name, np.inf)
-                           for s in specs], dtype=np.float64)
+        limits = np.array([np.inf if limit is None else limit
+                           for limit in (below_by_field.get(s.name, np.inf) for s in specs)], dtype=np.float64)
         keep &= (np.isnan(probs) | (probs < limits)).any(axis=1) if len(specs) else keep
     if sets:
         wide = np.zeros(n, dtype=bool)

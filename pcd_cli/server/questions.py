@@ -587,11 +587,14 @@ def plan(questions: list[Question], state: Any, *, max_questions: int = MAX_QUES
         for r, text in enumerate(texts):
             for f, key in enumerate(keys):
                 where[(text, key)] = (u, r, f)
+    digests: dict[str, str] = {}  # question key -> its one-question schema dict's sha256, hashed once
     picks = []
     for text, key, order in raw:
+        if key not in digests:
+            digests[key] = hashlib.sha256(json.dumps(by_text[text][key], ensure_ascii=False,
+                                                     sort_keys=True).encode()).hexdigest()
         u, r, f = where[(text, key)]
-        picks.append(Pick(u, r, order, f, hashlib.sha256(
-            json.dumps(by_text[text][key], ensure_ascii=False, sort_keys=True).encode()).hexdigest()))
+        picks.append(Pick(u, r, order, f, digests[key]))
     return Plan(tuple(questions), tuple(units), tuple(picks), len(asked) if split is not None else 0)
 
 

@@ -291,8 +291,9 @@ def start_proxy(serve, host: str, port: int) -> None:
         serve.start(http_options={"host": host, "port": port})
     except Exception as exc:  # noqa: BLE001 - Ray wraps the proxy actor's error in a RayTaskError
         cause = getattr(exc, "cause", None) or exc
-        message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
-        if "Failed to bind" in str(cause):
+        text = str(cause).strip()
+        message = text.splitlines()[-1] if text else type(cause).__name__
+        if "Failed to bind" in text:
             raise cannot_listen(host, port, "Ray Serve's proxy: " + message) from None
         raise EngineError(f"Ray Serve's HTTP proxy did not start on {host}:{port}: {message}") from exc
 
