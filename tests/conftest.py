@@ -3,11 +3,26 @@ built from lives in tests/helpers.py)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from pcd_cli.schema.load import parse_schema
 
-from .helpers import ORACLE_SCHEMA, tiny_backend
+from .helpers import ORACLE_SCHEMA, own_cache, tiny_backend
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_cache(tmp_path_factory):
+    """The suite's own home and cache folder, for every test and every process it starts (issue
+    #45): nothing the machine measured or kept (``~/.cache/pcd/dtype-speed.json``, a served
+    journal) changes a result; only the converted model files are shared (``helpers.own_cache``).
+    Yields the cache folder (``XDG_CACHE_HOME``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in own_cache(tmp_path_factory.mktemp("own-cache")).items():
+            mp.setenv(name, value)
+        yield Path(os.environ["XDG_CACHE_HOME"])
 
 
 @pytest.fixture(scope="session")

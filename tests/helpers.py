@@ -30,6 +30,47 @@ TEXTS = [
 ]
 
 
+def own_cache(root: Path) -> dict[str, str]:
+    """Build the test suite's own home and cache under ``root``; return the variables that select
+    them (``HOME``, ``XDG_CACHE_HOME``), for the session fixture of ``conftest.py``.
+
+    A machine's history must never change a test's result (issue #45 kind 5: a ``pcd bench`` that
+    measured bfloat16 faster left ``~/.cache/pcd/dtype-speed.json``, and two tests saw an extra
+    ``note``). pcd's cache folder (``torch_backend.cache_dir``: ``$XDG_CACHE_HOME/pcd``, else
+    ``~/.cache/pcd``) becomes ``<root>/cache/pcd``, empty but for ``models``: a link to the user's
+    ``<cache>/pcd/models``, the converted model files, keyed by the GGUF's content (reusing them
+    changes no result, and converting the embedded model again would cost ~25 s). The other
+    entries of the user's cache folder (other tools' caches: Hugging Face, matplotlib) and of the
+    home folder are linked as they are; ``<root>/home/.cache`` is the suite's cache, so a path
+    written ``~/.cache/pcd/...`` lands there too. Where the user's locations are is read from the
+    current ``HOME`` and ``XDG_CACHE_HOME``.
+    """
+    import os
+
+    from pcd_cli.backends.torch_backend import cache_dir
+
+    real_home = Path(os.path.expanduser("~"))
+    real_pcd = cache_dir()
+    home, cache = root / "home", root / "cache"
+    (cache / "pcd").mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        (real_pcd / "models").mkdir(parents=True, exist_ok=True)
+        (cache / "pcd" / "models").symlink_to(real_pcd / "models", target_is_directory=True)
+    except OSError:  # a read-only user cache: the suite converts into its own
+        pass
+    for src, dst, skip in ((real_pcd.parent, cache, "pcd"), (real_home, home, ".cache")):
+        try:
+            entries = list(os.scandir(src))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name != skip and not (dst / entry.name).exists():
+                (dst / entry.name).symlink_to(entry.path)
+    (home / ".cache").symlink_to(cache, target_is_directory=True)
+    return {"HOME": str(home), "XDG_CACHE_HOME": str(cache)}
+
+
 def tiny_backend(chat_template: bool = True, seed: int = 0):
     """A 2-layer random-init Llama with the embedded model's tokenizer (float32, CPU)."""
     from transformers import AutoTokenizer
