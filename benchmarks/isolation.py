@@ -4,7 +4,7 @@ prompt it replaced, and what it buys.
     python benchmarks/isolation.py [--states 8] [--json benchmarks/isolation.json]
 
 On the embedded model (CPU, float32), through the server's own ``LabelService`` and the
-translation the endpoints use (``pcd_cli.server.questions``: ``plan`` + ``decide`` for the isolated
+translation the endpoints use (``pcd_cli.questions``: ``plan`` + ``decoded`` for the isolated
 prompt, ``build`` + one ``submit`` for the shared one), two request shapes:
 
 * ``support``: a 4-question request (yes/no, a 3-option choice, a 3-level score, yes/no) over
@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pcd_cli.results import Record  # noqa: E402
-from pcd_cli.server import jev as J  # noqa: E402
-from pcd_cli.server import questions as Q  # noqa: E402
+from pcd_cli.server.formats import jev as J  # noqa: E402
+from pcd_cli import questions as Q  # noqa: E402
 from pcd_cli.server.service import LabelService, ModelHost  # noqa: E402
 
 QUESTIONS = {
@@ -80,7 +80,10 @@ async def ask(service, questions: dict, state, prompt: str, rid: str) -> dict[st
     """One request as the Jev endpoint decodes it -> each answer's distribution by option."""
     parsed, state, text, _, _ = J.parse_body({"state": state, "questions": questions})
     if prompt == "isolated":
-        found = (await Q.decide(service, Q.plan(parsed, state), request_id=rid)).answers
+        plan = Q.plan(parsed, state)
+        done = await asyncio.gather(*(service.submit(unit.schema, Q.unit_records(plan, u, rid), request_id=rid)
+                                      for u, unit in enumerate(plan.units)))
+        found = Q.decoded(plan, done).answers
     else:
         qs = Q.build(parsed)
         submitted = await service.submit(qs.schema, [Record(rid, text)], request_id=rid)

@@ -1,5 +1,8 @@
-"""Question sets -> pcd schemas, and decoded fields -> answers: the one translation shared by
-the Jev / System One API (``jev``) and the OpenAI Decisions API (``decisions``).
+"""Decision questions -> pcd schemas, and decoded fields -> answers: the decision domain, the one
+translation shared by the server's Jev / System One format (``server/formats/jev.py``) and its
+OpenAI Decisions format (``server/formats/decisions.py``). It knows nothing of HTTP: a bad question
+raises ``QuestionError`` with a ``code``, which the server maps to a status; ``plan`` cuts a
+request into units the server submits, and ``decoded`` turns their results into answers.
 
 Each wire format parses its own request into ``Question`` values (in request order); this module
 turns them into pcd-format schema dicts a YAML schema file would hold, validates them with
@@ -7,8 +10,8 @@ turns them into pcd-format schema dicts a YAML schema file would hold, validates
 same prompt and gives the same probabilities), and turns each ``FieldResult`` back into the numbers
 both APIs answer with (``Answer``). Two prompts (``PROMPTS``, chosen per request by ``pcd_prompt``):
 
-* **isolated** (the default; issue #35, DESIGN.md "A decision is a function of its record and its
-  question"): each distinct question is its own one-field schema (``question_data``: field
+* **isolated** (the default; issue #35, docs/architecture.md: a decision is a function of its record and its
+  question): each distinct question is its own one-field schema (``question_data``: field
   ``answer``, the request's key left out, a choice's options in ``canonical_order``), asked in its
   own branch after the state (``isolate_fields``: the state is fed once, each question's catalog
   line and answer attend to it and to nothing else; ``plan``, ``decide``); duplicates are decoded
@@ -57,11 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SchemaError
-from ..results import FieldResult, Record
-from ..schema.load import parse_schema
-from ..schema.model import MAX_MULTI_OPTIONS, OUTPUT_SUFFIXES, Schema, json_string
-from .errors import ApiError
+from .errors import InputError, SchemaError
+from .results import FieldResult, Record
+from .schema.load import parse_schema
+from .schema.model import MAX_MULTI_OPTIONS, OUTPUT_SUFFIXES, Schema, json_string
 
 #: Most options a choice question may have (the OpenAI Decisions API's own limit; one byte per label).
 MAX_CHOICE_OPTIONS = 255
@@ -86,14 +88,27 @@ MULTI = "pcd_multi"
 _END = (".", "?", "!", ":", ";")
 
 
-def invalid(message: str, code: str = "invalid_request") -> ApiError:
-    """A 422 ``invalid_request_error`` naming what is wrong."""
-    return ApiError(422, "invalid_request_error", code, message)
+class QuestionError(InputError):
+    """A decision request pcd cannot answer: a malformed question, state or flag, or more
+    questions, options or levels than allowed. The message names the question (``q.where``) and
+    the problem; ``code`` says which (``invalid_state``, ``too_few_options``,
+    ``too_many_questions``, ...). The server answers it by its code (``server.errors.STATUS_BY_CODE``:
+    413 for a limit, 422 otherwise); this module knows nothing of HTTP."""
+
+    def __init__(self, message: str, code: str = "invalid_request"):
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
-def too_large(message: str, code: str = "too_large") -> ApiError:
-    """A 413 ``invalid_request_error``: more questions, options or levels than allowed."""
-    return ApiError(413, "invalid_request_error", code, message)
+def invalid(message: str, code: str = "invalid_request") -> QuestionError:
+    """A request that is well-formed but invalid (``code`` names what)."""
+    return QuestionError(message, code)
+
+
+def too_large(message: str, code: str = "too_large") -> QuestionError:
+    """More questions, options or levels than allowed (``code`` names which limit)."""
+    return QuestionError(message, code)
 
 
 @dataclass(frozen=True)
@@ -130,7 +145,7 @@ def state_text(state: Any, where: str = "state") -> str:
     ``pcd label`` strips every text), an object or array as ``content_text``.
 
     Raises:
-        ApiError: 422 when the state is missing, not a string, object or array, or empty.
+        QuestionError: when the state is missing, not a string, object or array, or empty.
     """
     if not isinstance(state, (str, dict, list)):
         got = "missing" if state is None else f"a {_json_type(state)}"
@@ -208,7 +223,7 @@ def check_limits(questions: list[Question], max_questions: int = MAX_QUESTIONS, 
     """Refuse a question set pcd does not take, naming the question.
 
     Raises:
-        ApiError: 413 for more than ``max_questions`` questions, or a first question's
+        QuestionError: ``too_many_questions`` for more than ``max_questions`` questions, or a first question's
             options times the later questions' over ``MAX_ANSWER_CONTEXTS`` (only for a ``shared``
             prompt: an isolated question is its own schema, with no later questions); 422
             ``invalid_request`` naming the limit for a choice over ``MAX_CHOICE_OPTIONS`` options or a
@@ -284,7 +299,7 @@ def build(questions: list[Question], *, max_questions: int = MAX_QUESTIONS) -> Q
     distinct question sets are kept built.
 
     Raises:
-        ApiError: 413/422 from ``check_limits``; 422 when pcd's schema rules refuse the set
+        QuestionError: ``too_*`` / invalid from ``check_limits``; 422 when pcd's schema rules refuse the set
             (the message is pcd's, naming the field).
     """
     check_limits(questions, max_questions)
@@ -390,7 +405,7 @@ def prompt_flag(body: dict) -> str:
     """The ``pcd_prompt`` of a request body (absent: ``DEFAULT_PROMPT``).
 
     Raises:
-        ApiError: 422 when it is not one of ``PROMPTS``.
+        QuestionError: when it is not one of ``PROMPTS``.
     """
     value = body.get(PROMPT_FLAG, DEFAULT_PROMPT)
     if value not in PROMPTS:
@@ -435,7 +450,7 @@ def _schema(data: dict, isolated_key: str | None = None) -> Schema:
     (keyed by the dict's JSON text).
 
     Raises:
-        ApiError: 422 when pcd's schema rules refuse it.
+        QuestionError: when pcd's schema rules refuse it.
     """
     key = json.dumps([data, isolated_key], ensure_ascii=False)
     with _cache_lock:
@@ -565,7 +580,7 @@ def plan(questions: list[Question], state: Any, *, max_questions: int = MAX_QUES
     questions; each question's branch sees the state and itself only.
 
     Raises:
-        ApiError: 413/422 from ``check_limits`` (without the answer-context limit, which only a
+        QuestionError: ``too_*`` / invalid from ``check_limits`` (without the answer-context limit, which only a
             shared prompt has), ``state_text`` or pcd's schema rules.
     """
     check_limits(questions, max_questions, shared=False)
@@ -605,7 +620,7 @@ def isolated_schema(datas: list[dict]) -> Schema:
     question asked alone.
 
     Raises:
-        ApiError: 422 when pcd's schema rules refuse it.
+        QuestionError: when pcd's schema rules refuse it.
     """
     fields = {d["name"]: d["fields"][ISOLATED_FIELD] for d in datas}
     canonical = json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
@@ -687,33 +702,20 @@ class Decoded:
                 "decode_ms": self.decode_ms}
 
 
-async def decide(service: Any, p: Plan, *, request_id: str, deadline: float | None = None,
-                 is_disconnected=None) -> Decoded:
-    """Decode every unit of ``p`` (one ``service.submit`` each, all queued at once) and answer.
+def unit_records(p: Plan, u: int, request_id: str) -> list[Record]:
+    """The records of unit ``u`` of ``p``, named after ``request_id`` (the id itself when the
+    plan is one record, else ``<id>/<unit>.<row>``)."""
+    unit = p.units[u]
+    one = len(p.units) == 1 and len(unit.texts) == 1
+    return [Record(request_id if one else f"{request_id}/{u}.{r}", t) for r, t in enumerate(unit.texts)]
 
-    Raises:
-        ApiError: what the service raises (the first, when several units fail), or 422
-            ``record_failed`` with the decoder's message when a record fails.
-    """
-    import asyncio
 
-    async def one(u: int, unit: Unit):
-        records = [Record(request_id if len(p.units) == 1 and len(unit.texts) == 1 else f"{request_id}/{u}.{r}", t)
-                   for r, t in enumerate(unit.texts)]
-        return await service.submit(unit.schema, records, request_id=request_id, deadline=deadline,
-                                    is_disconnected=is_disconnected)
-
-    done = await asyncio.gather(*(one(u, unit) for u, unit in enumerate(p.units)), return_exceptions=True)
-    failed = next((d for d in done if isinstance(d, BaseException)), None)
-    if failed is not None:
-        raise failed
+def decoded(p: Plan, done: list) -> Decoded:
+    """The answers of ``p`` from its units' decode results (``done[u]``: the
+    ``server.service.SubmitResult`` of unit ``u``, every record decoded), and what they cost."""
     results = [list(d.results) for d in done]
-    for per_unit in results:
-        for r in per_unit:
-            if not hasattr(r, "fields"):  # a RecordFailure
-                raise ApiError(422, "invalid_request_error", "record_failed", f"state: {r.error}")
     return Decoded(plan_answers(p, results), sum(int(d.input_tokens) for d in done),
-                   any(bool(getattr(r, "truncated", False)) for per_unit in results for r in per_unit),
-                   max(float(getattr(d, "queue_ms", 0.0) or 0.0) for d in done),
-                   sum(float(getattr(d, "decode_ms", 0.0) or 0.0) for d in done),
+                   any(bool(r.truncated) for per_unit in results for r in per_unit),
+                   max(float(d.queue_ms or 0.0) for d in done),
+                   sum(float(d.decode_ms or 0.0) for d in done),
                    [pick.sha256 for pick in p.picks], p.rows, sum(len(u.schema.declared) for u in p.units))

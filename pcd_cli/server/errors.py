@@ -1,11 +1,29 @@
-"""The server's one error type: an HTTP status and the ``{"error": {type, code, message}}`` body;
-and the two helpers that keep an error from leaking or crashing on the text it carries
-(``printable``, ``log_crash``)."""
+"""The server's one error path: the error type (``ApiError``: an HTTP status and the
+``{"error": {type, code, message}}`` envelope), the status of each of pcd's own input-error codes
+(``STATUS_BY_CODE``), the one ``error_response``, and the exception handlers every route shares
+(``HANDLERS``, registered once by ``app.create_app``); plus the two helpers that keep an error from
+leaking or crashing on the text it carries (``printable``, ``log_crash``).
+
+A route never renders its own error: it raises (``ApiError``, or a domain error such as
+``pcd_cli.questions.QuestionError`` whose ``code`` this table maps to a status), and the handler
+renders it. A crash is turned into 500 ``internal_error`` by ``wire.route`` (Starlette re-raises an
+unhandled exception to the server, whose log would quote its message).
+"""
 
 from __future__ import annotations
 
 import logging
 import traceback
+from typing import Iterable
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from ..errors import InputError
+
+log = logging.getLogger("pcd.server")
 
 
 class ApiError(Exception):
@@ -36,6 +54,101 @@ class ApiError(Exception):
         """The JSON error body: ``{"error": {"type", "code", "message"}}``; every string is
         ``printable`` (a message quoting a client's lone surrogate still encodes as UTF-8)."""
         return {"error": {"type": printable(self.type), "code": printable(self.code), "message": printable(self.message)}}
+
+
+class ClientDisconnected(Exception):
+    """The client closed its connection before its request was answered (answered 499, which
+    nobody reads)."""
+
+
+#: Status of pcd's own input errors that carry a ``code`` (``pcd_cli.questions.QuestionError``):
+#: more than a limit allows is 413, anything else 422 (well-formed but invalid).
+STATUS_BY_CODE: dict[str, int] = {"too_large": 413, "too_many_questions": 413, "too_many_options": 413}
+#: ``code`` of the routing errors (``HTTPException`` raised by Starlette's router).
+ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
+#: Codes of 5xx answers that are the server working as meant (logged by the access line only).
+_EXPECTED_5XX = frozenset({"draining", "not_ready", "deadline_exceeded", "shutting_down"})
+
+
+def status_of(exc: InputError) -> int:
+    """The HTTP status of one of pcd's own input errors: ``STATUS_BY_CODE`` by its ``code``, 422
+    when it has none or another."""
+    return STATUS_BY_CODE.get(getattr(exc, "code", ""), 422)
+
+
+def api_error(exc: BaseException) -> ApiError:
+    """``exc`` as the ``ApiError`` the client is answered with: itself when it is one; a pcd input
+    error (``InputError``, ``SchemaError`` ...) as ``invalid_request_error`` with its ``code``
+    (``invalid_request`` when it has none) and ``status_of`` its code."""
+    if isinstance(exc, ApiError):
+        return exc
+    return ApiError(status_of(exc), "invalid_request_error", getattr(exc, "code", None) or "invalid_request", str(exc))
+
+
+def internal_error() -> ApiError:
+    """The 500 a crash is answered with (its details are in the log, under the request id)."""
+    return ApiError(500, "server_error", "internal_error",
+                    "the server failed on this request; the log has the details under its request id")
+
+
+def json_response(body: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """``body`` as JSON (orjson: floats in their shortest round-trip form)."""
+    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
+
+
+def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Response:
+    """The ``{"error": {type, code, message}}`` body with the error's status and headers (plus
+    ``headers``): the one renderer of every error the server sends."""
+    return json_response(exc.body(), exc.status, {**exc.headers, **(headers or {})})
+
+
+def log_id(request: Request) -> str:
+    """The id that names this request in the log (``middleware.RequestContext`` sets it: unique
+    per request even when two clients send the same ``x-request-id``); ``"-"`` when unset."""
+    state = request.state
+    return getattr(state, "log_id", None) or getattr(state, "request_id", None) or "-"
+
+
+async def _on_error(request: Request, exc: Exception) -> Response:
+    err = api_error(exc)
+    if err.status >= 500 and err.code not in _EXPECTED_5XX:
+        log.error("%s: %s (%s)", log_id(request), err.code, err.status)
+    return error_response(err)
+
+
+async def _on_disconnect(request: Request, exc: Exception) -> Response:
+    """499 for a client that left (while its upload streamed in, or while its request waited);
+    nobody reads it, and the access log line (INFO) is the only line about it."""
+    return Response(status_code=499)
+
+
+async def _on_routing(request: Request, exc: HTTPException) -> Response:
+    """A routing error (404 no such route, 405 a method the route does not take, with ``Allow``
+    as RFC 9110 §15.5.6 asks) in the error envelope, so that the official clients read its
+    ``code``; the 404 names the mounted routes (``app.state.paths``)."""
+    method, path = request.method, printable(request.url.path)[:200]
+    headers = dict(exc.headers or {})
+    if "Allow" in headers:  # Starlette builds it from a set: sorted, so that it reads the same each time
+        headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
+    if exc.status_code == 404:
+        message = f"no route {path!r}; pcd serves {_listed(getattr(request.app.state, 'paths', ()))}"
+    elif exc.status_code == 405:
+        message = f"{method} is not allowed on {path!r}; allowed: {headers.get('Allow', '')}"
+    else:
+        message = printable(str(exc.detail))
+    return error_response(ApiError(exc.status_code, "invalid_request_error",
+                                   ROUTING_CODES.get(exc.status_code, "http_error"), message, headers))
+
+
+def _listed(paths: Iterable[str]) -> str:
+    names = list(paths)
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+#: The exception handlers of every route (``Starlette(exception_handlers=HANDLERS)``): the error
+#: kinds and how each is answered, in one table.
+HANDLERS = {ApiError: _on_error, InputError: _on_error, ClientDisconnected: _on_disconnect,
+            ClientDisconnect: _on_disconnect, HTTPException: _on_routing}
 
 
 def printable(text: str) -> str:

@@ -60,14 +60,8 @@ from pathlib import Path
 from typing import Any, Callable
 from xml.etree import ElementTree
 
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
-from ..results import Record, RecordFailure
+from ..io.gold_journal import JOURNAL_NAME, GoldJournal
 from .errors import ApiError
-from .gold_journal import JOURNAL_NAME, GoldJournal
-from .protocols import read_json
 
 log = logging.getLogger("pcd.server")
 
@@ -401,7 +395,8 @@ class ProjectLink:
 
 
 class LabelStudioBackend:
-    """The Label Studio routes over a ``LabelService`` (module doc).
+    """What ``pcd serve --label-studio`` keeps and does behind its routes
+    (``formats/label_studio.py``): project links, the gold journals, retraining and versions.
 
     Args:
         service: the running ``LabelService``; its startup schemas (``service.named``) are what
@@ -411,17 +406,14 @@ class LabelStudioBackend:
             a fake one).
         build_labeler: ``(schema, job, own_model) -> labeler`` for a fitted job; default: over
             the service's loaded model (``service.host.labeler``), or a model of its own
-            (``pcd_cli.job.build_labeler``) for a tuned one.
+            (``pcd_cli.api.build_labeler``) for a tuned one.
         patch_project: ``(base_url, token, project_id, version) -> str`` telling Label Studio the
             new version (default: ``patch_model_version``).
-        render: ``app.render_label``, which turns a submit's results into ``/v1/label``'s rows (passed
-            in by ``create_app``, so that this module does not import the app).
     """
 
-    def __init__(self, service, config: LabelStudioConfig, *, render: Callable, fit: Callable[..., Fitted] = fit_on_gold,
+    def __init__(self, service, config: LabelStudioConfig, *, fit: Callable[..., Fitted] = fit_on_gold,
                  build_labeler: Callable | None = None, patch_project: Callable | None = None):
         self.service = service
-        self.render = render
         self.config = config
         self.state = Path(config.state_dir).expanduser()
         self.fit = fit
@@ -436,7 +428,7 @@ class LabelStudioBackend:
         self._rows_at_last_run: dict[str, int] = {}
         self.histories: dict[str, VersionHistory] = {}
         #: id(labeler) -> the version it is (set before a labeler is swapped in); the base model's
-        #: labelers are not in it (``_version_of``)
+        #: labelers are not in it (``version_of``)
         self._versions: dict[int, str] = {}
         self._base: dict[str, str] = {}
         for name, entry in service.named.items():
@@ -452,34 +444,11 @@ class LabelStudioBackend:
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("label studio link %s unreadable (%s); skipped", link_file, exc)
 
-    # -- routes ---------------------------------------------------------------------------------
-    def routes(self) -> list[Route]:
-        """``/setup``, ``/predict``, ``/webhook``, ``/train`` (POST) and ``/versions`` (GET);
-        ``/health`` is the server's own."""
-        return [Route("/setup", self.setup, methods=["POST"]), Route("/predict", self.predict, methods=["POST"]),
-                Route("/webhook", self.webhook, methods=["POST"]), Route("/train", self.train, methods=["POST"]),
-                Route("/versions", self.versions, methods=["GET"])]
-
-    async def _body(self, request: Request) -> dict:
-        body = await read_json(request, request.app.state.config.max_body_bytes)
-        if not isinstance(body, dict):
-            raise ApiError(422, "invalid_request_error", "invalid_request", "the body must be a JSON object")
-        if self.recorded is not None:
-            self.recorded.append((request.url.path, body))
-        return body
-
-    async def setup(self, request: Request) -> Response:
-        """``POST /setup``: map the project's config to a served schema (``map_config``; 422 naming
-        what does not map), remember the project (its token in memory only); answers
-        ``{"model_version"}``, the schema's current version."""
-        body = await self._body(request)
-        project = project_id(body.get("project"))
-        schema_xml = body.get("schema") or body.get("label_config")
-        if project is None or not isinstance(schema_xml, str):
-            raise ApiError(422, "invalid_request_error", "invalid_request",
-                           "/setup needs 'project' (\"<id>.<created>\") and 'schema' (the label config XML)")
-        mapping = map_config(schema_xml, {n: e.schema for n, e in self.service.named.items()})
-        link = ProjectLink(project, mapping, str(body.get("hostname") or ""), str(body.get("access_token") or ""))
+    # -- what the routes ask (formats/label_studio.py) ------------------------------------------
+    async def setup(self, project: str, mapping: ConfigMapping, hostname: str, token: str) -> str:
+        """Remember ``project`` as mapped by ``mapping`` (its token in memory only; the mapping
+        saved when it changed); returns the schema's current version."""
+        link = ProjectLink(project, mapping, hostname, token)
         with self._lock:
             changed = project not in self.links or self.links[project].mapping != mapping
             self.links[project] = link
@@ -487,7 +456,7 @@ class LabelStudioBackend:
             await asyncio.to_thread(self._save_link, link)
             log.info("label studio project %s mapped to schema %s (%s)", project, mapping.schema,
                      ", ".join(f"{c}->{f}" for c, f in mapping.fields.items()))
-        return json_response({"model_version": self.histories[mapping.schema].current})
+        return self.histories[mapping.schema].current
 
     def _save_link(self, link: ProjectLink) -> None:
         from ..io.files import write_atomic
@@ -496,120 +465,38 @@ class LabelStudioBackend:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps({"project": link.project, "mapping": asdict(link.mapping)}).encode())
 
-    def _link(self, body: dict) -> ProjectLink:
-        """The project's link: known from ``/setup``, or made from the body's ``label_config``."""
-        project = project_id(body.get("project"))
+    def link(self, project: str | None, label_config: object = None) -> ProjectLink:
+        """The project's link: known from ``/setup``, or made from ``label_config`` (the label
+        config XML a body carries).
+
+        Raises:
+            ApiError: 422 ``unknown_project`` when neither is there; ``MappingError`` when the
+                config does not map.
+        """
         link = self.links.get(project) if project is not None else None
         if link is None:
-            xml = body.get("label_config")
-            if not isinstance(xml, str):
+            if not isinstance(label_config, str):
                 raise ApiError(422, "invalid_request_error", "unknown_project",
                                f"project {project!r} has not called /setup and the body carries no label_config")
-            link = ProjectLink(project or "?", map_config(xml, {n: e.schema for n, e in self.service.named.items()}))
+            link = ProjectLink(project or "?", map_config(label_config, {n: e.schema for n, e in self.service.named.items()}))
             if project is not None:
                 self.links[project] = link
         return link
 
-    async def predict(self, request: Request) -> Response:
-        """``POST /predict``: every task through the packing worker in one submit; one prediction
-        per task, in order: per mapped field a ``choices`` result with the label's probability as
-        ``score`` and the full distribution under ``meta.probs``; the task's ``score`` the review
-        score (the lowest chosen-label probability over the fields, as ``pcd review`` orders); a
-        task without text gets an empty result and score 0."""
-        body = await self._body(request)
-        tasks = body.get("tasks")
-        if not isinstance(tasks, list):
-            raise ApiError(422, "invalid_request_error", "invalid_request", "/predict needs 'tasks', a list")
-        link = self._link(body)
-        mapping = link.mapping
-        entry = self.service.named[mapping.schema]
-        records = []
-        for i, task in enumerate(tasks):
-            data = task.get("data") if isinstance(task, dict) else None
-            text = data.get(mapping.text_var) if isinstance(data, dict) else None
-            records.append(Record(str(i), text, row=i) if isinstance(text, str) else
-                           RecordFailure(str(i), f"task {i}: no data.{mapping.text_var} text", row=i))
-        timeout = request.app.state.config.request_timeout_s
-        submitted = await self.service.submit(entry.schema, records, request_id=request.state.log_id,
-                                              deadline=time.monotonic() + timeout if timeout else None,
-                                              is_disconnected=request.is_disconnected)
-        rendered = self.render(submitted, entry.schema, records, column="id", all_probs=True, id_is_text=True)
-        rows = {row["id"]: row for row in rendered["rows"]}
-        version = self._version_of(mapping.schema, submitted.labeler)  # the model that decoded them
-        by_field = {f.name: f for f in entry.schema.declared}
-        results = []
-        for i in range(len(tasks)):
-            row = rows.get(str(i))
-            if row is None:
-                results.append({"result": [], "score": 0.0, "model_version": version})
-                continue
-            items, probs = [], []
-            for control, name in mapping.fields.items():
-                f = by_field[name]
-                choices = _choices(row.get(name), f, bool(row.get(f"{name}__abstained")))
-                prob = row.get(f"{name}__prob")
-                probs.append(prob if prob is not None else 0.0)
-                if choices is None:
-                    continue
-                item = {"from_name": control, "to_name": mapping.to_name, "type": "choices",
-                        "value": {"choices": choices}}
-                if prob is not None:
-                    item["score"] = float(prob)
-                if row.get(f"{name}__probs") is not None:
-                    item["meta"] = {"probs": {str(k): float(v) for k, v in row[f"{name}__probs"].items()}}
-                items.append(item)
-            results.append({"result": items, "score": float(min(probs)) if probs else 0.0, "model_version": version})
-        return json_response({"results": results, "model_version": version})
-
-    async def webhook(self, request: Request) -> Response:
-        """``POST /webhook``: an annotation event is appended to the project's journal (the only
-        work before answering); ``START_TRAINING`` starts a retrain; other actions are answered
-        ``ignored``. Answers 200 ``{"status", ...}``."""
-        body = await self._body(request)
-        action = body.get("action")
-        project = project_id(body.get("project"))
-        if project is None and isinstance(body.get("task"), dict):
-            project = project_id(body["task"].get("project"))
-        if action in ANNOTATION_ACTIONS or action == "ANNOTATIONS_DELETED":
-            if project is None:
-                raise ApiError(422, "invalid_request_error", "invalid_request", f"{action}: no project in the body")
-            n = await asyncio.to_thread(self._journal_event, project, action, body)
-            status = await asyncio.to_thread(self._maybe_retrain, project) if action != "ANNOTATIONS_DELETED" else None
-            return json_response({"status": "ok", "action": action, "events": n, "training": status})
-        if action == "START_TRAINING":
-            if project is None:
-                raise ApiError(422, "invalid_request_error", "invalid_request", "START_TRAINING: no project")
-            return json_response({"status": "ok", "action": action, "training": self.start_training(project)})
-        return json_response({"status": "ignored", "action": action})
-
-    async def train(self, request: Request) -> Response:
-        """``POST /train`` (older Label Studio): every annotated task's annotations go to the
-        journal, then a retrain starts; answers 201 ``{"training": ...}``."""
-        body = await self._body(request)
-        project = project_id(body.get("project"))
-        tasks = body.get("annotations")
-        if project is None or not isinstance(tasks, list):
-            raise ApiError(422, "invalid_request_error", "invalid_request",
-                           "/train needs 'project' and 'annotations' (the annotated tasks)")
-        if project not in self.links and isinstance(body.get("label_config"), str):
-            self._link(body)
-        n = await asyncio.to_thread(self._journal_tasks, project, tasks)
-        return json_response({"events": n, "training": self.start_training(project)}, 201)
-
-    async def versions(self, request: Request) -> Response:
-        """``GET /versions``: ``{"versions": [the accepted version names, oldest first], "schemas":
-        {name: {"current", "history": [Version...]}}}``."""
+    def versions(self) -> dict:
+        """``{"versions": [the accepted version names, oldest first], "schemas": {name: {"current",
+        "history": [Version...]}}}``."""
         out = {name: {"current": h.current, "history": [asdict(v) for v in h.items]}
                for name, h in self.histories.items()}
         accepted = list(dict.fromkeys(v.version for h in self.histories.values() for v in h.items if v.accepted))
-        return json_response({"versions": accepted, "schemas": out})
+        return {"versions": accepted, "schemas": out}
 
     # -- the journal ----------------------------------------------------------------------------
     def journal(self, project: str) -> GoldJournal:
         """The project's ``GoldJournal`` (``<state_dir>/projects/<id>/gold.jsonl``)."""
         return GoldJournal(self.state / "projects" / project / JOURNAL_NAME)
 
-    def _journal_event(self, project: str, action: str, body: dict) -> int:
+    def journal_event(self, project: str, action: str, body: dict) -> int:
         journal = self.journal(project)
         if action == "ANNOTATIONS_DELETED":
             ids = [a.get("id") if isinstance(a, dict) else a for a in _as_list(body.get("annotations"))]
@@ -632,7 +519,7 @@ class LabelStudioBackend:
             n += 1
         return n
 
-    def _journal_tasks(self, project: str, tasks: list) -> int:
+    def journal_tasks(self, project: str, tasks: list) -> int:
         journal = self.journal(project)
         n = 0
         for task in tasks:
@@ -648,7 +535,7 @@ class LabelStudioBackend:
         return sum(len(self.journal(p).gold_rows()) for p, link in list(self.links.items())
                    if link.mapping.schema == schema)
 
-    def _maybe_retrain(self, project: str) -> str | None:
+    def maybe_retrain(self, project: str) -> str | None:
         link = self.links.get(project)
         if link is None or self.config.retrain_every <= 0:
             return None
@@ -762,7 +649,7 @@ class LabelStudioBackend:
                                              reason="restored at start-up", label_studio={}))
             log.info("schema %s: version %s restored", name, version.version)
 
-    def _version_of(self, schema: str, labeler) -> str:
+    def version_of(self, schema: str, labeler) -> str:
         """The version ``labeler`` is (the one that decoded a request): a swapped-in one's, else the
         base model's; the schema's current version when no labeler decoded anything."""
         if labeler is None:
@@ -771,7 +658,7 @@ class LabelStudioBackend:
 
     def _build_labeler(self, schema, job, own_model: bool):
         if own_model:
-            from ..job import build_labeler
+            from ..api import build_labeler
 
             return build_labeler(schema, job)
         return self.service.host.labeler(schema, job)
@@ -829,13 +716,6 @@ def _api(base: str, token: str, method: str, path: str, body: dict | None = None
         raise OSError(f"{method} {path}: {exc.code} {exc.read()[:300].decode('utf-8', 'replace')}") from None
 
 
-def json_response(body, status: int = 200) -> Response:
-    """``body`` as JSON (orjson, as the app's own responses)."""
-    import orjson
-
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
 def project_id(value) -> str | None:
     """Label Studio's project id from ``"<id>.<created unix>"`` (``MLApi._create_project_uid``), an
     integer, or a project object ``{"id", ...}`` (webhooks)."""
@@ -864,18 +744,3 @@ def _adapter_bytes(job) -> bytes | None:
     if adapter and Path(adapter).exists():
         return _fitted_bytes(Path(adapter))
     return None
-
-
-def _choices(value, f, abstained: bool) -> list[str] | None:
-    """A row's value of field ``f`` as Label Studio choices (``pcd review``'s ``_label`` rule:
-    booleans ``true``/``false``, integers their digits, a nullable field's null its null label,
-    a multi-select field its chosen options); ``None`` where it abstained."""
-    if f.type == "multi":
-        return [str(v) for v in value] if isinstance(value, (list, tuple)) else None
-    if value is None:
-        return [f.labels[-1]] if getattr(f, "nullable", False) and not abstained else None
-    if isinstance(value, bool):
-        return ["true" if value else "false"]
-    if isinstance(value, float) and value.is_integer():
-        return [str(int(value))]
-    return [str(value)]

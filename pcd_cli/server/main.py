@@ -225,8 +225,8 @@ def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.
     the log is flushed), as the interpreter's own exit would abort inside the native code it runs.
 
     Returns:
-        0 after a drain; 2 or 3 when the start failed (a schema or calibration problem: 2; the
-        model or a compile problem: 3), as ``pcd label`` would exit.
+        0 after a drain; when the start failed, ``startup_exit_code`` (2 a schema or calibration
+        problem, 3 the model or a compile problem), as ``pcd label`` would exit.
     """
     server, sock = make_server(service, app_config, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s)
     bound = sock.getsockname()
@@ -242,11 +242,9 @@ def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.
         spent = time.monotonic() - server.drain_since if server.drain_since is not None else 0.0
         service.close(timeout=max(RESPONSE_GRACE_S, shutdown_timeout_s - spent))
     if service.startup_error is not None:
-        from ..errors import CalibrationError, InputError, SchemaError
-
         error = service.startup_error
         log.error("could not start: %s", error)
-        code = 2 if isinstance(error, (SchemaError, InputError, CalibrationError)) else 3
+        code = startup_exit_code(error)
     else:
         log.info("stopped")
         code = 0
@@ -257,6 +255,16 @@ def serve(service: LabelService, app_config: AppConfig, *, host: str = "127.0.0.
         logging.shutdown()
         os._exit(code)
     return code
+
+
+def startup_exit_code(error: BaseException) -> int:
+    """The exit code of a server whose start failed with ``error``, from the CLI's own mapping
+    (``pcd_cli.errors.EXIT_CODES``, as ``pcd label`` would exit: a schema or calibration problem
+    2, the model or a compile problem 3); an error pcd did not raise on purpose while loading the
+    model counts as the model's (``ModelError``: 3)."""
+    from ..errors import EXIT_CODES, ModelError, PcdError, exit_code
+
+    return exit_code(error) if isinstance(error, PcdError) else EXIT_CODES[ModelError]
 
 
 class ServerThread:

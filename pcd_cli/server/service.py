@@ -40,7 +40,8 @@ from ..job import LabelJob, schema_warnings
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from . import textcheck
-from .errors import ApiError, log_crash
+from . import limits
+from .errors import ApiError, ClientDisconnected, log_crash
 
 log = logging.getLogger("pcd.server")
 
@@ -55,8 +56,8 @@ class ModelHost:
 
     Args:
         job: the served job (``pcd serve``'s options): its ``model``, ``backend``, ``device``,
-            ``dtype`` and ``adapter`` say what to load (``pcd_cli.job.load_model``); each schema's
-            labeler is built from its own job by ``pcd_cli.job.build_labeler``.
+            ``dtype`` and ``adapter`` say what to load (``pcd_cli.api.load_model``); each schema's
+            labeler is built from its own job by ``pcd_cli.api.build_labeler``.
         loaded: an already loaded backend (tests); the job's model options are then ignored.
     """
 
@@ -85,7 +86,7 @@ class ModelHost:
             ModelError: the model cannot be loaded (see ``pcd_cli.backends.load_backend``).
         """
         if self.backend is None:
-            from ..job import load_model
+            from ..api import load_model
 
             self.backend, self.warnings = load_model(self.job)
         return self.backend.model_id
@@ -98,7 +99,7 @@ class ModelHost:
         Raises:
             SchemaError, CompileError, CalibrationError: as ``Labeler``.
         """
-        from ..job import build_labeler
+        from ..api import build_labeler
 
         return build_labeler(schema, options, backend=self.backend)
 
@@ -126,13 +127,13 @@ class ServiceConfig:
 
     packing: bool = True
     chunk_records: int = CHUNK_RECORDS
-    max_batch_records: int = 64
-    max_batch_tokens: int = 16384
-    max_queued_records: int = 8192
-    max_queued_requests: int = 1024
-    max_cached_schemas: int = 64
-    request_timeout_s: float | None = 60.0
-    max_compile_cost: int = 8192
+    max_batch_records: int = limits.MAX_BATCH_RECORDS
+    max_batch_tokens: int = limits.MAX_BATCH_TOKENS
+    max_queued_records: int = limits.MAX_QUEUED_RECORDS
+    max_queued_requests: int = limits.MAX_QUEUED_REQUESTS
+    max_cached_schemas: int = limits.MAX_CACHED_SCHEMAS
+    request_timeout_s: float | None = limits.REQUEST_TIMEOUT_S
+    max_compile_cost: int = limits.MAX_COMPILE_COST
 
 
 def estimate_tokens(record: Record | RecordFailure) -> int:
@@ -164,10 +165,6 @@ class SubmitResult:
     queue_ms: float
     decode_ms: float
     labeler: Any = None
-
-
-class ClientDisconnected(Exception):
-    """The client went away before its request was answered (nothing more is decoded for it)."""
 
 
 @dataclass

@@ -1,5 +1,14 @@
-"""HTTP plumbing shared by the Jev (``jev``) and OpenAI Decisions (``decisions``) routes: reading a
-bounded JSON body, the request id, running one record through the service, rendering errors.
+"""What every wire format shares (``formats/``): the typed request context ``Call`` (the service,
+the app's config, the request's ids and arrival; ``submit`` and ``decide`` with the deadline
+counted from the request's arrival and the client-gone check), ``route`` (a format's handler as a
+Starlette route: a crash becomes 500 ``internal_error``, logged without its text), and reading a
+bounded, checked JSON body (``read_json``).
+
+A wire format is one module of ``formats/`` of one shape: ``routes(server) -> list[Route]``, each
+route a ``route(path, handler, method)`` whose handler takes a ``Call``, reads the body into the
+format's typed request (schema and records, or questions and a state, and options), submits it
+through the ``Call``, and renders the typed results (``RecordResult``, ``questions.Answer``) as its
+body. Errors are raised, never rendered (``errors.HANDLERS``).
 """
 
 from __future__ import annotations
@@ -9,66 +18,154 @@ import json
 import logging
 import re
 import time
-import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
+from starlette.responses import Response
+from starlette.routing import Route
 
-from .errors import ApiError, log_crash, printable
+from ..errors import InputError
+from . import limits
+from .errors import ApiError, ClientDisconnected, internal_error, log_crash, log_id, printable
+from .service import LabelService, SubmitResult
+
+if TYPE_CHECKING:
+    from ..questions import Answer, QuestionSet
+    from ..results import RecordResult
+    from .app import AppConfig
+    from .label_studio import LabelStudioBackend
 
 log = logging.getLogger("pcd.server")
 
-#: Default body limit when the server config gives none (issue #27: ``--max-body-bytes`` 8 MiB).
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: The request flag, a top-level body key in both APIs, that asks for pcd's own extras (candidate
 #: mass, raw probabilities, truncation, timings). Both official clients send it with ``extra_body``.
 EXTRAS_FLAG = "pcd_extras"
 
 
-def log_id(request: Request) -> str:
-    """The id that names this request in the log: unique per request even when two clients send
-    the same ``x-request-id`` (``RequestContext`` adds ``#<n>`` to a client's id); the request id
-    when no middleware set one."""
-    state = request.state
-    return getattr(state, "log_id", None) or getattr(state, "request_id", None) or "-"
+@dataclass(frozen=True)
+class Server:
+    """What a wire format's routes are built over (``app.create_app`` makes one per app): the
+    running service, the app's config, and the Label Studio backend's state when
+    ``--label-studio`` is on (``None`` otherwise)."""
+
+    service: LabelService
+    config: AppConfig
+    label_studio: LabelStudioBackend | None = None
 
 
-def request_id(request: Request, header: str) -> tuple[str, dict[str, str]]:
-    """The request's id and the headers that carry it: the id the app's middleware gave it
-    (``request.state.request_id``; the middleware writes ``x-request-id`` itself), else a new
-    ``req_<32 hex>``; ``header`` (the protocol's own request-id header) always carries it."""
-    rid = getattr(request.state, "request_id", None)
-    if rid:
-        return rid, ({header: rid} if header != "x-request-id" else {})
-    rid = "req_" + uuid.uuid4().hex
-    request.state.request_id = rid
-    return rid, {header: rid}
+class Call:
+    """One request as every wire format sees it.
+
+    Attributes:
+        request: the Starlette request (headers, the body stream).
+        service: the ``LabelService``; config: the app's ``AppConfig``.
+        request_id: the id the response carries (``x-request-id``, set by ``RequestContext``).
+        log_id: the id naming the request in the log (unique even when two clients send one id).
+        arrived: ``time.monotonic()`` at the request's arrival (before its body was read).
+        deadline: ``arrived + config.request_timeout_s`` (``None`` without a timeout): the one
+            deadline of every format, counted from arrival, body reading included.
+    """
+
+    def __init__(self, request: Request, server: Server):
+        self.request = request
+        self.service = server.service
+        self.config = server.config
+        state = request.state
+        self.arrived: float = getattr(state, "arrived", None) or time.monotonic()
+        self.request_id: str = getattr(state, "request_id", None) or "-"
+        self.log_id: str = log_id(request)
+        timeout = self.config.request_timeout_s
+        self.deadline: float | None = self.arrived + float(timeout) if timeout else None
+
+    async def body(self, *, text_checked_by_caller: tuple[str, ...] = ()) -> Any:
+        """The request's JSON body (``read_json`` under ``config.max_body_bytes``)."""
+        return await read_json(self.request, self.config.max_body_bytes, text_checked_by_caller=text_checked_by_caller)
+
+    async def submit(self, schema, records) -> SubmitResult:
+        """``service.submit`` for this request: its log id, the deadline from arrival, the
+        client-gone check.
+
+        Raises:
+            ApiError: 429 queue full, 503 draining, not ready or past the deadline.
+            ClientDisconnected: the client left while the request waited.
+        """
+        return await self.service.submit(schema, records, request_id=self.log_id, deadline=self.deadline,
+                                         is_disconnected=self.request.is_disconnected)
+
+    async def label_one(self, schema, record):
+        """One record through ``submit``; returns ``(RecordResult, SubmitResult)``.
+
+        Raises:
+            ApiError: as ``submit``; 422 ``record_failed`` with the decoder's message when the
+                record fails (a text too long for the model with ``--truncate error``, ...).
+        """
+        submitted = await self.submit(schema, [record])
+        result = submitted.results[0]
+        if not hasattr(result, "fields"):  # a RecordFailure
+            raise ApiError(422, "invalid_request_error", "record_failed", f"state: {result.error}")
+        return result, submitted
+
+    async def decide(self, questions: list, plan_input: Any, text: str, prompt: str, *,
+                     max_questions: int) -> tuple[list, int, dict]:
+        """Decode a decision request's questions, the one step ``/v1/systemone`` and
+        ``/v1/decisions`` share: ``prompt == "isolated"`` (the default) decides each distinct
+        question alone about ``plan_input`` (``questions.plan``, then one ``submit`` per unit),
+        ``"shared"`` builds one schema of every question and labels ``text`` as one record.
+
+        Returns:
+            ``(answers in request order, input tokens, the extras envelope)``.
+
+        Raises:
+            QuestionError: as ``questions.build`` / ``questions.plan`` (413/422 by its code).
+            ApiError: as ``submit``; 422 ``record_failed``.
+        """
+        from .. import questions as Q
+
+        if prompt == "isolated":
+            p = Q.plan(questions, plan_input, max_questions=max_questions)
+            done = await asyncio.gather(*(self.submit(unit.schema, Q.unit_records(p, u, self.log_id))
+                                          for u, unit in enumerate(p.units)), return_exceptions=True)
+            failed = next((d for d in done if isinstance(d, BaseException)), None)
+            if failed is not None:
+                raise failed
+            for d in done:
+                bad = next((r for r in d.results if not hasattr(r, "fields")), None)
+                if bad is not None:  # a RecordFailure
+                    raise ApiError(422, "invalid_request_error", "record_failed", f"state: {bad.error}")
+            decoded = Q.decoded(p, done)
+            return decoded.answers, decoded.input_tokens, decoded.extras()
+        qs = Q.build(questions, max_questions=max_questions)
+        result, submitted = await self.label_one(qs.schema, Q.record(text, self.request_id))
+        return Q.answers(qs, result.fields), int(submitted.input_tokens), \
+            {**extras_envelope(submitted, result, qs), "prompt": "shared"}
+
+    def max_questions(self, most: int) -> int:
+        """Most questions one request may ask: ``most`` (the planner's own limit), lowered by
+        ``config.max_records_per_request``."""
+        return min(most, int(self.config.max_records_per_request))
 
 
-async def guarded(handler, request: Request, headers: dict[str, str]):
-    """``await handler()``, with an ``ApiError`` or a crash rendered as the error body carrying
-    ``headers`` (a crash is logged under the request id and never reaches the server); a client
-    that went away gets 499, which nobody reads."""
-    from starlette.responses import Response
-
-    from .service import ClientDisconnected
-
-    try:
-        return await handler()
-    except ApiError as exc:
-        return error_response(exc, headers)
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except Exception as exc:  # noqa: BLE001 - one request's crash never stops the server
-        log_crash(log, f"{log_id(request)}: unhandled error", exc)
-        return error_response(ApiError(500, "server_error", "internal_error", "the server failed on this request; "
-                                       "the log has the details under its request id"), headers)
+Handler = Callable[[Call], Awaitable[Response]]
 
 
-def error_response(exc: ApiError, headers: dict[str, str]) -> JSONResponse:
-    """``{"error": {type, code, message}}`` with the error's status and headers plus ``headers``."""
-    return JSONResponse(exc.body(), status_code=exc.status, headers={**exc.headers, **headers})
+def route(server: Server, path: str, handler: Handler, method: str) -> Route:
+    """``handler`` mounted at ``path`` for ``method``: it gets the request as a ``Call``; what it
+    raises is rendered by the app's exception handlers (``errors.HANDLERS``), and a crash is
+    logged under the request id (never its text) and answered 500 ``internal_error``, so that it
+    never reaches the server."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(Call(request, server))
+        except (ApiError, InputError, ClientDisconnected, ClientDisconnect):
+            raise  # answered by errors.HANDLERS
+        except Exception as exc:  # noqa: BLE001 - one request's crash never stops the server
+            log_crash(log, f"{log_id(request)}: unhandled error", exc)
+            raise internal_error() from None
+
+    endpoint.__doc__ = handler.__doc__
+    return Route(path, endpoint, methods=[method])
 
 
 class _Duplicate(ValueError):
@@ -232,9 +329,7 @@ async def read_json(request: Request, max_bytes: int | None = None, *,
             by ``RequestContext``'s receive).
         ClientDisconnected: the client left in the middle of its upload (answered 499).
     """
-    from .service import ClientDisconnected
-
-    limit = max_bytes or DEFAULT_MAX_BODY_BYTES
+    limit = max_bytes or limits.MAX_BODY_BYTES
     too_big = ApiError(413, "invalid_request_error", "body_too_large",
                        f"the request body is over {limit} bytes (--max-body-bytes); send fewer or shorter questions "
                        "or a shorter state", {"Connection": "close"})
@@ -310,74 +405,12 @@ def extras_flag(body: dict) -> bool:
     return value
 
 
-def config_value(config: Any, name: str, default: Any) -> Any:
-    """``config.<name>`` (or ``config[name]`` for a dict), else ``default`` when absent or None."""
-    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
-    return default if value is None else value
-
-
-async def label_one(service: Any, config: Any, schema: Any, record: Any, *, request: Request, rid: str):
-    """Run one record through ``service.submit`` (deadline: ``config.request_timeout_s`` from the
-    request's arrival, else the service's own); return ``(RecordResult, SubmitResult)``.
-
-    Raises:
-        ApiError: what the service raises (429 queue full, 503 draining or past the deadline),
-            or 422 ``record_failed`` with the decoder's message when the record fails (a text too
-            long for the model with ``--truncate error``, ...).
-    """
-    submitted = await service.submit(schema, [record], request_id=getattr(request.state, "log_id", None) or rid,
-                                     deadline=request_deadline(request, config),
-                                     is_disconnected=request.is_disconnected)
-    result = submitted.results[0]
-    if not hasattr(result, "fields"):  # a RecordFailure
-        raise ApiError(422, "invalid_request_error", "record_failed", f"state: {result.error}")
-    return result, submitted
-
-
-def request_deadline(request: Request, config: Any) -> float | None:
-    """``time.monotonic()`` seconds at which the request is past ``config.request_timeout_s``,
-    counted from its arrival (``RequestContext`` sets ``state.arrived``; now when unset);
-    ``None`` without a timeout (the service's own applies)."""
-    timeout = config_value(config, "request_timeout_s", None)
-    arrived = getattr(request.state, "arrived", None) or time.monotonic()
-    return arrived + float(timeout) if timeout else None
-
-
-async def decide_questions(service: Any, config: Any, questions: list, plan_input: Any, text: str, prompt: str, *,
-                           request: Request, rid: str, max_questions: int) -> tuple[list, int, dict]:
-    """Decode a decision request's questions, the one step ``/v1/systemone`` and ``/v1/decisions``
-    share: ``prompt == "isolated"`` (the default) decides each distinct question alone about
-    ``plan_input`` (``questions.plan`` / ``questions.decide``), ``"shared"`` builds one schema of
-    every question and labels ``text`` as one record (``label_one``).
-
-    Returns:
-        ``(answers in request order, input tokens, the extras envelope)``.
-
-    Raises:
-        ApiError: as ``questions.build``, ``questions.decide`` and ``label_one``.
-    """
-    from . import questions as Q
-
-    if prompt == "isolated":
-        decoded = await Q.decide(service, Q.plan(questions, plan_input, max_questions=max_questions),
-                                 request_id=log_id(request), is_disconnected=request.is_disconnected,
-                                 deadline=request_deadline(request, config))
-        return decoded.answers, decoded.input_tokens, decoded.extras()
-    qs = Q.build(questions, max_questions=max_questions)
-    result, submitted = await label_one(service, config, qs.schema, Q.record(text, rid), request=request, rid=rid)
-    return Q.answers(qs, result.fields), int(submitted.input_tokens), \
-        {**extras_envelope(submitted, result, qs), "prompt": "shared"}
-
-
-def extras_envelope(submitted: Any, result: Any, qs: Any) -> dict:
+def extras_envelope(submitted: SubmitResult, result: RecordResult, qs: QuestionSet) -> dict:
     """The top-level ``pcd`` object of a response that asked for extras."""
-    return {"truncated": bool(getattr(result, "truncated", False)),
-            "fields": list(qs.names),
-            "schema_sha256": qs.schema.source_sha256,
-            "queue_ms": float(getattr(submitted, "queue_ms", 0.0) or 0.0),
-            "decode_ms": float(getattr(submitted, "decode_ms", 0.0) or 0.0)}
+    return {"truncated": bool(result.truncated), "fields": list(qs.names), "schema_sha256": qs.schema.source_sha256,
+            "queue_ms": float(submitted.queue_ms or 0.0), "decode_ms": float(submitted.decode_ms or 0.0)}
 
 
-def answer_extras(answer: Any) -> dict:
+def answer_extras(answer: Answer) -> dict:
     """The per-answer ``pcd`` object: candidate mass and the raw probabilities by pcd label."""
     return {"mass": answer.mass, "raw_probabilities": dict(zip(answer.labels, answer.raw_probs))}

@@ -16,8 +16,8 @@ import typesafe_sdk
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from pcd_cli.server import jev as J  # noqa: E402
-from pcd_cli.server import questions as Q  # noqa: E402
+from pcd_cli.server.formats import jev as J  # noqa: E402
+from pcd_cli import questions as Q  # noqa: E402
 
 KEY = "test-key"
 #: What ``daft/functions/jev.py`` writes (``_Jev.noul`` / ``choice`` / ``score``), for row ``k``.

@@ -1,4 +1,4 @@
-"""The gold journal (``pcd_cli.server.gold_journal``): appends survive restarts and torn writes, the
+"""The gold journal (``pcd_cli.io.gold_journal``): appends survive restarts and torn writes, the
 latest save of an annotation wins, deletions remove it, cancelled annotations are never gold,
 ground truth wins, and what it writes is read by ``pcd eval``'s own reader (``read_gold``)."""
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from pcd_cli.quality import read_gold
-from pcd_cli.server.gold_journal import GoldJournal
+from pcd_cli.io.gold_journal import GoldJournal
 
 
 def task(tid, text="a text"):
@@ -69,7 +69,7 @@ def test_a_torn_last_line_is_skipped_and_the_next_append_starts_a_new_line(tmp_p
 
 def test_appends_from_a_killed_process_are_whole(tmp_path):
     path = tmp_path / "gold.jsonl"
-    code = ("import sys; from pcd_cli.server.gold_journal import GoldJournal; j = GoldJournal(sys.argv[1])\n"
+    code = ("import sys; from pcd_cli.io.gold_journal import GoldJournal; j = GoldJournal(sys.argv[1])\n"
             "for i in range(100000):\n"
             "    j.append_annotation({'id': i, 'data': {'text': 'x' * 2000, 'id': str(i)}}, {'id': i, 'result': "
             "[{'from_name': 'sentiment', 'type': 'choices', 'value': {'choices': ['NEUTRAL']}}]})\n")

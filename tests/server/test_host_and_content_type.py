@@ -11,7 +11,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from pcd_cli.server.app import AppConfig, allowed_hosts, host_name, is_loopback  # noqa: E402
+from pcd_cli.server.app import AppConfig
+from pcd_cli.server.middleware import allowed_hosts, host_name, is_loopback  # noqa: E402
 
 import threading  # noqa: E402
 

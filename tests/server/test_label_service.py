@@ -25,6 +25,7 @@ pytest.importorskip("prometheus_client")
 
 from pcd_cli.schema.load import load_schema, parse_schema  # noqa: E402
 from pcd_cli.server import app as app_module  # noqa: E402
+from pcd_cli.server import middleware  # noqa: E402
 from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.main import ServerThread  # noqa: E402
 from pcd_cli.job import LabelJob  # noqa: E402
@@ -343,13 +344,13 @@ def test_schema_that_does_not_compile_is_422():
 # -- auth, CORS, probes ----------------------------------------------------------------------------
 def test_api_keys_protect_every_route_but_the_probes(monkeypatch):
     compared = []
-    real = app_module.hmac.compare_digest
+    real = middleware.hmac.compare_digest
 
     def spy(a, b):
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(app_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(middleware.hmac, "compare_digest", spy)
     with serve(app_config=AppConfig(api_keys=("key-one", "key-two"))) as srv:
         body = {"schema": "sms", "records": ["a"]}
         assert post(srv.url, body).status_code == 401

@@ -20,8 +20,13 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from pcd_cli.schema.load import load_schema  # noqa: E402
-from pcd_cli.server import jev as J  # noqa: E402
-from pcd_cli.server import questions as Q  # noqa: E402
+from pcd_cli.server.formats import jev as J  # noqa: E402
+from pcd_cli import questions as Q  # noqa: E402
+from pcd_cli.server.errors import ApiError, api_error  # noqa: E402
+
+#: What a request is refused with: the wire layer's ApiError, or the decision domain's own
+#: QuestionError (answered by its code: api_error gives the status the client sees).
+REFUSED = (ApiError, Q.QuestionError)
 
 KEY = "test-key"
 #: packed vs alone: the decoder's float32 packing bound (measured 5.8e-6, benchmarks/isolation.json)
@@ -90,16 +95,16 @@ def test_isolation_lifts_the_shared_prompts_answer_context_limit():
     big = {"type": "choice", "criteria": {f"CAT_{i:03d}": None for i in range(255)}}
     nouls = {f"n{i}": {"type": "noul", "instructions": f"{i}?"} for i in range(20)}
     assert len(Q.plan(parsed({"cat": big, **nouls}), "x").units[0].schema.declared) == 21
-    with pytest.raises(Q.ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         Q.build(parsed({"cat": big, **nouls}))
     assert info.value.code == "too_many_options"
 
 
 def test_pcd_prompt_flag_is_checked():
     assert Q.prompt_flag({}) == "isolated" and Q.prompt_flag({"pcd_prompt": "shared"}) == "shared"
-    with pytest.raises(Q.ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         Q.prompt_flag({"pcd_prompt": "together"})
-    assert info.value.status == 422 and 'must be "isolated" or "shared", got "together"' in info.value.message
+    assert api_error(info.value).status == 422 and 'must be "isolated" or "shared", got "together"' in info.value.message
 
 
 # -- on the embedded model, through both official clients ------------------------------------------

@@ -19,9 +19,9 @@ pytest.importorskip("uvicorn")
 
 from pcd_cli.results import Record, RecordFailure  # noqa: E402
 from pcd_cli.schema.load import parse_schema  # noqa: E402
-from pcd_cli.server.app import error_response  # noqa: E402
+from pcd_cli.server.errors import error_response  # noqa: E402
 from pcd_cli.server.errors import ApiError, log_crash, printable  # noqa: E402
-from pcd_cli.server.protocols import check_json, too_deep_at  # noqa: E402
+from pcd_cli.server.wire import check_json, too_deep_at  # noqa: E402
 from pcd_cli.job import LabelJob  # noqa: E402
 from pcd_cli.server.service import LabelService  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 
 from pcd_cli.job import LabelJob
 from pcd_cli.schema.load import parse_schema
-from pcd_cli.server.gold_journal import GoldJournal
+from pcd_cli.io.gold_journal import GoldJournal
 from pcd_cli.server.label_studio import fit_on_gold
 
 from ..helpers import KEYWORD_SCHEMA, keyword_rows, keyword_tune_files

@@ -21,10 +21,15 @@ pytest.importorskip("prometheus_client")
 
 from pcd_cli.results import FieldResult  # noqa: E402
 from pcd_cli.schema.load import load_schema  # noqa: E402
-from pcd_cli.server import decisions as D  # noqa: E402
-from pcd_cli.server import jev as J  # noqa: E402
-from pcd_cli.server import questions as Q  # noqa: E402
+from pcd_cli.server.formats import decisions as D  # noqa: E402
+from pcd_cli.server.formats import jev as J  # noqa: E402
+from pcd_cli import questions as Q  # noqa: E402
 from pcd_cli.server.errors import ApiError  # noqa: E402
+from pcd_cli.server.errors import api_error  # noqa: E402
+
+#: What a request is refused with: the wire layer's ApiError, or the decision domain's own
+#: QuestionError (answered by its code: api_error gives the status the client sees).
+REFUSED = (ApiError, Q.QuestionError)
 
 from .fakes import FakeHost  # noqa: E402
 
@@ -82,51 +87,51 @@ def test_state_text_keeps_strings_and_json_key_order():
         '{"subject": "Refund", "body": {"z": 1, "a": [2, "é"]}}'
     assert Q.state_text([{"b": 1, "a": 2}, "x"]) == '[{"b": 1, "a": 2}, "x"]'
     for bad, why in ((None, "got missing"), (7, "got a number"), ("  ", "is empty")):
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(REFUSED) as info:
             Q.state_text(bad)
-        assert info.value.status == 422 and why in info.value.message
+        assert api_error(info.value).status == 422 and why in info.value.message
 
 
 def test_limits_255_options_and_2_to_10_levels():
     labels = [f"CAT_{i:03d}_&_x" for i in range(255)]
     qs, _ = jev_qs({"cat": {"type": "choice", "criteria": {k: None for k in labels}}})
     assert qs.schema.fields[0].labels == tuple(labels)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         jev_qs({"cat": {"type": "choice", "criteria": {k: None for k in labels + ["one_more"]}}})
-    assert (info.value.status, info.value.code) == (422, "invalid_request")
+    assert (api_error(info.value).status, info.value.code) == (422, "invalid_request")
     assert "question 'cat': 256 options; a choice may have at most 255 options" in info.value.message
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         jev_qs({"cat": {"type": "choice", "criteria": {"only": None}}})
-    assert info.value.status == 422 and "a choice needs at least 2 options, got 1" in info.value.message
+    assert api_error(info.value).status == 422 and "a choice needs at least 2 options, got 1" in info.value.message
     for n in (2, 10):
         qs, _ = jev_qs({"s": {"type": "score", "criteria": [f"level {i}" for i in range(n)]}})
         assert qs.schema.fields[0].labels == tuple(str(i) for i in range(n))
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         jev_qs({"s": {"type": "score", "criteria": ["one"]}})
-    assert info.value.status == 422 and "2 to 10 levels, got 1" in info.value.message
-    with pytest.raises(ApiError) as info:
+    assert api_error(info.value).status == 422 and "2 to 10 levels, got 1" in info.value.message
+    with pytest.raises(REFUSED) as info:
         jev_qs({"s": {"type": "score", "criteria": [str(i) for i in range(11)]}})
-    assert (info.value.status, info.value.code) == (422, "invalid_request")
+    assert (api_error(info.value).status, info.value.code) == (422, "invalid_request")
     assert "11 levels; a score may have at most 10 levels" in info.value.message
     for empty in ("", "  \n"):  # empty instructions: 422, as the Jev contract validates them
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(REFUSED) as info:
             jev_qs({"q": {"type": "noul", "instructions": empty}})
-        assert (info.value.status, info.value.code) == (422, "invalid_request")
+        assert (api_error(info.value).status, info.value.code) == (422, "invalid_request")
         assert "questions.q.instructions: is empty" in info.value.message
     # a 255-option first question prepares every later question after each of its answers: 255 × 16 at most
     big = {"type": "choice", "criteria": dict.fromkeys(labels)}
     nouls = {f"n{i}": {"type": "noul", "instructions": f"{i}?"} for i in range(8)}  # 16 options
     assert len(jev_qs({"cat": big, **nouls})[0].schema.fields) == 9
     assert len(jev_qs({**nouls, "cat": big, "cat2": big})[0].schema.fields) == 10  # a yes/no first: 2 × 526
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         jev_qs({"cat": big, **nouls, "one_more": {"type": "noul", "instructions": "?"}})
-    assert (info.value.status, info.value.code) == (413, "too_many_options")
+    assert (api_error(info.value).status, info.value.code) == (413, "too_many_options")
     assert "has 255 options and the later ones 18 in all" in info.value.message
     assert "255 × 18 = 4590, at most 4096" in info.value.message
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         J.parse_request({"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(5)}},
                         max_questions=4)
-    assert (info.value.status, info.value.code) == (413, "too_many_questions")
+    assert (api_error(info.value).status, info.value.code) == (413, "too_many_questions")
 
 
 @pytest.mark.parametrize("body, status, fragment", [
@@ -147,9 +152,9 @@ def test_limits_255_options_and_2_to_10_levels():
      "pcd_extras: must be true or false"),
 ])
 def test_jev_bad_requests_name_what_is_wrong(body, status, fragment):
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(REFUSED) as info:
         J.parse_request(body)
-    assert info.value.status == status and fragment in info.value.message
+    assert api_error(info.value).status == status and fragment in info.value.message
 
 
 def test_confidence_and_score_formulas():
@@ -194,9 +199,9 @@ def test_decisions_input_and_questions_share_the_translation():
                           ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
                            "images are not supported"),
                           ([{"role": "robot", "content": "x"}], "input[0].role: must be one of")):
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(REFUSED) as info:
             D.input_text(bad)
-        assert info.value.status == 422 and fragment in info.value.message
+        assert api_error(info.value).status == 422 and fragment in info.value.message
     body = {"model": "gpt-6-luna", "input": "I was charged twice.", "questions": [
         {"type": "predicate", "instructions": "Is this about billing?", "name": "billing"},
         {"type": "choice", "instructions": "Tone?", "name": "tone",
@@ -221,9 +226,9 @@ def test_decisions_input_and_questions_share_the_translation():
             ([{"type": "predicate", "instructions": "?", "name": "a"}, {"type": "predicate", "instructions": "?",
                                                                         "name": "a"}], "the name 'a' is given"),
             ([{"type": "predicate", "name": "a"}], "questions[0] ('a').instructions: required")):
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(REFUSED) as info:
             D.parse_request({"input": "x", "questions": questions})
-        assert info.value.status == 422 and fragment in info.value.message
+        assert api_error(info.value).status == 422 and fragment in info.value.message
 
 
 # -- both official clients against the served app --------------------------------------------------

@@ -34,13 +34,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import questions as Q
-from .protocols import (answer_extras, config_value, decide_questions, extras_flag, guarded, read_json,
-                        request_id)
+from ... import questions as Q
+from ..wire import Call, Server, answer_extras, extras_flag, route
 
 #: The response header the ``openai`` client reads as the request id.
 REQUEST_ID_HEADER = "x-request-id"
@@ -82,7 +80,7 @@ def input_text(value: Any) -> str:
     """The record text of a Decisions ``input`` (module docstring).
 
     Raises:
-        ApiError: 422 naming the item: not a string or list, an unknown role, a function or tool
+        QuestionError: 422 naming the item: not a string or list, an unknown role, a function or tool
             call, an image, an empty result.
     """
     if isinstance(value, str):
@@ -120,7 +118,7 @@ def parse_question(i: int, raw: Any) -> tuple[Q.Question, tuple]:
     bool) or the score level labels, to answer with; ``()`` for a predicate.
 
     Raises:
-        ApiError: 422 naming ``questions[i]``: not an object, unknown type, missing or bad
+        QuestionError: 422 naming ``questions[i]``: not an object, unknown type, missing or bad
             instructions, choices or levels; a string and a boolean choice that read the same.
     """
     where = f"questions[{i}]"
@@ -183,7 +181,7 @@ def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list
     prompt)``; ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
 
     Raises:
-        ApiError: 422 naming what is wrong; 413 for too many questions.
+        QuestionError: 422 naming what is wrong; 413 for too many questions.
     """
     if not isinstance(body, dict):
         raise Q.invalid("the body must be a JSON object {model, input, questions}", "invalid_body")
@@ -212,7 +210,7 @@ def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q
     the whole request as one shared-catalog schema (``pcd_prompt: "shared"``).
 
     Raises:
-        ApiError: as ``parse_body``; 413/422 from ``questions.build``.
+        QuestionError: as ``parse_body``; 413/422 from ``questions.build``.
     """
     questions, values, text, extras, _ = parse_body(body, max_questions=max_questions)
     return Q.build(questions, max_questions=max_questions), values, text, extras
@@ -235,28 +233,23 @@ def render_answer(answer: Q.Answer, values: tuple, *, extras: bool = False) -> d
     return out
 
 
-def routes(service: Any, config: Any = None) -> list[Route]:
-    """``POST /v1/decisions`` over ``service`` (a ``LabelService``); ``config`` as for ``jev.routes``."""
+def routes(server: Server) -> list[Route]:
+    """``POST /v1/decisions`` over ``server.service``; questions bounded as ``jev.routes``."""
 
-    async def decisions(request: Request) -> JSONResponse:
-        rid, headers = request_id(request, REQUEST_ID_HEADER)
+    async def decisions(call: Call) -> JSONResponse:
+        """Answer an OpenAI Decisions request (module docstring)."""
+        body = await call.body()
+        max_questions = call.max_questions(Q.MAX_QUESTIONS)
+        questions, values, text, extras, prompt = parse_body(body, max_questions=max_questions)
+        found, tokens, envelope = await call.decide(questions, text, text, prompt, max_questions=max_questions)
+        out: dict[str, object] = {
+            "answers": [render_answer(a, v, extras=extras) for a, v in zip(found, values)],
+            "model": call.service.model_id,
+            "usage": {"input_tokens": tokens, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 0},
+                      "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": tokens}}
+        if extras:
+            out["pcd"] = envelope
+        return JSONResponse(out)
 
-        async def answer() -> JSONResponse:
-            body = await read_json(request, config_value(config, "max_body_bytes", None))
-            max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
-            questions, values, text, extras, prompt = parse_body(body, max_questions=max_questions)
-            found, tokens, envelope = await decide_questions(service, config, questions, text, text, prompt,
-                                                             request=request, rid=rid, max_questions=max_questions)
-            out: dict[str, Any] = {
-                "answers": [render_answer(a, v, extras=extras) for a, v in zip(found, values)],
-                "model": service.model_id,
-                "usage": {"input_tokens": tokens, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 0},
-                          "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
-                          "total_tokens": tokens}}
-            if extras:
-                out["pcd"] = envelope
-            return JSONResponse(out, headers=headers)
-
-        return await guarded(answer, request, headers)
-
-    return [Route("/v1/decisions", decisions, methods=["POST"])]
+    return [route(server, "/v1/decisions", decisions, "POST")]

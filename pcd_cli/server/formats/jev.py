@@ -35,13 +35,11 @@ import datetime as _dt
 import json
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import questions as Q
-from .protocols import (answer_extras, config_value, decide_questions, extras_flag, guarded, read_json,
-                        request_id)
+from ... import questions as Q
+from ..wire import Call, Server, answer_extras, extras_flag, route
 
 #: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
 REQUEST_ID_HEADER = "x-typesafe-request-id"
@@ -65,7 +63,7 @@ def parse_question(name: str, raw: Any) -> Q.Question:
     """One Jev question -> ``Question`` (the checks ``typesafe_sdk._core.questions`` makes, and pcd's).
 
     Raises:
-        ApiError: 422 naming the question: not an object, unknown or missing type, ``box``,
+        QuestionError: 422 naming the question: not an object, unknown or missing type, ``box``,
             unknown keys, contents of the wrong type, a noul with neither instructions nor a
             described outcome, criteria of the wrong shape.
     """
@@ -121,7 +119,7 @@ def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list
     ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
 
     Raises:
-        ApiError: 422 naming what is wrong (not an object, a non-string ``model``, ``assets``, a
+        QuestionError: 422 naming what is wrong (not an object, a non-string ``model``, ``assets``, a
             bad ``state``, question or ``pcd_prompt``), 413 for too many questions.
     """
     if not isinstance(body, dict):
@@ -151,7 +149,7 @@ def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q
     as a schema file decodes).
 
     Raises:
-        ApiError: as ``parse_body``; 413/422 from ``questions.build``.
+        QuestionError: as ``parse_body``; 413/422 from ``questions.build``.
     """
     parsed, _, text, extras, _ = parse_body(body, max_questions=max_questions)
     return Q.build(parsed, max_questions=max_questions), text, extras
@@ -176,39 +174,32 @@ def render_answer(answer: Q.Answer, legend: tuple | None = None, *, extras: bool
     return out
 
 
-def routes(service: Any, config: Any = None) -> list[Route]:
-    """``POST /v1/systemone`` and ``GET /v1/models`` over ``service`` (a ``LabelService``).
-
-    ``config`` may give ``max_body_bytes``, ``max_records_per_request`` (also the most questions
-    per request, at most ``questions.MAX_QUESTIONS``) and ``request_timeout_s``.
-    """
+def routes(server: Server) -> list[Route]:
+    """``POST /v1/systemone`` and ``GET /v1/models`` over ``server.service``; at most
+    ``config.max_records_per_request`` questions per request (and ``questions.MAX_QUESTIONS``)."""
     loaded = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
 
-    async def systemone(request: Request) -> JSONResponse:
-        rid, headers = request_id(request, REQUEST_ID_HEADER)
+    async def systemone(call: Call) -> JSONResponse:
+        """Answer a System One request (module docstring)."""
+        body = await call.body()
+        max_questions = call.max_questions(Q.MAX_QUESTIONS)
+        parsed, state, text, extras, prompt = parse_body(body, max_questions=max_questions)
+        legends = {q.key: body["questions"][q.key].get("criteria") for q in parsed if q.kind == "score"}
+        found, tokens, envelope = await call.decide(parsed, state, text, prompt, max_questions=max_questions)
+        answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras) for a in found}
+        out: dict[str, object] = {"model": call.service.model_id, "answers": answers,
+                                  "usage": {"input_tokens": tokens, "output_tokens": 0}}
+        if extras:
+            out["pcd"] = envelope
+        return JSONResponse(out)
 
-        async def answer() -> JSONResponse:
-            body = await read_json(request, config_value(config, "max_body_bytes", None))
-            max_questions = min(Q.MAX_QUESTIONS, int(config_value(config, "max_records_per_request", Q.MAX_QUESTIONS)))
-            parsed, state, text, extras, prompt = parse_body(body, max_questions=max_questions)
-            legends = {q.key: body["questions"][q.key].get("criteria") for q in parsed if q.kind == "score"}
-            found, tokens, envelope = await decide_questions(service, config, parsed, state, text, prompt,
-                                                             request=request, rid=rid, max_questions=max_questions)
-            answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras) for a in found}
-            out: dict[str, Any] = {"model": service.model_id, "answers": answers,
-                                   "usage": {"input_tokens": tokens, "output_tokens": 0}}
-            if extras:
-                out["pcd"] = envelope
-            return JSONResponse(out, headers=headers)
-
-        return await guarded(answer, request, headers)
-
-    async def models(request: Request) -> JSONResponse:
-        _, headers = request_id(request, REQUEST_ID_HEADER)
+    async def models(call: Call) -> JSONResponse:
+        """The one model served (module docstring)."""
+        model = call.service.model_id
         return JSONResponse({"models": [{
-            "name": service.model_id,
-            "description": f"{service.model_id} served by pcd: exact constrained decoding of closed questions "
+            "name": model,
+            "description": f"{model} served by pcd: exact constrained decoding of closed questions "
                            "(noul, choice, score); any model name in a request is answered by this model",
-            "release_date": loaded}]}, headers=headers)
+            "release_date": loaded}]})
 
-    return [Route("/v1/systemone", systemone, methods=["POST"]), Route("/v1/models", models, methods=["GET"])]
+    return [route(server, "/v1/systemone", systemone, "POST"), route(server, "/v1/models", models, "GET")]
