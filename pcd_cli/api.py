@@ -20,11 +20,12 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .decoding.compile import CompiledSchema
-from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
+from .decoding.decode import Decoder
 from .decoding.examples import resolve_examples
 from .io.output import base_metadata
 from .io.readers import InputSpec, _row_to_record
 from .io.values import RepeatedIds
+from .job import LabelJob
 from .job_warnings import (ADAPTER_MISMATCH, CALIBRATION_WORSE, DTYPE_MISMATCH, TUNE_MISMATCH,
                            TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET, JobWarning)
 from .results import FieldResult, Record, RecordFailure, RecordResult
@@ -46,64 +47,48 @@ class Labeler:
     Args:
         schema: a ``Schema``, a path to a schema file, or a Pydantic model class
             (``pcd_cli.schema.pydantic``).
-        model: ``None`` (embedded SmolLM2-135M-Instruct), a ``.gguf`` file, a local model
-            folder or a transformers model id.
-        device: ``auto|cpu|cuda|mps``. dtype: ``auto|float32|bfloat16|float16``.
-        scoring: ``marginal`` (follow each path until the label is identified) or ``exact``
-            (to the end of the line).
-        max_tokens_per_pass: token budget of one forward pass (bounds memory; records are
-            packed up to it).
-        trace: keep per-field traces on results (``RecordResult.traces``).
-        backend: an already loaded backend (then ``model``, ``device``, ``dtype`` are ignored),
-            or which kind to load: ``auto`` (MLX on Apple silicon when mlx-lm is installed,
-            else torch), ``torch`` or ``mlx``; ``None`` means ``auto``.
+        job: the labelling options, a ``pcd_cli.job.LabelJob`` (``None``: its defaults); its
+            attributes say what each option does. Its ``examples`` gold file is drawn here
+            (``LabelJob.with_examples``) unless already drawn.
+        backend: an already loaded backend (then the job's ``model``, ``device``, ``dtype`` and
+            ``backend`` are not loaded again; an adapter ``pcd_cli.api.load_model`` merged is not
+            merged again), or which kind to load, as ``LabelJob.backend`` (``auto``: MLX on Apple
+            silicon when mlx-lm is installed, else torch; ``torch``; ``mlx``); ``None``: the job's.
         pack_records: pack several records into one pass (default); ``False`` decodes one
             record per pass pair (for comparisons).
-        truncate: how a text too long for the model's context is cut: ``middle`` (default),
-            ``head``, ``tail`` (the part removed), or ``error`` (the record fails); see ``Decoder``.
-        examples: few-shot examples put in the prompt head (``None``: the schema's own
-            ``examples:``; ``()``: none). See ``pcd_cli.decoding.examples``.
-        template: the ``--template`` used for records; examples given as ``columns`` are
-            rendered with it.
-        adapter: a LoRA adapter folder written by ``pcd tune --adapter-only``, merged into the
-            model's weights once at load (torch backend; labelling costs the same).
-        calibration: a calibration file (or loaded ``pcd_cli.quality.Calibration``) fitted by
-            ``pcd calibrate`` for this schema, model, prompt head and scoring mode: ``prob``
-            and ``probs`` become calibrated, the label is their argmax, ``raw_probs`` keeps
-            the decoder's; the mass is unchanged. A calibration fitted with ``--coverage``
-            also gives each field's conformal label set (``FieldResult.label_set``).
-        abstain_unless_single: with such a calibration, a field whose label set is not a
-            single label gets ``value = None`` (``FieldResult.abstained``; ``pcd label
-            --abstain-unless-single``).
-        abstain_below: leave a field without a label (``value = None``, ``abstained``) when its
-            chosen label's probability (calibrated, if a calibration is given) is below this;
-            a field's own ``abstain_below`` in the schema wins. ``None``: always decide.
-        permutations: ``K >= 2``: combine each field's probabilities over K orderings of the
-            booleans' and enums' labels, listed after the record (``pcd_cli.decoding.permute``); the
-            record is fed once, each ordering is a branch; ``FieldResult.order_spread`` says
-            how far they disagree. 1: the plain prompt (values in the system catalog).
-        prior_correction: divide each field's probabilities by those of content-free records
-            and renormalise ("calibrate before use", ``pcd_cli.decoding.prior``); measured once here, on
-            this prompt head. Not with ``calibration`` (its per-label biases do the same job,
-            fitted on gold rows).
-        tuned_calibration: when ``calibration`` is ``None`` and ``model`` (or ``adapter``) is a
-            folder written by ``pcd tune`` holding ``pcd-calibration.json``, apply that
-            calibration (fitted by the tune on its holdout; ``calibration_source`` names it).
-            It is skipped, with a ``warnings`` entry (``tuned_calibration_skipped``), when this
-            run reads another schema, prompt head or scoring mode than it was fitted for, and
-            with ``prior_correction``.
-            ``False`` (``pcd label --no-calibration``): the raw probabilities.
-        isolate_fields: decide every field in its own branch of the record's prompt, seeing
-            only its own key, description and allowed values (``Decoder(field_branches=...)``;
-            also the schema's ``isolate_fields: true``): a field's probabilities are those of its
-            one-field schema, whatever other fields the schema has, in any order (issue #35
-            item 3; equal within packing's float rounding). The record is fed once; each field
-            adds its catalog line and answer. Refused with ``permutations``, few-shot
-            ``examples`` and ``depends_on`` (each shows a field another field).
+        **options: ``LabelJob`` fields, applied over ``job`` (``Labeler(schema, model=...,
+            calibration="cal.json", permutations=4)``): ``model`` (``None``: the embedded
+            SmolLM2-135M-Instruct), ``device``, ``dtype``, ``scoring`` (``marginal`` follows each
+            path until the label is identified, ``exact`` to the end of the line),
+            ``max_tokens_per_pass``, ``trace`` (per-field traces on ``RecordResult.traces``),
+            ``truncate`` (``middle``, ``head``, ``tail`` or ``error``; see ``Decoder``),
+            ``template`` (examples given as ``columns`` are rendered with it), ``adapter`` (a
+            ``pcd tune --adapter-only`` folder merged into the weights once at load, torch
+            backend), ``calibration`` (a ``pcd calibrate`` file or a loaded
+            ``pcd_cli.quality.Calibration`` for this schema, model, prompt head and scoring:
+            ``prob``/``probs`` become calibrated, the label their argmax, ``raw_probs`` keeps
+            the decoder's, the mass unchanged; fitted with ``--coverage`` it also gives each
+            field's conformal ``label_set``), ``abstain_unless_single`` (with such a calibration,
+            a field whose label set is not a single label gets ``value = None``),
+            ``abstain_below`` (no label below this probability, calibrated if calibrated; a
+            field's own ``abstain_below`` wins), ``permutations`` (``K >= 2``: each field's
+            probabilities combined over K label orderings listed after the record, one branch
+            each, ``FieldResult.order_spread``; ``pcd_cli.decoding.permute``),
+            ``prior_correction`` (divide by the probabilities of content-free records, measured
+            once on this head; ``pcd_cli.decoding.prior``; not with ``calibration``),
+            ``tuned_calibration`` (apply a ``pcd tune`` folder's ``pcd-calibration.json`` when
+            ``calibration`` is ``None``; skipped with a ``tuned_calibration_skipped`` warning for
+            another schema, head or scoring, and with ``prior_correction``), ``isolate_fields``
+            (every field in its own branch seeing only its own key and values: its
+            probabilities are those of its one-field schema; refused with ``permutations``,
+            few-shot examples and ``depends_on``), ``examples`` with ``shots`` and ``seed`` (a
+            gold file to draw few-shot examples from), and, as before the job existed,
+            ``examples`` as the ``Example`` values themselves (``()``: none; ``None``: the
+            schema's own ``examples:``), i.e. ``drawn_examples``.
 
     ``warnings`` lists ``pcd_cli.job.JobWarning`` values: what does not stop the run but a user
-    should hear (each front-end shows them). Front-ends build a ``Labeler`` from a
-    ``pcd_cli.job.LabelJob`` with ``pcd_cli.job.build_labeler``.
+    should hear (each front-end shows them). ``job`` holds the options the labeler was built
+    with (its examples drawn). Front-ends build their ``LabelJob`` once and pass it whole.
 
     A schema's rules between fields (``pcd_cli.schema.rules``) are applied to every record after
     calibration or prior correction and before abstaining: a field a rule moves gets
@@ -112,17 +97,13 @@ class Labeler:
     Raises:
         SchemaError, ModelError, CompileError: see ``pcd_cli.errors``. A calibration made for
         another schema, model, prompt head or scoring mode raises ``CalibrationError`` (a
-        ``SchemaError``) naming what differs, before any record is labelled.
+        ``SchemaError``) naming what differs, before any record is labelled. An option that is
+        not a ``LabelJob`` field raises ``TypeError`` naming it; a bad value, ``InputError``
+        (``LabelJob``).
     """
 
-    def __init__(self, schema: Schema | str | Path, *, model: str | None = None, device: str = "auto",
-                 dtype: str = "auto", scoring: str = "marginal",
-                 max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS, trace: bool = False, backend=None,
-                 pack_records: bool = True, truncate: str = "middle", examples: Sequence[Example] | None = None,
-                 template: str | None = None, calibration=None, adapter: str | Path | None = None,
-                 abstain_unless_single: bool = False, abstain_below: float | None = None,
-                 prior_correction: bool = False, permutations: int = 1, tuned_calibration: bool = True,
-                 isolate_fields: bool = False):
+    def __init__(self, schema: Schema | str | Path, job: LabelJob | None = None, *, backend=None,
+                 pack_records: bool = True, **options):
         if isinstance(schema, Schema):
             self.schema = schema
         elif isinstance(schema, type):  # a Pydantic model class
@@ -131,9 +112,17 @@ class Labeler:
             self.schema = schema_from_model(schema)
         else:
             self.schema = load_schema(schema)
+        if isinstance(backend, str):  # which kind to load: the job's option
+            options["backend"], backend = backend, None
+        #: the options this labeler was built with (a ``pcd_cli.job.LabelJob``, its examples drawn)
+        self.job = job = _with_options(job or LabelJob(), options).with_examples(self.schema)
+        model, adapter, scoring = job.model, job.adapter, job.scoring
+        abstain_below, abstain_unless_single = job.abstain_below, job.abstain_unless_single
+        permutations, prior_correction = job.permutations, job.prior_correction
+        examples = job.drawn_examples
         self.examples = tuple(self.schema.examples if examples is None else examples)
-        shots = resolve_examples(self.examples, template)
-        self.calibration = _load_calibration(calibration)
+        shots = resolve_examples(self.examples, job.template)
+        self.calibration = _load_calibration(job.calibration)
         #: where the calibration came from: ``"file"`` (``calibration``), the tuned folder's name
         #: (``tuned_calibration``), or ``None`` without one
         self.calibration_source: str | None = "file" if self.calibration is not None else None
@@ -149,21 +138,21 @@ class Labeler:
             output_columns(self.schema, self.calibration, abstain_below=abstain_below,
                            abstain_unless_single=True, permutations=permutations)
         #: every field decided in its own branch (``isolate_fields`` or the schema's)
-        self.isolate_fields = bool(isolate_fields or self.schema.isolate_fields)
+        self.isolate_fields = bool(job.isolate_fields or self.schema.isolate_fields)
         if self.isolate_fields:  # refused before the model loads
             check_isolation(self.schema, permutations, shots)
         if permutations > 1:  # a K the schema cannot take is refused before the model loads
             from .decoding.permute import orderings_for
 
             orderings_for(self.schema, permutations)
-        if adapter is not None and (backend is None or backend in ("auto", "torch")):
+        if adapter is not None and backend is None and job.backend in ("auto", "torch"):
             from .backends.torch_tune import check_adapter_folder
 
             check_adapter_folder(adapter, model)  # a model folder as --adapter: refused before the model loads
-        if backend is None or isinstance(backend, str):
+        if backend is None:
             from .backends import load_backend
 
-            backend = load_backend(model, backend=backend or "auto", device=device, dtype=dtype)
+            backend = load_backend(model, backend=job.backend, device=job.device, dtype=job.dtype)
         #: what a user should know about this run that does not stop it (``pcd_cli.job.JobWarning``
         #: values: the adapter's misfits, a tuned folder read for another prompt, a calibration that
         #: scored worse, weak label sets); each front-end shows them its own way
@@ -193,8 +182,8 @@ class Labeler:
         self.compiled = orderings[0] if orderings else branches[0] if branches else CompiledSchema(
             self.schema, backend.tokenizer, scoring=scoring, logits_width=backend.logits_width, examples=shots)
         self.decoder = Decoder(backend, self.compiled, orderings=orderings, field_branches=branches,
-                               max_tokens_per_pass=max_tokens_per_pass, trace=trace, pack_records=pack_records,
-                               truncate=truncate)
+                               max_tokens_per_pass=job.max_tokens_per_pass, trace=job.trace,
+                               pack_records=pack_records, truncate=job.truncate)
         #: field name -> (k,) mean probabilities on content-free records (``prior_correction``)
         self.priors: dict[str, np.ndarray] | None = None
         if prior_correction:
@@ -220,7 +209,7 @@ class Labeler:
                                          "what you will read: pcd tune with the same schema, --examples, "
                                          "--template and --scoring)")
                               for m in card_mismatches(self.tune_card, self.metadata())]
-        if self.calibration is None and tuned_calibration and not prior_correction:
+        if self.calibration is None and job.tuned_calibration and not prior_correction:
             self._apply_tuned_calibration(adapter if adapter is not None else model)
         if abstain_unless_single:  # with the calibration that applies, the tuned folder's included
             output_columns(self.schema, self.calibration, abstain_below=abstain_below, abstain_unless_single=True,
@@ -450,6 +439,95 @@ class Labeler:
         return result
 
 
+def _with_options(job: LabelJob, options: dict) -> LabelJob:
+    """``job`` with ``options`` (``LabelJob`` fields given to ``Labeler`` as keywords) applied;
+    ``examples`` given as ``Example`` values (the keyword's meaning before the job existed) are
+    its ``drawn_examples``.
+
+    Raises:
+        TypeError: an option that is not a ``LabelJob`` field (named, with the fields).
+    """
+    if not options:
+        return job
+    unknown = sorted(set(options) - set(LabelJob.options()))
+    if unknown:
+        raise TypeError(f"Labeler() got an unexpected keyword argument {unknown[0]!r} (its options are "
+                        f"pcd_cli.job.LabelJob's: {', '.join(LabelJob.options())})")
+    examples = options.get("examples")
+    if examples is not None and not isinstance(examples, (str, Path)):
+        options = {**options, "examples": None, "drawn_examples": tuple(examples)}
+    return replace(job, **options)
+
+
+def build_labeler(schema, job: LabelJob, *, backend=None) -> Labeler:
+    """The ``Labeler`` of ``job`` for ``schema`` (``Labeler(schema, job, backend=backend)``).
+
+    Args:
+        schema: a ``Schema``, a schema file path or a Pydantic model class.
+        job: the labelling options; its ``examples`` file is drawn here unless already drawn.
+        backend: an already loaded backend to share (``pcd serve`` loads the model once for
+            every schema, ``load_model``); ``None`` loads ``job.model`` with ``job.backend``. A
+            backend that ``load_model`` loaded with ``job.adapter`` merged is not merged again.
+
+    Raises:
+        SchemaError, ModelError, CompileError, CalibrationError, InputError: as ``Labeler``
+        and ``LabelJob.with_examples``.
+    """
+    return Labeler(schema, job, backend=backend)
+
+
+def load_model(job: LabelJob):
+    """The backend of ``job`` (its ``model`` on its ``backend``, ``device`` and ``dtype``), with
+    ``job.adapter`` merged in, loaded once to be shared by several ``build_labeler`` calls.
+
+    Returns:
+        ``(backend, warnings)``: the warnings are the adapter's (``ADAPTER_MISMATCH``), which
+        each labeler built over it repeats.
+
+    Raises:
+        ModelError: the model or adapter cannot be loaded.
+    """
+    from .backends import load_backend
+
+    backend = load_backend(job.model, backend=job.backend, device=job.device, dtype=job.dtype)
+    said: list[str] = []
+    if job.adapter is not None:
+        backend, said = _with_adapter(backend, job.adapter, job.model)
+    return backend, [JobWarning(ADAPTER_MISMATCH, w) for w in said]
+
+
+def planned_calibration(job: LabelJob):
+    """The calibration ``job`` would apply, read without a model: its ``calibration`` file, or
+    the tuned ``adapter``/``model`` folder's own (unless ``tuned_calibration`` is off or
+    ``prior_correction`` is on), or ``None``. Used where no model is loaded (an empty input):
+    a tuned folder's calibration made for another schema or prompt is only found out once the
+    model's tokenizer builds the prompt (``Labeler`` then leaves it out with a warning)."""
+    if job.calibration is not None:
+        return _load_calibration(job.calibration)
+    if not job.tuned_calibration or job.prior_correction:
+        return None
+    path = tuned_calibration_path(job.adapter or job.model)
+    return _load_calibration(path) if path is not None else None
+
+
+def planned_output_schema(schema, job: LabelJob, *, all_probs: bool):
+    """The Arrow schema of ``job``'s output for ``schema`` without loading a model (an empty
+    input): the columns ``Labeler.output_schema`` gives, by the same rule (``output_columns``),
+    the calibration being ``planned_calibration(job)``.
+
+    Raises:
+        CalibrationError: ``abstain_unless_single`` without label sets.
+    """
+    import pyarrow as pa
+
+    from .io.output import output_schema
+
+    columns = output_columns(schema, planned_calibration(job), abstain_below=job.abstain_below,
+                             abstain_unless_single=job.abstain_unless_single, permutations=job.permutations)
+    return output_schema(schema, job.id_field or "row", pa.string() if job.id_field else pa.int64(),
+                         all_probs=all_probs, **columns)
+
+
 def check_isolation(schema: Schema, permutations: int, examples: Sequence) -> None:
     """Refuse what cannot hold with ``isolate_fields``: each of these shows a field another one.
 
@@ -497,7 +575,7 @@ def output_columns(schema: Schema, calibration, *, abstain_below: float | None, 
                    permutations: int) -> dict:
     """The optional columns of a run's output (``pcd_cli.io.output.output_schema``'s keywords
     ``calibrated``, ``sets``, ``abstain``, ``spread``): the one rule ``Labeler.output_schema`` and
-    an output written without a model (``pcd_cli.job.planned_output_schema``) both follow.
+    an output written without a model (``planned_output_schema``) both follow.
 
     Raises:
         CalibrationError: ``abstain_unless_single`` and no field has a label set.

@@ -45,6 +45,7 @@ from .errors import InputError, ModelError
 from .io.files import write_atomic
 from .io.output import declared_values
 from .io.readers import InputSpec, read_records
+from .job import LabelJob
 from .results import Record, RecordResult
 from .schema.model import Schema
 
@@ -194,8 +195,9 @@ def run_bench(schema: Schema, input_path: str | Path, spec: InputSpec, *, model:
     if not records:  # said before the model loads, with the first row's reason
         why = f" (e.g. {items[0].error})" if items else " (it is empty)"
         raise InputError(f"{str(input_path)!r}: no usable record to benchmark{why}")
-    labeler = Labeler(schema, model=model, device=device, dtype=dtype, backend=backend,
-                      max_tokens_per_pass=max_tokens_per_pass, permutations=permutations)
+    labeler = Labeler(schema, LabelJob(model=model, device=device, dtype=dtype,
+                                       max_tokens_per_pass=max_tokens_per_pass, permutations=permutations),
+                      backend=backend)
     backend = labeler.backend
     cap = max_new_tokens or 2 * _answer_tokens(labeler) + 32
     report = BenchReport(schema=schema.name, model=backend.model_id, device=str(backend.device),
@@ -370,8 +372,7 @@ def compare_dtypes(labeler, records, results, seconds: float, *, model: str | No
     started = time.perf_counter()
     backend = load_backend(model, backend="torch", device="cpu", dtype="bfloat16")
     load_s = time.perf_counter() - started
-    other = Labeler(labeler.schema, backend=backend, max_tokens_per_pass=labeler.decoder.budget,
-                    permutations=labeler.permutations, scoring=labeler.compiled.scoring)
+    other = Labeler(labeler.schema, labeler.job, backend=backend)  # the same job on the bfloat16 model
     other.label_batch(records[:1])  # warm-up
     started = time.perf_counter()
     mine = other.label_batch(records)

@@ -148,6 +148,28 @@ def _panel(option, panel: str):
 
 _display_type_rich = typer.core.TyperOption.display_type_rich
 
+def _label_job(params: dict, *, besides: tuple[str, ...] = (), **given):
+    """The ``LabelJob`` of one command's options: the one place the CLI builds a job.
+
+    Each of the command's parameters (``params``: its ``locals()``) named as a ``LabelJob`` option
+    (``LabelJob.options()``, declared once above: ``MODEL_OPT``, ``SCORING_OPT``, ...) is that
+    option, an ``Enum`` as its value; ``--no-calibration`` is ``tuned_calibration`` false. Then
+    ``given``: what a command sets otherwise. ``besides``: the command's parameters that share a
+    job option's name but mean something else (``pcd tune``'s ``--scoring``, the gold file's
+    ``--id-field``, ``pcd label``'s ``--trace`` file, ``pcd serve``'s NAME=PATH lists).
+
+    Raises:
+        InputError: as ``LabelJob`` (``--calibration`` with ``--no-calibration``).
+    """
+    from .job import LabelJob
+
+    options = {name: params[name].value if isinstance(params[name], Enum) else params[name]
+               for name in LabelJob.options() if name in params and name not in besides}
+    if "no_calibration" in params:
+        options["tuned_calibration"] = not params["no_calibration"]
+    return LabelJob(**options | given)
+
+
 
 def _flag_without_placeholder(self, ctx):
     """Help shows ``--all-probs``, not ``--all-probs <bool>``: flags take no value."""
@@ -265,7 +287,6 @@ def label(
     """
     from .engines.local import default_errors, default_output
     from .io.readers import DEFAULT_ID_COLUMN, is_stdin
-    from .job import LabelJob
 
     report = Reporter(log_format, quiet)
     if quiet or report.json:
@@ -279,12 +300,7 @@ def label(
     with label_errors(report, output, engine is Engine.local):
         if row_ids and id_field:
             raise InputError("--row-ids and --id-field exclude each other: choose one")
-        job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
-                       scoring=scoring.value, template=template, text_field=text_field, id_field=id_field,
-                       truncate=truncate.value, permutations=permutations, prior_correction=prior_correction,
-                       isolate_fields=isolate_fields, calibration=calibration, tuned_calibration=not no_calibration,
-                       abstain_below=abstain_below, abstain_unless_single=abstain_unless_single, examples=examples, shots=shots, seed=seed,
-                       max_tokens_per_pass=max_tokens_per_pass)
+        job = _label_job(locals(), besides=("trace",))  # the job's trace follows --trace (run_label_job)
         run_args = dict(output=output, errors_path=errors, trace_path=trace, all_probs=all_probs, min_mass=min_mass,
                         fmt=fmt.value if fmt else None, limit=limit, csv_delimiter=csv_delimiter,
                         max_errors=max_errors, resume=resume, on_event=report)
@@ -531,7 +547,6 @@ def calibrate(
     """Fit a per-field temperature and label biases on gold rows; print cross-validated
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
     --calibration. Exit 2 on a bad gold, predictions or schema file."""
-    from .job import LabelJob
     from .quality.fitting import calibrate_on_gold
     from .quality.plots import calibration_plots, file_stem, require_matplotlib
     from .quality.render import render_calibration
@@ -539,10 +554,7 @@ def calibrate(
     try:
         if plot is not None:
             require_matplotlib()
-        job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
-                       scoring=scoring.value, template=template, text_field=text_field, permutations=permutations,
-                       isolate_fields=isolate_fields, examples=examples, shots=shots, seed=seed,
-                       max_tokens_per_pass=max_tokens_per_pass)
+        job = _label_job(locals(), besides=("id_field",))  # the gold file's id column: calibrate_on_gold's
         run = calibrate_on_gold(gold, schema, job, output=output, predictions=predictions, folds=folds, seed=seed,
                                 coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter)
         for line in run.notes:
@@ -617,7 +629,6 @@ def tune(
     diverges (NaN or exploding loss, collapsed candidate mass, flat probabilities: nothing is
     written); 3 on a model problem or without peft; 130 if interrupted (the best adapter so far
     is written first)."""
-    from .job import LabelJob
     from .quality.render import render_tune
     from .quality.fitting import tune_on_gold
     from .tune import DEFAULT_PATIENCE, TuneConfig
@@ -631,8 +642,7 @@ def tune(
 
     bar = TuneProgress(progress, epochs)
     try:
-        job = LabelJob(model=model, device=device.value, dtype=dtype.value, template=template, text_field=text_field,
-                       examples=examples, shots=shots, seed=seed)
+        job = _label_job(locals(), besides=("id_field", "scoring", "max_tokens_per_pass", "permutations"))  # TuneConfig's
         config = TuneConfig(epochs=epochs or 0, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations, cross_fit=cross_fit,
@@ -855,16 +865,10 @@ def serve(
 
     try:
         need_extra()
-        from .job import LabelJob
         from .server.app import AppConfig
         from .server.service import ServiceConfig
 
-        job = LabelJob(model=model, adapter=adapter, device=device.value, dtype=dtype.value, backend=backend.value,
-                       scoring=scoring.value, template=template, text_field=text_field, truncate=truncate.value,
-                       permutations=permutations, prior_correction=prior_correction, isolate_fields=isolate_fields,
-                       tuned_calibration=not no_calibration, abstain_below=abstain_below,
-                       abstain_unless_single=abstain_unless_single, shots=shots, seed=seed,
-                       max_tokens_per_pass=max_tokens_per_pass)
+        job = _label_job(locals(), besides=("calibration", "examples"))  # NAME=PATH lists: serve_command's
         if no_calibration and calibration:
             raise InputError("--calibration and --no-calibration exclude each other: choose one")
         code = serve_command(

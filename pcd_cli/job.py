@@ -1,17 +1,22 @@
 """One labelling job, whatever the front-end.
 
 ``pcd label`` (local or ``--engine ray``), ``pcd serve`` and a notebook describe a labelling run
-with one frozen ``LabelJob``, build its ``Labeler`` with ``build_labeler`` (the one place that
-lists the ``Labeler``'s keywords) and read what is worth saying about it as ``JobWarning`` values
-(``Labeler.warnings``), which each front-end shows its own way: the CLI prints them, ``pcd serve``
-logs them at start-up and lists them in ``GET /v1/schemas``, the Ray engine prints them once.
+with one frozen ``LabelJob``; the ``Labeler`` takes it whole (``Labeler(schema, job)``, or
+``pcd_cli.api.build_labeler`` to share a loaded backend) and says what is worth saying about it
+as ``JobWarning`` values (``Labeler.warnings``), which each front-end shows its own way: the CLI
+prints them, ``pcd serve`` logs them at start-up and lists them in ``GET /v1/schemas``, the Ray
+engine prints them once.
 
-A new labelling option is a field here and a keyword in ``build_labeler``; every front-end that
-builds its job from this class has it (DESIGN.md, "One job, many front-ends").
+A new labelling option is a field here, read by the ``Labeler`` from its job; the CLI declares
+it once (``pcd_cli.cli``) and builds every command's job in one helper, so every front-end that
+builds its job from this class has it (docs/architecture.md, "Where a new ... goes").
 
-    >>> from pcd_cli.job import LabelJob, build_labeler
+This module is below ``pcd_cli.api``: it describes a job and never builds a ``Labeler``.
+
+    >>> from pcd_cli import Labeler
+    >>> from pcd_cli.job import LabelJob
     >>> job = LabelJob(model="out/airline.tuned", abstain_below=0.6)
-    >>> labeler = build_labeler("schemas/airline_sentiment.yaml", job)
+    >>> labeler = Labeler("schemas/airline_sentiment.yaml", job)
     >>> [w.code for w in labeler.warnings]
 """
 
@@ -52,7 +57,8 @@ class LabelJob:
         prior_correction: divide by the content-free priors (``pcd_cli.decoding.prior``).
         isolate_fields: decide each field in its own branch (``Labeler``; also the schema's
             ``isolate_fields: true``).
-        calibration: a ``pcd calibrate`` file; ``None``: none, or the tuned folder's own.
+        calibration: a ``pcd calibrate`` file (or a loaded ``pcd_cli.quality.Calibration``, from
+            Python); ``None``: none, or the tuned folder's own.
         tuned_calibration: apply the ``pcd-calibration.json`` of a tuned ``model``/``adapter``
             folder when ``calibration`` is ``None`` (``--no-calibration`` sets it false).
         abstain_below, abstain_unless_single: leave a field without a label (``Labeler``).
@@ -128,8 +134,8 @@ class LabelJob:
     def resolved(self) -> "LabelJob":
         """This job with its local paths made absolute (for workers in another folder or process)."""
         def absolute(value):
-            if value is None:
-                return None
+            if not isinstance(value, str):  # None, or a loaded calibration
+                return value
             path = Path(value).expanduser()
             return str(path.resolve()) if path.exists() else value
 
@@ -152,100 +158,6 @@ class LabelJob:
         and shared-prompt requests (docs/serve.md)."""
         job = self.for_questions()
         return replace(job, permutations=1) if schema.isolate_fields and job.permutations > 1 else job
-
-
-def build_labeler(schema, job: LabelJob, *, backend=None):
-    """The ``Labeler`` of ``job`` for ``schema``: the one place a front-end builds one.
-
-    Args:
-        schema: a ``Schema``, a schema file path or a Pydantic model class.
-        job: the labelling options; its ``examples`` file is drawn here unless already drawn.
-        backend: an already loaded backend to share (``pcd serve`` loads the model once for
-            every schema); ``None`` loads ``job.model`` with ``job.backend``. A backend that
-            ``load_model`` loaded with ``job.adapter`` merged is not merged again.
-
-    Returns:
-        A ``pcd_cli.api.Labeler``; ``labeler.warnings`` holds the job's ``JobWarning`` values.
-
-    Raises:
-        SchemaError, ModelError, CompileError, CalibrationError, InputError: as ``Labeler``
-        and ``LabelJob.with_examples``.
-    """
-    from .api import Labeler
-    from .schema.load import load_schema
-    from .schema.model import Schema
-
-    if isinstance(schema, type):  # a Pydantic model class
-        from .schema.load import schema_from_model
-
-        schema = schema_from_model(schema)
-    elif not isinstance(schema, Schema):
-        schema = load_schema(schema)
-    job = job.with_examples(schema)
-    return Labeler(schema, model=job.model, device=job.device, dtype=job.dtype, scoring=job.scoring,
-                   max_tokens_per_pass=job.max_tokens_per_pass, trace=job.trace,
-                   backend=backend if backend is not None else job.backend, truncate=job.truncate,
-                   examples=job.drawn_examples, template=job.template, calibration=job.calibration,
-                   adapter=job.adapter, abstain_unless_single=job.abstain_unless_single,
-                   abstain_below=job.abstain_below, prior_correction=job.prior_correction,
-                   permutations=job.permutations, tuned_calibration=job.tuned_calibration,
-                   isolate_fields=job.isolate_fields)
-
-
-def load_model(job: LabelJob):
-    """The backend of ``job`` (its ``model`` on its ``backend``, ``device`` and ``dtype``), with
-    ``job.adapter`` merged in, loaded once to be shared by several ``build_labeler`` calls.
-
-    Returns:
-        ``(backend, warnings)``: the warnings are the adapter's (``ADAPTER_MISMATCH``), which
-        each labeler built over it repeats.
-
-    Raises:
-        ModelError: the model or adapter cannot be loaded.
-    """
-    from .api import _with_adapter
-    from .backends import load_backend
-
-    backend = load_backend(job.model, backend=job.backend, device=job.device, dtype=job.dtype)
-    said: list[str] = []
-    if job.adapter is not None:
-        backend, said = _with_adapter(backend, job.adapter, job.model)
-    return backend, [JobWarning(ADAPTER_MISMATCH, w) for w in said]
-
-
-def planned_calibration(job: LabelJob):
-    """The calibration ``job`` would apply, read without a model: its ``calibration`` file, or
-    the tuned ``adapter``/``model`` folder's own (unless ``tuned_calibration`` is off or
-    ``prior_correction`` is on), or ``None``. Used where no model is loaded (an empty input):
-    a tuned folder's calibration made for another schema or prompt is only found out once the
-    model's tokenizer builds the prompt (``Labeler`` then leaves it out with a warning)."""
-    from .api import _load_calibration, tuned_calibration_path
-
-    if job.calibration is not None:
-        return _load_calibration(job.calibration)
-    if not job.tuned_calibration or job.prior_correction:
-        return None
-    path = tuned_calibration_path(job.adapter or job.model)
-    return _load_calibration(path) if path is not None else None
-
-
-def planned_output_schema(schema, job: LabelJob, *, all_probs: bool):
-    """The Arrow schema of ``job``'s output for ``schema`` without loading a model (an empty
-    input): the columns ``Labeler.output_schema`` gives, by the same rule
-    (``pcd_cli.api.output_columns``), the calibration being ``planned_calibration(job)``.
-
-    Raises:
-        CalibrationError: ``abstain_unless_single`` without label sets.
-    """
-    import pyarrow as pa
-
-    from .api import output_columns
-    from .io.output import output_schema
-
-    columns = output_columns(schema, planned_calibration(job), abstain_below=job.abstain_below,
-                             abstain_unless_single=job.abstain_unless_single, permutations=job.permutations)
-    return output_schema(schema, job.id_field or "row", pa.string() if job.id_field else pa.int64(),
-                         all_probs=all_probs, **columns)
 
 
 def schema_warnings(schema) -> list[JobWarning]:

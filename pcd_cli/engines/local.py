@@ -19,8 +19,8 @@ from typing import Callable, Iterator
 import pyarrow as pa
 from tqdm import tqdm
 
-from ..api import Labeler
-from ..job import OUTPUT_NOT_PARQUET, JobWarning, LabelJob, planned_output_schema
+from ..api import Labeler, build_labeler, planned_output_schema
+from ..job import OUTPUT_NOT_PARQUET, JobWarning, LabelJob
 from ..errors import InputError, Interrupted, NothingLabelled, TooManyErrors
 from ..io.files import check_writable, clear_stale
 from ..io.output import ParquetSink, base_metadata, check_columns, results_table
@@ -182,7 +182,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         ModelError, CompileError, CalibrationError: as ``build_labeler``. TooManyErrors,
         Interrupted, NothingLabelled: as ``label_file``.
     """
-    from ..job import build_labeler, schema_warnings
+    from ..job import schema_warnings
     from ..schema.load import load_schema
 
     emit = on_event or (lambda _name, _fields, _level="info": None)

@@ -51,7 +51,8 @@ import pyarrow.parquet as pq
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..io.files import check_writable, clear_stale, write_atomic, write_target
 from ..io.output import base_metadata, output_schema, results_table
-from ..job import LabelJob, planned_output_schema, warnings_from_json
+from ..api import planned_output_schema
+from ..job import LabelJob, warnings_from_json
 from ..io.readers import EXTENSIONS, InputSpec, check_input, detect_format, read_records, row_to_record
 from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
@@ -184,7 +185,8 @@ class LabelWorker:
 
     def __init__(self, schema: Schema, job: LabelJob, all_probs: bool, offsets: list[int] | None = None,
                  limit: int | None = None, exit_once: str | None = None):
-        from ..job import build_labeler, warnings_json
+        from ..api import build_labeler
+        from ..job import warnings_json
 
         self.labeler = build_labeler(schema, job)
         self.id_field, self.offsets, self.limit, self.exit_once = job.id_field, offsets, limit, exit_once

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import InputError
-from ..job import LabelJob, build_labeler
+from ..api import build_labeler
+from ..job import LabelJob
 
 
 @dataclass

@@ -16,7 +16,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from pcd_cli.job import CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, LabelJob, planned_output_schema
+from pcd_cli.api import planned_output_schema
+from pcd_cli.job import CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, LabelJob
 
 from ..helpers import keyword_rows, keyword_tune_files, pcd
 from .test_ray_engine import assert_same
@@ -158,3 +159,63 @@ def test_abstain_unless_single_without_label_sets_is_refused_alike_with_and_with
         result = pcd("label", tuned / source, "-s", tuned / "keyword.json", *_model_args(tuned),
                      "--abstain-unless-single", "-o", tmp_path / f"{source}.parquet", code=2)
         assert "needs label sets" in result.stderr
+
+
+def test_the_labeler_takes_the_job_whole_or_its_fields_as_keywords():
+    """``Labeler(schema, job)`` and ``Labeler(schema, **fields)`` are one labeler (issue #42 item 6):
+    the same options, results and metadata; a keyword that is no ``LabelJob`` field is refused by
+    name; ``examples`` given as ``Example`` values (the keyword before the job existed) are the
+    job's drawn examples."""
+    from pcd_cli.api import Labeler
+    from pcd_cli.schema.load import load_schema
+
+    from ..helpers import tiny_backend
+
+    schema, backend = load_schema("schemas/sms_spam.yaml"), tiny_backend(seed=3)
+    options = dict(scoring="exact", permutations=2, abstain_below=0.6, truncate="head", max_tokens_per_pass=256)
+    whole = Labeler(schema, LabelJob(**options), backend=backend)
+    keywords = Labeler(schema, backend=backend, **options)
+    assert whole.job == keywords.job == LabelJob(**options)
+    assert (whole.compiled.scoring, whole.permutations, whole.decoder.truncate, whole.decoder.budget) == \
+        ("exact", 2, "head", 256)
+    assert whole.abstain_thresholds == {"is_spam": 0.6}
+    texts = ["WIN A FREE PRIZE now", "see you at 6?"]
+    assert list(whole.label(texts)) == list(keywords.label(texts))
+    assert {k: v for k, v in whole.metadata().items() if k != "pcd.created_utc"} == \
+        {k: v for k, v in keywords.metadata().items() if k != "pcd.created_utc"}
+    over = Labeler(schema, LabelJob(**options), backend=backend, scoring="marginal")  # a keyword wins over the job
+    assert over.compiled.scoring == "marginal" and over.job.permutations == 2
+    with pytest.raises(TypeError, match="'scorng'.*LabelJob"):
+        Labeler(schema, backend=backend, scorng="exact")
+    none = Labeler(schema, backend=backend, examples=())
+    assert none.examples == () and none.job.drawn_examples == () and none.job.examples is None
+
+
+def test_pcd_label_builds_its_job_from_every_job_option_it_declares(monkeypatch, tmp_path):
+    """``pcd label`` has an option for every ``LabelJob`` field (``--no-calibration`` for
+    ``tuned_calibration``) and builds its job from them in ``cli._label_job``: the job
+    ``run_label_job`` receives holds each value given."""
+    import typer.main
+
+    from pcd_cli.cli import app
+    from pcd_cli.errors import InputError
+
+    command = typer.main.get_command(app).commands["label"]
+    declared = {p.name for p in command.params}
+    assert set(LabelJob.options()) - declared == {"tuned_calibration"} and "no_calibration" in declared
+    seen = []
+
+    def run_label_job(schema, input, job, **_):
+        seen.append(job)
+        raise InputError("stop here")
+
+    monkeypatch.setattr("pcd_cli.engines.local.run_label_job", run_label_job)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "hi"}\n')
+    pcd("label", source, "-s", "schemas/sms_spam.yaml", "-o", tmp_path / "out.parquet", "--scoring", "exact",
+        "--backend", "torch", "--device", "cpu", "--permutations", "3", "--truncate", "tail", "--no-calibration",
+        "--abstain-below", "0.4", "--shots", "2", "--seed", "7", "--max-tokens-per-pass", "128", "--template",
+        "{text}!", "--trace", tmp_path / "trace.jsonl", code=2)
+    assert seen == [LabelJob(scoring="exact", backend="torch", device="cpu", permutations=3, truncate="tail",
+                             tuned_calibration=False, abstain_below=0.4, shots=2, seed=7, max_tokens_per_pass=128,
+                             template="{text}!")]

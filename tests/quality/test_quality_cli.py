@@ -198,7 +198,8 @@ def test_calibrate_labels_gold_with_embedded_model(tmp_path, embedded_backend):
     assert "sentiment (18 rows, 2-fold CV)" in text
     # the head with those examples is the one the calibration is for
     from pcd_cli.api import Labeler
-    from pcd_cli.job import LabelJob, build_labeler
+    from pcd_cli.api import build_labeler
+    from pcd_cli.job import LabelJob
 
     parsed = load_schema(schema)
     labeler = build_labeler(parsed, LabelJob(examples=gold, shots=2, seed=0, id_field="id"), backend=embedded_backend)
