@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.label_studio import (LabelStudioConfig, MappingError, map_config, project_id,  # noqa: E402
                                          version_name)
 
-from .harness import AIRLINE, SMS, check_nothing_left, serve  # noqa: E402
+from .harness import AIRLINE, SMS, check_nothing_left, port_of, serve  # noqa: E402
 
 BODIES = json.loads((Path(__file__).parent / "cases" / "label_studio" / "bodies.json").read_text())
 
@@ -70,6 +72,41 @@ def test_predict_one_prediction_per_task_in_order_with_scores_and_distribution(s
         assert item["meta"]["probs"][item["value"]["choices"][0]] == pytest.approx(0.7)
         assert sum(item["meta"]["probs"].values()) == pytest.approx(1.0)
         assert result["score"] == pytest.approx(0.7)  # the review score: min over fields
+
+
+def test_predict_counts_its_deadline_from_arrival_as_every_route(tmp_path):
+    """A /predict whose body takes longer than the request timeout to arrive is past its deadline
+    when read (503 ``deadline_exceeded``, nothing decoded): the deadline counts from the request's
+    arrival, as /v1/label's does, not from the end of its body (issue #42 item 2). A body within
+    the timeout is answered, so the refusal is the deadline's, not the body's."""
+    config = AppConfig(request_timeout_s=1.0, read_timeout_s=5.0,
+                       label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state")))
+    body = json.dumps(BODIES["predict"]).encode()
+    head = (f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+
+    def send(srv, pause_s: float) -> tuple[int, dict, float]:
+        with socket.create_connection(("127.0.0.1", port_of(srv)), timeout=10) as s:
+            s.sendall(head + body[:10])
+            time.sleep(pause_s)  # the rest of the body comes late
+            s.sendall(body[10:])
+            t = time.monotonic()
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        status = int(data.split(b" ", 2)[1])
+        return status, json.loads(data.split(b"\r\n\r\n", 1)[1]), time.monotonic() - t
+
+    with serve(app_config=config) as srv:
+        assert post(srv, "/setup", BODIES["setup"]).status_code == 200
+        calls = len(srv.service.host.calls)
+        in_time, answer, _ = send(srv, 0.2)
+        assert in_time == 200 and len(answer["results"]) == len(BODIES["predict"]["tasks"])
+        assert len(srv.service.host.calls) == calls + 1
+        late, refused, waited = send(srv, 1.3)
+        assert late == 503 and refused["error"]["code"] == "deadline_exceeded"
+        assert waited < 0.9  # refused at once: its deadline had passed while its body arrived
+        assert len(srv.service.host.calls) == calls + 1  # and nothing was decoded for it
 
 
 def test_predict_passes_label_studio_sdk_validation(srv):
