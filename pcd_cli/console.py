@@ -132,8 +132,16 @@ def _nearest_options(exc) -> None:
 
 
 
+#: Events ``--quiet`` never drops from the JSON log: the run's machine-readable summary (a cron
+#: job's only record of what a quiet run did; issue #45).
+SUMMARY_EVENTS = frozenset({"done"})
+
+
 class Reporter:
-    """Messages of a run: rich text, or one JSON object per line on stderr (``--log-format json``)."""
+    """Messages of a run: rich text, or one JSON object per line on stderr (``--log-format json``).
+
+    ``quiet`` drops the ``info`` events (checkpoints, notes) but never a warning, an error or, in
+    the JSON log, the summary (``SUMMARY_EVENTS``)."""
 
     def __init__(self, log_format: str, quiet: bool):
         self.json = str(getattr(log_format, "value", log_format)) == "json"
@@ -141,7 +149,7 @@ class Reporter:
 
     def __call__(self, event: str, fields: dict, level: str = "info") -> None:
         if self.json:
-            if level != "info" or not self.quiet:
+            if level != "info" or not self.quiet or event in SUMMARY_EVENTS:
                 _log_json(level, event, fields)
             return
         if event == "resumed":

@@ -36,6 +36,10 @@ DEFAULT_BATCH_RECORDS = 256
 #: Records handed to the decoder at once, counted from row 0 (packing neighbours never depend on
 #: --batch-size); a stop request is honoured between chunks.
 CHUNK_RECORDS = 16
+#: Seconds after which the rows decoded since the last checkpoint are committed at the end of a
+#: chunk, however few (issue #45: a 40-row run of long records committed nothing for 16 minutes,
+#: waiting for --batch-size rows). Commits change no result: chunks are not tied to them.
+CHECKPOINT_SECONDS = 60.0
 
 #: ``on_event(name, fields)``: ``discarded``, ``resumed``, ``checkpoint`` (see ``label_file``).
 EventHook = Callable[[str, dict], None]
@@ -282,13 +286,16 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                all_probs: bool = False, min_mass: float = 0.5, progress: bool | None = None,
                batch_records: int = DEFAULT_BATCH_RECORDS, chunk_records: int = CHUNK_RECORDS,
                resume: bool = False, max_errors: int | None = None,
-               should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None) -> RunStats:
+               should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None,
+               checkpoint_seconds: float = CHECKPOINT_SECONDS) -> RunStats:
     """Label every row of ``input_path``; each row ends up in ``output`` or in ``errors_path``.
 
     Args:
         progress: show a tqdm bar (records/s) on stderr; ``None``: only on a terminal.
-        batch_records: rows per checkpoint (a part file in the work directory); it does not
-            change any result (chunks are not tied to it), so a run may resume with another.
+        batch_records: rows per checkpoint at most (a part file in the work directory); it does
+            not change any result (chunks are not tied to it), so a run may resume with another.
+        checkpoint_seconds: also checkpoint at the end of a chunk once this long has passed since
+            the last checkpoint (``CHECKPOINT_SECONDS``), so slow rows are committed too.
         chunk_records: rows handed to the decoder at once (records are packed into passes
             within a chunk), counted from row 0; ``should_stop`` and ``max_errors`` are
             checked between chunks.
@@ -347,9 +354,11 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         passes_before = labeler.forward_passes
         started = time.perf_counter()
         pending = _Pending()
+        last_commit = time.monotonic()
 
         def commit() -> None:
-            nonlocal pending
+            nonlocal pending, last_commit
+            last_commit = time.monotonic()
             if pending.rows:
                 work.commit(results_table(pending.results, labeler.schema, arrow_schema), pending.errors,
                             pending.traces, truncated=pending.truncated,
@@ -396,6 +405,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                         stats.add(res)
                     if pending.rows >= batch_records:
                         commit()
+                if time.monotonic() - last_commit >= checkpoint_seconds:
+                    commit()
                 bar.update(len(chunk) - redo)
                 redo = 0
                 check_stop()

@@ -173,6 +173,34 @@ def test_stop_request_commits_and_resume_finishes_identically(backend, tmp_path)
     assert not work_dir_for(out).exists()
 
 
+def test_slow_rows_are_checkpointed_before_a_batch_fills(backend, tmp_path):
+    """Issue #45: a 40-row run of slow records (--batch-size 256) committed nothing for 16 minutes.
+    Past ``checkpoint_seconds`` the chunk's rows are committed, whatever --batch-size says; a run
+    killed then keeps them, and its resume ends as the uninterrupted run."""
+    src = _write_input(tmp_path / "in.jsonl", 40, bad_every=7)
+    reference, events = tmp_path / "ref.parquet", []
+    _run(backend, src, reference, on_event=lambda name, fields: events.append(fields["rows"]))
+    assert events == [40]  # fast rows: one checkpoint at the end, as before
+
+    class Killed(Exception):
+        pass
+
+    def killed_after_32(name, fields):
+        events.append(fields["rows"])
+        if fields["rows"] == 32:
+            raise Killed
+
+    events.clear()
+    out = tmp_path / "o.parquet"
+    with pytest.raises(Killed):  # every chunk (16 rows) is past the time: it is committed
+        _run(backend, src, out, checkpoint_seconds=0.0, on_event=killed_after_32)
+    assert events == [16, 32]
+    assert orjson.loads((work_dir_for(out) / "manifest.json").read_bytes())["progress"]["rows"] == 32
+    stats = _run(backend, src, out, resume=True)
+    assert (stats.read, stats.failures) == (40, 5)
+    assert _columns(out) == _columns(reference)
+
+
 def test_resume_discards_uncommitted_parts_and_a_changed_job(backend, tmp_path):
     src = _write_input(tmp_path / "in.jsonl", 12)
     out = tmp_path / "o.parquet"
@@ -318,6 +346,19 @@ def test_quiet_json_logs_and_progress_bar(tmp_path):
     assert sum(done["fields"]["sentiment"]["labels"].values()) == 3
     for name in ("q", "p", "f", "j"):
         assert pq.read_table(tmp_path / f"{name}.parquet").num_rows == 3
+
+
+def test_quiet_json_log_keeps_the_done_summary(tmp_path):
+    """Issue #45: ``--quiet --log-format json`` dropped the ``done`` event, the one machine-readable
+    summary; quiet drops the info events (checkpoints) only."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "text": "great flight"}\nnot json\n{"id": "b", "text": "lost my bag"}\n')
+    result = _cli(src, "-s", AIRLINE, "-o", tmp_path / "o.parquet", "-q", "--log-format", "json", code=0)
+    assert result.stdout == ""
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(e["event"], e["level"]) for e in events] == [("done", "info"), ("warning", "warning")]
+    assert (events[0]["read"], events[0]["labelled"], events[0]["failed"]) == (3, 2, 1)
+    assert events[0]["output"] == str(tmp_path / "o.parquet") and "1 rows failed" in events[1]["message"]
 
 
 def test_schema_and_model_problems_fail_before_any_record_is_read(tmp_path, monkeypatch):
