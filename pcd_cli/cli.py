@@ -38,6 +38,7 @@ from .console import (  # noqa: F401 - EXIT_*, write_json: part of the CLI's pub
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .engines.local import DEFAULT_BATCH_RECORDS
 from .errors import InputError, PcdError, exit_code
+from .server import limits as L
 from .tune import DEFAULT_MASS_WEIGHT
 from .version import __version__
 
@@ -793,21 +794,21 @@ def serve(
                                                   rich_help_panel='Network'),
     cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow this browser origin "
                                                     "(repeatable); no CORS headers without it.", rich_help_panel='Network'),
-    max_body_bytes: int = typer.Option(8 << 20, "--max-body-bytes", min=1024, help="Largest request body; larger is "
+    max_body_bytes: int = typer.Option(L.MAX_BODY_BYTES, "--max-body-bytes", min=1024, help="Largest request body; larger is "
                                        "413, refused before it is read whole.", rich_help_panel='Limits'),
-    max_records_per_request: int = typer.Option(1024, "--max-records-per-request", min=1, help="Most records (or "
+    max_records_per_request: int = typer.Option(L.MAX_RECORDS_PER_REQUEST, "--max-records-per-request", min=1, help="Most records (or "
                                                 "questions) in one request; more is 413.", rich_help_panel='Limits'),
-    max_queued_records: int = typer.Option(8192, "--max-queued-records", min=1, help="Records waiting beyond which "
+    max_queued_records: int = typer.Option(L.MAX_QUEUED_RECORDS, "--max-queued-records", min=1, help="Records waiting beyond which "
                                            "a request gets 429 with Retry-After.", rich_help_panel='Limits'),
-    max_queued_requests: int = typer.Option(1024, "--max-queued-requests", min=1, help="Requests waiting beyond "
+    max_queued_requests: int = typer.Option(L.MAX_QUEUED_REQUESTS, "--max-queued-requests", min=1, help="Requests waiting beyond "
                                             "which a request gets 429 with Retry-After.", rich_help_panel='Limits'),
-    request_timeout_s: float = typer.Option(60.0, "--request-timeout-s", min=0.1, help="A request not answered "
+    request_timeout_s: float = typer.Option(L.REQUEST_TIMEOUT_S, "--request-timeout-s", min=0.1, help="A request not answered "
                                             "this long after it arrived gets 503.", rich_help_panel='Limits'),
     shutdown_timeout_s: float = typer.Option(30.0, "--shutdown-timeout-s", min=0.0, help="On SIGTERM, how long "
                                              "queued and running requests may take to finish.", rich_help_panel='Limits'),
-    max_batch_records: int = typer.Option(64, "--max-batch-records", min=1, help="Most records of concurrent "
+    max_batch_records: int = typer.Option(L.MAX_BATCH_RECORDS, "--max-batch-records", min=1, help="Most records of concurrent "
                                           "requests packed into one decode call.", rich_help_panel='Limits'),
-    max_cached_schemas: int = typer.Option(64, "--max-cached-schemas", min=1, help="Question sets (Jev, OpenAI) "
+    max_cached_schemas: int = typer.Option(L.MAX_CACHED_SCHEMAS, "--max-cached-schemas", min=1, help="Question sets (Jev, OpenAI) "
                                            "kept compiled, least recently used out.", rich_help_panel='Limits'),
     allowed_host: Optional[list[str]] = typer.Option(None, "--allowed-host", help="Also answer requests whose Host "
                                                      "is this name (repeatable; '*': any Host). On loopback only "
@@ -817,11 +818,11 @@ def serve(
                                                    "a request's headers (from their first byte) and, separately, its "
                                                    "body; past it 408. Default: --request-timeout-s.",
                                                    rich_help_panel='Limits'),
-    max_header_bytes: int = typer.Option(64 << 10, "--max-header-bytes", min=1024, help="Largest request line and "
+    max_header_bytes: int = typer.Option(L.MAX_HEADER_BYTES, "--max-header-bytes", min=1024, help="Largest request line and "
                                          "header block; larger is 431.", rich_help_panel='Limits'),
-    max_connections: int = typer.Option(1024, "--max-connections", min=1, help="Most open connections; one more is "
+    max_connections: int = typer.Option(L.MAX_CONNECTIONS, "--max-connections", min=1, help="Most open connections; one more is "
                                         "answered 503 and closed.", rich_help_panel='Limits'),
-    max_compile_cost: int = typer.Option(8192, "--max-compile-cost", min=1, help="Most estimated label tokens "
+    max_compile_cost: int = typer.Option(L.MAX_COMPILE_COST, "--max-compile-cost", min=1, help="Most estimated label tokens "
                                          "(options x tokens) of a question set compiled for a request; more is 413.",
                                          rich_help_panel='Limits'),
     packing: bool = typer.Option(True, "--packing/--no-packing", help="Pack records of concurrent requests into "
@@ -865,7 +866,7 @@ def serve(
 
     try:
         need_extra()
-        from .server.app import AppConfig
+        from .server.config import AppConfig
         from .server.service import ServiceConfig
 
         job = _label_job(locals(), besides=("calibration", "examples"))  # NAME=PATH lists: serve_command's

@@ -273,7 +273,7 @@ def retrained_labeler(schema, job, host, *, prob: float = 0.9):
 
 
 class FakeFit:
-    """Stands in for ``pcd_cli.server.label_studio.fit_on_gold`` in the retrain tests: sleeps
+    """Stands in for ``pcd_cli.retrain.fit_on_gold`` in the retrain tests: sleeps
     ``seconds``, writes a file, returns ``before``/``after`` as the holdout figures and the job with
     ``seed`` set to the call's number; ``calls`` keeps ``(method, the gold export read back)``."""
 
@@ -284,7 +284,7 @@ class FakeFit:
         import time
         from dataclasses import replace
 
-        from pcd_cli.server.label_studio import Fitted
+        from pcd_cli.retrain import Fitted
 
         self.calls.append((method, json.loads(Path(gold).read_text())))
         time.sleep(self.seconds)

@@ -229,7 +229,8 @@ def label_studio_config(enabled: bool, *, url: str | None, retrain_every: int, t
             with ``--engine ray`` (each replica would keep its own journal); a ``--label-studio-url``
             that is not http(s).
     """
-    from .label_studio import TUNE_FROM_ROWS, LabelStudioConfig
+    from ..retrain import TUNE_FROM_ROWS
+    from .label_studio import LabelStudioConfig
 
     if not enabled:
         given = [flag for flag, value in (("--label-studio-url", url), ("--retrain-every", retrain_every or None),

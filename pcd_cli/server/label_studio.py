@@ -47,27 +47,24 @@ and ``schemas/<name>/<version>/`` (the fitted calibration or adapter).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import re
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 from xml.etree import ElementTree
 
 from ..io.gold_journal import JOURNAL_NAME, GoldJournal
+from ..retrain import (TUNE_FROM_ROWS, Fitted, Version, VersionHistory, adapter_bytes, changed_options,
+                       fit_on_gold, fitted_bytes, not_worse, now, version_name)
 from .errors import ApiError
 
 log = logging.getLogger("pcd.server")
 
-#: Gold rows from which a retrain runs ``pcd tune`` rather than ``pcd calibrate``: docs/quality.md
-#: ("tune when you have a few hundred labelled rows"; ``pcd_cli.tune.FEW_ROWS``).
-TUNE_FROM_ROWS = 200
 #: Webhook actions that carry annotations (Label Studio's ``webhooks.models.WebhookAction``).
 ANNOTATION_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_CREATED")
 #: Seconds to wait on Label Studio's API when telling it the new model version.
@@ -209,179 +206,6 @@ def _field_for(control: Control, schema, taken: set[str]) -> str | None:
     return fields[0].name if len(fields) == 1 else None
 
 
-# -- version history --------------------------------------------------------------------------------
-@dataclass
-class Version:
-    """One line of a schema's version history (``GET /versions``).
-
-    Attributes:
-        version: ``<model>:<hash>`` (the model's name, the first 12 hex of the sha256 of the fitted
-            calibration or adapter; ``base`` for the served model as started).
-        method: ``base``, ``calibrate`` or ``tune``.
-        accepted: swapped in (``not_worse``); ``False``: kept the old model (``reason`` says why).
-        gold_rows: gold rows the run read; holdout_rows: rows its figures were measured on.
-        before, after: mean over fields of ``accuracy`` and ``nll`` on those rows, with the
-            served model and with the new one.
-        seconds: the run's wall time; created: UTC ISO time; path: the fitted file or folder.
-        label_studio: project id -> what Label Studio's API answered to the new ``model_version``.
-        job: the options that make the served job this version (``{"calibration": path}``,
-            ``{"adapter": path}``, ...): what a restart applies again (``restore``).
-    """
-
-    version: str
-    method: str
-    accepted: bool
-    created: str
-    gold_rows: int = 0
-    holdout_rows: int = 0
-    before: dict = field(default_factory=dict)
-    after: dict = field(default_factory=dict)
-    seconds: float = 0.0
-    reason: str = ""
-    path: str | None = None
-    label_studio: dict = field(default_factory=dict)
-    job: dict = field(default_factory=dict)
-
-
-class VersionHistory:
-    """A schema's versions, oldest first, kept in ``versions.json`` (written whole, atomically)."""
-
-    def __init__(self, path: Path, base: str):
-        self.path = path
-        self._lock = threading.Lock()
-        self.items: list[Version] = []
-        if path.is_file():
-            try:
-                self.items = [Version(**v) for v in json.loads(path.read_text(encoding="utf-8"))]
-            except (ValueError, TypeError) as exc:
-                log.warning("version history %s unreadable (%s); starting a new one", path, exc)
-        #: the version served when the server last stopped, applied again once the model is loaded
-        self.to_restore = self.last_fitted()
-        self.add(Version(base, "base", True, _now()))  # this process serves the base model until a swap
-
-    def last_fitted(self) -> Version | None:
-        """The latest accepted version that a fit made, when its files are still there (``None``:
-        none, or the base model was served last)."""
-        for v in reversed(self.items):
-            if v.accepted and v.method != "base":
-                return v if v.job and v.path and Path(v.path).exists() else None
-        return None
-
-    @property
-    def current(self) -> str:
-        """The version served now: the last accepted one."""
-        return next(v.version for v in reversed(self.items) if v.accepted)
-
-    def add(self, version: Version) -> None:
-        from ..io.files import write_atomic
-
-        with self._lock:
-            self.items.append(version)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, json.dumps([asdict(v) for v in self.items], indent=1).encode() + b"\n")
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def version_name(model_id: str, fitted: bytes | None) -> str:
-    """``<model name>:<first 12 hex of sha256(fitted)>`` (``base`` without a fitted file)."""
-    name = re.split(r"[/\\]", str(model_id).rstrip("/\\"))[-1] or "model"
-    return f"{name}:{hashlib.sha256(fitted).hexdigest()[:12] if fitted is not None else 'base'}"
-
-
-def not_worse(before: dict, after: dict) -> tuple[bool, str]:
-    """The swap rule: the new model's mean holdout accuracy is not lower and its mean holdout NLL
-    not higher than the served model's on the same rows (a missing figure is not compared).
-    Returns ``(ok, why)``."""
-    ba, aa, bn, an = before.get("accuracy"), after.get("accuracy"), before.get("nll"), after.get("nll")
-    if aa is None and an is None:
-        return False, "no holdout figures (too few gold rows with answers)"
-    if ba is not None and aa is not None and aa < ba - 1e-12:
-        return False, f"holdout accuracy {aa:.4f} below the served model's {ba:.4f}"
-    if bn is not None and an is not None and an > bn + 1e-12:
-        return False, f"holdout NLL {an:.4f} above the served model's {bn:.4f}"
-    return True, "not worse on the holdout"
-
-
-def _mean(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-# -- training ---------------------------------------------------------------------------------------
-@dataclass
-class Fitted:
-    """What a trainer returns: the new ``job`` (the served one with the calibration or adapter),
-    the holdout figures ``before``/``after`` (``{"accuracy", "nll"}``, means over fields), the
-    rows they were measured on, the fitted ``path`` and whether the job needs a model of its own
-    (``own_model``: a tuned adapter is merged into new weights)."""
-
-    job: Any
-    before: dict
-    after: dict
-    holdout_rows: int
-    path: Path
-    own_model: bool
-
-
-def fit_on_gold(method: str, gold: Path, schema, job, out: Path) -> Fitted:
-    """Run ``pcd calibrate`` or ``pcd tune`` (the library functions behind the commands) on the
-    export ``gold`` for ``schema`` and ``job`` into the folder ``out``.
-
-    ``calibrate``: ``calibrate_on_gold`` (5-fold cross-validated before/after; the served job
-    with ``calibration`` set). ``tune``: ``tune_on_gold`` (``pcd tune``'s default epochs, holdout
-    and patience; the figures of epoch 0 and of the kept epoch on the holdout; the served job with
-    ``adapter`` set, or, when it already had one, ``model`` the merged folder).
-
-    Raises:
-        PcdError: as ``calibrate_on_gold`` and ``tune_on_gold`` (too few rows, no peft, ...).
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    if method == "calibrate":
-        from ..quality.fitting import calibrate_on_gold
-
-        path = out / "calibration.json"
-        n_rows = len(json.loads(gold.read_text(encoding="utf-8")))
-        run = calibrate_on_gold(gold, schema, job, output=path, folds=min(5, max(2, n_rows)))
-        run.calibration.save(path)
-        fields = run.report.fields
-        before = {"accuracy": _mean(f.before.accuracy for f in fields), "nll": _mean(f.before.nll for f in fields)}
-        after = {"accuracy": _mean(f.after.accuracy for f in fields), "nll": _mean(f.after.nll for f in fields)}
-        return Fitted(replace(job, calibration=str(path), tuned_calibration=True), before, after,
-                      max((f.n for f in fields), default=0), path, own_model=False)
-    from ..quality.fitting import tune_on_gold
-    from ..tune import DEFAULT_PATIENCE, TuneConfig
-
-    path = out / "tuned"
-    adapter_only = job.adapter is None
-    # pcd tune's defaults: epochs by the gold rows (``default_epochs``), --patience DEFAULT_PATIENCE
-    run = tune_on_gold(gold, schema, job, path, TuneConfig(epochs=0, patience=DEFAULT_PATIENCE),
-                       adapter_only=adapter_only)
-    epochs = run.result.epochs
-    first, kept = epochs[0].holdout, epochs[run.result.best_epoch].holdout
-
-    def figures(scores):
-        return {"accuracy": _mean(s.accuracy for s in scores.values()), "nll": _mean(s.nll for s in scores.values())}
-
-    new_job = replace(job, adapter=str(path), calibration=None) if adapter_only else \
-        replace(job, model=str(path), adapter=None, calibration=None)
-    return Fitted(new_job, figures(first), figures(kept), run.result.holdout_rows, path, own_model=True)
-
-
-def _fitted_bytes(path: Path) -> bytes:
-    """The bytes a version hash is taken over: the file, or a folder's adapter/weights files."""
-    if path.is_file():
-        return path.read_bytes()
-    digest = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"):
-            digest.update(p.relative_to(path).as_posix().encode())
-            digest.update(p.read_bytes())
-    return digest.digest()
-
-
 # -- the backend ------------------------------------------------------------------------------------
 @dataclass
 class ProjectLink:
@@ -432,7 +256,7 @@ class LabelStudioBackend:
         self._versions: dict[int, str] = {}
         self._base: dict[str, str] = {}
         for name, entry in service.named.items():
-            base = version_name(entry.options.model or "embedded", _adapter_bytes(entry.options))
+            base = version_name(entry.options.model or "embedded", adapter_bytes(entry.options))
             self._base[name] = base
             self.histories[name] = VersionHistory(self.state / "schemas" / name / "versions.json", base)
         for link_file in sorted((self.state / "projects").glob("*/link.json")):
@@ -601,9 +425,9 @@ class LabelStudioBackend:
         try:
             fitted = self.fit(method, gold, entry.schema, replace(job, id_field=None), work)
             ok, why = not_worse(fitted.before, fitted.after)
-            version = version_name(job.model or "embedded", _fitted_bytes(fitted.path))
-            record = Version(version, method, False, _now(), rows, fitted.holdout_rows, fitted.before, fitted.after,
-                             0.0, why, str(fitted.path), job=_changed(entry.options, fitted.job))
+            version = version_name(job.model or "embedded", fitted_bytes(fitted.path))
+            record = Version(version, method, False, now(), rows, fitted.holdout_rows, fitted.before, fitted.after,
+                             0.0, why, str(fitted.path), job=changed_options(entry.options, fitted.job))
             if ok:
                 labeler = self.build(entry.schema, fitted.job, fitted.own_model)
                 self._versions[id(labeler)] = version
@@ -614,7 +438,7 @@ class LabelStudioBackend:
             else:
                 log.warning("schema %s: version %s not swapped in: %s", schema, version, why)
         except Exception as exc:  # noqa: BLE001 - a failed run keeps the old model and says why
-            record = Version(f"failed-{_now()}", method, False, _now(), rows, reason=f"{type(exc).__name__}: {exc}")
+            record = Version(f"failed-{now()}", method, False, now(), rows, reason=f"{type(exc).__name__}: {exc}")
             log.warning("schema %s: retrain failed (%s); the served model stays", schema, record.reason)
         record.seconds = round(time.perf_counter() - started, 3)
         if record.accepted:
@@ -645,7 +469,7 @@ class LabelStudioBackend:
                 continue
             self._versions[id(labeler)] = version.version
             self.service.replace_labeler(name, labeler, job)
-            self.histories[name].add(replace(version, method=version.method, created=_now(), seconds=0.0,
+            self.histories[name].add(replace(version, method=version.method, created=now(), seconds=0.0,
                                              reason="restored at start-up", label_studio={}))
             log.info("schema %s: version %s restored", name, version.version)
 
@@ -727,20 +551,7 @@ def project_id(value) -> str | None:
     return text if text.isdigit() else None
 
 
-def _changed(old, new) -> dict:
-    """The options of job ``new`` that differ from ``old`` (JSON values)."""
-    return {k: getattr(new, k) for k in old.options() if getattr(new, k) != getattr(old, k)}
-
-
 def _as_list(value) -> list:
     if value is None:
         return []
     return value if isinstance(value, list) else [value]
-
-
-def _adapter_bytes(job) -> bytes | None:
-    """What the base version's hash is taken over: the served adapter folder (``None``: none)."""
-    adapter = getattr(job, "adapter", None)
-    if adapter and Path(adapter).exists():
-        return _fitted_bytes(Path(adapter))
-    return None

@@ -14,7 +14,8 @@ import socket
 import threading
 import time
 
-from .app import AppConfig, create_app
+from .app import create_app
+from .config import AppConfig
 from .service import LabelService
 
 log = logging.getLogger("pcd.server")

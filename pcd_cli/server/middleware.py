@@ -28,7 +28,7 @@ from .errors import ApiError, error_response, json_response, printable
 from .service import LabelService
 
 if TYPE_CHECKING:
-    from .app import AppConfig
+    from .config import AppConfig
 
 log = logging.getLogger("pcd.server")
 

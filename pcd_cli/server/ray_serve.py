@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 from ..errors import EngineError, MissingExtra
 from ..schema.model import Schema
-from .app import AppConfig, create_app
+from .app import create_app
+from .config import AppConfig
 from .main import bound_socket, cannot_listen
 from ..job import LabelJob
 from .service import LabelService, ModelHost, ServiceConfig

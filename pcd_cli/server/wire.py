@@ -33,7 +33,7 @@ from .service import LabelService, SubmitResult
 if TYPE_CHECKING:
     from ..questions import Answer, QuestionSet
     from ..results import RecordResult
-    from .app import AppConfig
+    from .config import AppConfig
     from .label_studio import LabelStudioBackend
 
 log = logging.getLogger("pcd.server")

@@ -21,8 +21,8 @@ pytest.importorskip("starlette")
 
 from pcd_cli.schema.load import parse_schema  # noqa: E402
 from pcd_cli.server.app import AppConfig  # noqa: E402
-from pcd_cli.server.label_studio import (LabelStudioConfig, MappingError, map_config, project_id,  # noqa: E402
-                                         version_name)
+from pcd_cli.retrain import version_name  # noqa: E402
+from pcd_cli.server.label_studio import LabelStudioConfig, MappingError, map_config, project_id  # noqa: E402
 
 from .harness import AIRLINE, SMS, check_nothing_left, port_of, serve  # noqa: E402
 

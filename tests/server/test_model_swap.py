@@ -18,7 +18,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from pcd_cli.server.app import AppConfig  # noqa: E402
-from pcd_cli.server.label_studio import LabelStudioConfig, not_worse  # noqa: E402
+from pcd_cli.retrain import not_worse  # noqa: E402
+from pcd_cli.server.label_studio import LabelStudioConfig  # noqa: E402
 from pcd_cli.server.service import ServiceConfig  # noqa: E402
 
 from ..helpers import FakeFit, retrained_labeler  # noqa: E402

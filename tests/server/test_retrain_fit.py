@@ -1,4 +1,4 @@
-"""The retrain's trainer (``pcd_cli.server.label_studio.fit_on_gold``) on a gold journal's export, with
+"""The retrain's trainer (``pcd_cli.retrain.fit_on_gold``) on a gold journal's export, with
 the tiny random model: ``pcd calibrate`` and ``pcd tune`` (the library functions behind the
 commands) run, and their holdout figures, fitted files and the served job's new options come back.
 The tune run is in ``make test-full`` only."""
@@ -13,7 +13,7 @@ import pytest
 from pcd_cli.job import LabelJob
 from pcd_cli.schema.load import parse_schema
 from pcd_cli.io.gold_journal import GoldJournal
-from pcd_cli.server.label_studio import fit_on_gold
+from pcd_cli.retrain import fit_on_gold
 
 from ..helpers import KEYWORD_SCHEMA, keyword_rows, keyword_tune_files
 
