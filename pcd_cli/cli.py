@@ -738,6 +738,8 @@ def review(
         "" if to is ReviewTarget.csv or check is False else " (not checked: pip install 'pcd-cli\\[review]')"
     out.print(f"wrote {len(selection.rows)} of {selection.total} rows, most uncertain first, to {shown}{note}",
               highlight=False)
+    for line in selection.warnings:
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     if budget is not None:
         render_error_budget(budget, selection)
     if to is ReviewTarget.argilla:

@@ -14,8 +14,12 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import math
+from collections import Counter
+from typing import Iterable
 
 import orjson
+
+from ..errors import InputError
 
 
 class CellError(ValueError):
@@ -100,6 +104,7 @@ class RepeatedIds:
         self.count = 0
         self.examples: list = []
         self._seen: set[int] = set()
+        self._more = False  # a repeated id beyond the examples
 
     def add(self, record_id: object) -> None:
         """Count ``record_id`` (``None``, an unreadable id, is not counted)."""
@@ -108,14 +113,54 @@ class RepeatedIds:
         key = hash((type(record_id), record_id))
         if key in self._seen:
             self.count += 1
-            if len(self.examples) < self.keep and record_id not in self.examples:
-                self.examples.append(record_id)
+            if record_id not in self.examples:
+                if len(self.examples) < self.keep:
+                    self.examples.append(record_id)
+                else:
+                    self._more = True
         else:
             self._seen.add(key)
 
     def message(self) -> str:
-        """One line for warnings: how many rows repeat an id, the first few ids."""
+        """One line for warnings: how many rows repeat an id, the first few ids, and the rule
+        every command follows for them (``REPEATED_ID_RULE``)."""
         shown = ", ".join(repr(str(e)) for e in self.examples)
-        more = ", ..." if self.count > len(self.examples) else ""
-        return (f"{self.count} row{'s' * (self.count != 1)} repeat an id seen earlier ({shown}{more}); "
-                "each row was labelled on its own, none merged")
+        more = ", ..." if self._more else ""
+        rows = "1 row repeats" if self.count == 1 else f"{self.count} rows repeat"
+        return f"{rows} an id seen earlier ({shown}{more}); {REPEATED_ID_RULE}"
+
+
+#: What every command does with rows that repeat an id (issue #45: ``pcd label`` warned and
+#: ``pcd review`` refused the output it had just written): warn, keep each row, and name the n-th
+#: repeat of ``ID`` ``ID (repeat n)`` (``repeat_key``) where rows are matched by id.
+REPEATED_ID_RULE = ("each is a row of its own, never merged; pcd eval, calibrate and review match "
+                    "them by order, the n-th repeat of an id as 'ID (repeat n)'")
+
+
+def repeat_key(record_id: str, n: int) -> str:
+    """The key of the ``n``-th repeat (``n >= 1``) of ``record_id``: ``ID (repeat n)``
+    (``REPEATED_ID_RULE``); ``record_id`` itself for ``n == 0``."""
+    return record_id if n == 0 else f"{record_id} (repeat {n})"
+
+
+def occurrence_keys(ids: Iterable[str]) -> tuple[list[str], RepeatedIds]:
+    """Each id's key by ``REPEATED_ID_RULE``, in order (the first row of an id keeps it, the
+    n-th repeat is ``repeat_key(id, n)``), and the ``RepeatedIds`` count for the warning.
+
+    Raises:
+        InputError: two keys are the same (an id already spelled ``ID (repeat n)`` besides a
+            repeated ``ID``): the rows could not be told apart.
+    """
+    seen: dict[str, int] = {}
+    repeated = RepeatedIds()
+    keys = []
+    for rid in ids:
+        n = seen.get(rid, 0)
+        seen[rid] = n + 1
+        repeated.add(rid)
+        keys.append(repeat_key(rid, n))
+    if repeated.count and len(set(keys)) != len(keys):
+        clash = next(k for k, c in Counter(keys).items() if c > 1)
+        raise InputError(f"id {clash!r} names two rows (a repeated id's key, 'ID (repeat n)', is also an id); "
+                         "make the ids unique")
+    return keys, repeated

@@ -558,7 +558,7 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                                f"{schema.source_sha256[:12]}...); label the gold rows with this schema")
     specs = field_specs(predictions, schema)
     joined = join(predictions, gold, specs, id_field=id_field)
-    fitted, reports, notes = {}, [], []
+    fitted, reports, notes = {}, [], list(joined.repeated_ids)
     for data in joined.fields:
         if isinstance(data, MultiFieldData):
             if coverage is not None:

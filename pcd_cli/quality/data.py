@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..io.readers import InputSpec, detect_format, read_table_rows, row_to_record
+from ..io.values import occurrence_keys
 from ..schema.model import NULL_LABEL, Field, FieldKind, Schema, whole_number
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
@@ -176,6 +177,7 @@ class Joined:
             not a skipped or untouched task), and those of them with a prediction.
         gold_column: per field, the gold column read for it (its name, or the name
             ``annotations.server_name`` gives it, as ``pcd review --to argilla`` writes it).
+        repeated_ids: a warning per side whose ids repeat (``id_keys``; matched by order).
     """
 
     fields: tuple[FieldData | MultiFieldData, ...]
@@ -190,6 +192,7 @@ class Joined:
     answered: int = 0
     matched_answered: int = 0
     gold_column: tuple[tuple[str, str], ...] = ()
+    repeated_ids: tuple[str, ...] = ()
 
 
 def read_predictions(path: str | Path) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -356,7 +359,7 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
     without ``--id-field``).
 
     Raises:
-        InputError: no id column; duplicate ids on either side; no gold rows, or no gold id
+        InputError: no id column; an empty id; no gold rows, or no gold id
             among the predictions; no field in both files; a
             prediction value that is not a label; ``<f>__probs`` labels that differ from the
             field's.
@@ -367,8 +370,8 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
     if pred_id is None:
         raise InputError(f"the predictions have no id column {id_field!r} (nor 'row'); pass the --id-field "
                          "used when labelling")
-    pred_ids = _id_strings(predictions[pred_id], "predictions", pred_id)
-    gold_ids = _id_strings(gold[id_field], "gold", id_field)
+    pred_ids, pred_repeats = id_keys(predictions[pred_id], "predictions", pred_id)
+    gold_ids, gold_repeats = id_keys(gold[id_field], "gold", id_field)
     pred_pos = {rid: i for i, rid in enumerate(pred_ids)}
     gold_pos = {rid: i for i, rid in enumerate(gold_ids)}
     matched_gold = np.array([i for i, rid in enumerate(gold_ids) if rid in pred_pos], dtype=np.int64)
@@ -402,7 +405,7 @@ def join(predictions: pd.DataFrame, gold: pd.DataFrame, specs: list[FieldSpec], 
                   predictions_without_gold=sum(1 for rid in pred_ids if rid not in gold_pos),
                   unmatched_gold_ids=tuple(unmatched[:5]), id_column=pred_id, answered=sum(present),
                   matched_answered=sum(1 for i in matched_gold.tolist() if present[i]),
-                  gold_column=tuple(columns.items()))
+                  gold_column=tuple(columns.items()), repeated_ids=tuple(w for w in (pred_repeats, gold_repeats) if w))
 
 
 def resolve_gold_columns(gold: pd.DataFrame, specs: list[FieldSpec], id_field: str = "id") -> pd.DataFrame:
@@ -458,6 +461,18 @@ def _is_present(value) -> bool:
 
 
 def _id_strings(column: pd.Series, side: str, name: str) -> list[str]:
+    """The row keys of an id column (ids as strings; a repeated id's n-th repeat ``ID (repeat
+    n)``, ``io.values.REPEATED_ID_RULE``). ``id_keys`` also says how many repeat."""
+    return id_keys(column, side, name)[0]
+
+
+def id_values(column: pd.Series, side: str, name: str) -> list[str]:
+    """The ids of ``side``'s id column ``name`` as strings (a whole float as an integer: a numeric
+    column read as float), repeats as they are.
+
+    Raises:
+        InputError: an empty id, naming the row.
+    """
     ids = []
     for i, value in enumerate(column.tolist()):
         if not _is_present(value):
@@ -465,10 +480,21 @@ def _id_strings(column: pd.Series, side: str, name: str) -> list[str]:
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # a numeric column read as float (e.g. a CSV with gaps)
         ids.append(str(value))
-    dupes = [rid for rid, n in Counter(ids).items() if n > 1]
-    if dupes:
-        raise InputError(f"{side}: id {dupes[0]!r} occurs more than once in column {name!r}; ids must be unique")
     return ids
+
+
+def id_keys(column: pd.Series, side: str, name: str) -> tuple[list[str], str | None]:
+    """The row keys of ``side``'s id column ``name`` (``io.values.occurrence_keys``: every command
+    matches repeated ids by order) and the warning counting its repeats (``None``: none).
+
+    Raises:
+        InputError: an empty id, naming the row; two rows with one key.
+    """
+    try:
+        keys, repeated = occurrence_keys(id_values(column, side, name))
+    except InputError as exc:
+        raise InputError(f"{side}, column {name!r}: {exc}") from None
+    return keys, f"{side}, column {name!r}: {repeated.message()}" if repeated.count else None
 
 
 def gold_label_index(value, spec: FieldSpec) -> int | None:

@@ -262,7 +262,7 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         gold value not a label).
 
     Raises:
-        InputError: missing id columns, duplicate ids, no field in both files, predictions
+        InputError: missing id columns, an empty id, no field in both files, predictions
             that do not fit the schema.
         ValueError: ``target_accuracy`` outside (0, 1].
     """
@@ -277,6 +277,7 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
                         f"{metadata['pcd.schema_sha256'][:12]}..., this one {schema.source_sha256[:12]}...)")
     notes = gold.attrs.get(GOLD_ATTR) or {}
     warnings.extend(notes.get("warnings") or ())
+    warnings.extend(joined.repeated_ids)
     agreements = _agreements(joined, notes, predictions)
     for name, a in agreements.items():
         if a["disagree"]:

@@ -46,6 +46,7 @@ import csv
 import io
 import json
 import math
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +57,10 @@ import orjson
 
 from ..errors import InputError, MissingExtra
 from ..io.readers import InputSpec, read_table_rows, row_to_record
+from ..io.values import repeat_key
 from ..schema.model import Schema
 from .annotations import ARGILLA_MAX_OPTIONS, ARGILLA_NAME, GOLD_SUFFIX, server_name
-from .data import FieldSpec, _id_strings, _is_present, field_specs, read_predictions
+from .data import FieldSpec, _is_present, field_specs, id_keys, id_values, read_predictions
 
 #: What ``pcd review --to`` writes.
 TARGETS = ("label-studio", "argilla", "csv")
@@ -108,6 +110,8 @@ class ReviewSelection:
         set_fields: fields with a ``<f>__set`` column.
         selected: rows the filters kept (``below``, ``below_by_field``, ``sets``), before
             ``sample`` and ``top``.
+        warnings: lines to say (rows that repeat an id: each reviewed as a row of its own, the
+            n-th repeat of ``ID`` exported as ``ID (repeat n)``; ``io.values.REPEATED_ID_RULE``).
     """
 
     rows: tuple[ReviewRow, ...]
@@ -117,6 +121,7 @@ class ReviewSelection:
     total: int
     set_fields: tuple[str, ...] = ()
     selected: int = 0
+    warnings: tuple[str, ...] = ()
 
 
 def select_for_review(predictions: str | Path, input: str | Path, *, schema: Schema | None = None,
@@ -181,16 +186,19 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
         order = [order[int(k)] for k in chosen]
     if top is not None:
         order = order[:top]
-    ids = _id_strings(frame[id_column], "predictions", id_column)
+    plain = id_values(frame[id_column], "predictions", id_column)
+    ids, repeats = id_keys(frame[id_column], "predictions", id_column)
+    chosen = {plain[i] for i in order}
     texts = _texts(input, {ids[i] for i in order}, by_position=id_column == "row" and id_field != "row",
                    spec=InputSpec(text_field=text_field, template=template, csv_delimiter=csv_delimiter,
-                                  id_field=None if id_column == "row" and id_field != "row" else id_column), fmt=fmt)
+                                  id_field=None if id_column == "row" and id_field != "row" else id_column), fmt=fmt,
+                   output_rows=Counter(rid for rid in plain if rid in chosen) if repeats else None)
     missing = [ids[i] for i in order if ids[i] not in texts]
     if missing:
         raise InputError(f"{len(missing)} of the {len(order)} rows to review have no record in {str(input)!r} (e.g. "
                          f"id {missing[0]!r} of column {id_column!r}); pass the input, --id-field, --text-field or "
                          "--template the output was labelled with")
-    raw_ids = frame[id_column].tolist()
+    raw_ids = [raw if key == rid else key for raw, key, rid in zip(frame[id_column].tolist(), ids, plain)]
     wanted = [name for s in specs for name in (s.name, f"{s.name}__prob", f"{s.name}__probs", f"{s.name}__set",
                                                f"{s.name}__abstained") if name in columns]
     cells = {name: frame[name].to_numpy(dtype=object)[order].tolist() if order else [] for name in wanted}
@@ -198,7 +206,7 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
                  for k, i in enumerate(order))
     return ReviewSelection(rows=rows, fields=tuple(specs), id_column=id_column,
                            model=metadata.get("pcd.model") or "pcd", total=n, set_fields=set_fields,
-                           selected=selected)
+                           selected=selected, warnings=(repeats,) if repeats else ())
 
 
 @dataclass(frozen=True)
@@ -247,20 +255,40 @@ def _is_list(cell) -> bool:
 
 
 def _texts(path: str | Path, wanted: set[str], *, by_position: bool, spec: InputSpec,
-           fmt: str | None) -> dict[str, str]:
-    """``{id: text}`` of the input's records whose id (or row number) is in ``wanted``."""
+           fmt: str | None, output_rows: Counter | None = None) -> dict[str, str]:
+    """``{key: text}`` of the input's records whose key is in ``wanted``: the row number, else
+    the id; when the output's ids repeat (``output_rows``: its rows per id), the n-th repeat of an
+    id among the input's readable records is ``ID (repeat n)``, as ``data.id_keys`` keys the output
+    (``io.values.REPEATED_ID_RULE``).
+
+    Raises:
+        InputError: an id the output repeats is on another number of the input's records (a
+            row failed when labelled): its rows cannot be matched by order.
+    """
     found: dict[str, str] = {}
     if not wanted:
         return found
+    seen: Counter = Counter()
     for index, (line, row) in enumerate(read_table_rows(path, spec, fmt=fmt)):
         if isinstance(row, str):
             continue
         record = row_to_record(row, index, line, spec)
-        key = str(index) if by_position else str(record.id)
+        if by_position:
+            key = str(index)
+        elif output_rows is not None and hasattr(record, "text"):
+            key = repeat_key(str(record.id), seen[str(record.id)])
+            seen[str(record.id)] += 1
+        else:
+            key = str(record.id)
         if key in wanted and hasattr(record, "text"):
             found[key] = record.text
-            if len(found) == len(wanted):
+            if len(found) == len(wanted) and output_rows is None:
                 break
+    for rid, rows in (output_rows or {}).items():
+        if rows > 1 and seen[rid] != rows:
+            raise InputError(f"id {rid!r} is on {rows} rows of the output and {seen[rid]} records of {str(path)!r} "
+                             "(one failed when labelled?): its repeats cannot be matched by order; label with "
+                             "--row-ids, or give the input it was labelled from")
     return found
 
 

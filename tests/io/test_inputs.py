@@ -132,8 +132,9 @@ def test_repeated_ids_counter():
     for rid in ["a", "b", "a", None, "c", "a", "b", None, "d", "c"]:
         seen.add(rid)
     assert (seen.count, seen.examples) == (4, ["a", "b"])
-    assert seen.message() == ("4 rows repeat an id seen earlier ('a', 'b', ...); each row was labelled on its own, "
-                              "none merged")
+    assert seen.message() == ("4 rows repeat an id seen earlier ('a', 'b', ...); each is a row of its own, never "
+                              "merged; pcd eval, calibrate and review match them by order, the n-th repeat of an id "
+                              "as 'ID (repeat n)'")
 
 
 def test_repeated_ids_are_counted_never_merged_and_survive_resume(backend, tmp_path):
@@ -158,7 +159,7 @@ def test_repeated_ids_are_counted_never_merged_and_survive_resume(backend, tmp_p
 
 def test_api_warns_about_repeated_ids(backend):
     labeler = Labeler(SCHEMA, backend=backend)
-    with pytest.warns(RepeatedIdWarning, match="1 row repeat an id seen earlier \\('x'\\)"):
+    with pytest.warns(RepeatedIdWarning, match="1 row repeats an id seen earlier \\('x'\\); each is a row of its own"):
         results = list(labeler.label([{"id": "x", "text": "one"}, {"id": "y", "text": "two"},
                                       {"id": "x", "text": "three"}]))
     assert [r.id for r in results] == ["x", "y", "x"]

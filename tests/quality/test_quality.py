@@ -240,8 +240,10 @@ def test_evaluate_row_ids_and_errors():
         evaluate(hand_predictions(), hand_gold(), SCHEMA, id_field="key")
     dup = hand_gold()
     dup.loc[1, "id"] = 0
-    with pytest.raises(InputError, match="gold: id '0' occurs more than once"):
-        evaluate(hand_predictions(), dup, SCHEMA)
+    repeated = evaluate(hand_predictions(), dup, SCHEMA)  # the second '0' is '0 (repeat 1)': no prediction
+    assert "gold, column 'id': 1 row repeats an id seen earlier ('0'); each is a row of its own" in \
+        " ".join(repeated.warnings)
+    assert repeated.gold_without_prediction == evaluate(hand_predictions(), hand_gold(), SCHEMA).gold_without_prediction + 1
     with pytest.raises(InputError, match=r"no gold id matches a prediction id \(gold ids e.g. 'a0' in column 'id'; "
                        r"prediction ids e.g. '0' in column 'id'\)"):
         evaluate(hand_predictions(), hand_gold().assign(id=[f"a{i}" for i in range(8)]), SCHEMA)
