@@ -203,7 +203,7 @@ class Labeler:
             self.calibration.check(self.metadata())
             self.warnings += [JobWarning(DTYPE_MISMATCH, w) for w in self.calibration.dtype_warnings(self.metadata())]
         if self.tune_card is not None:  # what differs between the tuned model's card and this run
-            from .tune import card_mismatches
+            from .backends.tune_folder import card_mismatches
 
             self.warnings += [JobWarning(TUNE_MISMATCH, f"{self._tune_source} was tuned for another {m} (train "
                                          "what you will read: pcd tune with the same schema, --examples, "
@@ -273,7 +273,10 @@ class Labeler:
             "pcd.examples": str(len(self.examples)),
             "pcd.head_tokens": str(len(self.compiled.prompt.head_ids)),
             "pcd.dtype": self.backend.dtype_name,
-        } | ({"pcd.calibration_sha256": self.calibration.sha256} if self.calibration is not None else {}) \
+        } | ({"pcd.calibration_sha256": self.calibration.sha256, "pcd.objective": self.calibration.objective}
+             if self.calibration is not None else {}) \
+          | ({"pcd.decision_rules": json.dumps(self.calibration.rules(), ensure_ascii=False)}
+             if self.calibration is not None and self.calibration.rules() else {}) \
           | ({"pcd.label_sets": json.dumps({name: self.calibration.fields[name].conformal.coverage
                                             for name in self.set_fields}),
               "pcd.abstain_unless_single": str(self.abstain_unless_single).lower()} if self.set_fields else {}) \
@@ -399,7 +402,8 @@ class Labeler:
             stored = np.asarray(res.probs, dtype=np.float32).astype(np.float64)  # as <f>__probs holds them
             probs = np.asarray(cal.apply(stored), dtype=np.float64)
             label_set = cal.conformal.label_set(probs) if cal.conformal is not None else None
-            fields.append(_reweighted(f, res, probs, label_set=label_set))
+            fields.append(_reweighted(f, res, probs, label_set=label_set, label=cal.decide(probs),
+                                      by_rule=cal.rule is not None))
         return replace(result, fields=tuple(fields))
 
     def label_frame(self, df, *, text_field: str = "text", template: str | None = None,
@@ -602,11 +606,11 @@ def tuned_calibration_path(source) -> Path | None:
     DIR``, the card ``pcd-tune.json`` beside it), or ``None``."""
     if source is None or not Path(str(source)).expanduser().is_dir():
         return None
-    from .tune import CALIBRATION_NAME
+    from .backends.tune_folder import CALIBRATION_NAME, CARD_NAME
 
     folder = Path(str(source)).expanduser()
     path = folder / CALIBRATION_NAME
-    return path if path.is_file() and (folder / "pcd-tune.json").is_file() else None
+    return path if path.is_file() and (folder / CARD_NAME).is_file() else None
 
 
 def _tune_card(source) -> tuple[dict | None, str]:
@@ -614,8 +618,10 @@ def _tune_card(source) -> tuple[dict | None, str]:
     (``adapter <folder name>`` or ``model <folder name>``)."""
     if source is None or not Path(str(source)).expanduser().is_dir():
         return None, ""
+    from .backends.tune_folder import CARD_NAME
+
     folder = Path(str(source)).expanduser()
-    path = folder / "pcd-tune.json"
+    path = folder / CARD_NAME
     if not path.is_file():
         return None, ""
     try:
@@ -648,14 +654,16 @@ def _id_type(id_field: str | None):
 
 
 def _reweighted(f, res: FieldResult, probs: np.ndarray, *, label_set: tuple[int, ...] | None = None,
-                abstained: bool = False) -> FieldResult:
-    """``res`` with new (k,) probabilities (calibrated or prior-corrected): the label is their
-    argmax, the decoder's own probabilities are kept in ``raw_probs``, the mass is unchanged;
-    ``abstained`` leaves the value null; ``order_spread`` (``--permutations``) is kept."""
-    label = int(np.argmax(probs))
+                abstained: bool = False, label: int | None = None, by_rule: bool = False) -> FieldResult:
+    """``res`` with new (k,) probabilities (calibrated or prior-corrected): the label is
+    ``label`` (a calibration's decision rule, ``FieldCalibration.decide``) or their argmax, and
+    ``prob`` that label's probability; the decoder's own probabilities are kept in
+    ``raw_probs``, the mass is unchanged; ``abstained`` leaves the value null; ``order_spread``
+    (``--permutations``) is kept."""
+    label = int(np.argmax(probs)) if label is None else int(label)
     return FieldResult(label=label, value=None if abstained else f.value(label), prob=float(probs[label]),
                        mass=res.mass, probs=tuple(float(p) for p in probs), raw_probs=res.probs,
-                       label_set=label_set, abstained=abstained, order_spread=res.order_spread)
+                       label_set=label_set, abstained=abstained, order_spread=res.order_spread, by_rule=by_rule)
 
 
 def _load_calibration(calibration):

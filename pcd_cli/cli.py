@@ -448,6 +448,11 @@ GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file 
 @app.command("eval", short_help="Measure a pcd output against human gold labels (accuracy, F1, calibration, selective prediction).")
 def eval_(
     predictions: Path = typer.Argument(..., help="A pcd output Parquet file."),
+OBJECTIVE_OPT = typer.Option("likelihood", "--objective", help="What the labels written are chosen for: "
+                             "likelihood (the most probable label), macro-f1, balanced-accuracy, f1:LABEL, "
+                             "precision:LABEL>=P, recall:LABEL>=R or cost:FILE (docs/quality.md). Any but likelihood "
+                             "fits a decision rule per field (a threshold, per-label offsets) on the gold rows by "
+                             "cross-validation; needs 10 gold rows of each label in play.")
     gold: Path = typer.Argument(..., help="Human labels: .jsonl/.csv/.parquet with the id column and one column "
                                 "per field, or a Label Studio / Argilla export (pcd review)."),
     id_field: str = GOLD_ID_OPT,
@@ -537,6 +542,7 @@ def calibrate(
     dtype: DType = DTYPE_OPT,
     backend: BackendKind = BACKEND_OPT,
     scoring: Scoring = SCORING_OPT,
+    objective: str = OBJECTIVE_OPT,
     text_field: str = TEXT_FIELD_OPT,
     template: Optional[str] = TEMPLATE_OPT,
     csv_delimiter: str = CSV_DELIMITER_OPT,
@@ -557,7 +563,8 @@ def calibrate(
             require_matplotlib()
         job = _label_job(locals(), besides=("id_field",))  # the gold file's id column: calibrate_on_gold's
         run = calibrate_on_gold(gold, schema, job, output=output, predictions=predictions, folds=folds, seed=seed,
-                                coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter)
+                                coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter,
+                                objective=objective)
         for line in run.notes:
             out.print(escape(line), highlight=False)
         for line in run.row_warnings:

@@ -283,7 +283,11 @@ def write_json(path: Path, value: dict) -> None:
 
 def render_error_budget(budget, selection) -> None:
     """``pcd review --error-budget``: each field's fitted threshold and gold coverage, then the
-    share of the output's rows decided automatically (every field at or above its threshold)."""
+    share of the output's rows decided automatically (every field at or above its threshold); a
+    field below the floor for the budget is said first (its rows all go to review)."""
+    for line in getattr(budget, "warnings", ()):
+        out.print(f"[yellow]warning:[/] {escape(line)}: no threshold is fitted, every row of this field goes to review",
+                  highlight=False)
     for name, threshold in budget.thresholds.items():
         if threshold is None:
             out.print(f"  {escape(name)}: no threshold keeps the error at or below {budget.budget:g} on its "

@@ -47,6 +47,10 @@ class FieldResult:
             orderings, in [0, 1] (``pcd_cli.decoding.permute.combine``); ``None`` otherwise.
         changed_by_rules: the schema's rules moved the label off the argmax of ``probs``
             (``pcd_cli.schema.rules``); ``probs`` are the field's own, unchanged.
+        by_rule: the label was chosen by the calibration's decision rule (``pcd calibrate
+            --objective``, ``FieldCalibration.decide``), not necessarily the argmax of ``probs``;
+            a multi-select option so decided is chosen when its label is ``true``, whatever the
+            schema's ``threshold`` (``pcd_cli.io.output.chosen_options``).
     """
 
     label: int
@@ -59,6 +63,7 @@ class FieldResult:
     abstained: bool = False
     changed_by_rules: bool = False
     order_spread: float | None = None
+    by_rule: bool = False
 
     @property
     def raw_prob(self) -> float:

@@ -714,20 +714,3 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
                     "holdout": {k: asdict(v) for k, v in e.holdout.items()}} for e in result.epochs],
     } | ({"cross_fit": result.cross_fit} if result.cross_fit else {}) | (
         {"calibration": calibration} if calibration is not None else {})
-
-
-def card_mismatches(card: dict, metadata: dict[str, str]) -> list[str]:
-    """What differs between a tuned model's card and a labelling run's metadata: schema, prompt
-    head (template, examples), scoring mode or label orderings (``--permutations``). Empty
-    when the run reads what was trained."""
-    checks = [("schema", "schema_sha256", "pcd.schema_sha256"),
-              ("prompt head (instructions, catalog, examples)", "prompt_head_sha256", "pcd.prompt_head_sha256"),
-              ("scoring mode", "scoring", "pcd.scoring"), ("dtype", "dtype", "pcd.dtype")]
-    out = [f"{what}: trained for {card.get(key)!r}, labelling with {metadata.get(meta)!r}"
-           for what, key, meta in checks if card.get(key) is not None and card.get(key) != metadata.get(meta)]
-    trained = (card.get("hyperparameters") or {}).get("permutations")
-    reading = json.loads(metadata.get("pcd.permutations") or '{"k": 1}').get("k", 1)
-    if trained is not None and trained != reading:
-        out.append(f"label orderings (--permutations): trained for {trained}, labelling with {reading}")
-    return out
-

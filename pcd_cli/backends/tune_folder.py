@@ -7,7 +7,8 @@ files; a folder that holds anything else (a team's notes, eval reports) is refus
 files, before the model loads (the Hugging Face Trainer's rule for a non-empty ``output_dir``,
 without a flag that deletes other people's files). Cards written before the list existed are
 read with ``LEGACY_WRITTEN``: the names pcd's writers (transformers, peft, the tokenizer)
-produce.
+produce. ``card_mismatches`` says what a labelling run reads differently from what the card's
+tune trained (schema, prompt head, scoring, dtype, label orderings).
 
 Framework-free (the standard library only).
 """
@@ -118,3 +119,20 @@ def model_name_key(name: str) -> str:
     key = key.removesuffix(".gguf")
     key = _CACHE_KEY.sub("", key)
     return _QUANT.sub("", key)
+
+
+def card_mismatches(card: dict, metadata: dict[str, str]) -> list[str]:
+    """What differs between a tuned model's card and a labelling run's metadata: schema, prompt
+    head (template, examples), scoring mode or label orderings (``--permutations``). Empty
+    when the run reads what was trained."""
+    checks = [("schema", "schema_sha256", "pcd.schema_sha256"),
+              ("prompt head (instructions, catalog, examples)", "prompt_head_sha256", "pcd.prompt_head_sha256"),
+              ("scoring mode", "scoring", "pcd.scoring"), ("dtype", "dtype", "pcd.dtype")]
+    out = [f"{what}: trained for {card.get(key)!r}, labelling with {metadata.get(meta)!r}"
+           for what, key, meta in checks if card.get(key) is not None and card.get(key) != metadata.get(meta)]
+    trained = (card.get("hyperparameters") or {}).get("permutations")
+    reading = json.loads(metadata.get("pcd.permutations") or '{"k": 1}').get("k", 1)
+    if trained is not None and trained != reading:
+        out.append(f"label orderings (--permutations): trained for {trained}, labelling with {reading}")
+    return out
+

@@ -44,7 +44,7 @@ def draw_examples(gold_path: str | Path, schema: Schema, spec: InputSpec, *, sho
     """
     if shots < 1:
         raise InputError(f"--shots {shots}: give at least 1")
-    from ..quality.annotations import gold_rows  # a Label Studio / Argilla export, a filled review sheet
+    from ..io.annotations import gold_rows  # a Label Studio / Argilla export, a filled review sheet
 
     candidates: list[tuple[str, tuple[int, ...], str]] = []
     skipped: dict[str, int] = {}

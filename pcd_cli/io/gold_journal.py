@@ -11,7 +11,7 @@ One line per event (``GoldJournal.append_*``)::
 Reading (``GoldJournal.tasks``) replays the lines in order: an annotation line replaces any
 earlier line with the same annotation id (``ANNOTATION_UPDATED``: the latest wins), a delete line
 removes it; a task keeps its latest ``data``. What counts as gold is then decided by the one
-reader ``pcd eval`` reads exports with (``pcd_cli.quality.annotations.label_studio_rows``):
+reader ``pcd eval`` reads exports with (``pcd_cli.io.annotations.label_studio_rows``):
 cancelled (skipped) annotations never count, ground-truth annotations alone where a task has
 any, one answer per annotator (the latest), the majority over annotators.
 
@@ -29,7 +29,7 @@ import os
 import threading
 from pathlib import Path
 
-from ..quality.annotations import ANSWERS_KEY, label_studio_rows
+from .annotations import ANSWERS_KEY, label_studio_rows
 
 log = logging.getLogger("pcd.server")
 

@@ -185,11 +185,13 @@ def expected_value(field, probs) -> float | None:
     return float(sum(probs[i] * v for i, v in values) / total)
 
 
-def chosen_options(field, p_yes: list[float]) -> list[int]:
+def chosen_options(field, p_yes: list[float], decided: list[bool | None] | None = None) -> list[int]:
     """Indices of the options a multi field writes, in option order: those with P(yes) >=
-    ``field.threshold``; the most probable others are added up to ``min_items``, and only the
-    ``max_items`` most probable are kept (ties: option order)."""
-    chosen = {i for i, p in enumerate(p_yes) if p >= field.threshold}
+    ``field.threshold`` (an option whose ``decided`` entry is not ``None``: as it says, the
+    calibration's decision rule: ``option_decisions``); the most probable others are added up
+    to ``min_items``, and only the ``max_items`` most probable are kept (ties: option order)."""
+    decided = decided or [None] * len(p_yes)
+    chosen = {i for i, p in enumerate(p_yes) if (p >= field.threshold if decided[i] is None else decided[i])}
     ranked = sorted(range(len(p_yes)), key=lambda i: (-p_yes[i], i))
     for i in ranked:
         if len(chosen) >= field.min_items:
@@ -200,13 +202,21 @@ def chosen_options(field, p_yes: list[float]) -> list[int]:
     return sorted(chosen)
 
 
+def option_decisions(options) -> list[bool | None]:
+    """Per option decision (``FieldResult``): ``True``/``False`` when a decision rule chose its
+    label (``by_rule``; label 0 is ``true``), else ``None`` (the field's threshold decides)."""
+    return [res.label == 0 if res.by_rule else None for res in options]
+
+
 def declared_values(schema: Schema, result: RecordResult) -> dict:
     """One result's written value per declared field: a multi field's chosen options (a
     list, ``chosen_options``), every other field its ``FieldResult.value``."""
     out = {}
     for f, part in schema.declared_parts():
         if f.is_multi:
-            out[f.name] = [f.labels[i] for i in chosen_options(f, [result.fields[d].probs[0] for d in part])]
+            options = [result.fields[d] for d in part]
+            out[f.name] = [f.labels[i] for i in chosen_options(f, [r.probs[0] for r in options],
+                                                                option_decisions(options))]
         else:
             out[f.name] = result.fields[part[0]].value
     return out
@@ -222,7 +232,7 @@ def multi_columns(field, rows: list[list], names: set[str]) -> dict[str, list]:
         out[f"{field.name}__raw_prob"] = []
     for options in rows:
         p_yes = [res.probs[0] for res in options]
-        chosen = set(chosen_options(field, p_yes))
+        chosen = set(chosen_options(field, p_yes, option_decisions(options)))
         out[field.name].append([field.labels[i] for i in sorted(chosen)])
         out[f"{field.name}__prob"].append(float(np.prod([p if i in chosen else 1 - p for i, p in enumerate(p_yes)])))
         out[f"{field.name}__mass"].append(min(res.mass for res in options))

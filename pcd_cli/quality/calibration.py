@@ -13,7 +13,10 @@ A probability of exactly 0 (float32 underflow) is floored at 1e-12 before the lo
 become small but non-zero after calibration; the decoder never gives a structural zero.
 
 A ``Calibration`` is tied to the model, schema, prompt head and scoring mode it was fitted
-for (``check``), and is saved as JSON (shape in docs/quality.md).
+for (``check``), and is saved as JSON (shape in docs/quality.md). It names the objective it
+was fitted for (``pcd calibrate --objective``): with any but ``likelihood`` each field also
+holds a decision rule (``pcd_cli.quality.decision``) that chooses the label written from the
+calibrated probabilities (``FieldCalibration.decide``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ..version import __version__
 from . import metrics as M
 from .conformal import CONFORMAL_SHARE, ConformalSet, conformal_split, fit_conformal, too_few_rows
 from .data import FieldData, MultiFieldData, field_specs, join
+from .decision import DecisionRule, Objective, applies_to, fit_rule, parse_objective, rule_warnings
 
 #: Default L2 penalty on the biases (added to the mean NLL).
 DEFAULT_L2 = 1e-3
@@ -70,6 +74,8 @@ class FieldCalibration:
         cv: cross-validated metrics: ``{"folds", "seed", "n", "before": {...}, "after": {...}}``
             with ``accuracy``, ``macro_f1``, ``ece``, ``nll`` each (docs/quality.md).
         conformal: the label-set threshold (``pcd calibrate --coverage``), or ``None``.
+        rule: the decision rule choosing the label from the calibrated probabilities
+            (``pcd calibrate --objective``), or ``None``: the argmax.
     """
 
     field: str
@@ -79,6 +85,15 @@ class FieldCalibration:
     n: int
     cv: dict = dc_field(default_factory=dict, compare=False, hash=False)
     conformal: ConformalSet | None = None
+    rule: DecisionRule | None = None
+
+    def decide(self, probs: np.ndarray) -> int:
+        """The label index written for (k,) calibrated probabilities (``apply``'s output): the
+        rule's choice, or the argmax without a rule. The one definition every front-end applies
+        (``pcd_cli.api.Labeler``)."""
+        if self.rule is None:
+            return int(np.argmax(probs))
+        return int(self.rule.decide(np.asarray(probs, dtype=np.float64)))
 
     def apply(self, probs: np.ndarray) -> np.ndarray:
         """Calibrated probabilities: (k,) or (n, k) in, same shape out (float64, rows sum to 1).
@@ -106,6 +121,9 @@ class Calibration:
         sha256: sha256 of the file's bytes (``''`` before saving).
         dtype: the dtype of the predictions it was fitted on (``pcd.dtype``; ``''``: not recorded,
             files before issue #38); another dtype is named, not refused (``dtype_warnings``).
+        objective: what the labels written are chosen for (``pcd calibrate --objective``):
+            ``likelihood`` (the argmax; files before issue #44) or the objective of the fields'
+            decision rules (``FieldCalibration.rule``).
     """
 
     pcd_version: str
@@ -116,6 +134,13 @@ class Calibration:
     fields: dict[str, FieldCalibration]
     sha256: str = ""
     dtype: str = ""
+    objective: str = "likelihood"
+
+    def rules(self) -> dict[str, dict]:
+        """Field -> its decision rule's ``to_dict()`` without the held-out figures (the output
+        metadata ``pcd.decision_rules``); empty without rules."""
+        return {name: {k: v for k, v in fc.rule.to_dict().items() if k != "cv"}
+                for name, fc in self.fields.items() if fc.rule is not None}
 
     def dtype_warnings(self, metadata: dict[str, str]) -> list[str]:
         """One line when this calibration was fitted on predictions of another dtype than the
@@ -133,10 +158,11 @@ class Calibration:
             "format": FILE_FORMAT, "format_version": FILE_FORMAT_VERSION, "pcd_version": self.pcd_version,
             "model": self.model, "schema_sha256": self.schema_sha256,
             "prompt_head_sha256": self.prompt_head_sha256, "scoring": self.scoring,
-            **({"dtype": self.dtype} if self.dtype else {}),
+            **({"dtype": self.dtype} if self.dtype else {}), "objective": self.objective,
             "fields": {name: {"labels": list(fc.labels), "temperature": fc.temperature,
                               "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n, "cv": fc.cv}
                        | ({"conformal": fc.conformal.to_dict()} if fc.conformal is not None else {})
+                       | ({"rule": fc.rule.to_dict()} if fc.rule is not None else {})
                        for name, fc in self.fields.items()},
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
@@ -150,8 +176,7 @@ class Calibration:
         """
         data = self.to_json()
         write_atomic(path, data)
-        return Calibration(self.pcd_version, self.model, self.schema_sha256, self.prompt_head_sha256, self.scoring,
-                           self.fields, hashlib.sha256(data).hexdigest(), self.dtype)
+        return replace(self, sha256=hashlib.sha256(data).hexdigest())
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -189,7 +214,10 @@ class Calibration:
         dtype = doc.get("dtype", "")
         if not isinstance(dtype, str):
             raise CalibrationError(f"{where}: key 'dtype' must be a string")
-        return cls(**top, fields=fields, sha256=hashlib.sha256(data).hexdigest(), dtype=dtype)
+        objective = doc.get("objective", "likelihood")
+        if not isinstance(objective, str):
+            raise CalibrationError(f"{where}: key 'objective' must be a string")
+        return cls(**top, fields=fields, sha256=hashlib.sha256(data).hexdigest(), dtype=dtype, objective=objective)
 
     def check(self, metadata: dict[str, str]) -> None:
         """Refuse to apply this calibration to outputs of another model, schema, prompt head or
@@ -237,8 +265,9 @@ def _load_field(where: str, name: str, raw) -> FieldCalibration:
         conformal = ConformalSet.from_dict(raw["conformal"], at) if "conformal" in raw else None
     except ValueError as exc:
         raise CalibrationError(str(exc)) from None
+    rule = DecisionRule.from_dict(raw["rule"], tuple(labels), at) if "rule" in raw else None
     return FieldCalibration(name, tuple(labels), float(temperature), tuple(float(v) for v in values), n, cv,
-                            conformal)
+                            conformal, rule)
 
 
 def check_output_path(path: str | Path) -> None:
@@ -447,6 +476,7 @@ class FieldCalibrationReport:
         temperature, biases: the final fit on all rows (with ``--coverage``: on the rows not
             held for the conformal threshold).
         conformal: the label-set threshold, or ``None`` without ``--coverage``.
+        rule: the decision rule (``--objective``), its held-out figures in ``rule.cv``; ``None``: argmax.
     """
 
     field: str
@@ -460,6 +490,7 @@ class FieldCalibrationReport:
     temperature: float
     biases: tuple[float, ...]
     conformal: ConformalSet | None = None
+    rule: DecisionRule | None = None
 
 
 @dataclass(frozen=True)
@@ -471,7 +502,9 @@ class CalibrationReport:
         fields_without_gold: fields left uncalibrated (no gold column).
         gold_rows, matched, gold_without_prediction: row counts of the join.
         skipped: per field, rows not used (null gold, gold not a label).
-        notes: what was not done and why (e.g. no label sets for a multi-select field).
+        notes: what was not done and why (e.g. no label sets for a multi-select field, a field
+            an objective naming a label does not apply to).
+        objective: the objective the rules were fitted for (``likelihood``: none).
     """
 
     fields: tuple[FieldCalibrationReport, ...]
@@ -481,6 +514,7 @@ class CalibrationReport:
     gold_without_prediction: int
     skipped: dict[str, dict[str, int]]
     notes: tuple[str, ...] = ()
+    objective: str = "likelihood"
 
     def to_dict(self) -> dict:
         """Plain-JSON form: per field ``{n, folds, before, after, temperature, biases: {label: b}}``
@@ -488,8 +522,9 @@ class CalibrationReport:
         return {
             "fields": {f.field: {"n": f.n, "folds": f.folds, "before": asdict(f.before), "after": asdict(f.after),
                                  "temperature": f.temperature, "biases": dict(zip(f.labels, f.biases)),
-                                 "conformal": f.conformal.to_dict() if f.conformal is not None else None}
-                       for f in self.fields},
+                                 "conformal": f.conformal.to_dict() if f.conformal is not None else None,
+                                 "rule": f.rule.to_dict() if f.rule is not None else None}
+                       for f in self.fields}, "objective": self.objective,
             "fields_without_gold": list(self.fields_without_gold), "gold_rows": self.gold_rows,
             "matched": self.matched, "gold_without_prediction": self.gold_without_prediction,
             "skipped": self.skipped, "notes": list(self.notes),
@@ -508,7 +543,8 @@ def scores(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> tupl
 
 def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None,
                     metadata: dict[str, str], *, id_field: str = "id", folds: int = 5, seed: int = 0,
-                    l2: float = DEFAULT_L2, coverage: float | None = None) -> tuple[Calibration, CalibrationReport]:
+                    l2: float = DEFAULT_L2, coverage: float | None = None,
+                    objective: Objective | str | None = None) -> tuple[Calibration, CalibrationReport]:
     """Fit a ``Calibration`` on labelled rows, measuring its effect by k-fold cross-validation.
 
     For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds; each
@@ -533,15 +569,26 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
             (``pcd_cli.quality.conformal``): a seeded ``CONFORMAL_SHARE`` of each field's rows
             is held out of the calibration fit (and its cross-validation) and scores the
             threshold, so the coverage guarantee holds for the calibration that is saved.
+        objective: ``pcd calibrate --objective`` (an ``Objective`` or its text; ``None``:
+            ``likelihood``): fit each field's decision rule on its cross-validated calibrated
+            probabilities (``decision.fit_rule``, the same folds), its held-out figures beside
+            argmax in the rule's ``cv``. A field the objective does not name (a label it lacks,
+            absent from the cost file) keeps the argmax, with a note.
 
     Raises:
         CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
             or ``<f>__raw_prob`` columns), no ``<f>__probs``, metadata lacking a key or made
             with another schema than ``schema``, fewer rows than folds for a field; with
             ``coverage``, a field whose held rows are too few for it (``conformal.too_few_rows``:
-            no finite threshold, every set would hold every label).
-        InputError: see ``evaluate``.
+            no finite threshold, every set would hold every label); with ``objective``, a field
+            below the floor (``decision.floor_problem``), a precision/recall floor no rule meets,
+            an objective that applies to no field.
+        InputError: see ``evaluate``; an unknown objective.
     """
+    if isinstance(objective, str):
+        objective = parse_objective(objective)
+    if objective is None:
+        objective = parse_objective("likelihood")
     if folds < 2:
         raise CalibrationError(f"--folds must be at least 2, got {folds}")
     if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):
@@ -565,22 +612,26 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                 notes.append(f"field {data.spec.name!r} is multi-select: calibrated per option, without label sets "
                              "(--coverage applies to single-label fields only)")
             for option in data.option_data():
-                fc, report = _fit_field(option, folds=folds, seed=seed, l2=l2)
+                fc, report = _fit_field(option, folds=folds, seed=seed, l2=l2, objective=objective, notes=notes)
                 fitted[option.spec.name] = fc
                 reports.append(report)
             continue
-        fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2, coverage=coverage)
+        fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2, coverage=coverage, objective=objective,
+                                notes=notes)
         fitted[data.spec.name] = fc
         reports.append(report)
+    if objective.fits_rule and fitted and not any(fc.rule is not None for fc in fitted.values()):
+        raise CalibrationError(f"--objective {objective.name}: it applies to no field with gold labels (" +
+                               "; ".join(notes) + ")")
     calibration = Calibration(pcd_version=__version__, model=metadata["pcd.model"],
                               schema_sha256=metadata["pcd.schema_sha256"],
                               prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
-                              fields=fitted, dtype=metadata.get("pcd.dtype", ""))
+                              fields=fitted, dtype=metadata.get("pcd.dtype", ""), objective=objective.name)
     report = CalibrationReport(fields=tuple(reports), fields_without_gold=joined.fields_without_gold,
                                gold_rows=joined.gold_rows, matched=joined.matched,
                                gold_without_prediction=joined.gold_without_prediction,
                                skipped={d.spec.name: {"gold_null": d.gold_null, "gold_invalid": d.gold_invalid}
-                                        for d in joined.fields}, notes=tuple(notes))
+                                        for d in joined.fields}, notes=tuple(notes), objective=objective.name)
     return calibration, report
 
 
@@ -607,19 +658,25 @@ def check_coverage_rows(gold: pd.DataFrame, schema: Schema, coverage: float | No
                                "--coverage: " + " | ".join(problems))
 
 
-def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float,
-               coverage: float | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
+def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float, coverage: float | None = None,
+               objective: Objective | None = None,
+               notes: list[str] | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
     name = data.spec.name
     if data.probs is None:
         raise CalibrationError(f"field {name!r}: the predictions have no {name}__probs column; label with "
                                "--all-probs (pcd calibrate without --predictions does)")
+    if objective is not None and objective.fits_rule:
+        why = applies_to(objective, name, data.spec.labels)
+        if why is not None:
+            (notes if notes is not None else []).append(why)
+            objective = None
     if coverage is None:
-        return _fit_temperature_field(data, folds=folds, seed=seed, l2=l2)
+        return _fit_temperature_field(data, folds=folds, seed=seed, l2=l2, objective=objective)
     fit_rows, held_rows = conformal_split(len(data.gold), seed)
     problem = too_few_rows(name, len(held_rows), coverage)
     if problem:  # no finite threshold: every set would hold every label (--abstain-unless-single: every row)
         raise CalibrationError(problem)
-    fc, report = _fit_temperature_field(_rows(data, fit_rows), folds=folds, seed=seed, l2=l2)
+    fc, report = _fit_temperature_field(_rows(data, fit_rows), folds=folds, seed=seed, l2=l2, objective=objective)
     conformal = fit_conformal(fc.apply(data.probs[held_rows]), data.gold[held_rows], coverage)
     return replace(fc, conformal=conformal), replace(report, conformal=conformal)
 
@@ -629,15 +686,23 @@ def _rows(data: FieldData, rows: np.ndarray) -> FieldData:
                    mass=data.mass[rows], probs=None if data.probs is None else data.probs[rows])
 
 
-def _fit_temperature_field(data: FieldData, *, folds: int, seed: int,
-                           l2: float) -> tuple[FieldCalibration, FieldCalibrationReport]:
+def _fit_temperature_field(data: FieldData, *, folds: int, seed: int, l2: float,
+                           objective: Objective | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
     name, labels, n = data.spec.name, data.spec.labels, len(data.gold)
+    if objective is not None and objective.fits_rule:  # before the fit: the refusal names the counts
+        from .decision import floor_problem
+
+        problem = floor_problem(name, data.gold, labels)
+        if problem is not None:
+            raise CalibrationError(f"--objective {objective.name}: {problem}; add gold rows or use --objective "
+                                   "likelihood")
     if n < folds:
         raise CalibrationError(f"field {name!r}: {n} rows with gold labels, fewer than --folds {folds}; add gold "
                                "rows or lower --folds")
     order = np.random.default_rng(seed).permutation(n)
     held_out = np.zeros_like(data.probs)
-    for part in np.array_split(order, folds):
+    parts = np.array_split(order, folds)
+    for part in parts:
         train = np.setdiff1d(order, part, assume_unique=True)
         t, b = fit_temperature_biases(data.probs[train], data.gold[train], l2=l2)
         held_out[part] = softmax(calibrate_logits(data.probs[part], t, b))
@@ -646,6 +711,16 @@ def _fit_temperature_field(data: FieldData, *, folds: int, seed: int,
     after, after_bins = scores(held_out, data.gold, labels)
     t, b = fit_temperature_biases(data.probs, data.gold, l2=l2)
     cv = {"folds": folds, "seed": seed, "n": n, "before": asdict(before), "after": asdict(after)}
-    fc = FieldCalibration(name, labels, t, tuple(float(x) for x in b), n, cv)
+    rule = None
+    if objective is not None and objective.fits_rule:  # on the held-out calibrated probabilities, the same folds
+        rule = fit_rule(objective, name, held_out, data.gold, labels, parts, seed=seed)
+    fc = FieldCalibration(name, labels, t, tuple(float(x) for x in b), n, cv, rule=rule)
     return fc, FieldCalibrationReport(name, labels, n, folds, before, after, tuple(before_bins), tuple(after_bins), t,
-                                      tuple(float(x) for x in b))
+                                      tuple(float(x) for x in b), rule=rule)
+
+
+def rule_fit_warnings(calibration: Calibration) -> list[str]:
+    """Lines about the fitted decision rules: a field whose rule misses its floor or does worse
+    than argmax on held-out folds (``decision.rule_warnings``)."""
+    return [line for name, fc in calibration.fields.items() if fc.rule is not None
+            for line in rule_warnings(name, fc.rule)]

@@ -223,7 +223,7 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
 
     JSONL values keep their JSON types; CSV cells are strings (an empty cell is null). A Label
     Studio JSON export, an Argilla export (a records JSON file or a ``to_disk`` folder) and a
-    filled ``pcd review --to csv`` spreadsheet are read as gold too (``quality.annotations``);
+    filled ``pcd review --to csv`` spreadsheet are read as gold too (``pcd_cli.io.annotations``);
     their notes (each row's counted answers, whether a response status was read, warnings) are
     in ``frame.attrs[annotations.GOLD_ATTR]``. Without an ``id_field`` column, a ``row`` column
     (what ``pcd review`` writes for an output whose ids are row numbers) is the id, renamed
@@ -234,7 +234,7 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
             ``id_field`` (nor ``row``) column, an unusable annotation-tool export (names the task
             or record), Label Studio's CSV export.
     """
-    from .annotations import GOLD_ATTR, is_export, is_label_studio_csv, normalize_row, read_export, take_notes
+    from ..io.annotations import GOLD_ATTR, is_export, is_label_studio_csv, normalize_row, read_export, take_notes
 
     path = Path(path)
     shown = repr(str(path))
@@ -420,7 +420,7 @@ def resolve_gold_columns(gold: pd.DataFrame, specs: list[FieldSpec], id_field: s
 
 
 def _gold_attr() -> str:
-    from .annotations import GOLD_ATTR
+    from ..io.annotations import GOLD_ATTR
 
     return GOLD_ATTR
 
@@ -430,7 +430,7 @@ def _gold_columns(gold: pd.DataFrame, specs: list[FieldSpec], gold_ids: list[str
     one ``server_name`` names (Argilla's rule); a multi-select field of an annotation tool's
     export answered anew from the counted answers, an annotator's answer without it being
     "none of these" (``[]``). Returns the frame (a copy when changed) and ``{field: column read}``."""
-    from .annotations import GOLD_ATTR, resolve, server_name
+    from ..io.annotations import GOLD_ATTR, resolve, server_name
 
     answers = (gold.attrs.get(GOLD_ATTR) or {}).get("answers") or {}
     out, columns = gold, {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from dataclasses import field as dc_field
 
 import numpy as np
@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..schema.model import Schema
 from . import metrics as M
-from .annotations import GOLD_ATTR, agreement
+from ..io.annotations import GOLD_ATTR, agreement
 from .data import METADATA_ATTR, FieldData, MultiFieldData, field_specs, join
 
 #: Coverages of the selective-prediction figures.
@@ -296,6 +296,10 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
     asked = json.loads(metadata.get("pcd.label_sets", "{}") or "{}")
     fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name), min_mass=min_mass)
                    for d in joined.fields if isinstance(d, FieldData))
+    if target_accuracy is not None and target_accuracy < 1:  # an error budget needs the floor's gold rows
+        fields, floor_warnings = _budget_floor(fields, [d for d in joined.fields if isinstance(d, FieldData)],
+                                               1.0 - target_accuracy)
+        warnings.extend(floor_warnings)
     multi = tuple(multi_field_report(d) for d in joined.fields if isinstance(d, MultiFieldData))
     for f in fields:
         if f.n and f.accuracy < f.majority_accuracy:
@@ -474,6 +478,31 @@ def intervals(data: FieldData, correct: np.ndarray) -> dict:
         "ece": M.bootstrap_interval(M.ece, (data.prob, correct)),
         "auroc": M.bootstrap_interval(lambda s, c: M.auroc(s, c), (data.prob, hit)),
     }
+
+
+def _budget_floor(fields: tuple, data: list, budget: float) -> tuple[tuple, list[str]]:
+    """The fields' reports with no threshold (``TargetPoint.threshold`` ``None``: every row goes
+    to review) where the gold rows are below the floor for an error ``budget``
+    (``decision.budget_floor_problem``: at least 10 gold rows of each label in play, two labels
+    or more, ``1/budget`` rows), and one warning per such field."""
+    from .decision import budget_floor_problem
+
+    out, lines = [], []
+    for f, d in zip(fields, data):
+        problem = budget_floor_problem(d.spec.name, d.gold, d.spec.labels, budget)
+        if problem is None or f.by_prob.target is None:
+            out.append(f)
+            continue
+        lines.append(f"{problem}: no threshold is fitted for a {budget:.1%} error budget, every row of this field "
+                     "goes to review")
+
+        def refused(sel):
+            if sel is None or sel.target is None:
+                return sel
+            return replace(sel, target=M.TargetPoint(sel.target.target, None, 0.0, 0, None, reason=problem))
+
+        out.append(replace(f, by_prob=refused(f.by_prob), by_mass=refused(f.by_mass)))
+    return tuple(out), lines
 
 
 def selective(name: str, score: np.ndarray, correct: np.ndarray, target_accuracy: float | None) -> Selective:

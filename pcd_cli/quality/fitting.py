@@ -37,7 +37,8 @@ class CalibrateRun:
 
 def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | Path,
                       predictions: str | Path | None = None, folds: int = 5, seed: int = 0,
-                      coverage: float | None = None, id_field: str = "id", csv_delimiter: str = ",") -> CalibrateRun:
+                      coverage: float | None = None, id_field: str = "id", csv_delimiter: str = ",",
+                      objective=None) -> CalibrateRun:
     """Fit a per-field calibration (temperature and label biases; conformal label sets with
     ``coverage``) on ``gold`` rows, from ``predictions`` (a ``pcd label --all-probs`` output of
     them) or by labelling them with ``job``'s model first (its tuned folder's own calibration left
@@ -52,6 +53,8 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
             examples, permutations, budget); its ``id_field`` is ``id_field``.
         folds, seed: the cross-validation of the before/after figures
             (``pcd_cli.quality.calibration.fit_calibration``).
+        objective: ``--objective`` (text or ``pcd_cli.quality.decision.Objective``; ``None``:
+            likelihood): the decision rule fitted per field (``fit_calibration``).
 
     Returns:
         ``CalibrateRun``.
@@ -64,13 +67,16 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     from ..schema.load import load_schema
     from ..schema.model import Schema
     from . import fit_calibration, read_gold, read_predictions
-    from .calibration import check_coverage_rows, check_output_path, worse_calibration_warnings
+    from .calibration import check_coverage_rows, check_output_path, rule_fit_warnings, worse_calibration_warnings
+    from .decision import parse_objective
     from .data import drop_example_rows
 
     if predictions is not None and job.examples is not None:
         raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
                          "label them with --examples first (pcd label --all-probs) and pass that output")
     check_output_path(output)
+    if isinstance(objective, str):  # a bad objective or cost file: refused before the model loads
+        objective = parse_objective(objective)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
     check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
@@ -95,9 +101,10 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
             row_warnings.append(f"{len(failed)} gold rows could not be labelled (e.g. {failed[0]['error']}); "
                                 "they are not used")
     calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
-                                          seed=seed, coverage=coverage)
+                                          seed=seed, coverage=coverage, objective=objective)
     return CalibrateRun(calibration, report, notes, row_warnings,
-                        worse_calibration_warnings(calibration, "this calibration", bound=False))
+                        worse_calibration_warnings(calibration, "this calibration", bound=False) +
+                        rule_fit_warnings(calibration))
 
 
 @dataclass

@@ -59,7 +59,8 @@ class SelectivePoint:
 class TargetPoint:
     """The lowest score threshold whose kept rows (score >= threshold) reach ``target`` accuracy.
 
-    ``threshold`` is ``None`` (and coverage 0) when no threshold reaches it.
+    ``threshold`` is ``None`` (and coverage 0) when no threshold reaches it, or when the gold
+    rows are too few to fit one (``reason`` says why: ``decision.budget_floor_problem``).
     """
 
     target: float
@@ -67,6 +68,7 @@ class TargetPoint:
     coverage: float
     n: int
     accuracy: float | None
+    reason: str | None = None
 
 
 def accuracy(gold: np.ndarray, pred: np.ndarray) -> float | None:

@@ -196,7 +196,8 @@ def _field_tables(f, console: Console) -> None:
     console.print(selective)
     if target is not None:
         console.print(f"{escape(f.field)}: " + (
-            f"no probability threshold keeps the error at or below {1 - target.target:.1%} on these rows"
+            (f"no threshold is fitted ({target.reason}); every row goes to review" if target.reason else
+             f"no probability threshold keeps the error at or below {1 - target.target:.1%} on these rows")
             if target.threshold is None else
             f"{target.coverage:.1%} of rows ({target.n}) can be decided automatically with an error of at most "
             f"{1 - target.target:.1%} on these gold rows ({1 - target.accuracy:.1%} measured): those whose "
@@ -222,6 +223,8 @@ def render_calibration(report, console: Console) -> None:
             console.print(f"{escape(f.field)}: label sets for coverage {c.coverage:.2f}: a label is in the set when "
                           f"its calibrated probability is at least {1 - c.score_threshold:.3f} (split conformal on "
                           f"{c.n} held gold rows; the calibration was fitted on the other {f.n})", highlight=False)
+        if f.rule is not None:
+            render_rule(f.field, f.rule, console)
         if f.temperature >= MAX_TEMPERATURE * 0.999:
             console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its bound: the "
                           "model's probabilities carry no usable signal on these rows (higher probability is not "
@@ -243,6 +246,28 @@ def render_calibration(report, console: Console) -> None:
     if report.fields_without_gold:
         console.print("not calibrated (no gold column): " + escape(", ".join(report.fields_without_gold)),
                       highlight=False)
+
+
+def render_rule(name: str, rule, console: Console) -> None:
+    """A decision rule's held-out figures beside argmax (``DecisionRule.cv``: each fold's rule
+    fitted on the other folds' cross-validated calibrated probabilities), then the rule itself."""
+    cv = rule.cv
+    if cv:
+        table = _table(f"{escape(name)}: decision rule for {escape(rule.objective)} (held-out folds, "
+                       f"{cv['n']} rows, 95% bootstrap intervals)")
+        for col in ("metric", "argmax", "rule"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        a, r = cv["argmax"], cv["rule"]
+        table.add_row(escape(cv["metric"]), f"{a['value']:.3f} [{a['low']:.3f}, {a['high']:.3f}]",
+                      f"{r['value']:.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+        rows = [("accuracy", "accuracy"), ("macro-F1", "macro_f1")] + \
+            [(k, k) for k in ("precision", "recall") if k in a and not cv["metric"].startswith(k)]
+        for label, key in rows:
+            if cv["metric"] != label:
+                table.add_row(label, _f(a.get(key)), _f(r.get(key)))
+        console.print(table)
+    console.print(f"{escape(name)}: rule for {escape(rule.objective)}: {escape(rule.describe())} (fitted on all "
+                  "rows' cross-validated calibrated probabilities)", highlight=False)
 
 
 #: Above this many labels (an integer field's values) only the biases that are not 0.000 are listed.

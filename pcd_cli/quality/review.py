@@ -59,7 +59,7 @@ from ..errors import InputError, MissingExtra
 from ..io.readers import InputSpec, read_table_rows, row_to_record
 from ..io.values import repeat_key
 from ..schema.model import Schema
-from .annotations import ARGILLA_MAX_OPTIONS, ARGILLA_NAME, GOLD_SUFFIX, server_name
+from ..io.annotations import ARGILLA_MAX_OPTIONS, ARGILLA_NAME, GOLD_SUFFIX, server_name
 from .data import FieldSpec, _is_present, field_specs, id_keys, id_values, read_predictions
 
 #: What ``pcd review --to`` writes.
@@ -220,12 +220,15 @@ class ErrorBudget:
             at most E (``metrics.threshold_for_accuracy`` at accuracy 1 - E), ``None`` when none does.
         coverage: field -> the share of its gold rows at or above the threshold.
         gold_rows: gold rows matched to the output and evaluated, per field.
+        warnings: fields whose gold rows are below the floor for this budget
+            (``decision.budget_floor_problem``): no threshold, every row goes to review.
     """
 
     budget: float
     thresholds: dict[str, float | None]
     coverage: dict[str, float]
     gold_rows: dict[str, int]
+    warnings: tuple[str, ...] = ()
 
 
 def error_budget_thresholds(predictions: str | Path, gold: str | Path, *, budget: float,
@@ -247,7 +250,8 @@ def error_budget_thresholds(predictions: str | Path, gold: str | Path, *, budget
                       id_field=id_field, target_accuracy=1.0 - budget)
     return ErrorBudget(budget, {f.field: f.by_prob.target.threshold for f in report.fields},
                        {f.field: f.by_prob.target.coverage for f in report.fields},
-                       {f.field: f.n for f in report.fields})
+                       {f.field: f.n for f in report.fields},
+                       tuple(f.by_prob.target.reason for f in report.fields if f.by_prob.target.reason))
 
 
 def _is_list(cell) -> bool:

@@ -109,7 +109,7 @@ def test_bfloat16_comparison_applies_to_a_float32_torch_backend_on_cpu_only(embe
 
 def test_a_calibration_or_tune_fitted_in_another_dtype_is_named(tmp_path):
     from pcd_cli.quality.calibration import Calibration
-    from pcd_cli.tune import card_mismatches
+    from pcd_cli.backends.tune_folder import card_mismatches
 
     cal = Calibration("0", "m", "s", "h", "marginal", {}, dtype="float32")
     assert cal.dtype_warnings({"pcd.dtype": "bfloat16"}) == [

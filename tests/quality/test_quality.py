@@ -332,7 +332,7 @@ def test_fit_calibration_cross_validated_and_saved(tmp_path):
     assert loaded.fields["f"].biases == fc.biases and loaded.fields["f"].cv == fc.cv
     doc = json.loads((tmp_path / "cal.json").read_text())
     assert set(doc) == {"format", "format_version", "pcd_version", "model", "schema_sha256", "prompt_head_sha256",
-                        "scoring", "fields"}
+                        "scoring", "objective", "fields"} and doc["objective"] == "likelihood"
     assert list(doc["fields"]["f"]["biases"]) == list(LABELS)
     # same folds and seed: the same numbers
     again, _ = fit_calibration(preds, gold, SCHEMA, metadata(), folds=5)

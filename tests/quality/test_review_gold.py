@@ -23,7 +23,7 @@ import pytest
 from pcd_cli.errors import InputError
 from pcd_cli.io.output import output_schema
 from pcd_cli.quality import read_gold
-from pcd_cli.quality.annotations import ARGILLA_NAME, GOLD_ATTR, task_answers
+from pcd_cli.io.annotations import ARGILLA_NAME, GOLD_ATTR, task_answers
 from pcd_cli.quality.data import FieldSpec
 from pcd_cli.quality.review import argilla_names, label_studio_config, offline_argilla
 from pcd_cli.schema.load import load_schema

@@ -18,7 +18,8 @@ from pcd_cli.results import Record
 from pcd_cli.decoding.examples import resolve_examples
 from pcd_cli.decoding.oracle import oracle_label_logprobs
 from pcd_cli.schema.load import parse_schema
-from pcd_cli.tune import TuneConfig, card_mismatches, file_sha256, stratified_holdout, tune
+from pcd_cli.backends.tune_folder import card_mismatches
+from pcd_cli.tune import TuneConfig, file_sha256, stratified_holdout, tune
 
 from ..helpers import (KEYWORD_SCHEMA, ORACLE_SCHEMA, TEXTS, keyword_rows, pcd, save_tiny_model,
                       tiny_backend)

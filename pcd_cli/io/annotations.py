@@ -418,7 +418,7 @@ def gold_rows(path: str | Path, spec, *, fmt: str | None = None,
     Raises:
         InputError: as ``read_table_rows`` and ``read_export``.
     """
-    from ..io.readers import read_table_rows
+    from .readers import read_table_rows
 
     if fmt is None and is_export(path):
         _, rows = read_export(path, id_field=None)

@@ -1,0 +1,543 @@
+"""Decision rules: which label to write from calibrated probabilities, fitted for the user's
+objective (``pcd calibrate --objective``; docs/quality.md, "Decision rules").
+
+Probabilities answer "how sure"; a label answers "what do I do". The default (``likelihood``)
+writes the most probable label (argmax). Any other objective fits, per field, a rule on the
+gold rows' cross-validated calibrated probabilities:
+
+* a boolean field (labels ``true``/``false``) and each option of a multi-select field: a
+  threshold ``t`` on P(true): ``true`` is written when P(true) >= t (the cut-off tuned for a
+  scorer, as scikit-learn's ``TunedThresholdClassifierCV``); every cut point between two
+  distinct probabilities is tried (exhaustive);
+* an enum, ordinal, integer or nullable field: one additive offset per label on the
+  log-probabilities, the label written is ``argmax_j(log p_j + o_j)``, fitted by coordinate
+  ascent (each offset in turn, over every value where a row's decision changes, until no
+  offset improves the objective).
+
+Objectives (``parse_objective``): ``likelihood``, ``macro-f1``, ``balanced-accuracy``,
+``f1:LABEL``, ``precision:LABEL>=P`` (the rule with the highest recall of LABEL among those
+whose precision is at least P; refused, naming the best precision reached, when none is),
+``recall:LABEL>=R`` (the highest precision among rules with recall at least R), and
+``cost:FILE`` (the lowest mean cost under a cost matrix: ``read_costs``).
+
+A rule is fitted only on enough gold rows: ``floor_problem`` (at least ``MIN_GOLD_PER_LABEL``
+gold rows of each label in play, two labels or more); the same floor decides whether an
+error budget (``pcd eval/review --error-budget``) can be fitted (``budget_floor_problem``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CalibrationError, InputError
+from . import metrics as M
+
+#: The floor: a rule (or an error budget) is fitted only on at least this many gold rows of
+#: each label in play (a label with at least one gold row), and on two labels or more.
+MIN_GOLD_PER_LABEL = 10
+#: Objectives without a label or a file.
+PLAIN_OBJECTIVES = ("likelihood", "macro-f1", "balanced-accuracy")
+#: Objectives naming a label: ``f1:LABEL``, ``precision:LABEL>=P``, ``recall:LABEL>=R``.
+LABEL_OBJECTIVES = ("f1", "precision", "recall")
+#: At most this many candidate values per coordinate (quantiles of the breakpoints beyond it).
+MAX_CANDIDATES = 512
+#: Bootstrap resamples for the intervals of the held-out figures (95 %, percentile).
+BOOTSTRAP = 1000
+OBJECTIVE_HELP = ("likelihood (argmax of the calibrated probabilities), macro-f1, balanced-accuracy, f1:LABEL, "
+                  "precision:LABEL>=P, recall:LABEL>=R or cost:FILE")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a decision rule is fitted for.
+
+    Attributes:
+        kind: ``likelihood``, ``macro-f1``, ``balanced-accuracy``, ``f1``, ``precision``, ``recall`` or ``cost``.
+        label: the label of ``f1``/``precision``/``recall`` (as the schema spells it; booleans ``true``/``false``).
+        floor: P or R of ``precision``/``recall``.
+        costs: ``cost``: field -> gold label -> written label -> cost (``read_costs``).
+        name: the objective as written (``cost:`` with the file's name), recorded in the calibration.
+    """
+
+    kind: str
+    name: str
+    label: str | None = None
+    floor: float | None = None
+    costs: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def fits_rule(self) -> bool:
+        """Whether a rule is fitted (every objective but ``likelihood``)."""
+        return self.kind != "likelihood"
+
+
+def parse_objective(text: str) -> Objective:
+    """Parse ``--objective`` (module doc); a ``cost:FILE`` is read here (``read_costs``).
+
+    Raises:
+        InputError: an unknown objective, a missing label, a floor outside (0, 1], an unreadable
+            or malformed cost file; the message lists the forms.
+    """
+    text = (text or "").strip()
+    bad = f"--objective {text!r}: expected {OBJECTIVE_HELP}"
+    if text in PLAIN_OBJECTIVES:
+        return Objective(text, text)
+    kind, sep, rest = text.partition(":")
+    if not sep or not rest:
+        raise InputError(bad)
+    if kind == "cost":
+        return Objective("cost", f"cost:{Path(rest).name}", costs=read_costs(rest))
+    if kind == "f1":
+        return Objective("f1", text, label=rest)
+    if kind in ("precision", "recall"):
+        label, ge, floor = rest.rpartition(">=")
+        if not ge or not label:
+            raise InputError(f"--objective {text!r}: expected {kind}:LABEL>=P, e.g. {kind}:spam>=0.9")
+        try:
+            value = float(floor)
+        except ValueError:
+            raise InputError(f"--objective {text!r}: {floor!r} is not a number") from None
+        if not 0 < value <= 1:
+            raise InputError(f"--objective {text!r}: the floor must be in (0, 1], got {value:g}")
+        return Objective(kind, text, label=label, floor=value)
+    raise InputError(bad)
+
+
+def read_costs(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Read a cost matrix file (YAML or JSON; docs/quality.md)::
+
+        is_spam:          # a field (a multi-select option: "topics.billing")
+          "true":         # the gold label
+            "false": 5    # the cost of writing "false" when the gold label is "true"
+          "false":
+            "true": 1
+
+    A pair not listed costs 0 when the written label is the gold one, else 1. Labels are
+    checked against each field when the rule is fitted (``fit_rule``).
+
+    Raises:
+        InputError: unreadable file, not a mapping of mappings of mappings, a cost that is not a
+            finite number >= 0 (each names the path and the place).
+    """
+    import yaml
+
+    where = repr(str(path))
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"--objective cost:{path}: cannot read {where} ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"--objective cost:{path}: {where} is not YAML or JSON ({exc})") from None
+    if not isinstance(doc, dict) or not doc:
+        raise InputError(f"--objective cost:{path}: {where} must map field names to {{gold label: {{written label: "
+                         "cost}}}}")
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for fname, rows in doc.items():
+        if not isinstance(rows, dict):
+            raise InputError(f"{where}: field {fname!r}: expected a mapping gold label -> {{written label: cost}}")
+        out[str(fname)] = {}
+        for gold, cells in rows.items():
+            if not isinstance(cells, dict):
+                raise InputError(f"{where}: field {fname!r}, gold {_spell(gold)!r}: expected a mapping written "
+                                 "label -> cost")
+            out[str(fname)][_spell(gold)] = {}
+            for written, cost in cells.items():
+                if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+                    raise InputError(f"{where}: field {fname!r}, gold {_spell(gold)!r}, written {_spell(written)!r}: "
+                                     f"the cost must be a number >= 0, got {cost!r}")
+                out[str(fname)][_spell(gold)][_spell(written)] = float(cost)
+    return out
+
+
+def _spell(key) -> str:
+    """A YAML key as the schema spells labels (YAML reads ``true`` as a boolean)."""
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return "null" if key is None else str(key)
+
+
+def cost_matrix(objective: Objective, name: str, labels: tuple[str, ...]) -> np.ndarray | None:
+    """(k, k) costs of field ``name`` (row: gold, column: written), ``None`` when the file has no
+    entry for it.
+
+    Raises:
+        CalibrationError: a label in its entry that the field does not have (names both)."""
+    entry = objective.costs.get(name)
+    if entry is None:
+        return None
+    k = len(labels)
+    matrix = 1.0 - np.eye(k)
+    for gold, cells in entry.items():
+        for written, cost in cells.items():
+            for label in (gold, written):
+                if label not in labels:
+                    raise CalibrationError(f"{objective.name}: field {name!r} has no label {label!r} (its labels: "
+                                           f"{', '.join(labels)})")
+            matrix[labels.index(gold), labels.index(written)] = cost
+    return matrix
+
+
+# --- the floor ---------------------------------------------------------------------------------
+
+
+def label_counts(gold: np.ndarray, labels: tuple[str, ...]) -> dict[str, int]:
+    """Gold rows per label in play (labels with at least one gold row), in label order."""
+    counts = np.bincount(np.asarray(gold, dtype=np.int64), minlength=len(labels))
+    return {label: int(c) for label, c in zip(labels, counts) if c}
+
+
+def floor_problem(name: str, gold: np.ndarray, labels: tuple[str, ...], *,
+                  minimum: int = MIN_GOLD_PER_LABEL) -> str | None:
+    """Why field ``name``'s gold rows are too few to fit a rule or an error budget on, or ``None``.
+
+    The floor (one definition for ``pcd calibrate --objective`` and ``--error-budget``): at
+    least ``minimum`` gold rows of each label in play, and two labels or more in play.
+    """
+    counts = label_counts(gold, labels)
+    n = int(sum(counts.values()))
+    if len(counts) < 2:
+        only = f"all of one class ({next(iter(counts))!r})" if counts else "none"
+        return f"field {name!r}: only {n} gold row{'s' if n != 1 else ''}, {only}; too few to fit on (at least " \
+               f"{minimum} gold rows of each label in play, two labels or more)"
+    low = {label: c for label, c in counts.items() if c < minimum}
+    if low:
+        return (f"field {name!r}: too few gold rows of " + ", ".join(f"{label!r} ({c})" for label, c in low.items()) +
+                f" to fit on: at least {minimum} gold rows of each label in play (counts: " +
+                ", ".join(f"{label!r} {c}" for label, c in counts.items()) + ")")
+    return None
+
+
+def budget_floor_problem(name: str, gold: np.ndarray, labels: tuple[str, ...], budget: float) -> str | None:
+    """Why an error budget ``budget`` cannot be fitted on field ``name``'s gold rows: the
+    floor (``floor_problem``), and at least ``ceil(1 / budget)`` rows (fewer cannot show an
+    error rate of ``budget``); ``None`` when it can."""
+    problem = floor_problem(name, gold, labels)
+    n = len(gold)
+    need = math.ceil(1 / budget) if budget > 0 else None
+    if problem is None and need is not None and n < need:
+        problem = f"field {name!r}: only {n} gold rows, too few to show a {budget:.1%} error rate (at least " \
+                  f"1/E = {need} rows)"
+    elif problem is not None and need is not None and n < need:
+        problem += f"; a {budget:.1%} error budget also needs at least 1/E = {need} rows"
+    return problem
+
+
+# --- scoring -----------------------------------------------------------------------------------
+
+
+def _confusions(gold: np.ndarray, preds: np.ndarray, k: int) -> np.ndarray:
+    """(C, k, k) confusion matrices of (C, n) predictions against (n,) gold indices."""
+    c = preds.shape[0]
+    flat = (np.arange(c)[:, None] * k * k + gold[None, :] * k + preds).ravel()
+    return np.bincount(flat, minlength=c * k * k).reshape(c, k, k)
+
+
+def _per_label(cms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """precision, recall, F1, support, predicted: (C, k) each (0 where undefined, as
+    ``metrics.label_scores``)."""
+    tp = np.diagonal(cms, axis1=1, axis2=2).astype(np.float64)
+    support = cms.sum(axis=2).astype(np.float64)
+    predicted = cms.sum(axis=1).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(predicted > 0, tp / np.maximum(predicted, 1), 0.0)
+        r = np.where(support > 0, tp / np.maximum(support, 1), 0.0)
+        f1 = np.where(p + r > 0, 2 * p * r / np.maximum(p + r, 1e-300), 0.0)
+    return p, r, f1, support, predicted
+
+
+def scores(objective: Objective, cms: np.ndarray, labels: tuple[str, ...],
+           costs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(feasible, value, accuracy)`` of each (C, k, k) confusion matrix under ``objective``:
+    the rule fitted maximises ``(feasible, value, accuracy)`` lexicographically.
+
+    ``value``: macro-F1 (over labels in the gold or the predictions, ``metrics.macro_f1``),
+    balanced accuracy (mean recall over labels in the gold, scikit-learn's
+    ``balanced_accuracy_score``), F1 of the label, recall of the label (``precision``: feasible
+    when its precision is >= P and it is written at least once; infeasible rules are ranked by
+    their precision; a precision counts only when the label is written on at least
+    ``MIN_GOLD_PER_LABEL`` rows: one lucky row is no evidence), precision of the label (``recall``: feasible when its recall is >= R), or
+    minus the mean cost.
+    """
+    n = cms.sum(axis=(1, 2)).astype(np.float64)
+    accuracy = np.diagonal(cms, axis1=1, axis2=2).sum(axis=1) / np.maximum(n, 1)
+    p, r, f1, support, predicted = _per_label(cms)
+    feasible = np.ones(len(cms), dtype=bool)
+    kind = objective.kind
+    if kind == "macro-f1":
+        used = (support > 0) | (predicted > 0)
+        value = (f1 * used).sum(axis=1) / np.maximum(used.sum(axis=1), 1)
+    elif kind == "balanced-accuracy":
+        used = support > 0
+        value = (r * used).sum(axis=1) / np.maximum(used.sum(axis=1), 1)
+    elif kind in LABEL_OBJECTIVES:
+        j = labels.index(objective.label)
+        if kind == "f1":
+            value = f1[:, j]
+        elif kind == "precision":  # a precision counts when the label is written on MIN_GOLD_PER_LABEL rows
+            enough = predicted[:, j] >= MIN_GOLD_PER_LABEL
+            feasible = enough & (p[:, j] >= objective.floor - 1e-12)
+            value = np.where(feasible, r[:, j], np.where(enough, p[:, j], -1.0))
+        else:
+            feasible = r[:, j] >= objective.floor - 1e-12
+            value = np.where(feasible, p[:, j], r[:, j])
+    elif kind == "cost":
+        value = -(cms * costs[None]).sum(axis=(1, 2)) / np.maximum(n, 1)
+    else:  # likelihood: no rule is fitted; accuracy stands for it
+        value = accuracy
+    return feasible, value, accuracy
+
+
+def _best(feasible: np.ndarray, value: np.ndarray, accuracy: np.ndarray, closeness: np.ndarray) -> int:
+    """Index of the lexicographic maximum of (feasible, value, accuracy, closeness); values within
+    1e-12 count as equal."""
+    key = np.round(value, 12), np.round(accuracy, 12)
+    order = np.lexsort((closeness, key[1], key[0], feasible))
+    return int(order[-1])
+
+
+# --- rules -------------------------------------------------------------------------------------
+
+
+def is_threshold_field(labels: tuple[str, ...]) -> bool:
+    """A boolean decision (``true``/``false``, not nullable): its rule is a threshold on P(true)."""
+    return tuple(labels) == ("true", "false")
+
+
+@dataclass(frozen=True)
+class DecisionRule:
+    """How one field's label is chosen from its calibrated probabilities.
+
+    Attributes:
+        objective: the objective it was fitted for (``Objective.name``).
+        labels: the field's labels (schema order).
+        threshold: a boolean field: ``true`` is written when P(true) >= threshold; else ``None``.
+        offsets: otherwise, one additive offset per label on ``log(max(p, 1e-12))``: the label
+            written is ``argmax_j(log p_j + offsets_j)`` (ties: the first label).
+        cv: what it gives on held-out folds beside argmax (``fit_rule``), ``{}`` when not measured.
+    """
+
+    objective: str
+    labels: tuple[str, ...]
+    threshold: float | None = None
+    offsets: tuple[float, ...] | None = None
+    cv: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def decide(self, probs: np.ndarray) -> np.ndarray:
+        """Label indices: (n, k) calibrated probabilities -> (n,) int; (k,) -> a 0-d array."""
+        probs = np.asarray(probs, dtype=np.float64)
+        if self.threshold is not None:
+            return np.where(probs[..., 0] >= self.threshold, 0, 1)
+        logp = np.log(np.maximum(probs, M.PROB_FLOOR)) + np.asarray(self.offsets)
+        return np.argmax(logp, axis=-1)
+
+    def describe(self) -> str:
+        """One line, e.g. ``"true when P(true) >= 0.8312"`` or ``"offsets ham +0.00, spam +1.20"``."""
+        if self.threshold is not None:
+            return f"true when P(true) >= {self.threshold:.4f}"
+        return "log-prob offsets " + ", ".join(f"{label} {o:+.3f}" for label, o in zip(self.labels, self.offsets))
+
+    def to_dict(self) -> dict:
+        """The calibration file's ``rule`` entry (docs/quality.md)."""
+        return {"objective": self.objective,
+                **({"threshold": self.threshold} if self.threshold is not None else
+                   {"offsets": dict(zip(self.labels, self.offsets))}),
+                "cv": self.cv}
+
+    @classmethod
+    def from_dict(cls, raw, labels: tuple[str, ...], at: str) -> "DecisionRule":
+        """Read a ``rule`` entry of field with ``labels``.
+
+        Raises:
+            CalibrationError: not an object, no objective, neither a threshold in [0, 1] (a
+                boolean field) nor finite offsets for every label (each names ``at``)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("objective"), str):
+            raise CalibrationError(f"{at}: 'rule' must be an object with an 'objective'")
+        cv = raw.get("cv", {})
+        if not isinstance(cv, dict):
+            raise CalibrationError(f"{at}: the rule's 'cv' must be an object")
+        if "threshold" in raw:
+            t = raw["threshold"]
+            if not is_threshold_field(labels) or isinstance(t, bool) or not isinstance(t, (int, float)) \
+                    or not math.isfinite(t):
+                raise CalibrationError(f"{at}: a rule 'threshold' needs a boolean field and a number, got {t!r}")
+            return cls(raw["objective"], tuple(labels), threshold=float(t), cv=cv)
+        offsets = raw.get("offsets")
+        if not isinstance(offsets, dict) or set(offsets) != set(labels) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in offsets.values()):
+            raise CalibrationError(f"{at}: the rule needs a 'threshold' or finite 'offsets' for every label "
+                                   f"({', '.join(labels)})")
+        return cls(raw["objective"], tuple(labels), offsets=tuple(float(offsets[x]) for x in labels), cv=cv)
+
+
+def _fit_threshold(objective: Objective, probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...],
+                   costs: np.ndarray | None) -> tuple[float, bool, float]:
+    """Exhaustive search over every cut point of P(true): (threshold, feasible, value)."""
+    p = probs[:, 0]
+    uniq = np.unique(p)
+    cuts = np.concatenate([[uniq[0] / 2], (uniq[1:] + uniq[:-1]) / 2,
+                           [(uniq[-1] + 1) / 2 if uniq[-1] < 1 else np.nextafter(1.0, 2.0)]])
+    preds = np.where(p[None, :] >= cuts[:, None], 0, 1)
+    feasible, value, accuracy = scores(objective, _confusions(gold, preds, 2), labels, costs)
+    best = _best(feasible, value, accuracy, -np.abs(cuts - 0.5))
+    return float(cuts[best]), bool(feasible[best]), float(value[best])
+
+
+def _fit_offsets(objective: Objective, probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...],
+                 costs: np.ndarray | None, rounds: int = 50) -> tuple[np.ndarray, bool, float]:
+    """Coordinate ascent on per-label offsets from 0 (argmax): (offsets, feasible, value)."""
+    k = len(labels)
+    logp = np.log(np.maximum(probs, M.PROB_FLOOR))
+    offsets = np.zeros(k)
+    current = scores(objective, _confusions(gold, np.argmax(logp, axis=1)[None], k), labels, costs)
+    cur = (bool(current[0][0]), round(float(current[1][0]), 12), round(float(current[2][0]), 12))
+    for _ in range(rounds):
+        moved = False
+        for j in range(k):
+            others = logp + offsets
+            others[:, j] = -np.inf
+            rival = np.argmax(others, axis=1)
+            margin = others[np.arange(len(gold)), rival]
+            breaks = np.unique(margin - logp[:, j])
+            if len(breaks) > MAX_CANDIDATES:
+                breaks = np.unique(np.quantile(breaks, np.linspace(0, 1, MAX_CANDIDATES)))
+            cand = np.concatenate([[breaks[0] - 1.0], (breaks[1:] + breaks[:-1]) / 2, [breaks[-1] + 1.0]])
+            take = (logp[None, :, j] + cand[:, None]) > margin[None, :]
+            preds = np.where(take, j, rival[None, :])
+            feasible, value, accuracy = scores(objective, _confusions(gold, preds, k), labels, costs)
+            best = _best(feasible, value, accuracy, -np.abs(cand - offsets[j]))
+            key = (bool(feasible[best]), round(float(value[best]), 12), round(float(accuracy[best]), 12))
+            if key > cur:
+                offsets[j], cur, moved = cand[best], key, True
+        if not moved:
+            break
+    offsets -= offsets.mean()
+    return offsets, cur[0], cur[1]
+
+
+def fit_once(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarray,
+             labels: tuple[str, ...]) -> tuple[DecisionRule, bool]:
+    """The rule maximising ``objective`` on these rows (no cross-validation): ``(rule, feasible)``;
+    ``feasible`` is ``False`` when a precision/recall floor is not met (the rule is then the one
+    closest to it)."""
+    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    if is_threshold_field(labels):
+        t, ok, _ = _fit_threshold(objective, probs, gold, labels, costs)
+        return DecisionRule(objective.name, tuple(labels), threshold=t), ok
+    offsets, ok, _ = _fit_offsets(objective, probs, gold, labels, costs)
+    return DecisionRule(objective.name, tuple(labels), offsets=tuple(float(o) for o in offsets)), ok
+
+
+def applies_to(objective: Objective, name: str, labels: tuple[str, ...]) -> str | None:
+    """Why ``objective`` fits no rule for field ``name`` (it keeps argmax), or ``None`` when it does."""
+    if not objective.fits_rule:
+        return "likelihood: argmax"
+    if objective.kind in LABEL_OBJECTIVES and objective.label not in labels:
+        return f"field {name!r} has no label {objective.label!r} (its labels: {', '.join(labels)}): it keeps argmax"
+    if objective.kind == "cost" and name not in objective.costs:
+        return f"field {name!r} is not in the cost file: it keeps argmax"
+    return None
+
+
+def held_out_figures(objective: Objective, name: str, gold: np.ndarray, pred: np.ndarray,
+                     labels: tuple[str, ...], *, seed: int = 0) -> dict:
+    """The figures of predictions ``pred`` against ``gold``: the objective's value with a 95 %
+    bootstrap interval (``BOOTSTRAP`` resamples of the rows, percentile), accuracy and macro-F1
+    (as ``pcd eval``), and for a label objective the label's precision and recall."""
+    k = len(labels)
+    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    rng = np.random.default_rng(seed)
+    n = len(gold)
+    rows = rng.integers(0, n, size=(BOOTSTRAP, n))
+    cms = _confusions(gold, pred[None], k)
+    flat = (np.arange(BOOTSTRAP)[:, None] * k * k + gold[rows] * k + pred[rows]).ravel()
+    boot = np.bincount(flat, minlength=BOOTSTRAP * k * k).reshape(BOOTSTRAP, k, k)
+    _, value, accuracy = scores(objective, cms, labels, costs)
+    _, values, _ = scores(objective, boot, labels, costs)
+    if objective.kind in ("precision", "recall"):  # the figure is the floor's metric, whatever the ranking
+        p, r, _, _, _ = _per_label(np.concatenate([cms, boot]))
+        j = labels.index(objective.label)
+        metric = p[:, j] if objective.kind == "precision" else r[:, j]
+        value, values = metric[:1], metric[1:]
+    if objective.kind == "cost":
+        value, values = -value, -values
+    out = {"value": float(value[0]), "low": float(np.quantile(values, 0.025)),
+           "high": float(np.quantile(values, 0.975)), "accuracy": float(accuracy[0]),
+           "macro_f1": M.macro_f1(M.label_scores(gold, pred, labels))}
+    if objective.label is not None and objective.label in labels:
+        p, r, _, _, _ = _per_label(cms)
+        j = labels.index(objective.label)
+        out |= {"precision": float(p[0, j]), "recall": float(r[0, j])}
+    return out
+
+
+def metric_name(objective: Objective) -> str:
+    """The figure the objective reports: ``macro-F1``, ``precision of 'spam'``, ``mean cost`` ..."""
+    return {"macro-f1": "macro-F1", "balanced-accuracy": "balanced accuracy", "likelihood": "accuracy",
+            "cost": "mean cost"}.get(objective.kind) or f"{objective.kind if objective.kind != 'f1' else 'F1'} of " \
+                                                         f"{objective.label!r}"
+
+
+def fit_rule(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...],
+             parts: list[np.ndarray], *, seed: int = 0) -> DecisionRule:
+    """Fit field ``name``'s rule on ``probs`` (n, k), cross-validated calibrated probabilities of
+    its gold rows (each row's from a calibration fit that did not see it), and measure it by the
+    same folds: each part's rule is fitted on the other parts' rows and applied to it; the pooled
+    held-out figures under the rule and at argmax (``held_out_figures``) go in ``rule.cv``.
+
+    Args:
+        gold: (n,) label indices. parts: the folds (row indices), as the calibration's.
+
+    Raises:
+        CalibrationError: the gold rows are below the floor (``floor_problem``); a
+            ``precision``/``recall`` floor no rule meets on all rows (names the best precision
+            or recall reached and the recall or precision there); a cost file naming a label
+            the field does not have.
+    """
+    problem = floor_problem(name, gold, labels)
+    if problem is not None:
+        raise CalibrationError(f"--objective {objective.name}: {problem}; add gold rows or use --objective likelihood")
+    rule, feasible = fit_once(objective, name, probs, gold, labels)
+    if not feasible:
+        pred = rule.decide(probs)
+        figures = held_out_figures(objective, name, gold, pred, labels, seed=seed)
+        other = "recall" if objective.kind == "precision" else "precision"
+        raise CalibrationError(
+            f"--objective {objective.name}: field {name!r}: no decision rule reaches {objective.kind} >= "
+            f"{objective.floor:g} for {objective.label!r} on its {len(gold)} gold rows; the best {objective.kind} "
+            f"reached is {figures[objective.kind]:.3f} ({other} {figures[other]:.3f} there, {rule.describe()}); "
+            f"lower the floor, add gold rows or use a better model")
+    held = np.zeros(len(gold), dtype=np.int64)
+    for part in parts:
+        train = np.setdiff1d(np.arange(len(gold)), part)
+        fold_rule, _ = fit_once(objective, name, probs[train], gold[train], labels)
+        held[part] = fold_rule.decide(probs[part])
+    argmax = np.argmax(probs, axis=1)
+    cv = {"folds": len(parts), "n": len(gold), "metric": metric_name(objective),
+          "argmax": held_out_figures(objective, name, gold, argmax, labels, seed=seed),
+          "rule": held_out_figures(objective, name, gold, held, labels, seed=seed)}
+    return DecisionRule(rule.objective, rule.labels, rule.threshold, rule.offsets, cv)
+
+
+def rule_warnings(name: str, rule: DecisionRule) -> list[str]:
+    """A line when the rule, held out, misses its floor or scores below argmax on its own metric."""
+    cv = rule.cv
+    if not cv:
+        return []
+    held, base = cv["rule"], cv["argmax"]
+    lines = []
+    if rule.objective.startswith(("precision:", "recall:")):
+        kind = rule.objective.split(":")[0]
+        floor = float(rule.objective.rpartition(">=")[2])
+        if held.get(kind, 1.0) < floor:
+            lines.append(f"field {name!r}: on held-out folds the rule reached {kind} {held[kind]:.3f} "
+                         f"[{held['low']:.3f}, {held['high']:.3f}], below {floor:g}: the floor is met on the gold "
+                         "rows the rule saw, not surely on new rows; add gold rows")
+    elif (held["value"] > base["value"] + 1e-9 if rule.objective.startswith("cost:")
+          else held["value"] < base["value"] - 1e-9):
+        lines.append(f"field {name!r}: on held-out folds the rule scores {cv['metric']} {held['value']:.3f}, "
+                     f"argmax {base['value']:.3f}: it does not help on rows it did not see")
+    return lines
