@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import unicodedata
-from typing import Any, Iterator
+from typing import Iterator
+
+from ..schema.model import Schema
 
 #: Bidirectional controls (Unicode UAX #9): embeddings, overrides, isolates and marks. A label
 #: holding one can display as another label (CVE-2021-42574).
@@ -41,7 +43,7 @@ def surrogate_message(where: str, text: str, at: int) -> str:
             "text: a \\uD800-\\uDFFF escape must be one half of a pair; send valid UTF-8")
 
 
-def strings(value: Any, where: str, *, _depth: int = 0) -> Iterator[tuple[str, str]]:
+def strings(value: object, where: str, *, _depth: int = 0) -> Iterator[tuple[str, str]]:
     """Every string held by ``value`` (a dataclass such as ``Schema``, or tuples, lists, dicts and
     strings of them) as ``(where, text)``, ``where`` a dotted path from ``where``; dict keys
     included. Depth is bounded (32) since a schema is a few levels deep."""
@@ -94,7 +96,7 @@ def estimate_label_tokens(label: str) -> int:
     return len(label.encode("utf-8", "surrogatepass")) // 4 + 1
 
 
-def compile_cost(schema: Any) -> int:
+def compile_cost(schema: Schema) -> int:
     """The estimated label tokens of ``schema`` (the sum over its fields of every label's
     ``estimate_label_tokens``): options × tokens, the size compiling a question set grows with."""
     return sum(estimate_label_tokens(label) for f in schema.fields for label in f.labels)

@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, TypeAlias
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pcd.server")
 
+#: A parsed JSON value (what ``read_json`` returns and a format's parser reads).
+Json: TypeAlias = "None | bool | int | float | str | list[Json] | dict[str, Json]"
 #: The request flag, a top-level body key in both APIs, that asks for pcd's own extras (candidate
 #: mass, raw probabilities, truncation, timings). Both official clients send it with ``extra_body``.
 EXTRAS_FLAG = "pcd_extras"
@@ -78,7 +80,7 @@ class Call:
         timeout = self.config.request_timeout_s
         self.deadline: float | None = self.arrived + float(timeout) if timeout else None
 
-    async def body(self, *, text_checked_by_caller: tuple[str, ...] = ()) -> Any:
+    async def body(self, *, text_checked_by_caller: tuple[str, ...] = ()) -> Json:
         """The request's JSON body (``read_json`` under ``config.max_body_bytes``)."""
         return await read_json(self.request, self.config.max_body_bytes, text_checked_by_caller=text_checked_by_caller)
 
@@ -106,7 +108,7 @@ class Call:
             raise ApiError(422, "invalid_request_error", "record_failed", f"state: {result.error}")
         return result, submitted
 
-    async def decide(self, questions: list, plan_input: Any, text: str, prompt: str, *,
+    async def decide(self, questions: list, plan_input: Json, text: str, prompt: str, *,
                      max_questions: int) -> tuple[list, int, dict]:
         """Decode a decision request's questions, the one step ``/v1/systemone`` and
         ``/v1/decisions`` share: ``prompt == "isolated"`` (the default) decides each distinct
@@ -172,7 +174,7 @@ class _Duplicate(ValueError):
     pass
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+def _pairs(pairs: list[tuple[str, Json]]) -> dict:
     out: dict = {}
     for key, value in pairs:
         if key in out:
@@ -202,7 +204,7 @@ def json_path(path: tuple) -> str:
     return out or "body"
 
 
-def check_json(value: Any, *, text_checked_by_caller: tuple[str, ...] = ()) -> None:
+def check_json(value: Json, *, text_checked_by_caller: tuple[str, ...] = ()) -> None:
     """Refuse a parsed body holding a value pcd cannot carry to the tokenizer or write back,
     naming where it is. Every key and string must be valid Unicode text (no lone surrogate: JSON's
     ``"\\ud83d"`` escape can spell one, UTF-8 and the tokenizer cannot); every integer within
@@ -216,7 +218,7 @@ def check_json(value: Any, *, text_checked_by_caller: tuple[str, ...] = ()) -> N
         ApiError: 422 ``invalid_text``, ``number_out_of_range`` or ``too_deep``, the message naming
             the JSON path (``state.a[2]``, ``questions.billing.instructions``).
     """
-    stack: list[tuple[Any, tuple, bool]] = [(value, (), True)]
+    stack: list[tuple[Json, tuple, bool]] = [(value, (), True)]
     while stack:
         item, path, check_text = stack.pop()
         if len(path) > MAX_JSON_DEPTH:
@@ -309,7 +311,7 @@ async def _discard(stream, budget: int) -> None:
 
 
 async def read_json(request: Request, max_bytes: int | None = None, *,
-                    text_checked_by_caller: tuple[str, ...] = ()) -> Any:
+                    text_checked_by_caller: tuple[str, ...] = ()) -> Json:
     """The request body parsed as JSON, read at most ``max_bytes`` (plus one chunk) into memory,
     and checked by ``check_json``.
 

@@ -32,13 +32,11 @@ schema is the Jev endpoint's (``questions``):
 from __future__ import annotations
 
 import json
-from typing import Any
-
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ... import questions as Q
-from ..wire import Call, Server, answer_extras, extras_flag, route
+from ..wire import Call, Json, Server, answer_extras, extras_flag, route
 
 #: The response header the ``openai`` client reads as the request id.
 REQUEST_ID_HEADER = "x-request-id"
@@ -49,7 +47,7 @@ ROLE_PARTS = {"user": ("input_text", "input_json"), "developer": ("input_text",)
               "assistant": ("output_text", "refusal")}
 
 
-def _parts_text(content: Any, allowed: tuple[str, ...], where: str) -> str:
+def _parts_text(content: Json, allowed: tuple[str, ...], where: str) -> str:
     """Text of a string or a list of text parts (joined by a newline)."""
     if isinstance(content, str):
         return content
@@ -76,7 +74,7 @@ def _parts_text(content: Any, allowed: tuple[str, ...], where: str) -> str:
     return "\n".join(texts)
 
 
-def input_text(value: Any) -> str:
+def input_text(value: Json) -> str:
     """The record text of a Decisions ``input`` (module docstring).
 
     Raises:
@@ -105,7 +103,7 @@ def input_text(value: Any) -> str:
     return Q.state_text("\n\n".join(f"{role}: {text}" for role, text in messages), "input")
 
 
-def _described(text: Any, where: str) -> str | None:
+def _described(text: Json, where: str) -> str | None:
     if text is None:
         return None
     if not isinstance(text, str):
@@ -113,7 +111,7 @@ def _described(text: Any, where: str) -> str | None:
     return text
 
 
-def parse_question(i: int, raw: Any) -> tuple[Q.Question, tuple]:
+def parse_question(i: int, raw: Json) -> tuple[Q.Question, tuple]:
     """One Decisions question -> ``(Question, typed values)``: the choice values as sent (str or
     bool) or the score level labels, to answer with; ``()`` for a predicate.
 
@@ -175,7 +173,7 @@ def parse_question(i: int, raw: Any) -> tuple[Q.Question, tuple]:
     return Q.Question(name, "score", instructions, tuple(options), where), tuple(labels)
 
 
-def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], list[tuple], str, bool,
+def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], list[tuple], str, bool,
                                                                                 str]:
     """A Decisions request body -> ``(questions, typed values per question, record text, extras,
     prompt)``; ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
@@ -205,7 +203,7 @@ def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list
     return [q for q, _ in parsed], [values for _, values in parsed], text, extras, prompt
 
 
-def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, list[tuple], str, bool]:
+def parse_request(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, list[tuple], str, bool]:
     """A Decisions request body -> ``(QuestionSet, typed values per question, record text, extras)``:
     the whole request as one shared-catalog schema (``pcd_prompt: "shared"``).
 
@@ -220,7 +218,7 @@ def render_answer(answer: Q.Answer, values: tuple, *, extras: bool = False) -> d
     """One Decisions answer (module docstring); ``values``: ``parse_question``'s typed values."""
     q = answer.question
     if q.kind == "noul":
-        out: dict[str, Any] = {"type": "predicate", "name": q.key, "probability": answer.probs[0]}
+        out: dict[str, object] = {"type": "predicate", "name": q.key, "probability": answer.probs[0]}
     elif q.kind == "choice":
         out = {"type": "choice", "name": q.key, "choice": values[answer.chosen], "confidence": answer.confidence,
                "probabilities": [{"value": v, "probability": p} for v, p in zip(values, answer.probs)]}

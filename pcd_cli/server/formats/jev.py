@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from typing import Any
-
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ... import questions as Q
-from ..wire import Call, Server, answer_extras, extras_flag, route
+from ..wire import Call, Json, Server, answer_extras, extras_flag, route
 
 #: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
 REQUEST_ID_HEADER = "x-typesafe-request-id"
@@ -49,7 +47,7 @@ QUESTION_KEYS = {"noul": ("type", "instructions", "criteria"), "choice": ("type"
 MULTI_THRESHOLD = 0.5
 
 
-def _content(value: Any, where: str, *, nullable: bool = True) -> str | None:
+def _content(value: Json, where: str, *, nullable: bool = True) -> str | None:
     """Text of a Jev content value (string, object or array; ``null`` when ``nullable``)."""
     if value is None and nullable:
         return None
@@ -59,7 +57,7 @@ def _content(value: Any, where: str, *, nullable: bool = True) -> str | None:
                     f"got {json.dumps(value)}", "invalid_question")
 
 
-def parse_question(name: str, raw: Any) -> Q.Question:
+def parse_question(name: str, raw: Json) -> Q.Question:
     """One Jev question -> ``Question`` (the checks ``typesafe_sdk._core.questions`` makes, and pcd's).
 
     Raises:
@@ -114,7 +112,7 @@ def parse_question(name: str, raw: Any) -> Q.Question:
     return Q.Question(name, kind, instructions, options, f"question {name!r}")
 
 
-def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], Any, str, bool, str]:
+def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], Json, str, bool, str]:
     """A System One request body -> ``(questions, state, record text, extras flag, prompt)``;
     ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
 
@@ -143,7 +141,7 @@ def parse_body(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list
     return parsed, body.get("state"), text, extras, prompt
 
 
-def parse_request(body: Any, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, str, bool]:
+def parse_request(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, str, bool]:
     """A System One request body -> ``(QuestionSet, record text, extras flag)``: the whole request as
     one shared-catalog schema (``pcd_prompt: "shared"``; what ``/v1/label`` with ``QuestionSet.data``
     as a schema file decodes).
@@ -159,7 +157,7 @@ def render_answer(answer: Q.Answer, legend: tuple | None = None, *, extras: bool
     """One Jev answer (module docstring); ``legend``: the score's criteria as sent."""
     q = answer.question
     if q.kind == "noul":
-        out: dict[str, Any] = {"type": "noul", "noul": answer.probs[0]}
+        out: dict[str, object] = {"type": "noul", "noul": answer.probs[0]}
     elif q.kind == Q.MULTI:
         out = {"type": Q.MULTI, "chosen": [label for label, p in zip(answer.labels, answer.probs) if p >= MULTI_THRESHOLD],
                "probabilities": dict(zip(answer.labels, answer.probs))}
