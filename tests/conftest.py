@@ -55,3 +55,19 @@ def fewer_resamples(monkeypatch):
 
     full = M.bootstrap_interval
     monkeypatch.setattr(M, "bootstrap_interval", lambda *a, **k: full(*a, **(k | {"resamples": 100})))
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory):
+    """A real S3 store (SeaweedFS, ``tests/s3_server.py``), one per test session, on 127.0.0.1 with
+    free ports; stopped after the session, and checked that nothing of it is left running.
+    Tests set ``s3_store.env`` (the standard AWS variables) to reach it."""
+    from . import s3_server
+
+    store = s3_server.start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield store
+    finally:
+        s3_server.stop(store)
+        assert store.process.poll() is not None
+        assert not s3_server.still_listening(store.ports), "SeaweedFS left a port open"

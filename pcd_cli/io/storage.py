@@ -1,0 +1,553 @@
+"""Where inputs and outputs live: a local path, or an object-storage URI, through ``pyarrow.fs``.
+
+One place turns what a user typed (``data/export.jsonl``, ``exports/``, ``'exports/*.parquet'``,
+``file:///srv/exports``, ``s3://bucket/exports/date=2026-12-05/``, ``gs://bucket/x.parquet``,
+anything ``pyarrow.fs.FileSystem.from_uri`` resolves) into a ``pyarrow.fs.FileSystem`` and the
+paths on it, for every reader and engine:
+
+- ``open_location``: one path or URI as a ``Location`` (file system + path on it). Credentials
+  and settings are each cloud's standard ones, read by pyarrow itself: for S3 the ``AWS_*``
+  variables (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
+  ``AWS_PROFILE`` and the shared config files, ``AWS_REGION``, ``AWS_ENDPOINT_URL`` or
+  ``AWS_ENDPOINT_URL_S3`` for an S3-compatible store: pyarrow 25 honours both, checked against
+  SeaweedFS); for GCS ``GOOGLE_APPLICATION_CREDENTIALS`` or the metadata server.
+- ``list_files``: a file, a folder (every file below it with a known extension, at any depth),
+  or a glob (``*``, ``?``, ``[...]`` within a name, ``**`` for any depth) as a ``FileList``: the
+  files in **one deterministic order** (by path, folder by folder: the order of
+  ``sorted(pathlib.Path)``), and for each its hive partition values (``key=value`` folder
+  names, those of the path given included: ``s3://b/exports/date=2026-12-05/`` gives every row
+  ``date = '2026-12-05'``). Names starting with ``.`` or ``_`` (``_SUCCESS``, ``.crc`` files,
+  pcd's own work folders) are skipped. Both engines read this list: the local engine in this
+  order, the Ray engine numbering rows across files in this order.
+- ``open_dataset``: the same list as a ``pyarrow.dataset.Dataset`` with the partition columns
+  (strings), for readers of whole tables (``--reuse``).
+- ``store_error``: a failure of the store (missing credentials, access denied, unreachable
+  endpoint, no such bucket, no such key) as one line naming the URI and the fix: an
+  ``InputError`` (exit 2) when met before any work, a ``MachineError`` (exit 5, "rerun with
+  --resume") when the store fails mid-run.
+- ``upload_atomic``: a finished local file put at an object-storage URI whole or never (a
+  temporary key beside it, then one server-side copy, then the temporary key removed): a run
+  killed at any moment, SIGKILL included, leaves no partial object at the URI.
+
+Local paths and ``file://`` URIs stay ``pathlib`` paths for writing (``pcd_cli.io.files``: atomic
+rename, symlinks); ``local_path`` says which is which.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Iterable
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from ..errors import InputError, MachineError, PcdError
+
+#: ``scheme://`` at the start of a URI (two letters at least: ``C:/`` stays a path).
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
+#: Characters that make a path a glob.
+_MAGIC = re.compile(r"[*?\[]")
+#: The value Hive writes for a null partition value.
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def uri_scheme(path: str | Path) -> str | None:
+    """The scheme of a URI (``s3``, ``gs``, ``file`` ...), lower-cased; ``None`` for a plain path."""
+    found = _URI.match(str(path))
+    return found.group(1).lower() if found else None
+
+
+def is_remote(path: str | Path) -> bool:
+    """Whether ``path`` is a URI of another store than the local disk (``file://`` is local)."""
+    scheme = uri_scheme(path)
+    return scheme is not None and scheme != "file"
+
+
+def local_path(path: str | Path) -> Path | None:
+    """``path`` as a local ``Path``: itself, or the path of a ``file://`` URI (percent-decoded);
+    ``None`` for an object-storage URI."""
+    scheme = uri_scheme(path)
+    if scheme is None:
+        return Path(path)
+    if scheme == "file":
+        parsed = urlparse(str(path))
+        return Path(unquote(parsed.path))
+    return None
+
+
+@dataclass(frozen=True)
+class Location:
+    """One path or URI resolved to a file system.
+
+    Attributes:
+        given: what the user typed (messages name it).
+        filesystem: the ``pyarrow.fs.FileSystem`` it lives on (``LocalFileSystem`` for a path).
+        path: the path on ``filesystem`` (``bucket/key`` for S3 and GCS; the path as typed for
+            a local path, relative paths included).
+        scheme: ``s3``, ``gs``, ... ; ``None`` for a local path or a ``file://`` URI.
+    """
+
+    given: str
+    filesystem: pafs.FileSystem
+    path: str
+    scheme: str | None = None
+
+    @property
+    def local(self) -> Path | None:
+        """The local ``Path``; ``None`` in object storage."""
+        return Path(self.path) if self.scheme is None else None
+
+    def name(self, path: str) -> str:
+        """How messages and outputs name ``path`` of this file system: a local path as typed,
+        else ``scheme://bucket/key``."""
+        return path if self.scheme is None else f"{self.scheme}://{path}"
+
+
+def open_location(target: str | Path, *, option: str = "INPUT") -> Location:
+    """Resolve a local path or a URI (``s3://``, ``gs://``, ``file://``, ... : whatever
+    ``pyarrow.fs.FileSystem.from_uri`` knows) to a ``Location``. Nothing is read yet.
+
+    Raises:
+        InputError: a URI of a scheme pyarrow cannot open, or a malformed one (names ``option``).
+        MissingExtra: never; pyarrow ships S3 and GCS support in its wheels.
+    """
+    text = str(target)
+    scheme = uri_scheme(text)
+    if scheme is None or scheme == "file":
+        path = local_path(text)
+        return Location(text, pafs.LocalFileSystem(), str(path) if scheme else text, None)
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(text)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise InputError(f"{option} {text!r}: cannot open this URI ({exc}); pcd reads local paths and the "
+                         "URIs pyarrow.fs knows (s3://, gs://, hdfs://, file://)") from None
+    except OSError as exc:
+        raise store_error(exc, text, option=option) from None
+    return Location(text, filesystem, path.rstrip("/"), scheme)
+
+
+#: Where a store's failure message says what went wrong (pyarrow's AWS and GCS messages).
+_DENIED = ("ACCESS_DENIED", "AccessDenied", "Forbidden", "403", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH",
+           "InvalidAccessKeyId", "SignatureDoesNotMatch", "PERMISSION_DENIED", "Unauthorized", "401")
+_UNREACHABLE = ("NETWORK_CONNECTION", "Could not connect", "curlCode", "Couldn't resolve host", "Connection refused",
+                "Timeout was reached", "UNAVAILABLE", "Failed to connect")
+_NO_BUCKET = ("NO_SUCH_BUCKET", "NoSuchBucket", "bucket does not exist")
+
+
+def _aws_credentials_found() -> bool:
+    """Whether any of the AWS SDK's usual credential sources is set up (variables, profile, the
+    shared files, a web identity, a container's credentials); the instance metadata is not asked."""
+    if os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE") \
+            or os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE") or os.environ.get("AWS_CONTAINER_CREDENTIALS_FULL_URI") \
+            or os.environ.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
+        return True
+    home = os.path.expanduser("~")
+    files = (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+             os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"))
+    return any(os.path.isfile(f) for f in files)
+
+
+def _endpoint(scheme: str | None) -> str:
+    if scheme == "s3":
+        found = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return f" at {found}" if found else ""
+    return ""
+
+
+def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool = False,
+                what: str = "cannot read") -> PcdError:
+    """One line for a failure of the store holding ``uri``: what went wrong and the fix.
+
+    Args:
+        exc: pyarrow's error (an ``OSError``; its message carries the AWS/GCS error name).
+        option: the option that named ``uri`` (``INPUT``, ``-o``, ``--reuse``).
+        mid_run: the store failed after the run started: ``MachineError`` (exit 5) that says
+            the finished work is kept for ``--resume``; else ``InputError`` (exit 2).
+        what: ``cannot read`` / ``cannot write`` / ``cannot list``.
+
+    Returns:
+        ``InputError`` or ``MachineError`` (the caller raises it).
+    """
+    text = str(exc)
+    scheme = uri_scheme(uri)
+    if isinstance(exc, FileNotFoundError) and not any(m in text for m in _NO_BUCKET):
+        reason = "no such file, folder or prefix"
+        fix = "check the path"
+    elif any(m in text for m in _NO_BUCKET):
+        bucket = urlparse(uri).netloc
+        reason = f"no such bucket {bucket!r}{_endpoint(scheme)}"
+        fix = "check the bucket name (and AWS_ENDPOINT_URL / AWS_REGION for the store meant)"
+    elif any(m in text for m in _UNREACHABLE):
+        reason = f"the store{_endpoint(scheme)} cannot be reached ({_short(text)})"
+        fix = ("check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and the network" if scheme == "s3"
+               else "check the endpoint and the network")
+    elif any(m in text for m in _DENIED):
+        if scheme == "s3" and not _aws_credentials_found():
+            reason = "access denied and no AWS credentials were found"
+            fix = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
+        elif scheme == "gs" and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            reason = "access denied and GOOGLE_APPLICATION_CREDENTIALS is not set"
+            fix = "set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run where the metadata server gives one"
+        else:
+            reason = "access denied with the credentials given"
+            fix = ("check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE and the bucket's policy"
+                   if scheme == "s3" else "check the credentials and the bucket's permissions")
+    else:
+        reason = _short(text) or type(exc).__name__
+        fix = "check the store and the credentials"
+    if mid_run:
+        return MachineError(f"{option} {uri!r}: {what}: {reason}; {fix}, then rerun with --resume (the rows "
+                            "finished so far are kept)")
+    return InputError(f"{option} {uri!r}: {what}: {reason}; {fix}")
+
+
+def _short(text: str) -> str:
+    """pyarrow's message without its request id and repeated detail."""
+    text = re.sub(r"\s*\(Request ID: [^)]*\)", "", text).strip()
+    return text.split("; Details:")[0][:300]
+
+
+# -- listing ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FileList:
+    """The files one INPUT (or ``--reuse``) names, in the order every engine reads them.
+
+    Attributes:
+        location: the path or URI given, resolved.
+        files: paths on ``location.filesystem``, in order (``list_files``).
+        partitions: per file, its hive partition values (``{'date': '2026-12-05'}``; ``None``
+            for ``__HIVE_DEFAULT_PARTITION__``), from the ``key=value`` folder names of its path.
+        single: the input named one file (not a folder or a glob).
+    """
+
+    location: Location
+    files: tuple[str, ...]
+    partitions: tuple[dict[str, str | None], ...] = field(default=())
+    single: bool = False
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        return self.location.filesystem
+
+    def name(self, index: int) -> str:
+        """File ``index`` as messages and the errors file name it (a path as typed, or a URI)."""
+        return self.location.name(self.files[index])
+
+    def partition_columns(self) -> list[str]:
+        """The partition keys of any file, in the order first met."""
+        return list(dict.fromkeys(k for p in self.partitions for k in p))
+
+
+def partition_values(path: str) -> dict[str, str | None]:
+    """Hive partition values of a file's folders: every ``key=value`` folder name of ``path``
+    (percent-decoded, as Hive escapes them; a key given twice keeps the deepest)."""
+    values: dict[str, str | None] = {}
+    for part in PurePosixPath(path).parts[:-1]:
+        key, sep, value = part.partition("=")
+        if sep and key and not key.startswith((".", "_")):
+            value = unquote(value)
+            values[unquote(key)] = None if value == HIVE_NULL else value
+    return values
+
+
+def _hidden(relative: str) -> bool:
+    return any(p.startswith((".", "_")) for p in PurePosixPath(relative).parts)
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """A glob as a regular expression over ``/``-separated paths: ``*``, ``?`` and ``[...]`` stay
+    within one name, ``**`` (a whole name) spans any number of folders (``glob.glob(recursive=True)``)."""
+    out = []
+    parts = pattern.split("/")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            out.append(".*" if last else "(?:[^/]+/)*")
+            continue
+        j, piece = 0, ""
+        while j < len(part):
+            c = part[j]
+            if c == "*":
+                piece += "[^/]*"
+            elif c == "?":
+                piece += "[^/]"
+            elif c == "[":
+                end = part.find("]", j + 2)
+                if end < 0:
+                    piece += re.escape(c)
+                else:
+                    body = part[j + 1:end]
+                    piece += "[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]"
+                    j = end
+            else:
+                piece += re.escape(c)
+            j += 1
+        out.append(piece + ("" if last else "/"))
+    return re.compile("".join(out) + r"\Z")
+
+
+def _sort_key(path: str) -> tuple[str, ...]:
+    return PurePosixPath(path).parts
+
+
+def _info(location: Location, path: str, option: str) -> pafs.FileInfo:
+    try:
+        return location.filesystem.get_file_info(path)
+    except OSError as exc:
+        raise store_error(exc, location.given, option=option) from None
+
+
+def _below(location: Location, base: str, option: str) -> list[pafs.FileInfo]:
+    try:
+        return location.filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=False))
+    except FileNotFoundError:
+        return []  # nothing there: said by the caller, naming what was given
+    except OSError as exc:
+        raise store_error(exc, location.given, option=option, what="cannot list") from None
+
+
+def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, option: str = "INPUT",
+               what: str = ".jsonl, .csv or .parquet") -> FileList:
+    """The files ``target`` names, in one deterministic order (module docstring).
+
+    Args:
+        target: a file, a folder, or a glob; a local path or a URI.
+        extensions: in a folder or glob, keep only files ending so (lower-cased suffixes such as
+            ``.parquet``; ``None``: every file). A file named directly is always kept.
+        option: how messages name ``target``. what: the kinds of file expected, for messages.
+
+    Returns:
+        ``FileList`` (at least one file).
+
+    Raises:
+        InputError: nothing there (no such file, folder, bucket or prefix), an empty folder, a
+            glob that matches nothing, or the store refused or could not be reached
+            (``store_error``: the URI and the fix).
+    """
+    location = open_location(target, option=option)
+    keep = None if extensions is None else tuple(e.lower() for e in extensions)
+
+    def wanted(path: str) -> bool:
+        return keep is None or PurePosixPath(path).suffix.lower() in keep
+
+    given = location.given
+    magic = _MAGIC.search(location.path)
+    if not magic:
+        info = _info(location, location.path, option)
+        if info.type == pafs.FileType.File:
+            return FileList(location, (location.path,), (partition_values(location.path),), single=True)
+        entries = _below(location, location.path, option) if info.type == pafs.FileType.Directory \
+            or location.scheme is not None else []
+        if info.type == pafs.FileType.NotFound and not entries:
+            if location.scheme is not None:
+                _check_bucket(location, option)
+                raise InputError(f"{option} {given!r}: no such object or prefix; check the path (list it with "
+                                 "your store's client, e.g. aws s3 ls)")
+            raise InputError(f"{option} {given!r}: no such input file, folder or glob")
+        base = location.path.rstrip("/")
+        files = [e.path for e in entries if e.type == pafs.FileType.File
+                 and not _hidden(e.path[len(base) + 1:]) and wanted(e.path)]
+        if not files:
+            found = sum(1 for e in entries if e.type == pafs.FileType.File)
+            held = f" (it holds {found} other file{'s' * (found != 1)})" if found else " (it is empty)"
+            raise InputError(f"{option} {given!r}: the folder holds no {what} file{held}; "
+                             "give a folder of them, or pass --format")
+    else:
+        head = location.path[:magic.start()]
+        base = head[:head.rfind("/")] if "/" in head else ("" if location.scheme is None else head)
+        if location.scheme is None and not base:
+            base = "."
+        pattern = _glob_regex(location.path if base != "." or location.path.startswith("./")
+                              else "./" + location.path)
+        literal = {p for p in PurePosixPath(location.path).parts if not _MAGIC.search(p)}
+        entries = _below(location, base, option)
+        files = [e.path for e in entries if e.type == pafs.FileType.File and pattern.match(e.path)
+                 and not any(p.startswith((".", "_")) and p not in literal
+                             for p in PurePosixPath(e.path[len(base) + 1:]).parts)]
+        if base == "." and location.scheme is None and not location.path.startswith("./"):
+            files = [f[2:] if f.startswith("./") else f for f in files]
+        if not files:
+            raise InputError(f"{option} {given!r}: no file matches")
+    files.sort(key=_sort_key)
+    return FileList(location, tuple(files), tuple(partition_values(f) for f in files))
+
+
+def _check_bucket(location: Location, option: str) -> None:
+    """Refuse a ``location`` whose bucket does not exist or cannot be read (one request: the
+    bucket's own head, not a listing).
+
+    Raises:
+        InputError: names the URI and the fix (``store_error``).
+    """
+    bucket = location.path.split("/", 1)[0]
+    try:
+        info = location.filesystem.get_file_info(bucket)
+    except OSError as exc:
+        raise store_error(exc, location.given, option=option, what="cannot list") from None
+    if info.type == pafs.FileType.NotFound:
+        raise store_error(FileNotFoundError(f"NoSuchBucket: {bucket}"), location.given, option=option,
+                          what="cannot list")
+
+
+def open_dataset(target: str | Path | FileList, *, option: str = "--reuse"):
+    """A folder, glob or file of Parquet files (local or a URI) as a ``pyarrow.dataset.Dataset``,
+    the files in ``list_files`` order, with the hive partition columns (strings) added to the
+    files' own columns.
+
+    Raises:
+        InputError: as ``list_files``; a file that is not Parquet (names it).
+    """
+    import pyarrow.dataset as ds
+
+    listed = target if isinstance(target, FileList) else list_files(target, extensions=(".parquet", ".pq"),
+                                                                      option=option, what=".parquet")
+    keys = listed.partition_columns()
+    fmt = ds.ParquetFileFormat()
+    fragments = []
+    for i, path in enumerate(listed.files):
+        expr = None
+        for k in keys:
+            v = listed.partitions[i].get(k)
+            term = ds.field(k) == v if v is not None else ds.field(k).is_null()
+            expr = term if expr is None else expr & term
+        try:
+            fragment = fmt.make_fragment(path, listed.filesystem, partition_expression=expr)
+            physical = fragment.physical_schema
+        except (pa.ArrowInvalid, OSError) as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, pa.ArrowInvalid):
+                raise store_error(exc, listed.name(i), option=option) from None
+            raise InputError(f"{option} {listed.name(i)!r}: not a readable Parquet file ({exc})") from None
+        fragments.append(fragment)
+        if i == 0:
+            schema = physical
+    for k in keys:
+        if k not in schema.names:
+            schema = schema.append(pa.field(k, pa.string()))
+    return ds.FileSystemDataset(fragments, schema, fmt, listed.filesystem)
+
+
+def open_input_stream(location: Location, path: str, *, option: str = "INPUT"):
+    """A sequential binary stream of ``path`` (no decompression: pcd sniffs and decompresses itself).
+
+    Raises:
+        InputError: the store refused or could not be reached (``store_error``).
+    """
+    try:
+        return location.filesystem.open_input_stream(path, compression=None)
+    except OSError as exc:
+        raise store_error(exc, location.name(path), option=option) from None
+
+
+def open_input_file(location: Location, path: str, *, option: str = "INPUT"):
+    """A random-access file of ``path`` (Parquet reads its footer first).
+
+    Raises:
+        InputError: as ``open_input_stream``.
+    """
+    try:
+        return location.filesystem.open_input_file(path)
+    except OSError as exc:
+        raise store_error(exc, location.name(path), option=option) from None
+
+
+# -- writing to object storage ----------------------------------------------------------------------
+#: The temporary keys an upload goes through: ``.<name>.pcd-upload-<random>`` beside the target.
+UPLOAD_MARK = ".pcd-upload-"
+
+
+def upload_atomic(source: Path, uri: str, *, option: str = "-o", mid_run: bool = True) -> None:
+    """Put the finished local file ``source`` at ``uri`` whole or never.
+
+    The bytes go to a temporary key beside the target (``.<name>.pcd-upload-<random>``), then
+    one server-side copy makes the target (a copy creates its object whole: S3 CopyObject, GCS
+    rewrite), then the temporary key is removed. A failure or a kill at any moment leaves the
+    earlier object at ``uri`` as it was (a killed upload may leave its temporary key, which the
+    next upload to the same URI removes). Local paths and ``file://`` are not for this
+    (``pcd_cli.io.files`` renames atomically).
+
+    Raises:
+        MachineError (``mid_run``) or InputError: the store refused or failed (``store_error``).
+    """
+    location = open_location(uri, option=option)
+    if location.scheme is None:
+        raise ValueError(f"{uri!r} is a local path: write it with pcd_cli.io.files")
+    folder, _, name = location.path.rpartition("/")
+    tmp = f"{folder}/.{name}{UPLOAD_MARK}{uuid.uuid4().hex[:12]}"
+    fs = location.filesystem
+    try:
+        _remove_stale_uploads(location)
+        with source.open("rb") as fh, fs.open_output_stream(tmp) as out:
+            while chunk := fh.read(1 << 22):
+                out.write(chunk)
+        fs.copy_file(tmp, location.path)
+    except OSError as exc:
+        raise store_error(exc, uri, option=option, mid_run=mid_run, what="cannot write") from None
+    finally:
+        try:
+            fs.delete_file(tmp)
+        except OSError:
+            pass
+
+
+def _remove_stale_uploads(location: Location) -> None:
+    """Remove the temporary keys of earlier uploads to ``location`` that were killed."""
+    folder, _, name = location.path.rpartition("/")
+    try:
+        entries = location.filesystem.get_file_info(pafs.FileSelector(folder, recursive=False, allow_not_found=True))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.type == pafs.FileType.File and entry.base_name.startswith(f".{name}{UPLOAD_MARK}"):
+            try:
+                location.filesystem.delete_file(entry.path)
+            except OSError:
+                pass
+
+
+def remove_object(uri: str, *, option: str = "--errors") -> None:
+    """Remove the object at ``uri`` if there is one (an earlier run's errors file, which would mislead).
+
+    Raises:
+        MachineError: the store refused or failed.
+    """
+    location = open_location(uri, option=option)
+    try:
+        if location.filesystem.get_file_info(location.path).type == pafs.FileType.File:
+            location.filesystem.delete_file(location.path)
+    except OSError as exc:
+        raise store_error(exc, uri, option=option, mid_run=True, what="cannot remove") from None
+
+
+def check_output_uri(uri: str, *, option: str = "-o") -> None:
+    """Refuse, before any work, an object-storage output the store will not take: a missing
+    bucket, missing credentials, an unreachable endpoint, no right to write (a small temporary
+    object is written there and removed), or a URI that names a folder.
+
+    Raises:
+        InputError: one line naming the URI and the fix (``store_error``).
+    """
+    location = open_location(uri, option=option)
+    if not location.path or "/" not in location.path.strip("/"):
+        raise InputError(f"{option} {uri!r}: name an object in a bucket, e.g. s3://bucket/out/labels.parquet")
+    folder, _, name = location.path.rpartition("/")
+    fs = location.filesystem
+    try:
+        info = fs.get_file_info(location.path)
+    except OSError as exc:
+        raise store_error(exc, uri, option=option, what="cannot write") from None
+    if info.type == pafs.FileType.Directory:
+        raise InputError(f"{option} {uri!r} is a prefix holding objects; give an object name, e.g. "
+                         f"{uri.rstrip('/') + '/labels.parquet'!r}")
+    _check_bucket(location, option)  # before writing: some stores create a missing bucket on write
+    probe = f"{folder}/.{name}{UPLOAD_MARK}probe-{uuid.uuid4().hex[:8]}"
+    try:
+        with fs.open_output_stream(probe) as out:
+            out.write(b"")
+        fs.delete_file(probe)
+    except OSError as exc:
+        raise store_error(exc, uri, option=option, what="cannot write") from None
