@@ -117,6 +117,18 @@ def test_the_reference_check_reads_what_the_map_writes():
         ("tests/io/test_io.py", "test_a"), (None, "test_b"), ("tests/cli/test_cli.py", None)]
 
 
+def test_the_serve_benchmarks_page_is_generated_from_the_json():
+    """benchmarks/serve_results.md (the measurements docs/serve.md points to) is what
+    benchmarks/serve_tables.py writes from the benchmarks' JSON and benchmarks/serve_notes.md;
+    regenerate it when this fails."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_tables.py"), "--check"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+
+
 def test_the_quality_benchmarks_page_is_generated_from_the_json():
     """benchmarks/quality.md is what benchmarks/quality_tables.py writes from the benchmarks' JSON
     and benchmarks/quality_notes.md; regenerate it when this fails."""
