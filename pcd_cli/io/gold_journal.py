@@ -7,10 +7,15 @@ One line per event (``GoldJournal.append_*``)::
     {"event": "annotation", "task": {"id": 7, "data": {...}}, "annotation": {"id": 31, "result": [...],
      "was_cancelled": false, "ground_truth": false, "completed_by": 1, "created_at": ..., "updated_at": ...}}
     {"event": "delete", "annotation": 31}
+    {"event": "delete_tasks", "tasks": [3, 4]}
+    {"event": "delete_project"}
 
 Reading (``GoldJournal.tasks``) replays the lines in order: an annotation line replaces any
 earlier line with the same annotation id (``ANNOTATION_UPDATED``: the latest wins), a delete line
-removes it; a task keeps its latest ``data``. What counts as gold is then decided by the one
+removes it, a ``delete_tasks`` line removes every annotation of those tasks (Label Studio's
+``TASKS_DELETED``: it deletes the tasks' annotations without an ``ANNOTATIONS_DELETED``), a
+``delete_project`` line everything before it (``PROJECT_DELETED``); a task keeps its latest
+``data``. What counts as gold is then decided by the one
 reader ``pcd eval`` reads exports with (``pcd_cli.io.annotations.label_studio_rows``):
 cancelled (skipped) annotations never count, ground-truth annotations alone where a task has
 any, one answer per annotator (the latest), the majority over annotators.
@@ -18,7 +23,9 @@ any, one answer per annotator (the latest), the majority over annotators.
 Appends are atomic: each event is one ``os.write`` of a whole line on a file opened with
 ``O_APPEND``, then ``fsync``; a line torn by a crash (the file does not end with a newline) is
 skipped when read, and the next append starts on a new line. The file survives restarts: a new
-``GoldJournal`` over the same path reads everything appended before.
+``GoldJournal`` over the same path reads everything appended before. An append that cannot be
+written (the folder or file not writable, the disk full) raises ``MachineError`` naming the
+path and the system's reason: the caller must tell whoever sent the event that it was not kept.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import os
 import threading
 from pathlib import Path
 
+from ..errors import MachineError
 from .annotations import ANSWERS_KEY, label_studio_rows
 
 log = logging.getLogger("pcd.server")
@@ -75,19 +83,39 @@ class GoldJournal:
         """Record that the annotation ``annotation_id`` was deleted (``ANNOTATIONS_DELETED``)."""
         self._append({"event": "delete", "annotation": annotation_id})
 
+    def append_task_delete(self, task_ids) -> None:
+        """Record that the tasks ``task_ids`` were deleted with their annotations (Label Studio's
+        ``TASKS_DELETED``, which carries only the ids)."""
+        self._append({"event": "delete_tasks", "tasks": list(task_ids)})
+
+    def append_project_delete(self) -> None:
+        """Record that the project was deleted (``PROJECT_DELETED``): nothing before counts."""
+        self._append({"event": "delete_project"})
+
     def _append(self, event: dict) -> None:
+        """Append one event line (module doc).
+
+        Raises:
+            MachineError: the line could not be written and synced; names the path and the
+                system's reason (``strerror``).
+        """
         line = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                size = os.fstat(fd).st_size
-                if size and _last_byte(self.path, size) != b"\n":
-                    line = b"\n" + line  # a torn line before: start on a new one
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and _last_byte(self.path, size) != b"\n":
+                        line = b"\n" + line  # a torn line before: start on a new one
+                    os.write(fd, line)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                where = exc.filename if isinstance(exc.filename, str) else str(self.path)
+                raise MachineError(f"gold journal {str(self.path)!r}: cannot write it ({where!r}: "
+                                   f"{exc.strerror or exc})") from None
 
     # -- reading ----------------------------------------------------------------------------------
     def events(self) -> list[dict]:
@@ -137,6 +165,15 @@ class GoldJournal:
                 tid = where.pop(key, None)
                 if tid is not None:
                     tasks[tid]["annotations"].pop(key, None)
+            elif kind == "delete_tasks":
+                for tid in {str(t) for t in event.get("tasks") or []}:
+                    for key in [k for k, t in where.items() if str(t) == tid]:
+                        where.pop(key)
+                    for t in [t for t in tasks if str(t) == tid]:
+                        del tasks[t]
+            elif kind == "delete_project":
+                tasks.clear()
+                where.clear()
         return [{"id": t["id"], "data": t["data"], "annotations": list(t["annotations"].values())}
                 for t in tasks.values() if t["annotations"]]
 

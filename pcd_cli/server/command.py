@@ -246,8 +246,40 @@ def label_studio_config(enabled: bool, *, url: str | None, retrain_every: int, t
     if url is not None and not url.startswith(("http://", "https://")):
         raise InputError(f"--label-studio-url {url!r}: give Label Studio's http:// or https:// address")
     folder = Path(state_dir or DEFAULT_STATE_DIR).expanduser()
+    check_state_dir(folder)
     return LabelStudioConfig(state_dir=str(folder / "label-studio"), label_studio_url=url, retrain_every=retrain_every,
                              tune_from_rows=tune_from_rows or TUNE_FROM_ROWS)
+
+
+def check_state_dir(folder: Path) -> None:
+    """Refuse, before the model loads, a ``--state-dir`` the Label Studio backend cannot keep its
+    journals and versions in: its ``label-studio/projects`` and ``label-studio/schemas`` folders
+    are created and a temporary file written in each, for real (permission bits say nothing to
+    root; a read-only mount or ``/proc`` refuse anyway).
+
+    Raises:
+        InputError: a folder cannot be created or written (exit 2); names ``--state-dir``, the
+            folder and the system's reason.
+    """
+    import tempfile
+
+    from ..io.files import os_reason
+
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--state-dir {str(folder)!r}: is a file, not a folder; give a folder for pcd's gold journals "
+                         "and model versions")
+    for sub in (folder / "label-studio" / "projects", folder / "label-studio" / "schemas"):
+        try:
+            sub.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            where = exc.filename if isinstance(exc.filename, str) else str(sub)
+            raise InputError(f"--state-dir {str(folder)!r}: cannot create the folder {where!r} ({os_reason(exc)}); "
+                             "give a folder pcd can write its gold journals and model versions in") from None
+        try:
+            tempfile.TemporaryFile(dir=sub).close()
+        except OSError as exc:
+            raise InputError(f"--state-dir {str(folder)!r}: cannot write in {str(sub)!r} ({os_reason(exc)}); give a "
+                             "folder pcd can write its gold journals and model versions in") from None
 
 
 def _logging(quiet: bool) -> None:

@@ -53,7 +53,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 from xml.etree import ElementTree
@@ -61,12 +61,19 @@ from xml.etree import ElementTree
 from ..io.gold_journal import JOURNAL_NAME, GoldJournal
 from ..retrain import (TUNE_FROM_ROWS, Fitted, Version, VersionHistory, adapter_bytes, changed_options,
                        fit_on_gold, fitted_bytes, not_worse, now, version_name)
+from ..errors import MachineError
+from ..io.annotations import label_studio_rows
+from ..tune import MIN_CALIBRATION_ROWS
 from .errors import ApiError
 
 log = logging.getLogger("pcd.server")
 
 #: Webhook actions that carry annotations (Label Studio's ``webhooks.models.WebhookAction``).
 ANNOTATION_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_CREATED")
+#: Webhook actions that take annotations out of the gold: ``ANNOTATIONS_DELETED`` (their ids),
+#: ``TASKS_DELETED`` (the tasks' ids: Label Studio deletes their annotations without sending
+#: ``ANNOTATIONS_DELETED``) and ``PROJECT_DELETED`` (everything of the project).
+DELETE_ACTIONS = ("ANNOTATIONS_DELETED", "TASKS_DELETED", "PROJECT_DELETED")
 #: Seconds to wait on Label Studio's API when telling it the new model version.
 API_TIMEOUT_S = 5.0
 
@@ -82,24 +89,58 @@ class LabelStudioConfig:
         retrain_every: start a retrain after this many new gold rows of a schema
             (``--retrain-every``); 0: only on ``START_TRAINING`` and ``/train``.
         tune_from_rows: gold rows from which a retrain tunes rather than calibrates.
+        min_gold_rows: gold rows each mapped field needs before a retrain runs (fewer: the run
+            is not started and ``/versions`` says which field has how many); default
+            ``pcd_cli.tune.MIN_CALIBRATION_ROWS``, the floor under which ``pcd tune`` leaves a
+            field uncalibrated.
     """
 
     state_dir: str
     label_studio_url: str | None = None
     retrain_every: int = 0
     tune_from_rows: int = TUNE_FROM_ROWS
+    min_gold_rows: int = MIN_CALIBRATION_ROWS
 
 
 # -- the label config ------------------------------------------------------------------------------
+#: Object tags pcd cannot read as Label Studio means them (tag -> why, and what to do instead):
+#: their value is not one plain text of the task. Refused at ``/setup`` (``map_config``).
+REFUSED_OBJECTS = {
+    "HyperText": "its value is HTML markup, which pcd would read as raw tags and text; give the plain text to a "
+                 "<Text> object",
+    "Paragraphs": "its value is a list of dialogue turns, not one text; join them into one string for a <Text> "
+                  "object",
+}
+
+
 @dataclass(frozen=True)
 class Control:
     """One ``<Choices>`` control of a Label Studio config: its ``name``, the object it labels
-    (``toName``), its ``<Choice value>`` options and whether several may be chosen."""
+    (``toName``), its options as Label Studio writes them in results (``choices``: each
+    ``<Choice>``'s ``alias`` when it has one, else its ``value``; Label Studio's Choice tag:
+    "the alias replaces the choice value in the annotation results") and their ``values``,
+    whether several may be chosen, and what pcd cannot serve: ``per_region`` (``perRegion="true"``:
+    one answer per region another control marks) and ``dynamic`` (``value="$key"``: choices
+    read from each task's data)."""
 
     name: str
     to_name: str
     choices: tuple[str, ...]
     multiple: bool
+    values: tuple[str, ...] = ()
+    per_region: bool = False
+    dynamic: str | None = None
+
+
+@dataclass(frozen=True)
+class TextObject:
+    """One object tag of a config (``<Text>``, ``<HyperText>``, ``<Image>`` ...): its ``tag``, its
+    ``value`` attribute (``$text`` -> data key ``text``; ``None`` when not a ``$`` variable) and
+    ``value_type`` (``valueType``, ``<Text>``'s ``text`` or ``url``)."""
+
+    tag: str
+    var: str | None
+    value_type: str = "text"
 
 
 @dataclass(frozen=True)
@@ -111,12 +152,26 @@ class ConfigMapping:
         fields: control name -> the schema field it answers.
         to_name: the ``<Text>`` object the controls label; ``text_var``: its data key (``$text``
             -> ``text``).
+        choices: control name -> {the field's label -> what Label Studio writes for it}, for the
+            labels a ``<Choice alias>`` renames (an empty map: every choice is written as the
+            label). Predictions write the right side; annotations are read back through it.
     """
 
     schema: str
     fields: dict[str, str]
     to_name: str
     text_var: str
+    choices: dict = field(default_factory=dict)
+
+    def written(self, control: str, label: str) -> str:
+        """What Label Studio writes in a result of ``control`` for the field's ``label``."""
+        return self.choices.get(control, {}).get(label, label)
+
+    def label_of(self, control: str, written: object) -> object:
+        """The field's label for what Label Studio wrote in a result of ``control`` (unknown
+        values come back unchanged, for the gold reader to report)."""
+        back = {w: label for label, w in self.choices.get(control, {}).items()}
+        return back.get(written, written) if isinstance(written, str) else written
 
 
 class MappingError(ApiError):
@@ -126,9 +181,9 @@ class MappingError(ApiError):
         super().__init__(422, "invalid_request_error", "label_config_not_mapped", message)
 
 
-def parse_config(xml: str) -> tuple[list[Control], dict[str, str]]:
-    """The ``<Choices>`` controls of a Label Studio labeling config and its ``<Text>`` objects
-    (name -> data key, ``value="$text"`` -> ``text``).
+def parse_config(xml: str) -> tuple[list[Control], dict[str, TextObject]]:
+    """The ``<Choices>`` controls of a Label Studio labeling config and its object tags (every
+    element with a ``name`` and a ``value`` that is not a control: name -> ``TextObject``).
 
     Raises:
         MappingError: not XML.
@@ -139,12 +194,50 @@ def parse_config(xml: str) -> tuple[list[Control], dict[str, str]]:
         raise MappingError(f"the label config is not XML ({exc})") from None
     controls = []
     for el in root.iter("Choices"):
-        choices = tuple(c.get("value") or c.get("alias") or "" for c in el.iter("Choice"))
-        controls.append(Control(el.get("name", ""), el.get("toName", ""), choices,
-                                el.get("choice", "single") == "multiple"))
-    texts = {el.get("name", ""): (el.get("value") or "").lstrip("$") for el in root.iter()
-             if el.tag in ("Text", "HyperText", "Paragraphs")}
-    return controls, texts
+        options = [c for c in el.iter("Choice")]
+        values = tuple(c.get("value") or c.get("alias") or "" for c in options)
+        written = tuple(c.get("alias") or c.get("value") or "" for c in options)
+        dynamic = el.get("value") if (el.get("value") or "").startswith("$") else None
+        controls.append(Control(el.get("name", ""), el.get("toName", ""), written,
+                                el.get("choice", "single") == "multiple", values,
+                                (el.get("perRegion") or "").lower() == "true", dynamic))
+    objects = {}
+    for el in root.iter():
+        if el.tag in ("Choices", "Choice", "Header", "View", "Style") or "name" not in el.attrib \
+                or "value" not in el.attrib or "toName" in el.attrib:
+            continue
+        value = el.get("value") or ""
+        objects[el.get("name", "")] = TextObject(el.tag, value[1:] if value.startswith("$") and len(value) > 1 else None,
+                                                 (el.get("valueType") or "text").lower())
+    return controls, objects
+
+
+def _unservable(control: Control) -> str | None:
+    """Why pcd cannot answer ``control`` as Label Studio means it (``None``: it can)."""
+    if control.per_region:
+        return (f"<Choices name={control.name!r} perRegion=\"true\"> answers per region that another control marks; "
+                "pcd answers one set of choices per task and cannot give a region id: remove perRegion")
+    if control.dynamic:
+        return (f"<Choices name={control.name!r} value={control.dynamic!r}> reads its choices from each task's data; "
+                "pcd answers a schema's fixed labels: list them as <Choice> tags")
+    return None
+
+
+def _object_problem(to_name: str, obj: TextObject | None) -> str | None:
+    """Why the object the controls label is not one plain text pcd can read (``None``: it is)."""
+    if obj is None:
+        return f"the <Choices> controls label {to_name!r}, which is no object of the config"
+    if obj.tag in REFUSED_OBJECTS:
+        return f"the <Choices> controls label <{obj.tag} name={to_name!r}>: {REFUSED_OBJECTS[obj.tag]}"
+    if obj.tag != "Text":
+        return f"the <Choices> controls label <{obj.tag} name={to_name!r}>; pcd labels text: a <Text value=\"$key\"> object"
+    if obj.value_type != "text":
+        return (f"<Text name={to_name!r} valueType={obj.value_type!r}>: the task holds a link to the text, and pcd "
+                "labels the task's text itself, never what a URL points to: put the text in the task (valueType "
+                "\"text\", the default)")
+    if obj.var is None:
+        return f"<Text name={to_name!r}> has no value=\"$key\" naming the task's text"
+    return None
 
 
 def map_config(xml: str, schemas: dict) -> ConfigMapping:
@@ -152,42 +245,56 @@ def map_config(xml: str, schemas: dict) -> ConfigMapping:
 
     A control maps to a field of the same name with the same labels (the config ``pcd review``
     writes); else to the one field whose labels are the control's choices (a config written by
-    hand). A schema serves the config when every control maps to a distinct field of it; exactly
-    one schema must. Booleans are the choices ``true``/``false``, a multi-select field a
-    ``choice="multiple"`` control.
+    hand). A control's choices are what Label Studio writes in results: a ``<Choice>``'s
+    ``alias`` when it has one, else its ``value``; a control whose aliases are not the field's
+    labels maps by its values (``value="NEGATIVE" alias="neg"``), and predictions then write the
+    aliases and annotations are read back through them (``ConfigMapping.choices``). A schema
+    serves the config when every control maps to a distinct field of it; exactly one schema
+    must. Booleans are the choices ``true``/``false``, a multi-select field a
+    ``choice="multiple"`` control. Controls other than ``<Choices>`` (``<TextArea>``,
+    ``<Labels>`` ...) get no prediction; they stay the annotators'.
 
     Args:
         schemas: name -> ``Schema`` (``service.named``' schemas).
 
     Raises:
-        MappingError: no ``<Choices>``; controls labelling different objects or a non-text
-            object; no schema, or more than one, serving every control (names the controls
-            that map nowhere, or the schemas).
+        MappingError: no ``<Choices>``; a ``<Choices>`` pcd cannot serve (``perRegion``, dynamic
+            ``value="$key"`` choices); controls labelling different objects; an object that is
+            not one plain text (``<HyperText>``, ``<Paragraphs>``, ``<Text valueType="url">``,
+            an image ...: ``_object_problem``, naming the tag and attribute); no schema, or more
+            than one, serving every control (names the controls that map nowhere, or the schemas).
     """
-    controls, texts = parse_config(xml)
+    controls, objects = parse_config(xml)
     if not controls:
         raise MappingError("the label config has no <Choices> control; pcd answers classification configs "
                            "(pcd review --to label-studio writes one)")
+    for control in controls:
+        problem = _unservable(control)
+        if problem:
+            raise MappingError(problem)
     targets = {c.to_name for c in controls}
     if len(targets) != 1:
         raise MappingError(f"the <Choices> controls label several objects ({', '.join(sorted(targets))}); pcd "
                            "labels one text per task")
     to_name = targets.pop()
-    if to_name not in texts or not texts[to_name]:
-        raise MappingError(f"the <Choices> controls label {to_name!r}, which is not a <Text value=\"$key\"> object")
+    problem = _object_problem(to_name, objects.get(to_name))
+    if problem:
+        raise MappingError(problem)
     fits, misses = {}, {}
     for name, schema in schemas.items():
-        fields, missing = {}, []
+        fields, renamed, missing = {}, {}, []
         for control in controls:
-            field = _field_for(control, schema, taken=set(fields.values()))
-            if field is None:
+            found = _field_for(control, schema, taken=set(fields.values()))
+            if found is None:
                 missing.append(control.name)
             else:
-                fields[control.name] = field
-        (misses if missing else fits)[name] = missing or fields
+                fields[control.name] = found[0]
+                if found[1]:
+                    renamed[control.name] = found[1]
+        (misses if missing else fits)[name] = missing or (fields, renamed)
     if len(fits) == 1:
-        name, fields = fits.popitem()
-        return ConfigMapping(name, fields, to_name, texts[to_name])
+        name, (fields, renamed) = fits.popitem()
+        return ConfigMapping(name, fields, to_name, objects[to_name].var, renamed)
     if len(fits) > 1:
         raise MappingError(f"the label config fits several served schemas ({', '.join(sorted(fits))}); name the "
                            "<Choices> controls after one schema's fields")
@@ -197,13 +304,18 @@ def map_config(xml: str, schemas: dict) -> ConfigMapping:
                        "schema served") + "); write the config with pcd review --to label-studio")
 
 
-def _field_for(control: Control, schema, taken: set[str]) -> str | None:
-    fields = [f for f in schema.declared if f.name not in taken and (f.type == "multi") == control.multiple
-              and set(f.labels) == set(control.choices)]
-    named = [f for f in fields if f.name == control.name]
-    if named:
-        return named[0].name
-    return fields[0].name if len(fields) == 1 else None
+def _field_for(control: Control, schema, taken: set[str]) -> tuple[str, dict] | None:
+    """The field ``control`` answers and {label: what Label Studio writes} for the labels an
+    alias renames; matched by what Label Studio writes first, then by the ``<Choice value>``s."""
+    for options in (control.choices, control.values):
+        written = dict(zip(options, control.choices))
+        fields = [f for f in schema.declared if f.name not in taken and (f.type == "multi") == control.multiple
+                  and {str(l) for l in f.labels} == set(written)]
+        named = [f for f in fields if f.name == control.name]
+        pick = named[0] if named else (fields[0] if len(fields) == 1 else None)
+        if pick is not None:
+            return pick.name, {str(l): written[str(l)] for l in pick.labels if written[str(l)] != str(l)}
+    return None
 
 
 # -- the backend ------------------------------------------------------------------------------------
@@ -250,6 +362,8 @@ class LabelStudioBackend:
         self._lock = threading.Lock()
         self._training: dict[str, threading.Thread] = {}
         self._rows_at_last_run: dict[str, int] = {}
+        #: schema -> why its last training trigger did not start a run (``missing_gold``)
+        self.refusals: dict[str, str] = {}
         self.histories: dict[str, VersionHistory] = {}
         #: id(labeler) -> the version it is (set before a labeler is swapped in); the base model's
         #: labelers are not in it (``version_of``)
@@ -277,7 +391,10 @@ class LabelStudioBackend:
             changed = project not in self.links or self.links[project].mapping != mapping
             self.links[project] = link
         if changed:
-            await asyncio.to_thread(self._save_link, link)
+            try:
+                await asyncio.to_thread(self._save_link, link)
+            except OSError as exc:
+                raise state_unwritable(f"project {project}'s link ({exc.filename or self.state})", exc) from None
             log.info("label studio project %s mapped to schema %s (%s)", project, mapping.schema,
                      ", ".join(f"{c}->{f}" for c, f in mapping.fields.items()))
         return self.histories[mapping.schema].current
@@ -321,12 +438,38 @@ class LabelStudioBackend:
         return GoldJournal(self.state / "projects" / project / JOURNAL_NAME)
 
     def journal_event(self, project: str, action: str, body: dict) -> int:
+        """Append one webhook's event to the project's journal: its annotations
+        (``ANNOTATION_ACTIONS``) or what a ``DELETE_ACTIONS`` deletes; returns the events written.
+        ``PROJECT_DELETED`` also forgets the project's link.
+
+        Raises:
+            ApiError: 503 ``journal_unwritable`` (``state_unwritable``) when the journal cannot be
+                written: the event is not kept and the answer says where and why.
+        """
+        try:
+            return self._journal_event(project, action, body)
+        except MachineError as exc:
+            raise state_unwritable("gold journal", exc) from None
+
+    def _journal_event(self, project: str, action: str, body: dict) -> int:
         journal = self.journal(project)
         if action == "ANNOTATIONS_DELETED":
             ids = [a.get("id") if isinstance(a, dict) else a for a in _as_list(body.get("annotations"))]
             for aid in ids:
                 journal.append_delete(aid)
             return len(ids)
+        if action == "TASKS_DELETED":
+            ids = [t.get("id") if isinstance(t, dict) else t for t in _as_list(body.get("tasks"))]
+            ids = [t for t in ids if t is not None]
+            if ids:
+                journal.append_task_delete(ids)
+            return len(ids)
+        if action == "PROJECT_DELETED":
+            journal.append_project_delete()
+            with self._lock:
+                self.links.pop(project, None)
+            (self.state / "projects" / project / "link.json").unlink(missing_ok=True)
+            return 1
         annotations = _as_list(body.get("annotation", body.get("annotations")))
         tasks = {t.get("id"): t for t in _as_list(body.get("task", body.get("tasks"))) if isinstance(t, dict)}
         n = 0
@@ -344,14 +487,68 @@ class LabelStudioBackend:
         return n
 
     def journal_tasks(self, project: str, tasks: list) -> int:
+        """Append every annotation of ``tasks`` (``/train``'s body) to the project's journal.
+
+        Raises:
+            ApiError: 503 ``journal_unwritable`` when the journal cannot be written.
+        """
         journal = self.journal(project)
         n = 0
-        for task in tasks:
-            if isinstance(task, dict):
-                for a in task.get("annotations") or []:
-                    journal.append_annotation(task, a)
-                    n += 1
+        try:
+            for task in tasks:
+                if isinstance(task, dict):
+                    for a in task.get("annotations") or []:
+                        journal.append_annotation(task, a)
+                        n += 1
+        except MachineError as exc:
+            raise state_unwritable("gold journal", exc, kept=n) from None
         return n
+
+    def gold_tasks(self, schema: str) -> list[dict]:
+        """The journals of the projects mapped to ``schema`` as one Label Studio export in the
+        schema's terms, through each project's mapping (the one ``/setup`` made): a result of a
+        mapped control is named after its field and its choices are the field's labels
+        (``ConfigMapping.label_of``: an alias read back); results of other controls are left
+        out. Each task's ``data`` gets the record text under ``text`` (from the config's text
+        variable) and ``ls-<project>-<task id>`` under ``id`` when it has none."""
+        job = self.service.named[schema].options
+        tasks = []
+        for p, link in list(self.links.items()):
+            if link.mapping.schema != schema:
+                continue
+            mapping = link.mapping
+            for task in self.journal(p).tasks():
+                data = dict(task["data"])
+                data.setdefault(job.id_field or "id", f"ls-{p}-{task['id']}")
+                if mapping.text_var in data:
+                    data[GOLD_TEXT] = data[mapping.text_var]
+                annotations = [{**a, "result": _in_schema_terms(a.get("result"), mapping)}
+                               for a in task["annotations"] if isinstance(a, dict)]
+                tasks.append({**task, "data": data, "annotations": annotations})
+        return tasks
+
+    def missing_gold(self, schema: str, tasks: list[dict]) -> str | None:
+        """What the gold ``tasks`` (``gold_tasks``) lack for a retrain of ``schema``: each mapped
+        field needs ``min_gold_rows`` rows whose answer is one of its labels (a calibration or
+        tune judged on fewer is noise: ``pcd tune`` leaves such a field uncalibrated). ``None``
+        when every field has enough."""
+        entry = self.service.named[schema]
+        mapped = {f for link in list(self.links.values()) if link.mapping.schema == schema
+                  for f in link.mapping.fields.values()}
+        rows = label_studio_rows(tasks, "the gold journal")
+        short = []
+        for f in entry.schema.declared:
+            if f.name not in mapped:
+                continue
+            labels = {str(l) for l in f.labels}
+            n = sum(1 for r in rows if _is_label(r.get(f.name), labels, f.type == "multi"))
+            if n < self.config.min_gold_rows:
+                short.append(f"field {f.name!r} {n}")
+        if not short:
+            return None
+        return (f"not enough gold to retrain: annotated rows with one of the field's labels: {', '.join(short)}; "
+                f"each mapped field needs at least {self.config.min_gold_rows} (fewer cannot judge a calibration or "
+                "tune: pcd tune leaves such a field uncalibrated); annotate more tasks and train again")
 
     # -- learning -------------------------------------------------------------------------------
     def gold_rows(self, schema: str) -> int:
@@ -371,12 +568,25 @@ class LabelStudioBackend:
 
     def start_training(self, project: str) -> str:
         """Start a retrain of the schema ``project`` maps to, in a background thread; returns
-        ``started``, ``busy`` (one runs for that schema) or ``unmapped`` (no ``/setup`` yet)."""
+        ``started``, ``busy`` (one runs for that schema), ``unmapped`` (no ``/setup`` yet) or
+        ``not_enough_gold`` (``missing_gold``: not started; the reason is a line of the schema's
+        version history and ``training_answer``'s ``reason``)."""
         link = self.links.get(project)
         if link is None:
             log.warning("label studio project %s: training asked before /setup mapped it; nothing done", project)
             return "unmapped"
         schema = link.mapping.schema
+        running = self._training.get(schema)
+        if running is None or not running.is_alive():
+            tasks = self.gold_tasks(schema)
+            missing = self.missing_gold(schema, tasks)
+            if missing:
+                rows = self._rows_at_last_run[schema] = self.gold_rows(schema)
+                method = "tune" if rows >= self.config.tune_from_rows else "calibrate"
+                self.refusals[schema] = missing
+                self.histories[schema].add(Version(f"not-started-{now()}", method, False, now(), rows, reason=missing))
+                log.warning("schema %s: retrain not started: %s", schema, missing)
+                return "not_enough_gold"
         with self._lock:
             running = self._training.get(schema)
             if running is not None and running.is_alive():
@@ -387,6 +597,15 @@ class LabelStudioBackend:
             self._training[schema] = thread
             thread.start()
         return "started"
+
+    def training_answer(self, project: str) -> dict:
+        """What a training trigger (``START_TRAINING``, ``/train``) is answered: ``{"training":
+        start_training's status}``, with ``reason`` when the run was not started for want of gold."""
+        status = self.start_training(project)
+        link = self.links.get(project)
+        if status == "not_enough_gold" and link is not None:
+            return {"training": status, "reason": self.refusals.get(link.mapping.schema, "")}
+        return {"training": status}
 
     def wait_training(self, timeout: float = 600.0) -> None:
         """Join the running retrain threads (tests, shutdown)."""
@@ -402,28 +621,30 @@ class LabelStudioBackend:
         projects = [p for p, link in list(self.links.items()) if link.mapping.schema == schema]
         work = self.state / "schemas" / schema / f"run-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-" \
                                                   f"{threading.get_ident() % 10000:04d}"
-        work.mkdir(parents=True, exist_ok=True)
         gold = work / "gold.export.json"
         job = entry.options
-        tasks = []
-        for p in projects:
-            for task in self.journal(p).tasks():
-                data = dict(task["data"])
-                data.setdefault(job.id_field or "id", f"ls-{p}-{task['id']}")
-                var = self.links[p].mapping.text_var
-                if var != job.text_field and var in data:
-                    data[job.text_field] = data[var]
-                tasks.append({**task, "data": data})
+        tasks = self.gold_tasks(schema)  # in the schema's terms, through each project's mapping
         from ..io.files import write_atomic
 
-        write_atomic(gold, json.dumps(tasks, ensure_ascii=False).encode())
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+            write_atomic(gold, json.dumps(tasks, ensure_ascii=False).encode())
+        except OSError as exc:
+            history.add(Version(f"failed-{now()}", "calibrate", False, now(), reason=f"the run's folder {str(work)!r} "
+                                f"cannot be written ({type(exc).__name__}: {exc}); the served model stays"))
+            log.warning("schema %s: retrain failed: %s cannot be written (%s)", schema, work, exc)
+            return
         rows = sum(1 for p in projects for _ in self.journal(p).gold_rows())
         self._rows_at_last_run[schema] = rows
         method = "tune" if rows >= self.config.tune_from_rows else "calibrate"
         log.info("schema %s: retrain (%s) on %d gold rows of project%s %s", schema, method, rows,
                  "s" if len(projects) != 1 else "", ", ".join(projects))
         try:
-            fitted = self.fit(method, gold, entry.schema, replace(job, id_field=None), work)
+            # the export holds each task's record text (a --template's text composed already, as
+            # pcd review writes it) under GOLD_TEXT: read it as it is, then serve with the job's own
+            fitted = self.fit(method, gold, entry.schema, replace(job, id_field=None, template=None,
+                                                                  text_field=GOLD_TEXT), work)
+            fitted.job = replace(fitted.job, template=job.template, text_field=job.text_field, id_field=job.id_field)
             ok, why = not_worse(fitted.before, fitted.after)
             version = version_name(job.model or "embedded", fitted_bytes(fitted.path))
             record = Version(version, method, False, now(), rows, fitted.holdout_rows, fitted.before, fitted.after,
@@ -538,6 +759,47 @@ def _api(base: str, token: str, method: str, path: str, body: dict | None = None
             return json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         raise OSError(f"{method} {path}: {exc.code} {exc.read()[:300].decode('utf-8', 'replace')}") from None
+
+
+#: The data key of the record text in the export a retrain reads (``gold_tasks``).
+GOLD_TEXT = "text"
+
+
+def _in_schema_terms(results: object, mapping: ConfigMapping) -> list:
+    """An annotation's results with each mapped control's ``from_name`` its field and its choices
+    the field's labels (``ConfigMapping.label_of``); results of unmapped controls dropped."""
+    out = []
+    for r in results if isinstance(results, list) else []:
+        if not isinstance(r, dict) or r.get("from_name") not in mapping.fields:
+            continue
+        control = r["from_name"]
+        value = r.get("value") if isinstance(r.get("value"), dict) else {}
+        choices = value.get("choices")
+        if isinstance(choices, list):
+            value = {**value, "choices": [mapping.label_of(control, c) for c in choices]}
+        out.append({**r, "from_name": mapping.fields[control], "value": value})
+    return out
+
+
+def _is_label(value: object, labels: set[str], multi: bool) -> bool:
+    """Whether a gold row's answer is one of the field's labels (a multi field: a list of them)."""
+    if multi:
+        return isinstance(value, list) and all(str(v) in labels for v in value) or \
+            (isinstance(value, str) and value in labels)
+    return isinstance(value, str) and value in labels
+
+
+def state_unwritable(what: str, exc: BaseException, *, kept: int | None = None) -> ApiError:
+    """The 503 answer (``journal_unwritable``) for an event pcd could not keep on disk: names the
+    file and the system's reason (``exc``'s message) and says the event was not kept, so that
+    the sender sees it (Label Studio shows a webhook's failed answer; the annotation itself stays
+    in Label Studio and is journalled when sent again: saved anew, or through ``/train``). The
+    same line goes to the log."""
+    done = f" ({kept} event{'s' if kept != 1 else ''} before it were kept)" if kept else ""
+    message = (f"{what}: {exc}; this event was not kept in pcd's gold{done}: make the --state-dir folder "
+               "writable, then send it again (save the annotation again, or train with /train)")
+    log.warning("label studio: %s", message)
+    return ApiError(503, "server_error", "journal_unwritable", message, {"Retry-After": "60"})
 
 
 def project_id(value) -> str | None:

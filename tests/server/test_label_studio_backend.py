@@ -32,7 +32,7 @@ BODIES = json.loads((Path(__file__).parent / "cases" / "label_studio" / "bodies.
 @pytest.fixture
 def srv(tmp_path):
     before = {t.ident for t in threading.enumerate()}
-    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state")))
+    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state"), min_gold_rows=1))
     with serve(app_config=config) as server:
         yield server
     check_nothing_left(before)
@@ -48,7 +48,7 @@ def test_setup_maps_the_review_config_and_answers_the_model_version(srv, tmp_pat
     assert r.json() == {"model_version": "embedded:base"}
     link = json.loads((tmp_path / "state" / "projects" / "3" / "link.json").read_text())
     assert link == {"project": "3", "mapping": {"schema": "triage", "fields": {"sentiment": "sentiment"},
-                                                "to_name": "text", "text_var": "text"}}
+                                                "to_name": "text", "text_var": "text", "choices": {}}}
     assert "0123456789abcdef" not in json.dumps(link)  # the token stays in memory
 
 
@@ -119,12 +119,17 @@ def test_predict_passes_label_studio_sdk_validation(srv):
 
 
 def test_predict_task_without_text_keeps_the_count(srv):
+    """A task without its text gets no prediction (an empty list: Label Studio stores none for it,
+    so no invented score 0.0 puts it first in uncertainty sampling); the count stays and the
+    response's ``errors`` names the task and the key."""
     post(srv, "/setup", BODIES["setup"])
     body = dict(BODIES["predict"], tasks=[{"id": 1, "data": {"other": "x"}}, BODIES["predict"]["tasks"][1]])
-    results = post(srv, "/predict", body).json()["results"]
+    answer = post(srv, "/predict", body).json()
+    results = answer["results"]
     assert len(results) == 2
-    assert results[0] == {"result": [], "score": 0.0, "model_version": "embedded:base"}
+    assert results[0] == []
     assert results[1]["result"][0]["value"]["choices"][0] in ("NEGATIVE", "NEUTRAL", "POSITIVE")
+    assert answer["errors"] == [{"task": 1, "index": 0, "error": "task 1: data.text: no text (missing or null)"}]
 
 
 def test_predict_without_setup_maps_the_body_label_config(srv):

@@ -105,7 +105,7 @@ def label_studio(tmp_path):
 def test_label_studio_round_trip(label_studio, tmp_path):
     api = httpx.Client(base_url=label_studio, headers={"Authorization": f"Token {TOKEN}"}, timeout=120)
     host = TokenizingHost()
-    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state")))
+    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state"), min_gold_rows=1))
     with serve(host, app_config=config) as srv:
         backend = srv.server.config.app.state.label_studio
         backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.75, "nll": 0.8})

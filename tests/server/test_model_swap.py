@@ -33,7 +33,7 @@ OLD_P, NEW_P = 0.7, 0.9
 def ls(tmp_path):
     before = {t.ident for t in threading.enumerate()}
     host = TokenizingHost(delay=0.01)
-    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state")))
+    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path / "state"), min_gold_rows=1))
     with serve(host, config=ServiceConfig(chunk_records=2), app_config=config) as server:
         backend = server.server.config.app.state.label_studio
         backend.build = lambda schema, job, own: retrained_labeler(schema, job, host, prob=NEW_P)
@@ -144,7 +144,7 @@ def test_one_run_per_schema_and_the_webhook_answers_within_a_second(ls):
 def test_retrain_every_n_gold_rows(tmp_path):
     before = {t.ident for t in threading.enumerate()}
     host = TokenizingHost()
-    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path), retrain_every=2))
+    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path), retrain_every=2, min_gold_rows=1))
     with serve(host, app_config=config) as srv:
         backend = srv.server.config.app.state.label_studio
         backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.6, "nll": 0.9})
@@ -173,7 +173,7 @@ def test_not_worse(before, after, ok):
 
 def test_a_restart_serves_the_last_accepted_version_and_keeps_the_journal(tmp_path):
     before = {t.ident for t in threading.enumerate()}
-    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path)))
+    config = AppConfig(label_studio=LabelStudioConfig(state_dir=str(tmp_path), min_gold_rows=1))
     with serve(TokenizingHost(), app_config=config) as srv:
         backend = srv.server.config.app.state.label_studio
         backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.6, "nll": 0.9})

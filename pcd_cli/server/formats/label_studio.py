@@ -18,10 +18,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...io.output import chosen_options
+from ...io.values import CellError, cell_text
 from ...results import Record, RecordFailure, RecordResult
 from ...schema.model import Field, Schema
 from ..errors import ApiError, json_response
-from ..label_studio import ANNOTATION_ACTIONS, ConfigMapping, LabelStudioBackend, map_config, project_id
+from ..label_studio import (ANNOTATION_ACTIONS, DELETE_ACTIONS, ConfigMapping, LabelStudioBackend, map_config,
+                            project_id)
+from ..service import DeadlineExceeded
 from ..wire import Call, Server, route
 
 
@@ -68,13 +71,21 @@ def field_answer(f: Field, part: tuple[int, ...], result: RecordResult) -> tuple
     return choices, _f32(fr.prob), probs
 
 
-def prediction(result: RecordResult | RecordFailure, schema: Schema, mapping: ConfigMapping, version: str) -> dict:
-    """One task's prediction: per mapped field a ``choices`` result with the label's probability as
-    ``score`` and the full distribution under ``meta.probs``; the task's ``score`` the review score
-    (the lowest chosen-label probability over the fields, as ``pcd review`` orders); a task
-    without a result (no text, or a failed record) an empty result and score 0."""
+def prediction(result: RecordResult | RecordFailure, schema: Schema, mapping: ConfigMapping,
+               version: str) -> dict | list:
+    """One task's prediction: per mapped field a ``choices`` result, its choices written as Label
+    Studio writes them (``ConfigMapping.written``: a ``<Choice alias>`` when the config has one),
+    the label's probability as ``score`` and the full distribution (by the field's labels) under
+    ``meta.probs``; the task's ``score`` the review score (the lowest chosen-label probability
+    over the fields, as ``pcd review`` orders).
+
+    A task without a result (no text, or a failed record) gets no prediction: an empty list,
+    which Label Studio's ML client reads as "no prediction for this task" (``MLBackend.
+    _get_predictions_from_ml_backend`` takes a list per task and stores each item), so the count
+    of results still matches the tasks and no invented score (0.0 would be served first by
+    uncertainty sampling) is stored; the reason is in the response's ``errors``."""
     if not isinstance(result, RecordResult):
-        return {"result": [], "score": 0.0, "model_version": version}
+        return []
     parts = {f.name: (f, part) for f, part in schema.declared_parts()}
     items, probs = [], []
     for control, name in mapping.fields.items():
@@ -83,8 +94,26 @@ def prediction(result: RecordResult | RecordFailure, schema: Schema, mapping: Co
         if choices is None:
             continue
         items.append({"from_name": control, "to_name": mapping.to_name, "type": "choices",
-                      "value": {"choices": choices}, "score": prob, "meta": {"probs": dist}})
+                      "value": {"choices": [mapping.written(control, c) for c in choices]}, "score": prob,
+                      "meta": {"probs": dist}})
     return {"result": items, "score": float(min(probs)) if probs else 0.0, "model_version": version}
+
+
+def task_record(i: int, task: object, mapping: ConfigMapping) -> Record | RecordFailure:
+    """Task ``i`` of a ``/predict`` body as a record: its ``data[text_var]`` read by the CLI's value
+    rule (``pcd_cli.io.values.cell_text``: a number or boolean in its JSON spelling, ``737`` ->
+    ``"737"``, as ``pcd label`` and ``/v1/label`` read it); a failure naming the task and the key
+    when the text is missing, null or not a scalar."""
+    tid = task.get("id", i) if isinstance(task, dict) else i
+    data = task.get("data") if isinstance(task, dict) else None
+    value = data.get(mapping.text_var) if isinstance(data, dict) else None
+    what = f"task {tid!r}: data.{mapping.text_var}"
+    if value is None:
+        return RecordFailure(str(i), f"{what}: no text (missing or null)", row=i)
+    try:
+        return Record(str(i), cell_text(value, what), row=i)
+    except CellError as exc:
+        return RecordFailure(str(i), str(exc), row=i)
 
 
 def routes(server: Server) -> list[Route]:
@@ -109,45 +138,56 @@ def routes(server: Server) -> list[Route]:
         return json_response({"model_version": version})
 
     async def predict(call: Call) -> Response:
-        """``POST /predict``: every task through the packing worker in one submit (``Call.submit``:
-        the deadline counts from the request's arrival); one prediction per task, in order."""
+        """``POST /predict``: the tasks through the packing worker (``Call.submit``: the deadline
+        counts from the request's arrival), in slices of ``--max-records-per-request`` tasks one
+        after the other; one prediction per task, in order, each with the version that decoded it."""
         body = await _body(call, backend)
         tasks = body.get("tasks")
         if not isinstance(tasks, list):
             raise _invalid("/predict needs 'tasks', a list")
         mapping = backend.link(project_id(body.get("project")), body.get("label_config")).mapping
         schema = call.service.named[mapping.schema].schema
-        records: list[Record | RecordFailure] = []
-        for i, task in enumerate(tasks):
-            data = task.get("data") if isinstance(task, dict) else None
-            text = data.get(mapping.text_var) if isinstance(data, dict) else None
-            records.append(Record(str(i), text, row=i) if isinstance(text, str) else
-                           RecordFailure(str(i), f"task {i}: no data.{mapping.text_var} text", row=i))
-        submitted = await call.submit(schema, records)
-        version = backend.version_of(mapping.schema, submitted.labeler)  # the model that decoded them
-        results = [prediction(r, schema, mapping, version) for r in submitted.results]
-        return json_response({"results": results, "model_version": version})
+        records = [task_record(i, task, mapping) for i, task in enumerate(tasks)]
+        decoded, results, version = [], [], backend.version_of(mapping.schema, None)
+        # --max-records-per-request (limits.MAX_RECORDS_PER_REQUEST): Label Studio cannot split the
+        # tasks a user selected, so they are queued in slices of that many, one after the other,
+        # under the request's one deadline (a 503 counts the tasks of every slice decoded)
+        most = max(1, int(call.config.max_records_per_request))
+        for start in range(0, len(records), most):
+            try:
+                submitted = await call.submit(schema, records[start:start + most])
+            except DeadlineExceeded as exc:
+                raise exc.counted(start, len(records), "tasks") from None
+            version = backend.version_of(mapping.schema, submitted.labeler)  # the model that decoded them
+            decoded += submitted.results
+            results += [prediction(r, schema, mapping, version) for r in submitted.results]
+        errors = [{"task": t.get("id") if isinstance(t, dict) else None, "index": i, "error": r.error}
+                  for i, (t, r) in enumerate(zip(tasks, decoded)) if isinstance(r, RecordFailure)]
+        return json_response({"results": results, "model_version": version, **({"errors": errors} if errors else {})})
 
     async def webhook(call: Call) -> Response:
-        """``POST /webhook``: an annotation event is appended to the project's journal (the only
-        work before answering); ``START_TRAINING`` starts a retrain; other actions are answered
-        ``ignored``. Answers 200 ``{"status", ...}``."""
+        """``POST /webhook``: an annotation event, or a deletion (``DELETE_ACTIONS``: annotations,
+        tasks, the project), is appended to the project's journal (the only work before
+        answering; a journal that cannot be written is answered 503 naming it and the reason);
+        ``START_TRAINING`` starts a retrain (``training_answer``: with the reason when there is
+        not enough gold); other actions are answered ``ignored``. Answers 200 ``{"status", ...}``."""
         body = await _body(call, backend)
         action = body.get("action")
         project = project_id(body.get("project"))
         if project is None and isinstance(body.get("task"), dict):
             project = project_id(body["task"].get("project"))
-        if action in ANNOTATION_ACTIONS or action == "ANNOTATIONS_DELETED":
+        if action in ANNOTATION_ACTIONS or action in DELETE_ACTIONS:
             if project is None:
                 raise _invalid(f"{action}: no project in the body")
             n = await asyncio.to_thread(backend.journal_event, project, action, body)
-            status = await asyncio.to_thread(backend.maybe_retrain, project) if action != "ANNOTATIONS_DELETED" \
+            status = await asyncio.to_thread(backend.maybe_retrain, project) if action in ANNOTATION_ACTIONS \
                 else None
             return json_response({"status": "ok", "action": action, "events": n, "training": status})
         if action == "START_TRAINING":
             if project is None:
                 raise _invalid("START_TRAINING: no project")
-            return json_response({"status": "ok", "action": action, "training": backend.start_training(project)})
+            answer = await asyncio.to_thread(backend.training_answer, project)
+            return json_response({"status": "ok", "action": action, **answer})
         return json_response({"status": "ignored", "action": action})
 
     async def train(call: Call) -> Response:
@@ -161,7 +201,7 @@ def routes(server: Server) -> list[Route]:
         if project not in backend.links and isinstance(body.get("label_config"), str):
             backend.link(project, body["label_config"])
         n = await asyncio.to_thread(backend.journal_tasks, project, tasks)
-        return json_response({"events": n, "training": backend.start_training(project)}, 201)
+        return json_response({"events": n, **await asyncio.to_thread(backend.training_answer, project)}, 201)
 
     async def versions(call: Call) -> Response:
         """``GET /versions``: ``{"versions": [the accepted version names, oldest first], "schemas":
