@@ -1,6 +1,6 @@
 """Checks on the text a request brings, made before anything reaches the tokenizer: pure functions
 over strings and ``Schema`` values (no model, no HTTP), shared by the HTTP layer
-(``protocols.check_json``) and the service (``LabelService.submit``).
+(``wire.check_json``) and the service (``LabelService.submit``).
 
 * **Lone surrogates** (``lone_surrogate``): JSON's ``\\ud83d`` escape can spell half of a UTF-16
   pair, which Python keeps in a ``str`` but UTF-8 (and so every tokenizer) cannot encode. One such
