@@ -23,6 +23,7 @@ fraction of that when packed with others.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -188,6 +189,25 @@ class Decoder:
         #: head KV caches, one per RoPE variant in use (``Backend.rope_variant``)
         self.caches = {}
         self.cache = self._head_cache(backend.rope_variant(fixed))
+
+    #: called (no arguments) before each forward pass of ``decode``, when set: ``pcd serve``'s
+    #: worker stops a decode call nobody waits for any more (the callable raises, and the call
+    #: ends with the cache cropped back to the head) or decodes other work between two passes
+    #: (on another decoder: this one's cache holds the group in flight)
+    between_passes = None
+
+    def spare(self) -> "Decoder":
+        """A decoder sharing this one's compiled plan, backend and options, with head caches of
+        its own (prefilled on first use), so that both may be in the middle of a decode call at
+        once (one thread calls them in turn: ``pcd serve`` decodes short records between a long
+        record's passes). Its ``record_passes`` counts its own passes from 0."""
+        twin = copy.copy(self)
+        twin.caches = {}
+        twin.record_passes = 0
+        twin.tokens_fed = 0
+        twin.between_passes = None
+        twin.cache = None
+        return twin
 
     def _head_cache(self, variant):
         """The head's KV cache for RoPE ``variant`` (prefilled on first use)."""
@@ -552,6 +572,8 @@ class Decoder:
                 gather[r, : len(queries[i][1])] = queries[i][1]
             if len(keep) == 0:
                 keep, gather = np.array([0]), np.full((1, 1), -1, dtype=np.int64)
+            if self.between_passes is not None and not self._training:
+                self.between_passes()
             if self._training:
                 lp_tensor = backend.forward_train(cache, ids[a:b], pos[a:b], visible, keep, gather)
                 lp = backend.to_numpy(lp_tensor)

@@ -21,11 +21,29 @@ options) are never packed together. A batch holding a single chunk is exactly th
 ``pcd label`` makes, so a request alone on an idle server gets ``pcd label``'s results bit for bit;
 under packing, labels agree and probabilities move within the decoder's packed-vs-single bound
 (docs/serve.md). With packing off, every batch is one chunk of one request.
+
+Long records (``ServiceConfig.long_record_tokens``, ``limits.LONG_RECORD_TOKENS``): a record
+estimated longer is never packed; it is decoded alone, in a decode call of its own, on the
+entry's spare labeler (the same compiled schema and model, its own head cache), and between two
+of its forward passes the worker decodes one batch of the other queued requests' short records on
+the entry's labeler. A short request queued behind a long record therefore waits for at most one
+of the long record's passes per batch, not for the whole record (a 79 kB ticket is 17 passes).
+
+Deadlines: a request past its deadline is answered 503 at the deadline, saying how many of its
+records were decoded (results delivered, not records taken). A decode call still running for it
+is abandoned before its next forward pass once no request in it is live any more: at most the
+pass in flight runs after the answer, and its results are dropped and never counted
+(``pcd_records_total`` counts records whose decode call completed).
+
+Queue room (``max_queued_requests``, ``max_queued_records``): requests waiting for a decode call
+are counted; a request whose question set is still compiling is not queueing, and is bounded
+apart by the same numbers, so a slow compile never takes the room of a served schema's request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import threading
@@ -123,6 +141,8 @@ class ServiceConfig:
         max_compile_cost: most estimated label tokens (``textcheck.compile_cost``: options ×
             tokens) of a schema built from a request; more is 413 ``too_costly``, refused before
             anything is compiled (startup schemas are not bounded).
+        long_record_tokens: estimated tokens beyond which a record is decoded alone and the
+            other requests' chunks are decoded between its forward passes (module doc).
     """
 
     packing: bool = True
@@ -134,6 +154,36 @@ class ServiceConfig:
     max_cached_schemas: int = limits.MAX_CACHED_SCHEMAS
     request_timeout_s: float | None = limits.REQUEST_TIMEOUT_S
     max_compile_cost: int = limits.MAX_COMPILE_COST
+    long_record_tokens: int = limits.LONG_RECORD_TOKENS
+
+
+class DeadlineExceeded(ApiError):
+    """503 ``deadline_exceeded``: a request not answered within its deadline.
+
+    Attributes:
+        done: records whose results were delivered (decoded) before the deadline; total: the
+            request's records; fits: records the recent decode rate gets through in the request's
+            time (``None``: no rate measured yet).
+    """
+
+    def __init__(self, done: int, total: int, seconds: float | None, fits: int | None, retry_after: int,
+                 unit: str = "records"):
+        self.done, self.total, self.seconds, self.fits, self.unit = done, total, seconds, fits, unit
+        within = f"{seconds:.2g} s" if seconds is not None else "its deadline"
+        size = f"; at the recent rate about {fits} {unit} fit in {within}" if fits is not None else ""
+        super().__init__(503, "server_error", "deadline_exceeded",
+                         f"the request was not answered within {within} ({done} of {total} {unit} decoded{size}; "
+                         "--request-timeout-s): send fewer, or retry later", {"Retry-After": str(retry_after)})
+
+    def counted(self, before: int, total: int, unit: str) -> "DeadlineExceeded":
+        """The same refusal for a client request submitted in slices: ``before`` of its ``total``
+        records were decoded by earlier slices (Label Studio's ``/predict``)."""
+        return DeadlineExceeded(before + self.done, total, self.seconds, self.fits,
+                                int(self.headers.get("Retry-After", "1")), unit)
+
+
+class _Abandoned(Exception):
+    """Raised between two forward passes of a decode call none of whose requests is live any more."""
 
 
 def estimate_tokens(record: Record | RecordFailure) -> int:
@@ -180,6 +230,8 @@ class _Entry:
     metadata: dict[str, str] = field(default_factory=dict)
     #: the job's warnings (``pcd_cli.job.JobWarning``), known once compiled
     warnings: list = field(default_factory=list)
+    #: ``(labeler, its spare)`` for long records (``LabelService._spare``)
+    spare: Any = None
 
 
 @dataclass(eq=False)
@@ -191,6 +243,7 @@ class _Job:
     future: asyncio.Future
     arrived: float
     cursor: int = 0  # next record to take
+    done: int = 0  # records whose results were delivered
     results: list = field(default_factory=list)
     started: float | None = None
     decode_s: float = 0.0
@@ -198,6 +251,7 @@ class _Job:
     cancelled: bool = False
     finished: bool = False
     deadline: float | None = None  # time.monotonic() past which nothing more is done for it
+    since: float | None = None  # the client request's arrival (its deadline counts from there)
 
     @property
     def remaining(self) -> int:
@@ -267,12 +321,30 @@ class LabelService:
         self._compile_wanted: deque[_Entry] = deque()
         self._compile_pending: set[tuple] = set()
         self._compiler: threading.Thread | None = None
+        #: set while the worker decodes other requests' chunks between a long record's passes
+        self._nested = False
+        #: callables run on the worker after the startup schemas are warm and before ``ready`` is
+        #: set (``add_startup_step``): what must be in place before the first request is answered
+        self._startup_steps: list[Callable[[], None]] = []
+        self._steps_done = False
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
     def model_id(self) -> str:
         """The loaded model's id (``backend.model_id``)."""
         return self.host.model_id
+
+    def add_startup_step(self, step: Callable[[], None]) -> bool:
+        """Run ``step`` on the worker once the model is loaded and the startup schemas are warm,
+        before ``ready`` is set (``GET /ready`` stays 503 and requests get 503 ``not_ready`` until
+        it returns; an exception it raises is logged and the server starts anyway). Returns
+        ``False`` (and runs nothing) when the service is ready already. Used by ``pcd serve
+        --label-studio`` to serve the restored versions before the first request."""
+        with self._cond:
+            if self._steps_done:
+                return False
+            self._startup_steps.append(step)
+            return True
 
     def start(self) -> None:
         """Start the worker thread (it loads the model, compiles the startup schemas, warms up)."""
@@ -380,13 +452,16 @@ class LabelService:
     # -- submitting -------------------------------------------------------------------------
     async def submit(self, schema: Schema, records: Sequence[Record | RecordFailure], *, request_id: str,
                      deadline: float | None = None,
-                     is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> SubmitResult:
+                     is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+                     arrived: float | None = None) -> SubmitResult:
         """Queue ``records`` for ``schema`` and wait for their results.
 
         Args:
             deadline: ``time.monotonic()`` seconds after which the request gets 503 (and
                 nothing more is decoded for it); ``None``: ``config.request_timeout_s`` from now.
             is_disconnected: polled while waiting; true drops the request (``ClientDisconnected``).
+            arrived: ``time.monotonic()`` at the client request's arrival, from which ``deadline``
+                counts (the time a 503 says the request had); ``None``: now.
 
         Raises:
             ApiError: 503 not ready, draining, or past the deadline; 429 queue full (with
@@ -395,13 +470,13 @@ class LabelService:
             ClientDisconnected: ``is_disconnected`` turned true.
         """
         try:
-            return await self._submit(schema, records, request_id, deadline, is_disconnected)
+            return await self._submit(schema, records, request_id, deadline, is_disconnected, arrived)
         except ApiError as exc:
             if exc.status in (429, 503):
                 self.refused[exc.code] += 1
             raise
 
-    async def _submit(self, schema, records, request_id, deadline, is_disconnected) -> SubmitResult:
+    async def _submit(self, schema, records, request_id, deadline, is_disconnected, arrived=None) -> SubmitResult:
         if self.draining:
             raise ApiError(503, "server_error", "draining", "the server is shutting down; send the request to "
                            "another replica or again in a moment", {"Retry-After": "1"})
@@ -414,12 +489,13 @@ class LabelService:
             self._check_schema(schema)
         loop = asyncio.get_running_loop()
         job = _Job(request_id, self._entry(schema), [self._checked_record(r) for r in records], loop,
-                   loop.create_future(), time.monotonic(), results=[None] * len(records), deadline=deadline)
+                   loop.create_future(), time.monotonic(), results=[None] * len(records), deadline=deadline,
+                   since=arrived)
         with self._cond:
             if self.draining:
                 raise ApiError(503, "server_error", "draining", "the server is shutting down",
                                {"Retry-After": "1"})
-            self._check_room(len(records))
+            self._check_room(len(records), job.entry)
             if job.records:
                 self._queue.append(job)
                 self._queued_records += len(job.records)
@@ -479,11 +555,14 @@ class LabelService:
     def _expired(job: _Job, now: float) -> bool:
         return job.cancelled or (job.deadline is not None and now >= job.deadline)
 
-    def _past_deadline(self, job: _Job) -> ApiError:
-        return ApiError(503, "server_error", "deadline_exceeded",
-                        f"the request was not answered within its deadline ({job.cursor} of {len(job.records)} "
-                        "records decoded; --request-timeout-s); retry later or send fewer records",
-                        {"Retry-After": str(self._retry_after(self.queue_depth[1]))})
+    def _past_deadline(self, job: _Job) -> DeadlineExceeded:
+        """The 503 of a job past its deadline: how many of its records were really decoded
+        (results delivered, ``job.done``; never those taken into a decode call still running) and
+        how many the recent rate gets through in its time."""
+        seconds = job.deadline - (job.since or job.arrived) if job.deadline is not None else None
+        rate = self.records_per_second
+        fits = int(rate * seconds) if rate is not None and seconds is not None else None
+        return DeadlineExceeded(job.done, len(job.records), seconds, fits, self._retry_after(self.queue_depth[1]))
 
     def _entry(self, schema: Schema) -> _Entry:
         """The labeler slot for ``schema`` (a startup one by sha256, else the LRU cache's)."""
@@ -505,19 +584,28 @@ class LabelService:
             self._cache.move_to_end(key)
             return entry
 
-    def _check_room(self, n: int) -> None:
-        """429 when ``n`` more records or one more request would overflow the queue (lock held)."""
+    def _check_room(self, n: int, entry: _Entry | None = None) -> None:
+        """429 when ``n`` more records or one more request would overflow the queue (lock held).
+
+        Requests waiting for a decode call (their labeler compiled) are one queue; requests whose
+        question set is still compiling are another, bounded by the same numbers: compiling is
+        not queueing, so a slow compile never takes the room of a served schema's request."""
         cfg = self.config
-        if len(self._queue) + 1 > cfg.max_queued_requests:
+        compiling = entry is not None and entry.labeler is None
+        peers = [j for j in self._queue if (j.entry.labeler is None) == compiling]
+        what = "requests are waiting for their questions to compile" if compiling else "requests are queued"
+        waiting_compile = sum(j.remaining for j in self._queue if j.entry.labeler is None)
+        records = waiting_compile if compiling else self._queued_records - waiting_compile
+        if len(peers) + 1 > cfg.max_queued_requests:
             raise ApiError(429, "rate_limit_error", "queue_full",
-                           f"{len(self._queue)} requests are queued (--max-queued-requests "
+                           f"{len(peers)} {what} (--max-queued-requests "
                            f"{cfg.max_queued_requests}); retry after the Retry-After seconds",
-                           {"Retry-After": str(self._retry_after(max(1, self._queued_records // max(1, len(self._queue)))))})
-        if self._queued_records + n > cfg.max_queued_records:
+                           {"Retry-After": str(self._retry_after(max(1, records // max(1, len(peers)))))})
+        if records + n > cfg.max_queued_records:
             raise ApiError(429, "rate_limit_error", "queue_full",
-                           f"{self._queued_records} records are queued and this request adds {n} "
+                           f"{records} records are queued and this request adds {n} "
                            f"(--max-queued-records {cfg.max_queued_records}); retry after the Retry-After seconds",
-                           {"Retry-After": str(self._retry_after(self._queued_records + n - cfg.max_queued_records))})
+                           {"Retry-After": str(self._retry_after(records + n - cfg.max_queued_records))})
 
     def _retry_after(self, records: int) -> int:
         """Whole seconds for ``records`` to be decoded at the recent rate (1 to 120; 1 with no
@@ -564,6 +652,16 @@ class LabelService:
             self.startup_error = exc
             log.error("startup failed: %s", exc)
             return
+        while not self._stopping:
+            with self._cond:
+                if not self._startup_steps:
+                    self._steps_done = True  # add_startup_step refuses from here on
+                    break
+                step = self._startup_steps.pop(0)
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - the server starts on what it has
+                log_crash(log, "a start-up step failed", exc)
         if self._stopping:
             return
         self._compiler = threading.Thread(target=self._compile_loop, name="pcd-compile-worker", daemon=True)
@@ -613,12 +711,18 @@ class LabelService:
             entry.labeler = labeler
         return entry.labeler
 
-    def _take(self) -> list[tuple[_Job, int, int]]:
+    def _is_long(self, record) -> bool:
+        """Whether ``record`` is decoded alone (``config.long_record_tokens``; module doc)."""
+        return estimate_tokens(record) > self.config.long_record_tokens
+
+    def _take(self, short_only: bool = False) -> list[tuple[_Job, int, int]]:
         """The next batch (lock held): chunks of queued jobs as ``(job, start, end)``, from the
         oldest job whose labeler is compiled and the later jobs for the same labeler; jobs with
-        records left go to the back of the queue. A job past its deadline (or cancelled) is
-        dropped here, between chunks, and answered 503. Empty when no queued job is ready (those
-        wait for the compile thread, which never holds up the decode worker)."""
+        records left go to the back of the queue. A chunk stops before a long record; a long
+        record is a batch alone (``short_only``: never taken, for the batches decoded between
+        a long record's passes). A job past its deadline (or cancelled) is dropped here, between
+        chunks, and answered 503. Empty when no queued job is ready (those wait for the compile
+        thread, which never holds up the decode worker)."""
         cfg = self.config
         now = time.monotonic()
         for job in [j for j in self._queue if self._expired(j, now)]:
@@ -627,16 +731,28 @@ class LabelService:
             if not job.cancelled:
                 log.info("request %s: past its deadline; dropped before decoding", job.request_id)
                 self._fail(job, self._past_deadline(job))
-        first = next((j for j in self._queue if j.entry.labeler is not None), None)
+        first = next((j for j in self._queue if j.entry.labeler is not None
+                      and not (short_only and self._is_long(j.records[j.cursor]))), None)
         if first is None:
             return []
-        candidates = [first] + ([j for j in self._queue if j is not first and j.entry is first.entry]
-                                if cfg.packing else [])
+        if self._is_long(first.records[first.cursor]):  # a long record: a decode call of its own
+            candidates = [first]
+        else:
+            candidates = [first] + ([j for j in self._queue if j is not first and j.entry is first.entry]
+                                    if cfg.packing else [])
         batch: list[tuple[_Job, int, int]] = []
         records = tokens = 0
         for job in candidates:
-            start, end = job.cursor, min(job.cursor + cfg.chunk_records, len(job.records))
-            cost = sum(estimate_tokens(r) for r in job.records[start:end])
+            start = end = job.cursor
+            cost = 0
+            if self._is_long(job.records[start]):
+                if batch:
+                    continue  # never packed: taken alone when it is the oldest's next record
+                end, cost = start + 1, estimate_tokens(job.records[start])
+            else:  # a chunk stops before a long record
+                while end < min(start + cfg.chunk_records, len(job.records)) and not self._is_long(job.records[end]):
+                    cost += estimate_tokens(job.records[end])
+                    end += 1
             if batch and (records + end - start > cfg.max_batch_records or tokens + cost > cfg.max_batch_tokens):
                 break
             batch.append((job, start, end))
@@ -702,7 +818,10 @@ class LabelService:
     def _decode(self, batch: list[tuple[_Job, int, int]]) -> None:
         """One decode call for ``batch``; results split back, finished jobs answered. When a call
         holding several requests raises, each request is decoded again alone, so only the one at
-        fault fails (500 ``decode_failed``); a job cancelled or past its deadline is dropped first."""
+        fault fails (500 ``decode_failed``); a job cancelled or past its deadline is dropped first.
+        A batch of one long record is decoded on the entry's spare labeler, and between its
+        passes the worker decodes other requests' short chunks (``_interleave``); a call none of
+        whose jobs is live any more is abandoned before its next pass."""
         now = time.monotonic()
         live = []
         for job, s, e in batch:
@@ -716,15 +835,20 @@ class LabelService:
         if not live:
             return
         entry = live[0][0].entry
+        long = len(live) == 1 and live[0][2] - live[0][1] == 1 and self._is_long(live[0][0].records[live[0][1]])
         try:
             labeler = self._labeler(entry)  # compiled by the compile thread before _take took it
+            decoder = self._spare(entry) if long and not self._nested else labeler
         except Exception as exc:  # noqa: BLE001 - cannot happen unless the entry was reset
             log_crash(log, "compiling schema failed", exc)
             for job, _, _ in live:
                 self._drop_and_fail(job, _internal(exc))
             return
         try:
-            self._deliver(entry, labeler, live, *self._label(labeler, live))
+            self._deliver(entry, labeler, live, *self._label(decoder, live, interleave=decoder is not labeler))
+            return
+        except _Abandoned:
+            self._abandoned(live)
             return
         except Exception as exc:  # noqa: BLE001
             if len(live) == 1:
@@ -737,22 +861,74 @@ class LabelService:
         for part in live:
             try:
                 self._deliver(entry, labeler, [part], *self._label(labeler, [part]))
+            except _Abandoned:
+                self._abandoned([part])
             except Exception as exc:  # noqa: BLE001
                 log_crash(log, f"request {part[0].request_id}: decode call failed (decoded alone)", exc)
                 self._drop_and_fail(part[0], _internal(exc))
 
-    def _label(self, labeler, batch: list[tuple[_Job, int, int]]) -> tuple[list, list[int], float]:
+    def _spare(self, entry: _Entry):
+        """The entry's spare labeler (built once): the same compiled schema, model and options,
+        with a head cache of its own (``Decoder.spare``), so that a long record decoded on it
+        can stop between passes while other chunks are decoded on the entry's labeler."""
+        if entry.spare is None or entry.spare[0] is not entry.labeler:
+            entry.spare = (entry.labeler, spare_labeler(entry.labeler))
+        return entry.spare[1]
+
+    def _interleave(self) -> None:
+        """Between two passes of a long record: decode one batch of the other queued requests'
+        short chunks (on their entries' own labelers), if any is ready."""
+        if self._nested:
+            return
+        with self._cond:
+            batch = [] if self._stopping else self._take(short_only=True)
+        if not batch:
+            return
+        self._nested = True
+        try:
+            self._decode(batch)
+        finally:
+            self._nested = False
+
+    def _abandoned(self, batch: list[tuple[_Job, int, int]]) -> None:
+        """A decode call given up between passes (no live job left in it): its jobs were
+        answered already (past their deadline or gone); nothing of it is counted."""
+        log.info("requests %s: decode call abandoned between passes (no request in it waits any more)",
+                 ",".join(job.request_id for job, _, _ in batch))
+        for job, _, _ in batch:
+            if not job.cancelled and not job.finished:
+                self._drop_and_fail(job, self._past_deadline(job))
+
+    def _label(self, labeler, batch: list[tuple[_Job, int, int]], *,
+               interleave: bool = False) -> tuple[list, list[int], float]:
         """One ``label_batch`` call over ``batch``'s chunks: ``(results, tokens per chunk, seconds)``;
-        the counters (forward passes, records, calls, rate) are updated."""
+        the counters (forward passes, records, calls, rate) are updated.
+
+        Before each forward pass the decoder calls ``between_passes`` (``Decoder.between_passes``):
+        it raises ``_Abandoned`` once no job of the batch is live (past its deadline, cancelled),
+        and with ``interleave`` decodes other requests' short chunks (``_interleave``)."""
         items = [r for job, s, e in batch for r in job.records[s:e]]
         passes = labeler.forward_passes
         started = time.perf_counter()
+        target = getattr(labeler, "decoder", labeler)
+
+        def between_passes() -> None:
+            now = time.monotonic()
+            if all(self._expired(job, now) for job, _, _ in batch):
+                raise _Abandoned()
+            if interleave:
+                self._interleave()
+
+        target.between_passes = between_passes
         try:
             out = labeler.label_batch(items)
             if len(out) != len(items):
                 raise RuntimeError(f"label_batch returned {len(out)} results for {len(items)} records")
+            if all(self._expired(job, time.monotonic()) for job, _, _ in batch):
+                raise _Abandoned()  # finished after every request in it was answered: not counted
             counts = [_count_tokens(labeler, job.records[s:e]) for job, s, e in batch]
         finally:
+            target.between_passes = None
             self.forward_passes += labeler.forward_passes - passes
         seconds = time.perf_counter() - started
         self._rate.append((len(items), seconds))
@@ -770,9 +946,10 @@ class LabelService:
         for (job, s, e), tokens in zip(batch, counts):
             job.results[s:e] = out[pos:pos + e - s]
             pos += e - s
+            job.done += e - s
             job.decode_s += seconds
             job.tokens += tokens
-            if not job.remaining and not job.cancelled:
+            if job.done == len(job.records) and not job.cancelled:
                 self._finish(job, SubmitResult(job.results, dict(entry.metadata), job.tokens,
                                                (job.started - job.arrived) * 1e3, job.decode_s * 1e3, labeler))
 
@@ -806,6 +983,17 @@ def _resolve(job: _Job, action: Callable[[asyncio.Future], None]) -> None:
         job.loop.call_soon_threadsafe(apply)
     except RuntimeError:  # the loop is closed: nobody waits any more
         pass
+
+
+def spare_labeler(labeler):
+    """A copy of ``labeler`` sharing its compiled schema, model, calibration and options, with a
+    decoder of its own head cache (``Decoder.spare``) when it has one; a labeler without a
+    decoder (tests' fakes) is copied shallowly."""
+    twin = copy.copy(labeler)
+    decoder = getattr(labeler, "decoder", None)
+    if decoder is not None and hasattr(decoder, "spare"):
+        twin.decoder = decoder.spare()
+    return twin
 
 
 def _internal(exc: Exception) -> ApiError:

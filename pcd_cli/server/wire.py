@@ -93,7 +93,7 @@ class Call:
             ClientDisconnected: the client left while the request waited.
         """
         return await self.service.submit(schema, records, request_id=self.log_id, deadline=self.deadline,
-                                         is_disconnected=self.request.is_disconnected)
+                                         is_disconnected=self.request.is_disconnected, arrived=self.arrived)
 
     async def label_one(self, schema, record):
         """One record through ``submit``; returns ``(RecordResult, SubmitResult)``.

@@ -4,7 +4,10 @@ The fake labeler gives every decision of a record a label picked from a CRC of i
 probability 0.7 (the rest shared evenly); a text containing ``FAIL`` fails alone (as a record the
 decoder cannot label), one containing ``CRASH`` makes the whole ``label_batch`` call raise.
 ``gate`` (a ``threading.Event``), when given, holds every call but the startup warm-up until set;
-``entered`` is set once such a call started.
+``entered`` is set once such a call started. ``pass_s`` (with ``pass_chars``), when given, makes
+every record cost ``ceil(len(text) / pass_chars)`` forward passes of ``pass_s`` seconds each,
+with the labeler's ``between_passes`` (as ``Decoder.between_passes``) called before each pass:
+a long text is many passes, as on the real decoder.
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ class FakeLabeler:
             time.sleep(self.host.delay)
         if any(isinstance(r, Record) and "CRASH" in r.text for r in batch):
             raise RuntimeError("boom")
+        if self.host.pass_s and not warm_up:
+            texts = [r.text for r in batch if isinstance(r, Record)]
+            for _ in range(sum(-(-max(1, len(t)) // self.host.pass_chars) for t in texts)):
+                hook = getattr(self, "between_passes", None)
+                if hook is not None:
+                    hook()
+                time.sleep(self.host.pass_s)
+                self.forward_passes += 1
+            self.host.finished.append([(r.id, getattr(r, "text", None)) for r in batch])
+            return [self._one(r) for r in batch]
         self.forward_passes += 2
         return [self._one(r) for r in batch]
 
@@ -70,8 +83,12 @@ class FakeHost:
     ``compiled`` every schema compiled; a schema named ``uncompilable`` raises ``CompileError``."""
 
     def __init__(self, *, gate: threading.Event | None = None, delay: float = 0.0, load_s: float = 0.0,
-                 load_gate: threading.Event | None = None):
+                 load_gate: threading.Event | None = None, pass_s: float = 0.0, pass_chars: int = 4096):
         self.calls: list[list] = []
+        #: with ``pass_s``: the calls that ran every pass (an abandoned call is in ``calls`` only)
+        self.finished: list[list] = []
+        self.pass_s = pass_s
+        self.pass_chars = pass_chars
         self.call_schemas: list[str] = []
         self.compiled: list[str] = []
         self.gate = gate
