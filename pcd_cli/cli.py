@@ -471,6 +471,10 @@ def eval_(
     plot: Optional[Path] = PLOT_OPT,
     compare: Optional[Path] = typer.Option(None, "--compare", help="Another pcd output of the same records "
                                            "(e.g. before calibration): print both side by side."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="A calibration file with decision "
+                                               "rules (pcd calibrate --objective): print the figures at argmax "
+                                               "and at its rules side by side (an output labelled with rules "
+                                               "shows them without it; needs --all-probs)."),
     csv_delimiter: str = CSV_DELIMITER_OPT,
 ) -> None:
     """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
@@ -494,8 +498,12 @@ def eval_(
         parsed = load_schema(schema) if schema else None
         frame, _ = read_predictions(predictions)
         gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
+        if calibration is not None:
+            from .quality import Calibration
+
+            calibration = Calibration.load(calibration)
         report = evaluate(frame, gold_frame, parsed, id_field=id_field, target_accuracy=target_accuracy,
-                          min_mass=min_mass)
+                          min_mass=min_mass, calibration=calibration)
         out.print(f"scored {escape(str(predictions))} against {escape(str(gold))}", highlight=False)
         render_eval(report, out)
         if compare is not None:

@@ -522,6 +522,25 @@ def fit_rule(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarra
     return DecisionRule(rule.objective, rule.labels, rule.threshold, rule.offsets, cv)
 
 
+def compare_rule(objective: str, name: str, gold: np.ndarray, probs: np.ndarray, written: np.ndarray,
+                 labels: tuple[str, ...]) -> dict:
+    """``pcd eval``'s figures at argmax and at the decision rule, side by side, on the same gold rows.
+
+    Args:
+        objective: the rule's objective (``DecisionRule.objective``); a ``cost:`` objective is
+            scored by macro-F1 here (the cost file is not at hand). probs: (n, k) calibrated
+            probabilities (argmax is taken of them). written: (n,) the labels the rule wrote.
+
+    Returns:
+        ``{"objective", "metric", "argmax": {...}, "rule": {...}}`` (``held_out_figures``).
+    """
+    parsed = Objective("macro-f1", objective) if objective.startswith("cost:") else parse_objective(objective)
+    argmax = np.argmax(probs, axis=1)
+    return {"objective": objective, "metric": metric_name(parsed),
+            "argmax": held_out_figures(parsed, name, gold, argmax, labels),
+            "rule": held_out_figures(parsed, name, gold, np.asarray(written, dtype=np.int64), labels)}
+
+
 def rule_warnings(name: str, rule: DecisionRule) -> list[str]:
     """A line when the rule, held out, misses its floor or scores below argmax on its own metric."""
     cv = rule.cv

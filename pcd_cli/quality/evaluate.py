@@ -121,6 +121,7 @@ class FieldReport:
     min_mass: float = 0.5
     below_min_mass: float | None = None
     ece_floor: tuple[float, float] | None = None
+    decision_rule: dict | None = None
     ids: tuple = dc_field(default=(), repr=False, compare=False)
     correct: tuple = dc_field(default=(), repr=False, compare=False)
 
@@ -244,7 +245,7 @@ SMALL_SAMPLE = 100
 
 
 def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None = None, *, id_field: str = "id",
-             target_accuracy: float | None = None, min_mass: float = 0.5) -> EvalReport:
+             target_accuracy: float | None = None, min_mass: float = 0.5, calibration=None) -> EvalReport:
     """Score a pcd output against human gold labels, per field.
 
     Args:
@@ -256,6 +257,11 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
             (else ``row``). Ids are compared as strings.
         target_accuracy: also find the ``__prob`` (and ``__mass``) threshold reaching it.
         min_mass: a field's ``below_min_mass`` is the share of its rows with ``__mass`` below this.
+        calibration: a ``Calibration`` with decision rules (``pcd eval --calibration``) to compare
+            with argmax on an output labelled without it (``<f>__probs`` needed). An output labelled
+            with rules (``pcd.decision_rules`` metadata) is compared without it. Either way a
+            field's ``decision_rule`` holds the figures at argmax and at the rule
+            (``decision.compare_rule``).
 
     Returns:
         An ``EvalReport``; every gold row is evaluated or counted (no prediction, null gold,
@@ -296,9 +302,11 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
     asked = json.loads(metadata.get("pcd.label_sets", "{}") or "{}")
     fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name), min_mass=min_mass)
                    for d in joined.fields if isinstance(d, FieldData))
+    single = [d for d in joined.fields if isinstance(d, FieldData)]
+    compared = _rule_comparisons(single, metadata, calibration, warnings)
+    fields = tuple(replace(f, decision_rule=compared[f.field]) if f.field in compared else f for f in fields)
     if target_accuracy is not None and target_accuracy < 1:  # an error budget needs the floor's gold rows
-        fields, floor_warnings = _budget_floor(fields, [d for d in joined.fields if isinstance(d, FieldData)],
-                                               1.0 - target_accuracy)
+        fields, floor_warnings = _budget_floor(fields, single, 1.0 - target_accuracy)
         warnings.extend(floor_warnings)
     multi = tuple(multi_field_report(d) for d in joined.fields if isinstance(d, MultiFieldData))
     for f in fields:
@@ -478,6 +486,32 @@ def intervals(data: FieldData, correct: np.ndarray) -> dict:
         "ece": M.bootstrap_interval(M.ece, (data.prob, correct)),
         "auroc": M.bootstrap_interval(lambda s, c: M.auroc(s, c), (data.prob, hit)),
     }
+
+
+def _rule_comparisons(data: list, metadata: dict, calibration, warnings: list[str]) -> dict[str, dict]:
+    """Field -> figures at argmax and at its decision rule (``evaluate``'s ``calibration``)."""
+    from .decision import compare_rule
+
+    written = json.loads(metadata.get("pcd.decision_rules") or "{}")
+    labelled_calibrated = bool(metadata.get("pcd.calibration_sha256"))
+    if calibration is not None and not labelled_calibrated:
+        calibration.check(metadata)
+    out = {}
+    for d in data:
+        name = d.spec.name
+        fc = calibration.fields.get(name) if calibration is not None and not labelled_calibrated else None
+        if name not in written and (fc is None or fc.rule is None):
+            continue
+        if d.probs is None or not len(d.gold):
+            warnings.append(f"field {name!r}: no {name}__probs column: label with --all-probs to compare argmax with "
+                            "the decision rule")
+            continue
+        if name in written:  # the output holds the calibrated probabilities and the rule's labels
+            out[name] = compare_rule(written[name]["objective"], name, d.gold, d.probs, d.pred, d.spec.labels)
+        else:
+            probs = fc.apply(d.probs)
+            out[name] = compare_rule(fc.rule.objective, name, d.gold, probs, fc.rule.decide(probs), d.spec.labels)
+    return out
 
 
 def _budget_floor(fields: tuple, data: list, budget: float) -> tuple[tuple, list[str]]:

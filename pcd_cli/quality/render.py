@@ -159,6 +159,8 @@ def _field_tables(f, console: Console) -> None:
     if not f.n:
         console.print(f"{escape(f.field)}: no row with a gold label", highlight=False)
         return
+    if f.decision_rule:
+        _rule_table(f.field, f.decision_rule, console)
     if f.label_sets:
         per = ", ".join(f"{escape(label)} {v['coverage']:.3f} ({v['rows']})" for label, v in
                         f.label_sets["per_label"].items())
@@ -246,6 +248,22 @@ def render_calibration(report, console: Console) -> None:
     if report.fields_without_gold:
         console.print("not calibrated (no gold column): " + escape(", ".join(report.fields_without_gold)),
                       highlight=False)
+
+
+def _rule_table(name: str, compared: dict, console: Console) -> None:
+    """``pcd eval``: the figures at argmax and at the decision rule (``decision.compare_rule``)."""
+    table = _table(f"{escape(name)}: argmax vs the decision rule for {escape(compared['objective'])} (95% bootstrap "
+                   "intervals)")
+    for col in ("metric", "argmax", "rule"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    a, r = compared["argmax"], compared["rule"]
+    table.add_row(escape(compared["metric"]), f"{a['value']:.3f} [{a['low']:.3f}, {a['high']:.3f}]",
+                  f"{r['value']:.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+    for label, key in (("accuracy", "accuracy"), ("macro-F1", "macro_f1"), ("precision", "precision"),
+                       ("recall", "recall")):
+        if key in a and compared["metric"] != label and not compared["metric"].startswith(label):
+            table.add_row(label, _f(a.get(key)), _f(r.get(key)))
+    console.print(table)
 
 
 def render_rule(name: str, rule, console: Console) -> None:

@@ -249,3 +249,29 @@ def test_pcd_calibrate_objective_prints_the_rule_beside_argmax_and_refuses_an_un
     result = pcd("calibrate", gold, "--schema", schema, "--predictions", preds, "-o", tmp_path / "cal2.json",
                  "--objective", "accuracy", code=2)
     assert "--objective 'accuracy': expected likelihood" in flat(result.stderr)
+
+
+def test_pcd_eval_shows_argmax_and_the_rule_side_by_side(tmp_path):
+    from .test_quality_cli import pcd, write_predictions
+
+    n = 300
+    probs, gold_idx = synthetic(n, 2.5, np.array([1.5, -0.3, -1.2]), seed=3)
+    df = frame(range(n), f_probs=probs, flag=[True] * n, flag_prob=np.full(n, 0.7))
+    preds = write_predictions(tmp_path / "p.parquet", df, metadata())
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"id": str(i), "f": LABELS[g]}) + "\n" for i, g in enumerate(gold_idx)))
+    calibration, _ = fitted("macro-f1", seed=3)
+    calibration.save(tmp_path / "cal.json")
+    result = pcd("eval", preds, gold, "--calibration", tmp_path / "cal.json", "--json", tmp_path / "e.json")
+    fc = calibration.fields["f"]
+    stored = np.array([[p for _, p in row] for row in df["f__probs"]], dtype=np.float32).astype(np.float64)
+    cal = fc.apply(stored / stored.sum(axis=1, keepdims=True))
+    argmax_f1 = f1_score(gold_idx, cal.argmax(axis=1), average="macro", zero_division=0)
+    rule_f1 = f1_score(gold_idx, fc.rule.decide(cal), average="macro", zero_division=0)
+    assert rule_f1 > argmax_f1 + 0.1
+    text = flat(result.stdout)
+    assert "f: argmax vs the decision rule for macro-f1" in text
+    assert f"│ macro-F1 │ {argmax_f1:.3f} [" in text and f"│ {rule_f1:.3f} [" in text
+    compared = json.loads((tmp_path / "e.json").read_text())["fields"]["f"]["decision_rule"]
+    assert compared["argmax"]["value"] == pytest.approx(argmax_f1, abs=1e-3)
+    assert compared["rule"]["value"] == pytest.approx(rule_f1, abs=1e-3)
