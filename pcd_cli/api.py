@@ -19,6 +19,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .backends.select import takes_adapters
 from .decoding.compile import CompiledSchema
 from .decoding.decode import Decoder
 from .decoding.examples import resolve_examples
@@ -145,7 +146,7 @@ class Labeler:
             from .decoding.permute import orderings_for
 
             orderings_for(self.schema, permutations)
-        if adapter is not None and backend is None and job.backend in ("auto", "torch"):
+        if adapter is not None and backend is None and takes_adapters(job.backend):
             from .backends.torch_tune import check_adapter_folder
 
             check_adapter_folder(adapter, model)  # a model folder as --adapter: refused before the model loads
@@ -633,11 +634,12 @@ def _tune_card(source) -> tuple[dict | None, str]:
 
 
 def _with_adapter(backend, adapter, model: str | None = None):
-    """``(backend with a LoRA adapter merged in, warnings)`` (torch backend only;
-    ``pcd_cli.backends.torch_tune.apply_adapter``: a misfit raises ``ModelError``)."""
+    """``(backend with a LoRA adapter merged in, warnings)`` (a backend that takes adapters,
+    ``pcd_cli.backends.select.takes_adapters``: torch; ``pcd_cli.backends.torch_tune.apply_adapter``:
+    a misfit raises ``ModelError``)."""
     from .errors import ModelError
 
-    if type(backend).__name__ != "TorchBackend":
+    if not takes_adapters(backend):
         raise ModelError("--adapter: adapters are applied on the torch backend; for --backend mlx, write a merged "
                          "model folder with pcd tune (without --adapter-only) and pass it as --model")
     from .backends.torch_tune import apply_adapter

@@ -35,6 +35,7 @@ from .console import (  # noqa: F401 - EXIT_*, write_json: part of the CLI's pub
     said_written,
     write_json,
 )
+from .backends.select import BACKENDS
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .engines.local import DEFAULT_BATCH_RECORDS
 from .errors import InputError, PcdError, exit_code
@@ -66,10 +67,8 @@ class DType(str, Enum):
     float16 = "float16"
 
 
-class BackendKind(str, Enum):
-    auto = "auto"
-    torch = "torch"
-    mlx = "mlx"
+#: ``--backend``'s choices: the backends ``pcd_cli.backends.select`` names (``auto`` first).
+BackendKind = Enum("BackendKind", {name: name for name in BACKENDS}, type=str)
 
 
 class Truncate(str, Enum):

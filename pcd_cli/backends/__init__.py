@@ -25,6 +25,10 @@ several ``Labeler`` objects can share one loaded model and interleave their pass
     Optional, for ``inspect-schema``'s template probe: ``chat_args`` (the arguments
     ``render_chat`` passes), ``chat_template`` (its source), ``render_chat(messages,
     **overrides)``.
+``backend.kind``
+    Its ``--backend`` name (``torch``, ``mlx``): ``select.KINDS`` says what each kind takes
+    (adapters) and which library versions fingerprint its runs (``library_versions``); nothing
+    outside ``backends/`` tests a backend's class.
 ``backend.model_id``, ``backend.device``, ``backend.dtype_name``, ``backend.logits_width``
     A name for metadata; the device; the weights' dtype as a string (``"float32"``...); the
     width of the logits (may exceed ``vocab_size``: padded columns are ignored when
@@ -72,9 +76,10 @@ attention, full forward, no cache) on tiny random models of every supported fami
 """
 
 from .base import Backend, KVHandle, Tokenizer
-from .select import load_backend
+from .select import KINDS, kind_of, library_versions, load_backend, takes_adapters
 
-__all__ = ["Backend", "KVHandle", "Tokenizer", "TorchBackend", "MLXBackend", "load_backend"]
+__all__ = ["Backend", "KVHandle", "Tokenizer", "TorchBackend", "MLXBackend", "KINDS", "kind_of", "library_versions",
+           "load_backend", "takes_adapters"]
 
 
 def __getattr__(name):  # the backends import their framework only when asked for

@@ -238,6 +238,9 @@ class MLXBackend:
             drive (see ``SUPPORTED_TYPES``).
     """
 
+    #: its ``--backend`` name (``pcd_cli.backends.select.KINDS``)
+    kind = "mlx"
+
     def __init__(self, model, tokenizer, model_id: str, *, device=None, eos_token_ids: Sequence[int] = (),
                  windows: Sequence[int | None] | None = None):
         model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "")

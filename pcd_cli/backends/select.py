@@ -1,17 +1,47 @@
-"""Which backend runs a model: the one place that decides (``--backend auto|torch|mlx``).
+"""Which backends exist and which one runs a model: the one place that names them
+(``--backend auto|torch|mlx``). Everything outside ``backends/`` asks here (``KINDS``,
+``kind_of``, ``library_versions``, ``takes_adapters``) instead of testing a backend's class.
 
 Framework-free: it imports torch or mlx only once the choice is made.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import platform
 import sys
+from dataclasses import dataclass
 
 from ..errors import ModelError
 
-BACKENDS = ("auto", "torch", "mlx")
+
+@dataclass(frozen=True)
+class BackendKind:
+    """One backend pcd can run a model on.
+
+    Attributes:
+        name: its ``--backend`` name; a loaded backend says it as its ``kind`` attribute
+            (``load_backend`` loads a model on it).
+        libraries: the distributions whose versions can change its probabilities (beyond
+            rounding, in half precision): a resumed ``pcd label`` run records them
+            (``library_versions``) and starts over when one changed.
+        adapters: a LoRA adapter (``pcd tune --adapter-only``) is merged into its weights at load.
+    """
+
+    name: str
+    libraries: tuple[str, ...]
+    adapters: bool
+
+
+#: The backends, by ``--backend`` name: ``auto`` picks one of them (``pick_backend``).
+KINDS = {
+    "torch": BackendKind("torch", ("torch", "transformers"), adapters=True),
+    "mlx": BackendKind("mlx", ("mlx", "mlx-lm"), adapters=False),
+}
+BACKENDS = ("auto", *KINDS)
+#: The backend ``pcd tune`` trains on (``prefill_train``/``forward_train``; ``backends.torch_tune``).
+TRAINING_BACKEND = "torch"
 #: What to run when ``--backend mlx`` finds no mlx-lm.
 MLX_INSTALL_HINT = ("pip install 'pcd-cli[mlx]' (mlx-lm; on Linux it adds mlx[cpu]), "
                     "or use --backend torch")
@@ -34,7 +64,7 @@ def pick_backend(backend: str = "auto") -> str:
         ModelError: an unknown name.
     """
     if backend not in BACKENDS:
-        raise ModelError(f"--backend {backend!r}: expected auto, torch or mlx")
+        raise ModelError(f"--backend {backend!r}: expected {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}")
     if backend == "auto":
         return "mlx" if is_apple_silicon() and mlx_available() else "torch"
     return backend
@@ -67,3 +97,34 @@ def load_backend(model: str | None = None, *, backend: str = "auto", device: str
     from . import torch_backend
 
     return torch_backend.load_backend(model, device=device, dtype=dtype)
+
+
+def kind_of(backend) -> BackendKind | None:
+    """The ``BackendKind`` of a loaded backend (its ``kind`` attribute), or ``None`` for one
+    that names none (a test's stand-in)."""
+    return KINDS.get(getattr(backend, "kind", None))
+
+
+def library_versions(backend) -> dict[str, str | None]:
+    """Distribution name -> installed version (``None``: not installed) of the libraries that can
+    change ``backend``'s probabilities (``BackendKind.libraries``): what a resumable run records.
+    Empty for a backend of no known kind."""
+    kind = kind_of(backend)
+    return {name: _version_of(name) for name in (kind.libraries if kind is not None else ())}
+
+
+def takes_adapters(backend) -> bool:
+    """Whether a LoRA adapter can be merged into ``backend``: a loaded backend, or a
+    ``--backend`` name (``auto``: whether any backend it may pick can; checked before loading)."""
+    if isinstance(backend, str):
+        return any(k.adapters for k in KINDS.values()) if backend == "auto" else \
+            backend in KINDS and KINDS[backend].adapters
+    kind = kind_of(backend)
+    return kind is not None and kind.adapters
+
+
+def _version_of(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None

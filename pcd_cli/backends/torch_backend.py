@@ -271,6 +271,9 @@ class TorchBackend:
         model_id: name recorded in output metadata.
     """
 
+    #: its ``--backend`` name (``pcd_cli.backends.select.KINDS``)
+    kind = "torch"
+
     def __init__(self, model, tokenizer, model_id: str):
         from transformers import DynamicCache
 

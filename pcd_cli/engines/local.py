@@ -7,7 +7,6 @@ loses at most the batch in flight. The outputs appear only when every input row 
 
 from __future__ import annotations
 
-import importlib.metadata
 import signal
 import threading
 import time
@@ -20,6 +19,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from ..api import Labeler, build_labeler, planned_output_schema
+from ..backends.select import library_versions
 from ..job import OUTPUT_NOT_PARQUET, JobWarning, LabelJob
 from ..errors import InputError, Interrupted, NothingLabelled, TooManyErrors
 from ..io.files import check_writable, clear_stale
@@ -243,7 +243,8 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
     The input is named by its path (``-`` for standard input), not by size or mtime: a
     resumed run checks the content of the rows already done instead (``WorkDir`` keeps their
     hash), so an input that only grew resumes, and one edited in place starts over. Device,
-    dtype, token budget per pass and the torch/transformers versions are included because
+    dtype, token budget per pass and the versions of the backend's libraries (torch and
+    transformers; an MLX run's mlx and mlx-lm: ``backends.select.library_versions``) are included because
     they can change probabilities (in half precision, beyond rounding); the batch sizes are not.
     """
     return {
@@ -259,12 +260,10 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
         **({"permutations": labeler.permutations} if labeler.permutations > 1 else {}),
         "prompt_head_sha256": labeler.compiled.prompt.head_sha256,
         "calibration_sha256": labeler.calibration.sha256 if labeler.calibration is not None else None,
-        "libraries": {name: _version_of(name) for name in FINGERPRINT_LIBRARIES},
+        "libraries": library_versions(labeler.backend),
     }
 
 
-#: Libraries whose versions can change a run's numbers (kernels, model code).
-FINGERPRINT_LIBRARIES = ("torch", "transformers")
 #: How standard input is named in fingerprints and output metadata.
 STDIN_NAME = "<stdin>"
 
@@ -272,13 +271,6 @@ STDIN_NAME = "<stdin>"
 def _input_name(input_path: str | Path) -> str:
     """How output metadata names the input: its file name, or ``<stdin>``."""
     return STDIN_NAME if is_stdin(input_path) else Path(input_path).name
-
-
-def _version_of(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, output: str | Path,

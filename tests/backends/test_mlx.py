@@ -160,6 +160,55 @@ def test_auto_picks_mlx_only_on_apple_silicon_with_mlx_lm(monkeypatch, apple, in
         pick_backend("jax")
 
 
+def test_the_backends_are_named_in_one_place_with_what_fingerprints_their_runs():
+    """``backends.select.KINDS`` says which backends exist, which take adapters and which library
+    versions a resumable run records (issue #42 item 7): an MLX run records mlx's, not torch's."""
+    import importlib.metadata
+
+    from pcd_cli.backends.select import BACKENDS, KINDS, kind_of, library_versions, takes_adapters
+    from pcd_cli.cli import BackendKind
+
+    from ..helpers import tiny_backend
+
+    assert BACKENDS == ("auto", "torch", "mlx") and [k.value for k in BackendKind] == list(BACKENDS)
+    torch_backend = tiny_backend()
+    assert kind_of(torch_backend) is KINDS["torch"]
+    assert library_versions(torch_backend) == {"torch": importlib.metadata.version("torch"),
+                                               "transformers": importlib.metadata.version("transformers")}
+
+    class MLXStandIn:  # the kind an MLXBackend says (mlx itself need not be installed)
+        kind = "mlx"
+
+    assert set(library_versions(MLXStandIn())) == {"mlx", "mlx-lm"}
+    assert library_versions(object()) == {}  # a stand-in of no kind records none
+    assert takes_adapters(torch_backend) and not takes_adapters(MLXStandIn()) and not takes_adapters(object())
+    assert takes_adapters("auto") and takes_adapters("torch") and not takes_adapters("mlx")
+
+
+def test_nothing_outside_backends_tests_a_backend_class_or_name():
+    """No module of ``pcd_cli`` outside ``backends/`` names ``TorchBackend``/``MLXBackend`` in code
+    or compares a value with a backend's name: they ask ``backends.select``."""
+    import ast
+    from pathlib import Path
+
+    import pcd_cli
+
+    root = Path(pcd_cli.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = {getattr(node, "id", None), getattr(node, "attr", None)}
+            if names & {"TorchBackend", "MLXBackend"}:
+                found.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.Compare):
+                consts = [c for c in ast.walk(node) if isinstance(c, ast.Constant)]
+                if any(c.value in ("TorchBackend", "MLXBackend", "torch", "mlx") for c in consts):
+                    found.append(f"{path.name}:{node.lineno}")
+    assert found == []
+
+
 def test_backend_mlx_without_mlx_lm_exits_3_with_the_install_command(monkeypatch, tmp_path):
     from ..helpers import pcd
 
