@@ -13,13 +13,14 @@ at the end (atomic on POSIX).
 
 from __future__ import annotations
 
+import bisect
 import csv
 import hashlib
 import io
 import itertools
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Formatter
 from typing import BinaryIO, Iterator
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..results import Record, RecordFailure
 from ..schema.model import unescape_template
+from .storage import FileList, StoreFile, is_remote, list_files
 from .values import CellError, cell_text
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -55,6 +57,9 @@ class InputSpec:
         id_field: column holding the record id; ``None`` numbers rows from 0.
         limit: stop after this many rows (``None``: all).
         csv_delimiter: the CSV field separator, one character (``\\t`` typed literally means tab).
+        partition: columns whose values come from the file's hive partition folders (``key=value``
+            in its path: ``pcd_cli.io.storage.partition_values``), not from the file itself; set
+            per file by ``RecordReader``.
     """
 
     text_field: str = "text"
@@ -62,6 +67,7 @@ class InputSpec:
     id_field: str | None = None
     limit: int | None = None
     csv_delimiter: str = ","
+    partition: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         delimiter = unescape_template(self.csv_delimiter)
@@ -107,7 +113,8 @@ def input_kind(path: str | Path, fmt: str | None) -> tuple[str, str | None]:
         return base, compression or None
     if is_stdin(path):
         raise InputError(f"reading standard input needs --format ({'|'.join(FORMAT_CHOICES)})")
-    path = Path(path)
+    shown = str(path)  # a local path or a URI (``StoreFile``), as messages name it
+    path = Path(shown)
     compression = path.suffix.lower().lstrip(".")
     stem = path
     if compression in COMPRESSIONS:
@@ -117,9 +124,35 @@ def input_kind(path: str | Path, fmt: str | None) -> tuple[str, str | None]:
     found = EXTENSIONS.get(stem.suffix.lower())
     if found is None or (compression and found == "parquet"):
         what = "".join(path.suffixes[-2:]) if compression else path.suffix
-        raise InputError(f"{str(path)!r}: cannot tell the format from the extension {what!r}; "
+        raise InputError(f"{shown!r}: cannot tell the format from the extension {what!r}; "
                          f"pass --format ({'|'.join(FORMAT_CHOICES)})")
     return found, compression
+
+
+def input_files(path: str | Path, fmt: str | None, *, option: str = "INPUT") -> tuple[FileList, list[tuple[str, str | None]]]:
+    """The files of an input that is not standard input: a file, a folder, a glob, or a URI of
+    any of them (``pcd_cli.io.storage.list_files``: one order for every engine; in a folder or a
+    glob, files with a known extension, or every file with ``fmt``), and each file's
+    ``(format, compression)`` (``input_kind``).
+
+    Raises:
+        InputError: nothing there, an empty folder, a store problem (one line with the fix), an
+            unknown extension, or files of several formats.
+    """
+    files = list_files(path, extensions=None if fmt else tuple(EXTENSIONS) + tuple(
+        f"{e}.{c}" for e in EXTENSIONS for c in COMPRESSIONS), option=option)
+    kinds = [input_kind(files.name(i), fmt) for i in range(len(files.files))]
+    differ = next((i for i, k in enumerate(kinds) if k[0] != kinds[0][0]), None)
+    if differ is not None:
+        raise InputError(f"{str(path)!r} mixes formats: {files.name(0)!r} is {kinds[0][0]}, {files.name(differ)!r} "
+                         f"is {kinds[differ][0]}; label them separately")
+    return files, kinds
+
+
+def file_spec(spec: InputSpec, files: FileList, index: int) -> InputSpec:
+    """``spec`` for file ``index`` of ``files``: its partition columns marked (``InputSpec.partition``)."""
+    partition = files.partitions[index] if files.partitions else {}
+    return replace(spec, partition=tuple(partition)) if partition else spec
 
 
 def detect_format(path: str | Path, fmt: str | None) -> str:
@@ -188,23 +221,37 @@ class RecordReader:
     CSV the decompressed bytes from the start of the input to the end of the last row read
     (a CSV's byte order mark excepted), for Parquet the rows' needed columns as JSON.
 
+    A folder, a glob or a URI is read file by file in the order of ``input_files`` (the Ray
+    engine's order), as one input: rows numbered across the files, each file's lines its own
+    (``file_at`` names a row's file); a file's hive partition values (``key=value`` folders) are
+    columns of its rows, usable in ``--template``, ``--text-field`` and ``--id-field`` (a file
+    that has such a column itself is refused, naming it). With partitions, ``digest`` also
+    covers each row's partition values.
+
     Args:
-        path: a file, or ``-`` for standard input (then ``fmt`` is required).
+        path: a file, a folder, a glob, a URI of any of them (``s3://``, ``gs://``, ``file://``:
+            ``pcd_cli.io.storage``), or ``-`` for standard input (then ``fmt`` is required).
         fmt: format (``jsonl``, ``csv``, ``parquet``, ``jsonl.gz`` ...; default: from the name).
         batch_size: items per batch.
 
     Raises:
         InputError: the input as a whole cannot be used: missing, unknown format, not
-            Parquet, or (CSV/Parquet) a needed column absent from the header. Raised when
+            Parquet, or (CSV/Parquet) a needed column absent from the header; a store that
+            refuses or cannot be reached (one line naming the URI and the fix). Raised when
             the reader is made (missing file, format) or on the first read (columns).
+        MachineError: the store failed while the input was read (exit 5: rerun with --resume).
     """
 
     def __init__(self, path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256):
-        self.path = path if is_stdin(path) else Path(path)
-        if not is_stdin(path) and not self.path.is_file():
-            raise InputError(f"{str(path)!r}: " + ("is a folder, not a file" if self.path.is_dir()
-                                                   else "no such input file"))
-        self.kind, self.compression = input_kind(path, fmt)
+        self.files: FileList | None = None
+        self.file_starts: list[int] = []  # the first row of each file of ``files``
+        if is_stdin(path):
+            self.path = path
+            self.kind, self.compression = input_kind(path, fmt)
+        else:
+            self.path = path if is_remote(path) else Path(path)
+            self.files, self._kinds = input_files(path, fmt)
+            self.kind, self.compression = self._kinds[0]
         if self.kind == "parquet" and is_stdin(path):
             raise InputError("Parquet cannot be read from standard input (it is read from its end); "
                              "write it to a file and pass the file")
@@ -222,7 +269,40 @@ class RecordReader:
         return self._hash.hexdigest()
 
     def _open(self) -> Iterator[RawRow]:
-        return ROW_READERS[self.kind](self.path, self.spec, self.compression)
+        if self.files is None:
+            return ROW_READERS[self.kind](self.path, self.spec, self.compression)
+        return self._file_rows()
+
+    def _file_rows(self) -> Iterator[RawRow]:
+        """The raw rows of every file in turn, their partition values added (``file_starts`` kept)."""
+        files, count = self.files, 0
+        self.file_starts = []
+        needed = set(self.spec.columns_needed())
+        for index, (kind, compression) in enumerate(self._kinds):
+            self.file_starts.append(count)
+            partition = files.partitions[index] if files.partitions else {}
+            rows = ROW_READERS[kind](files.source(index), file_spec(self.spec, files, index), compression)
+            tag = orjson.dumps(partition) if partition else b""
+            try:
+                for line, row, raw in rows:
+                    if partition and isinstance(row, dict):
+                        clash = next((k for k in partition if k in row and k in needed), None)
+                        if clash is not None:
+                            row = (f"key {clash!r} is also the partition folder {clash}={partition[clash]} of "
+                                   f"{files.name(index)!r}; rename one (a name given twice is never resolved silently)")
+                        else:
+                            row = row | partition
+                    count += 1
+                    yield line, row, raw + tag
+            finally:
+                rows.close()
+
+    def file_at(self, row: int) -> str | None:
+        """The file (path or URI, as named in messages) that row ``row`` came from, when the input
+        is several files; ``None`` for one file or standard input."""
+        if self.files is None or len(self.files.files) < 2 or not self.file_starts:
+            return None
+        return self.files.name(bisect.bisect_right(self.file_starts, row) - 1)
 
     def digest_after(self, rows: int) -> str:
         """SHA-256 (hex) of the raw bytes of the first ``rows`` rows, for ``rows`` among the last
@@ -348,7 +428,7 @@ def _binary(path: str | Path, compression: str | None) -> Iterator[BinaryIO]:
             compression = next((c for c, magic in COMPRESSIONS.items() if head.startswith(magic)), None)
     else:
         try:
-            raw = owned = open(path, "rb")
+            raw = owned = path.open_stream() if isinstance(path, StoreFile) else open(path, "rb")
         except OSError as exc:
             raise InputError(f"{str(path)!r}: cannot read it ({exc.strerror})") from exc
     try:
@@ -371,6 +451,10 @@ def _binary(path: str | Path, compression: str | None) -> Iterator[BinaryIO]:
 
 
 def _damaged(path: str | Path, compression: str | None, exc: Exception) -> InputError:
+    if isinstance(path, StoreFile) and isinstance(exc, OSError) and type(exc).__name__ != "BadGzipFile":
+        from .storage import store_error
+
+        return store_error(exc, str(path), mid_run=True)  # the store failed, not the file: exit 5
     name = "standard input" if is_stdin(path) else repr(str(path))
     what = {"gz": "gzip", "zst": "zstd"}.get(compression or "", "")
     return InputError(f"{name}: the {what + ' ' if what else ''}stream is damaged or cut short ({exc}); "
@@ -449,7 +533,9 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
 
 def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> bool:
     """Check what can be checked of ``path`` before a model is loaded: its encoding and its
-    first row; standard input is left unread (it can be read only once).
+    first row; standard input is left unread (it can be read only once). A folder, glob or URI:
+    every one of its files so (its header, a Parquet footer: a part that is not Parquet is
+    refused here, naming it).
 
     Returns:
         Whether the input has a row (``True`` for standard input, which is not read).
@@ -458,21 +544,26 @@ def check_input(path: str | Path, spec: InputSpec, fmt: str | None = None) -> bo
         InputError: as ``RecordReader`` does for the whole input: a missing file, an unknown
             format (standard input without ``fmt``), a file that is not Parquet, a
             CSV/Parquet header without a needed column; and a JSONL/CSV file in UTF-16 or
-            UTF-32 (``check_encoding``).
+            UTF-32 (``check_encoding``); a store problem (``pcd_cli.io.storage.store_error``).
     """
-    kind, compression = input_kind(path, fmt)
     if is_stdin(path):
+        input_kind(path, fmt)
         return True
-    if kind != "parquet":
-        check_encoding(path, compression)
-    rows = ROW_READERS[kind](Path(path), spec, compression)
-    try:
-        first = next(rows, None)
-        if kind == "jsonl" and first is not None:
-            check_jsonl_keys(path, [first, *itertools.islice(rows, JSONL_HEAD_ROWS - 1)], spec)
-        return first is not None
-    finally:
-        rows.close()
+    files, kinds = input_files(path, fmt)
+    has_rows = False
+    for index, (kind, compression) in enumerate(kinds):
+        source, spec_i = files.source(index), file_spec(spec, files, index)
+        if kind != "parquet":
+            check_encoding(source, compression)
+        rows = ROW_READERS[kind](source, spec_i, compression)
+        try:
+            first = next(rows, None)
+            if kind == "jsonl" and first is not None:
+                check_jsonl_keys(str(source), [first, *itertools.islice(rows, JSONL_HEAD_ROWS - 1)], spec_i)
+            has_rows = has_rows or first is not None
+        finally:
+            rows.close()
+    return has_rows
 
 
 #: JSONL rows ``check_input`` reads before the model loads to find the keys pcd needs.
@@ -493,7 +584,7 @@ def check_jsonl_keys(path: str | Path, head: list[RawRow], spec: InputSpec) -> N
     if not objects:
         return
     keys = list(dict.fromkeys(k for row in objects for k in row))
-    missing = [c for c in spec.columns_needed() if c not in keys]
+    missing = [c for c in spec.columns_needed() if c not in keys and c not in spec.partition]
     if not missing:
         return
     name = missing[0]
@@ -518,8 +609,11 @@ def has_id_column(path: str | Path, spec: InputSpec, fmt: str | None = None, *, 
     if is_stdin(path):
         return False
     try:
-        kind, compression = input_kind(path, fmt)
-        reader = ROW_READERS[kind](Path(path), spec, compression)
+        files, kinds = input_files(path, fmt)
+        if DEFAULT_ID_COLUMN in (files.partitions[0] if files.partitions else {}):
+            return True
+        kind, compression = kinds[0]
+        reader = ROW_READERS[kind](files.source(0), file_spec(spec, files, 0), compression)
         try:
             for _line, row, _raw in itertools.islice(reader, rows):
                 if isinstance(row, dict):
@@ -630,10 +724,14 @@ def check_frame_columns(path: str | Path, names: list[str], spec: InputSpec) -> 
         InputError: names the file, the missing column and the columns there are (with a
             ``--csv-delimiter`` hint when the header looks split on another separator).
     """
-    missing = [c for c in spec.columns_needed() if c not in names]
+    name = "standard input" if is_stdin(path) else repr(str(path))
+    both = next((c for c in spec.columns_needed() if c in names and c in spec.partition), None)
+    if both is not None:
+        raise InputError(f"{name}: column {both!r} is in the file and also a partition folder ({both}=...) of its "
+                         "path; rename one (a name given twice is never resolved silently)")
+    missing = [c for c in spec.columns_needed() if c not in names and c not in spec.partition]
     if not missing:
         return
-    name = "standard input" if is_stdin(path) else repr(str(path))
     hint = ""
     if len(names) == 1:  # one column whose name holds the others: another delimiter
         found = next((d for d in (";", "\t", "|", ",") if d in names[0] and d != spec.csv_delimiter), None)
@@ -736,17 +834,21 @@ def _csv_rows(path: str | Path, spec: InputSpec, compression: str | None = None)
 
 def _parquet_rows(path: Path, spec: InputSpec, compression: str | None = None) -> Iterator[RawRow]:
     try:
-        pfile = pq.ParquetFile(path)
+        pfile = pq.ParquetFile(path.open_file() if isinstance(path, StoreFile) else path)
     except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(path, StoreFile) and not isinstance(exc, pa.ArrowInvalid):
+            raise _damaged(path, None, exc) from exc
         raise InputError(f"{str(path)!r}: not a readable Parquet file ({exc})") from exc
     check_unique_columns(path, pfile.schema_arrow.names, "Parquet schema")
     check_frame_columns(path, pfile.schema_arrow.names, spec)
-    columns = list(dict.fromkeys(spec.columns_needed()))
+    columns = [c for c in dict.fromkeys(spec.columns_needed()) if c not in spec.partition]
     try:
         for batch in pfile.iter_batches(batch_size=1024, columns=columns):
             for row in batch.to_pylist():
                 yield None, row, orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
     except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(path, StoreFile) and not isinstance(exc, pa.ArrowInvalid):
+            raise _damaged(path, None, exc) from exc
         raise InputError(f"{str(path)!r}: the Parquet file is damaged ({exc})") from exc
 
 

@@ -124,11 +124,16 @@ def open_location(target: str | Path, *, option: str = "INPUT") -> Location:
     try:
         filesystem, path = pafs.FileSystem.from_uri(text)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        raise InputError(f"{option} {text!r}: cannot open this URI ({exc}); pcd reads local paths and the "
+        raise InputError(f"{_head(option, text)}: cannot open this URI ({exc}); pcd reads local paths and the "
                          "URIs pyarrow.fs knows (s3://, gs://, hdfs://, file://)") from None
     except OSError as exc:
         raise store_error(exc, text, option=option) from None
     return Location(text, filesystem, path.rstrip("/"), scheme)
+
+
+def _head(option: str, target: str) -> str:
+    """How a message starts: ``'path'`` for the input, ``-o 'path'`` for an option."""
+    return repr(target) if option == "INPUT" else f"{option} {target!r}"
 
 
 #: Where a store's failure message says what went wrong (pyarrow's AWS and GCS messages).
@@ -201,9 +206,9 @@ def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool 
         reason = _short(text) or type(exc).__name__
         fix = "check the store and the credentials"
     if mid_run:
-        return MachineError(f"{option} {uri!r}: {what}: {reason}; {fix}, then rerun with --resume (the rows "
+        return MachineError(f"{_head(option, uri)}: {what}: {reason}; {fix}, then rerun with --resume (the rows "
                             "finished so far are kept)")
-    return InputError(f"{option} {uri!r}: {what}: {reason}; {fix}")
+    return InputError(f"{_head(option, uri)}: {what}: {reason}; {fix}")
 
 
 def _short(text: str) -> str:
@@ -238,9 +243,55 @@ class FileList:
         """File ``index`` as messages and the errors file name it (a path as typed, or a URI)."""
         return self.location.name(self.files[index])
 
+    def source(self, index: int) -> "Path | StoreFile":
+        """File ``index`` as the readers open it: a local ``Path`` (as typed), else a ``StoreFile``."""
+        if self.location.scheme is None:
+            return Path(self.files[index])
+        return StoreFile(self.location, self.files[index])
+
     def partition_columns(self) -> list[str]:
         """The partition keys of any file, in the order first met."""
         return list(dict.fromkeys(k for p in self.partitions for k in p))
+
+
+@dataclass(frozen=True)
+class StoreFile:
+    """One file in object storage, as the readers take it in place of a local ``Path``:
+    ``str()`` is its URI (messages name it), ``suffix``/``name`` as a path's."""
+
+    location: Location
+    path: str
+
+    def __str__(self) -> str:
+        return self.location.name(self.path)
+
+    def __fspath__(self) -> str:  # never opened as a local file: messages only
+        raise TypeError(f"{self} is in object storage, not a local file")
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.path).name
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.path).suffix
+
+    @property
+    def suffixes(self) -> list[str]:
+        return PurePosixPath(self.path).suffixes
+
+    def with_suffix(self, suffix: str) -> "StoreFile":
+        return StoreFile(self.location, str(PurePosixPath(self.path).with_suffix(suffix)))
+
+    def open_stream(self):
+        """A buffered binary stream of the object (``InputError`` naming the URI when the store refuses)."""
+        import io
+
+        return io.BufferedReader(open_input_stream(self.location, self.path), buffer_size=1 << 20)
+
+    def open_file(self):
+        """A random-access file of the object (Parquet)."""
+        return open_input_file(self.location, self.path)
 
 
 def partition_values(path: str) -> dict[str, str | None]:
@@ -317,8 +368,8 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
 
     Args:
         target: a file, a folder, or a glob; a local path or a URI.
-        extensions: in a folder or glob, keep only files ending so (lower-cased suffixes such as
-            ``.parquet``; ``None``: every file). A file named directly is always kept.
+        extensions: in a folder or glob, keep only files whose names end so (``.parquet``,
+            ``.jsonl.gz``; case aside; ``None``: every file). A file named directly is always kept.
         option: how messages name ``target``. what: the kinds of file expected, for messages.
 
     Returns:
@@ -333,7 +384,7 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
     keep = None if extensions is None else tuple(e.lower() for e in extensions)
 
     def wanted(path: str) -> bool:
-        return keep is None or PurePosixPath(path).suffix.lower() in keep
+        return keep is None or PurePosixPath(path).name.lower().endswith(keep)
 
     given = location.given
     magic = _MAGIC.search(location.path)
@@ -346,16 +397,16 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
         if info.type == pafs.FileType.NotFound and not entries:
             if location.scheme is not None:
                 _check_bucket(location, option)
-                raise InputError(f"{option} {given!r}: no such object or prefix; check the path (list it with "
+                raise InputError(f"{_head(option, given)}: no such object or prefix; check the path (list it with "
                                  "your store's client, e.g. aws s3 ls)")
-            raise InputError(f"{option} {given!r}: no such input file, folder or glob")
+            raise InputError(f"{_head(option, given)}: no such input file, folder or glob")
         base = location.path.rstrip("/")
         files = [e.path for e in entries if e.type == pafs.FileType.File
                  and not _hidden(e.path[len(base) + 1:]) and wanted(e.path)]
         if not files:
             found = sum(1 for e in entries if e.type == pafs.FileType.File)
             held = f" (it holds {found} other file{'s' * (found != 1)})" if found else " (it is empty)"
-            raise InputError(f"{option} {given!r}: the folder holds no {what} file{held}; "
+            raise InputError(f"{_head(option, given)}: the folder holds no {what} file{held}; "
                              "give a folder of them, or pass --format")
     else:
         head = location.path[:magic.start()]
@@ -372,7 +423,7 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
         if base == "." and location.scheme is None and not location.path.startswith("./"):
             files = [f[2:] if f.startswith("./") else f for f in files]
         if not files:
-            raise InputError(f"{option} {given!r}: no file matches")
+            raise InputError(f"{_head(option, given)}: no file matches")
     files.sort(key=_sort_key)
     return FileList(location, tuple(files), tuple(partition_values(f) for f in files))
 
@@ -421,7 +472,7 @@ def open_dataset(target: str | Path | FileList, *, option: str = "--reuse"):
         except (pa.ArrowInvalid, OSError) as exc:
             if isinstance(exc, OSError) and not isinstance(exc, pa.ArrowInvalid):
                 raise store_error(exc, listed.name(i), option=option) from None
-            raise InputError(f"{option} {listed.name(i)!r}: not a readable Parquet file ({exc})") from None
+            raise InputError(f"{_head(option, listed.name(i))}: not a readable Parquet file ({exc})") from None
         fragments.append(fragment)
         if i == 0:
             schema = physical
@@ -533,7 +584,7 @@ def check_output_uri(uri: str, *, option: str = "-o") -> None:
     """
     location = open_location(uri, option=option)
     if not location.path or "/" not in location.path.strip("/"):
-        raise InputError(f"{option} {uri!r}: name an object in a bucket, e.g. s3://bucket/out/labels.parquet")
+        raise InputError(f"{_head(option, uri)}: name an object in a bucket, e.g. s3://bucket/out/labels.parquet")
     folder, _, name = location.path.rpartition("/")
     fs = location.filesystem
     try:
@@ -541,7 +592,7 @@ def check_output_uri(uri: str, *, option: str = "-o") -> None:
     except OSError as exc:
         raise store_error(exc, uri, option=option, what="cannot write") from None
     if info.type == pafs.FileType.Directory:
-        raise InputError(f"{option} {uri!r} is a prefix holding objects; give an object name, e.g. "
+        raise InputError(f"{_head(option, uri)} is a prefix holding objects; give an object name, e.g. "
                          f"{uri.rstrip('/') + '/labels.parquet'!r}")
     _check_bucket(location, option)  # before writing: some stores create a missing bucket on write
     probe = f"{folder}/.{name}{UPLOAD_MARK}probe-{uuid.uuid4().hex[:8]}"
