@@ -485,6 +485,36 @@ ROW_INSTRUCTIONS = (
 )
 
 
+def check_rows(state: Any, questions: list[Question], where: str = "state") -> None:
+    """Refuse a question about a data-engine row that holds no value: a question whose
+    instructions name ``rows[k]`` (``ROW_INSTRUCTIONS``, what Daft's ``jev*`` functions write)
+    while ``state["rows"][k]`` is JSON ``null`` or missing. Such a row has no answer, and decoding
+    the envelope around it would invent a probability; Daft leaves null rows out of its request
+    and answers them null itself (``daft/functions/jev.py`` ``_Jev._ask``). Rows of any other
+    type (a number, an object from ``to_struct``) are values and are answered.
+
+    Raises:
+        QuestionError: 422 ``null_row`` naming ``<where>.rows[k]`` and the question.
+    """
+    rows = state.get("rows") if isinstance(state, dict) else None
+    if not isinstance(rows, list):
+        return
+    for q in questions:
+        for _, template in ROW_INSTRUCTIONS:
+            match = template.fullmatch(q.instructions or "")
+            if match is None:
+                continue
+            k = int(match.group(1))
+            if k >= len(rows):
+                raise invalid(f"{where}.rows[{k}]: no such row ({q.where} asks about it; rows has {len(rows)})",
+                              "null_row")
+            if rows[k] is None:
+                raise invalid(f"{where}.rows[{k}]: is null ({q.where} asks about it); a null row has no answer: "
+                              "leave it out of the request and answer it null yourself, as Daft's jev functions "
+                              "do", "null_row")
+            break
+
+
 def split_rows(state: Any, questions: list[Question]) -> list[tuple[Any, Question]] | None:
     """A data-engine batch cut into one-row requests, or ``None`` when ``state`` and ``questions``
     are not exactly such a batch.

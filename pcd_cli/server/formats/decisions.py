@@ -74,6 +74,17 @@ def _parts_text(content: Json, allowed: tuple[str, ...], where: str) -> str:
     return "\n".join(texts)
 
 
+def _json_parts(value: Json) -> list[tuple[str, Json]]:
+    """``(where, data)`` of every ``input_json`` part of a (valid) Decisions ``input``."""
+    out = []
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        content = item.get("content") if isinstance(item, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == "input_json":
+                out.append((f"input[{i}].content[{j}].data", part.get("data")))
+    return out
+
+
 def input_text(value: Json) -> str:
     """The record text of a Decisions ``input`` (module docstring).
 
@@ -200,6 +211,8 @@ def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[lis
     repeated = next((n for n in names if names.count(n) > 1), None)
     if repeated is not None:
         raise Q.invalid(f"questions: the name {repeated!r} is given to more than one question", "invalid_questions")
+    for where, data in _json_parts(body.get("input")):  # a data-engine envelope sent as input_json
+        Q.check_rows(data, [q for q, _ in parsed], where)
     return [q for q, _ in parsed], [values for _, values in parsed], text, extras, prompt
 
 

@@ -138,6 +138,7 @@ def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[lis
                           "per request", "too_many_questions")
     text = Q.state_text(body.get("state"))
     parsed = [parse_question(name, raw) for name, raw in raw_questions.items()]
+    Q.check_rows(body.get("state"), parsed)  # a null data-engine row: 422, never an invented answer
     return parsed, body.get("state"), text, extras, prompt
 
 

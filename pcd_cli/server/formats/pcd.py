@@ -78,7 +78,9 @@ def parse_label(body: object, call: Call) -> LabelRequest:
         check_columns(entry.schema, column, all_probs=all_probs)
     except PcdError as exc:
         raise _invalid(str(exc)) from None
-    items = [row_to_record(r if isinstance(r, dict) else _text_row(r, spec), i, None, spec)
+    # a JSON null record is an error of its row (null answers, never an invented probability)
+    items = [RecordFailure(None if has_id else i, f"row {i}: the record is null; give a text or an object", row=i)
+             if r is None else row_to_record(r if isinstance(r, dict) else _text_row(r, spec), i, None, spec)
              for i, r in enumerate(records)]
     return LabelRequest(entry.schema, items, column, all_probs)
 
