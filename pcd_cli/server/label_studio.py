@@ -17,9 +17,12 @@ reference backend HumanSignal/label-studio-ml-backend ``label_studio_ml/api.py``
 * ``POST /webhook``: the webhook Label Studio creates for the backend when it is added
   (``ml/models.py`` ``create_ml_webhook``: every action, with payload) sends ``{"action": ACTION,
   ...}`` for ``ANNOTATION_CREATED``/``ANNOTATION_UPDATED`` (``annotation``, ``task``,
-  ``project``), ``ANNOTATIONS_CREATED`` (lists), ``ANNOTATIONS_DELETED`` (``annotations``)
-  (``webhooks/models.py`` ``WebhookAction``), with ``WEBHOOK_TIMEOUT`` 1 s, and without Redis the
-  annotator's save waits on it: the journal append is the only work done before answering.
+  ``project``), ``ANNOTATIONS_CREATED`` (lists), ``ANNOTATIONS_DELETED`` (``annotations``),
+  ``TASKS_DELETED`` (``tasks``: ids only; the tasks' annotations go without an
+  ``ANNOTATIONS_DELETED``) and ``PROJECT_DELETED`` (``webhooks/models.py`` ``WebhookAction``), with
+  ``WEBHOOK_TIMEOUT`` 1 s, and without Redis the annotator's save waits on it: the journal append
+  is the only work done before answering (an append that fails is answered 503 naming the file:
+  ``state_unwritable``).
   ``MLApi.train`` sends ``START_TRAINING`` there too (``{"action", "project"}``) when the flag
   ``ff_back_dev_1417_start_training_mlbackend_webhooks_250122_long`` is on (it is in 1.23.2).
 * ``POST /train`` (older Label Studio, ``MLApi.train``): ``{"annotations": [tasks with their
