@@ -247,25 +247,31 @@ def test_error_budget_gives_the_share_decided_automatically_and_its_threshold(tm
     kept above one probability threshold with at most E error on the gold rows."""
     from ..helpers import SENTIMENTS, sentiment_probs, write_sentiment_output
 
-    # 10 rows, ranked by probability: the top 6 are right, then a wrong one, then 3 more right
-    probs = [0.95, 0.9, 0.88, 0.85, 0.8, 0.75, 0.7, 0.6, 0.55, 0.5]
-    right = [True] * 6 + [False] + [True] * 3
+    # 20 rows (10 gold NEGATIVE, 10 NEUTRAL: the floor of decision.budget_floor_problem), ranked by
+    # probability: the top 12 are right, then a wrong one, then 7 more right
+    probs = [0.95 - 0.02 * i for i in range(20)]
     rows, gold = [], []
-    for i, (p, ok) in enumerate(zip(probs, right)):
-        rows.append((f"r{i}", 0, sentiment_probs(0, p)))
-        gold.append({"id": f"r{i}", "sentiment": SENTIMENTS[0] if ok else SENTIMENTS[1]})
+    for i, p in enumerate(probs):
+        label = 0 if i == 12 else (i + (i > 12)) % 2  # row 12: NEGATIVE written, NEUTRAL the gold
+        rows.append((f"r{i}", label, sentiment_probs(label, p)))
+        gold.append({"id": f"r{i}", "sentiment": SENTIMENTS[1 if i == 12 else label]})
     out = write_sentiment_output(tmp_path / "out.parquet", rows)
     (tmp_path / "gold.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
     report = tmp_path / "report.json"
     result = pcd("eval", out, tmp_path / "gold.jsonl", "--error-budget", "0.1", "--json", report)
-    # at most 10 % error: all 10 rows (9 right, 1 wrong: 10.0 %); at 0 %: the top 6 only
+    # at most 10 % error: all 20 rows (19 right, 1 wrong: 5.0 %); at 0 %: the top 12 only
     text = flat(result.stdout)
-    assert "100.0% of rows (10) can be decided automatically with an error of at most 10.0%" in text
-    assert "__prob >= 0.5000" in text
+    assert "100.0% of rows (20) can be decided automatically with an error of at most 10.0%" in text
+    assert "__prob >= 0.5700" in text
     target = json.loads(report.read_text())["fields"]["sentiment"]["by_prob"]["target"]
-    assert target["threshold"] == pytest.approx(0.5) and target["coverage"] == 1.0
+    assert target["threshold"] == pytest.approx(0.57, abs=1e-6) and target["coverage"] == 1.0
     strict = flat(pcd("eval", out, tmp_path / "gold.jsonl", "--error-budget", "0").stdout)
-    assert "60.0% of rows (6) can be decided automatically with an error of at most 0.0%" in strict
-    assert "__prob >= 0.7500" in strict
+    assert "60.0% of rows (12) can be decided automatically with an error of at most 0.0%" in strict
+    assert "__prob >= 0.7300" in strict
+    # 5 %: 20 rows are enough (1/E); 4 %: they are not, and no threshold is fitted
+    few = flat(pcd("eval", out, tmp_path / "gold.jsonl", "--error-budget", "0.04").stdout)
+    assert "warning: field 'sentiment': only 20 gold rows, too few to show a 4.0% error rate (at least 1/E = 25 " \
+           "rows): no threshold is fitted for a 4.0% error budget, every row of this field goes to review" in few
+    assert "can be decided automatically" not in few
     both = pcd("eval", out, tmp_path / "gold.jsonl", "--error-budget", "0.1", "--target-accuracy", "0.9", code=2)
     assert "not both" in flat(both.output)
