@@ -561,7 +561,7 @@ def calibrate(
     """Fit a per-field temperature and label biases on gold rows; print cross-validated
     before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
     --calibration. Exit 2 on a bad gold, predictions or schema file."""
-    from .quality.fitting import calibrate_on_gold
+    from .fitting import calibrate_on_gold
     from .quality.plots import calibration_plots, file_stem, require_matplotlib
     from .quality.render import render_calibration
 
@@ -645,7 +645,7 @@ def tune(
     written); 3 on a model problem or without peft; 130 if interrupted (the best adapter so far
     is written first)."""
     from .quality.render import render_tune
-    from .quality.fitting import tune_on_gold
+    from .fitting import tune_on_gold
     from .tune import DEFAULT_PATIENCE, TuneConfig
 
     def said(notes, row_warnings, config):

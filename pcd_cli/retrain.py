@@ -161,7 +161,7 @@ def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fi
     """
     out.mkdir(parents=True, exist_ok=True)
     if method == "calibrate":
-        from .quality.fitting import calibrate_on_gold
+        from .fitting import calibrate_on_gold
 
         path = out / "calibration.json"
         n_rows = len(json.loads(gold.read_text(encoding="utf-8")))
@@ -172,7 +172,7 @@ def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fi
         after = {"accuracy": _mean(f.after.accuracy for f in fields), "nll": _mean(f.after.nll for f in fields)}
         return Fitted(replace(job, calibration=str(path), tuned_calibration=True), before, after,
                       max((f.n for f in fields), default=0), path, own_model=False)
-    from .quality.fitting import tune_on_gold
+    from .fitting import tune_on_gold
     from .tune import DEFAULT_PATIENCE, TuneConfig
 
     path = out / "tuned"

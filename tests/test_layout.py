@@ -105,6 +105,40 @@ def test_stages_never_import_the_layers_above_them():
                 (name, sorted(edges))
 
 
+#: The stages below the job, in pipeline order (docs/architecture.md), and the layers above them.
+LOWER_STAGES = ("schema", "io", "decoding", "backends", "quality")
+UPPER_LAYERS = ("job", "tune", "api", "fitting", "engines", "server", "cli")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every ``(module, imported)`` where a module of a lower stage (``LOWER_STAGES``) imports a
+    module of a layer above it (``UPPER_LAYERS``, a package or a top-level module), sorted."""
+    def top(name: str) -> str:
+        parts = name.split(".")
+        return parts[1] if len(parts) > 1 else ""
+
+    return sorted((name, edge) for name, edges in graph.items() if top(name) in LOWER_STAGES
+                  for edge in edges if top(edge) in UPPER_LAYERS)
+
+
+def test_no_stage_imports_a_layer_above_it():
+    """schema, io, decoding, backends and quality never import the job, tune, api, fitting,
+    engines, server or cli (issue #42 item 5), a function-local import included; no exceptions."""
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_stage_rule_finds_an_upward_import_hidden_in_a_function(tmp_path):
+    pkg = tmp_path / "pcd_cli"
+    for folder in ("quality", "server"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "job.py").write_text("")
+    (pkg / "quality" / "fit.py").write_text("def f():\n    from ..job import LabelJob\n")
+    (pkg / "server" / "app.py").write_text("from ..quality import fit\n")  # downward: allowed
+    assert upward_imports(import_graph(pkg)) == [("pcd_cli.quality.fit", "pcd_cli.job")]
+
+
 def test_pyproject_names_every_package():
     """A package missing from pyproject's list is silently left out of the wheel (checked once by
     building the wheel and importing its 67 modules in a clean venv; this keeps the list whole)."""

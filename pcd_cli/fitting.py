@@ -1,8 +1,11 @@
 """Gold rows -> a fitted model: ``pcd calibrate``'s whole job (``calibrate_on_gold``: a
 ``Calibration`` with its cross-validated before/after report) and ``pcd tune``'s
 (``tune_on_gold``: a LoRA adapter trained through the decoder's own forest, its calibration and
-card, written). The CLI, and ``pcd serve``'s Label Studio loop, parse their options into a
-``pcd_cli.job.LabelJob`` and call these.
+card, written). The CLI, and ``pcd serve``'s Label Studio loop (``pcd_cli.retrain``), parse their
+options into a ``pcd_cli.job.LabelJob`` and call these.
+
+A layer above the stages (beside ``job.py``): it builds labelers (``pcd_cli.api``) and trains
+(``pcd_cli.tune``), so ``quality/`` below it never imports either (``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import InputError
-from ..api import build_labeler
-from ..job import LabelJob
+from .errors import InputError
+from .api import build_labeler
+from .job import LabelJob
 
 
 @dataclass
@@ -63,13 +66,14 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
         InputError: a bad option or file (names it). SchemaError, ModelError, CalibrationError:
         as ``build_labeler`` and ``fit_calibration``.
     """
-    from ..io.readers import check_frame_columns
-    from ..schema.load import load_schema
-    from ..schema.model import Schema
-    from . import fit_calibration, read_gold, read_predictions
-    from .calibration import check_coverage_rows, check_output_path, rule_fit_warnings, worse_calibration_warnings
-    from .decision import parse_objective
-    from .data import drop_example_rows
+    from .io.readers import check_frame_columns
+    from .schema.load import load_schema
+    from .schema.model import Schema
+    from .quality import fit_calibration, read_gold, read_predictions
+    from .quality.calibration import (check_coverage_rows, check_output_path, rule_fit_warnings,
+                                      worse_calibration_warnings)
+    from .quality.decision import parse_objective
+    from .quality.data import drop_example_rows
 
     if predictions is not None and job.examples is not None:
         raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
@@ -155,16 +159,17 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
         MissingExtra: peft is not installed. InputError: a bad option, gold file or ``output``
         folder; ``TrainingDiverged`` (nothing written). ModelError: the model cannot be loaded.
     """
-    from ..backends.torch_backend import model_content_key
-    from ..backends.torch_tune import require_peft
-    from ..backends.tune_folder import CALIBRATION_NAME, check_tune_output
-    from ..io.readers import check_frame_columns
-    from ..schema.load import load_schema
-    from ..schema.model import Schema
-    from ..tune import (calibration_card, default_epochs, fit_tune_calibration, gold_records, make_card,
+    from .backends.torch_backend import model_content_key
+    from .backends.torch_tune import require_peft
+    from .backends.select import TRAINING_BACKEND
+    from .backends.tune_folder import CALIBRATION_NAME, check_tune_output
+    from .io.readers import check_frame_columns
+    from .schema.load import load_schema
+    from .schema.model import Schema
+    from .tune import (calibration_card, default_epochs, fit_tune_calibration, gold_records, make_card,
                         tune)
-    from . import read_gold
-    from .data import drop_example_rows
+    from .quality import read_gold
+    from .quality.data import drop_example_rows
 
     require_peft()
     if config.cross_fit == 1:
@@ -174,7 +179,7 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
     if parsed.isolate_fields or job.isolate_fields:  # the trainer reads the shared-catalog prompt only
         raise InputError("pcd tune trains the shared-catalog prompt; isolate_fields is not trained yet: tune "
                          "without it (drop isolate_fields: true / --isolate-fields) and label the same way")
-    job = replace(job, id_field=id_field, backend="torch", calibration=None, tuned_calibration=False,
+    job = replace(job, id_field=id_field, backend=TRAINING_BACKEND, calibration=None, tuned_calibration=False,
                   scoring=config.scoring, permutations=config.permutations,
                   max_tokens_per_pass=config.max_tokens_per_pass)
     spec = job.input_spec(csv_delimiter=csv_delimiter)
