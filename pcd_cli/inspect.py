@@ -19,7 +19,7 @@ the schema exactly as ``pcd label`` does (``CompiledSchema``) and reports:
 
 Rules:
 
-* Newline probe (DESIGN.md §2 rule 4): join two answer lines of this schema with ``\\n``;
+* Newline probe (docs/how-it-works.md, decoding rule 4): join two answer lines of this schema with ``\\n``;
   if the first line's tokens without the newline are not a token prefix of the whole, the
   newline is glued to the punctuation before it (Qwen2.5: ``,\\n``); if the first line's
   tokens *with* the newline are not a prefix, it is glued to the indentation after it

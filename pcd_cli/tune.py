@@ -1,7 +1,7 @@
 """``pcd tune``: gold labels -> a LoRA adapter trained through the decoder's own forest.
 
-Training is the decoder run backwards (DESIGN.md §4): ``Decoder.training_reads`` feeds the
-same head (few-shot examples included), record segment, answer-line forest and waves as
+Training is the decoder run backwards (docs/how-it-works.md, "Training reads what labelling
+reads"): ``Decoder.training_reads`` feeds the same head (few-shot examples included), record segment, answer-line forest and waves as
 ``pcd label``, in the same packed passes bounded by the same token budget, with the
 backend's autograd path; the loss is each field's cross-entropy over its allowed labels,
 each label scored as the decoder scores it (``--scoring``), plus ``--mass-weight`` times the

@@ -16,7 +16,7 @@ for ``TorchBackend``; the MLX backend's tests call ``run_family`` with its own l
    modes, packed and one record per pass) and returns the largest difference from the
    oracle over every label probability and candidate mass.
 
-The bar (DESIGN.md §2): ``TOLERANCE`` = 1e-4 in float32.
+The bar (docs/how-it-works.md, "The correctness oracle"): ``TOLERANCE`` = 1e-4 in float32.
 
 Architectures that cannot be scored exactly (recurrent/hybrid layers) must be refused when
 loaded: ``REFUSED_FAMILIES`` lists tiny configs for that check.

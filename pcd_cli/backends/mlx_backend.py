@@ -1,7 +1,7 @@
 """MLX backend through mlx-lm (Apple silicon GPU or CPU). See the package docstring for the contract.
 
 mlx-lm's model files are reused as they are (their modules and weights); three thin
-wrappers make them take a token forest (DESIGN.md §3):
+wrappers make them take a token forest (docs/how-it-works.md, "One pass per wave: the token forest"):
 
 * ``_ForestKV`` stands in for mlx-lm's per-layer KV cache. Its ``update_and_fetch``
   appends the new keys/values (new arrays each pass, so a prefix shared between callers is

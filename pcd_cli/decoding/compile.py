@@ -1,7 +1,7 @@
 """Schema + prompt + tokenizer -> label tries and the token forest each wave feeds.
 
-Rules implemented here (DESIGN.md §2): lines are tokenized whole, in context, after the
-text that precedes them (itself tokenized after a stand-in record, never on its own:
+Rules implemented here (docs/how-it-works.md, "The decoding rules"): lines are tokenized
+whole, in context, after the text that precedes them (itself tokenized after a stand-in record, never on its own:
 ``encode_context``, ``pcd_cli.decoding.seams``), and the seam is moved back where the tokenizer
 would merge across it (rule 3); each record's prompt is checked against the compiled tail
 (``record_chain``); the layout is probed, not assumed (rule 4); a label is a set of spellings

@@ -1,6 +1,7 @@
 """Compiled plan + backend -> per record and field: label, probability, candidate mass.
 
-How a group of records is decoded (DESIGN.md §2 rule 8 and §3):
+How a group of records is decoded (docs/how-it-works.md: decoding rule 8 and "One pass per wave:
+the token forest"):
 
 * The head's KV is prefilled once (``Decoder.__init__``) into a cache the decoder owns
   (a ``KVHandle``: the backend keeps no per-caller state, so decoders may share it).
@@ -92,7 +93,7 @@ def score_forest(forest: FieldForest, query_logprobs: Sequence[np.ndarray], n_la
 
     Returns:
         ``(probs, mass)``: float64 ``(n_labels,)`` summing to 1 (0 for impossible labels),
-        and the candidate mass (sum of all terminal path probabilities; DESIGN.md §2 rule 7).
+        and the candidate mass (sum of all terminal path probabilities; docs/how-it-works.md, decoding rule 7).
     """
     label_lp = np.full(n_labels, -np.inf)
     for term in forest.terminals:
@@ -383,8 +384,8 @@ class Decoder:
 
     def training_reads(self, records: Sequence[Record], written: Sequence[Sequence[int | None]]
                        ) -> list[dict[int, tuple[FieldForest, list]]]:
-        """The decoder run for training (``pcd tune``, DESIGN.md §4): exactly ``decode``'s waves,
-        stream, positions and masks for one group of ``records`` (one of ``training_groups``),
+        """The decoder run for training (``pcd tune``; docs/how-it-works.md, "Training reads what
+        labelling reads"): exactly ``decode``'s waves, stream, positions and masks for one group of ``records`` (one of ``training_groups``),
         fed with the backend's ``forward_train`` on top of the head prefilled again with
         ``prefill_train`` (once for the group: its weights change between steps), so that the
         read log-probabilities keep their autograd graph back to the head.

@@ -1,6 +1,6 @@
 """Brute-force reference for the decoder: plain forward passes over full texts, no cache.
 
-For one field after a given context text (DESIGN.md §2, "Correctness oracle"; issue #2's
+For one field after a given context text (docs/how-it-works.md, "The correctness oracle"; issue #2's
 exact-mode definition): every spelling's complete line is appended to the context and the
 whole text is tokenized at once; the trunk is the longest token prefix common to all
 spellings; a spelling's path is its tokens after the trunk — to the end of the line

@@ -1,6 +1,6 @@
 """Schema + tokenizer -> the prompt: head text and ids, per-record text, JSON layout.
 
-The prompt (DESIGN.md §2 rules 1 and 9; seed article 1, "The prompt every finding starts
+The prompt (docs/how-it-works.md, decoding rules 1 and 9; seed article 1, "The prompt every finding starts
 from"): a system turn with instructions and a catalog listing every key, its description
 and every allowed value; a user turn ``Input:\\n<record text>``; the assistant turn opened
 by the model's own chat template, followed by the JSON opener. Models without a chat
@@ -41,7 +41,7 @@ SYSTEM_PLACEMENTS = ("system_turn", "merged_refused", "merged_dropped", "plain_t
 
 @dataclass(frozen=True)
 class Layout:
-    """How the JSON object is laid out (DESIGN.md §2 rule 4).
+    """How the JSON object is laid out (docs/how-it-works.md, decoding rule 4).
 
     ``"newline_first"``: ``{`` + ``\\n  "k": v,`` ... ``\\n  "k": v`` + ``\\n}`` (the newline
     opens each line; suits tokenizers that glue ``\\n`` to the indentation after it, e.g.
@@ -61,7 +61,7 @@ class Layout:
         An option decision of a multi field is read as the first key of the field's nested
         object, ``"topics": {"billing": true,`` (``,`` when more options follow, which is
         always the case for a field with two or more), the position where the model really
-        writes that option's yes/no (the first-key rule, DESIGN.md §2, one level down).
+        writes that option's yes/no (the first-key rule, docs/how-it-works.md, one level down).
         """
         if field.group is not None:
             more = field.group_size > 1

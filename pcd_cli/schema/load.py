@@ -362,7 +362,7 @@ def _field_items(raw_fields: Any, problems: list[str]) -> list[tuple[Any, Any]]:
 
 def _waves(fields: list[Field], problems: list[str], *, checked: bool = False,
            first_read: bool = True) -> tuple[tuple[int, ...], ...]:
-    """Decision waves: the first field alone, then ``depends_on`` levels (DESIGN.md §2 rule 8).
+    """Decision waves: the first field alone, then ``depends_on`` levels (docs/how-it-works.md, decoding rule 8).
 
     Cycles are appended to ``problems`` (each once); so are unknown names, a field naming
     itself and a first field that depends, unless ``checked`` (``fields.parse_field`` did). A

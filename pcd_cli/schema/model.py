@@ -197,7 +197,7 @@ class Field(FieldKind):
                           f"({allowed})")
 
     def spellings(self, label_index: int) -> tuple[str, ...]:
-        """JSON spellings of a label, canonical first (DESIGN.md §2 rule 5).
+        """JSON spellings of a label, canonical first (docs/how-it-works.md, decoding rule 5).
 
         Booleans and integers: unquoted and quoted (``true``/``"true"``, ``7``/``"7"``); the
         null option: ``null``; enum and ordinal labels: the label as a JSON string with
@@ -285,7 +285,7 @@ class Schema:
         instructions: extra text for the prompt's system turn ('' if none).
         fields: the decisions in schema order (the order of the JSON object): every field,
             with a multi field expanded into one boolean decision per option.
-        waves: tuples of field indices; wave 0 is the first field alone (DESIGN.md §2 rule 8),
+        waves: tuples of field indices; wave 0 is the first field alone (docs/how-it-works.md, decoding rule 8),
             later waves follow ``depends_on`` levels.
         warnings: soft problems found while validating.
         examples: few-shot examples from the schema's ``examples:`` key.

@@ -1,8 +1,8 @@
 """``pcd inspect-schema``: layout probe, template probe, per-field paths and collisions, warnings, CLI.
 
 Three small byte-level BPE tokenizers built with the ``tokenizers`` library reproduce the
-three newline families of DESIGN.md §5 without a hub: SmolLM2's (GPT-2 pre-tokenizer, newline
-glued to the indentation after it), Qwen2.5's (its pre-tokenizer regex lets punctuation take
+three newline families of docs/how-it-works.md ("The embedded model") without a hub:
+SmolLM2's (GPT-2 pre-tokenizer, newline glued to the indentation after it), Qwen2.5's (its pre-tokenizer regex lets punctuation take
 the newline: ``,\\n``) and Gemma's (newline standalone). The tokenizer-level cases of
 tests/data/cases.jsonl run on the embedded SmolLM2 tokenizer (loaded without weights).
 """
