@@ -441,10 +441,15 @@ class LabelStudioBackend:
         """The project's ``GoldJournal`` (``<state_dir>/projects/<id>/gold.jsonl``)."""
         return GoldJournal(self.state / "projects" / project / JOURNAL_NAME)
 
-    def journal_event(self, project: str, action: str, body: dict) -> int:
+    def journal_event(self, project: str, action: str, body: dict) -> tuple[int, list[dict]]:
         """Append one webhook's event to the project's journal: its annotations
-        (``ANNOTATION_ACTIONS``) or what a ``DELETE_ACTIONS`` deletes; returns the events written.
-        ``PROJECT_DELETED`` also forgets the project's link.
+        (``ANNOTATION_ACTIONS``) or what a ``DELETE_ACTIONS`` deletes. ``PROJECT_DELETED`` also
+        forgets the project's link.
+
+        Returns:
+            ``(events written, not kept)``: ``not_kept`` lists ``{"annotation", "reason"}`` for each
+            annotation that could not be journalled (no task with ``id`` and a ``data`` object
+            beside it), so the answer says so rather than dropping it silently.
 
         Raises:
             ApiError: 503 ``journal_unwritable`` (``state_unwritable``) when the journal cannot be
@@ -455,40 +460,41 @@ class LabelStudioBackend:
         except MachineError as exc:
             raise state_unwritable(str(exc)) from None
 
-    def _journal_event(self, project: str, action: str, body: dict) -> int:
+    def _journal_event(self, project: str, action: str, body: dict) -> tuple[int, list[dict]]:
         journal = self.journal(project)
         if action == "ANNOTATIONS_DELETED":
             ids = [a.get("id") if isinstance(a, dict) else a for a in _as_list(body.get("annotations"))]
             for aid in ids:
                 journal.append_delete(aid)
-            return len(ids)
+            return len(ids), []
         if action == "TASKS_DELETED":
             ids = [t.get("id") if isinstance(t, dict) else t for t in _as_list(body.get("tasks"))]
             ids = [t for t in ids if t is not None]
             if ids:
                 journal.append_task_delete(ids)
-            return len(ids)
+            return len(ids), []
         if action == "PROJECT_DELETED":
             journal.append_project_delete()
             with self._lock:
                 self.links.pop(project, None)
             (self.state / "projects" / project / "link.json").unlink(missing_ok=True)
-            return 1
+            return 1, []
         annotations = _as_list(body.get("annotation", body.get("annotations")))
         tasks = {t.get("id"): t for t in _as_list(body.get("task", body.get("tasks"))) if isinstance(t, dict)}
-        n = 0
+        n, not_kept = 0, []
         for a in annotations:
-            if not isinstance(a, dict):
-                continue
-            tid = a.get("task")
+            aid = a.get("id") if isinstance(a, dict) else None
+            tid = a.get("task") if isinstance(a, dict) else None
             task = tasks.get(tid) or (next(iter(tasks.values())) if len(tasks) == 1 else None)
-            if task is None:
-                log.warning("label studio project %s: %s annotation %s without its task; not journalled", project,
-                            action, a.get("id"))
-                continue
-            journal.append_annotation(task, a)
-            n += 1
-        return n
+            try:
+                if task is None:
+                    raise ValueError(f"its task{f' {tid!r}' if tid is not None else ''} is not in the body")
+                journal.append_annotation(task, a)
+                n += 1
+            except ValueError as exc:
+                not_kept.append({"annotation": aid, "reason": str(exc)})
+                log.warning("label studio project %s: %s annotation %s not journalled: %s", project, action, aid, exc)
+        return n, not_kept
 
     def journal_tasks(self, project: str, tasks: list) -> int:
         """Append every annotation of ``tasks`` (``/train``'s body) to the project's journal.

@@ -250,3 +250,21 @@ def test_retrain_every_is_not_retried_on_every_annotation_while_gold_is_short(tm
         assert statuses == [None, "not_enough_gold", None, "not_enough_gold", None]
         assert [v.reason.startswith("not enough gold") for v in backend.histories["triage"].items[1:]] == [True, True]
     check_nothing_left(before)
+
+
+def test_an_annotation_without_its_task_is_never_dropped_silently(ls):
+    srv, backend, _ = ls
+    setup(srv, 78)
+    a = annotation(78, 1, ["NEGATIVE"])["annotation"]
+    r = post(srv, "/webhook", {"action": "ANNOTATION_CREATED", "project": {"id": 78}, "annotation": a})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "annotation_not_kept"
+    assert "annotation 1001: its task 1 is not in the body" in r.json()["error"]["message"]
+    r = post(srv, "/webhook", {"action": "ANNOTATION_CREATED", "project": {"id": 78}, "annotation": a,
+                               "task": {"id": 1}})  # a task without its data
+    assert r.status_code == 422 and "'data' object" in r.json()["error"]["message"]
+    both = {"action": "ANNOTATIONS_CREATED", "project": {"id": 78}, "annotations": [a, {**a, "id": 7, "task": 2}],
+            "tasks": [{"id": 1, "data": {"text": "t"}}, {"id": 3, "data": {"text": "u"}}]}
+    r = post(srv, "/webhook", both)
+    assert r.status_code == 200 and r.json()["events"] == 1
+    assert r.json()["not_kept"] == [{"annotation": 7, "reason": "its task 2 is not in the body"}]
+    assert gold_ids(backend, 78) == [1]

@@ -179,10 +179,14 @@ def routes(server: Server) -> list[Route]:
         if action in ANNOTATION_ACTIONS or action in DELETE_ACTIONS:
             if project is None:
                 raise _invalid(f"{action}: no project in the body")
-            n = await asyncio.to_thread(backend.journal_event, project, action, body)
+            n, not_kept = await asyncio.to_thread(backend.journal_event, project, action, body)
+            if not_kept and not n:  # nothing of it kept: say so (never a silent 200)
+                raise _invalid(f"{action}: no annotation kept: " + "; ".join(
+                    f"annotation {d['annotation']!r}: {d['reason']}" for d in not_kept), "annotation_not_kept")
             status = await asyncio.to_thread(backend.maybe_retrain, project) if action in ANNOTATION_ACTIONS \
                 else None
-            return json_response({"status": "ok", "action": action, "events": n, "training": status})
+            return json_response({"status": "ok", "action": action, "events": n, "training": status,
+                                  **({"not_kept": not_kept} if not_kept else {})})
         if action == "START_TRAINING":
             if project is None:
                 raise _invalid("START_TRAINING: no project")
