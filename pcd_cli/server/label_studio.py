@@ -52,9 +52,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import threading
 import time
 import urllib.error
+import weakref
 import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -68,6 +70,7 @@ from ..errors import MachineError
 from ..io.files import machine_error
 from ..io.annotations import label_studio_rows
 from ..tune import MIN_CALIBRATION_ROWS
+from ..backends.memory import release_memory
 from .errors import ApiError
 
 log = logging.getLogger("pcd.server")
@@ -369,9 +372,9 @@ class LabelStudioBackend:
         #: schema -> why its last training trigger did not start a run (``missing_gold``)
         self.refusals: dict[str, str] = {}
         self.histories: dict[str, VersionHistory] = {}
-        #: id(labeler) -> the version it is (set before a labeler is swapped in); the base model's
-        #: labelers are not in it (``version_of``)
-        self._versions: dict[int, str] = {}
+        #: labeler -> the version it is, set before it is swapped in (weak keys: a labeler swapped
+        #: out is freed, and never mistaken for a new one); the base model's are not in it (``version_of``)
+        self._versions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._base: dict[str, str] = {}
         for name, entry in service.named.items():
             base = version_name(entry.options.model or "embedded", adapter_bytes(entry.options))
@@ -389,7 +392,15 @@ class LabelStudioBackend:
     # -- what the routes ask (formats/label_studio.py) ------------------------------------------
     async def setup(self, project: str, mapping: ConfigMapping, hostname: str, token: str) -> str:
         """Remember ``project`` as mapped by ``mapping`` (its token in memory only; the mapping
-        saved when it changed); returns the schema's current version."""
+        saved when it changed); returns the schema's current version.
+
+        Raises:
+            ApiError: 503 ``not_ready`` while the model loads or the versions served before the
+                last stop are restored (the version answered would not be the one served).
+        """
+        if not self.service.ready.is_set():
+            raise ApiError(503, "server_error", "not_ready", "the model is still loading (or its last served "
+                           "version being restored); retry when GET /ready answers 200", {"Retry-After": "1"})
         link = ProjectLink(project, mapping, hostname, token)
         with self._lock:
             changed = project not in self.links or self.links[project].mapping != mapping
@@ -629,8 +640,10 @@ class LabelStudioBackend:
         history = self.histories[schema]
         entry = self.service.named[schema]
         projects = [p for p, link in list(self.links.items()) if link.mapping.schema == schema]
-        work = self.state / "schemas" / schema / f"run-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-" \
-                                                  f"{threading.get_ident() % 10000:04d}"
+        stamp, n = time.strftime('%Y%m%dT%H%M%S', time.gmtime()), 0
+        while (self.state / "schemas" / schema / f"run-{stamp}-{n:04d}").exists():
+            n += 1  # never a folder of an earlier run (one run per schema at a time)
+        work = self.state / "schemas" / schema / f"run-{stamp}-{n:04d}"
         gold = work / "gold.export.json"
         job = entry.options
         tasks = self.gold_tasks(schema)  # in the schema's terms, through each project's mapping
@@ -661,8 +674,9 @@ class LabelStudioBackend:
                              0.0, why, str(fitted.path), job=changed_options(entry.options, fitted.job))
             if ok:
                 labeler = self.build(entry.schema, fitted.job, fitted.own_model)
-                self._versions[id(labeler)] = version
+                self._versions[labeler] = version
                 self.service.replace_labeler(schema, labeler, fitted.job)
+                del labeler
                 record.accepted = True
                 log.info("schema %s: version %s swapped in (%s; accuracy %s -> %s)", schema, version, why,
                          fitted.before.get("accuracy"), fitted.after.get("accuracy"))
@@ -676,19 +690,49 @@ class LabelStudioBackend:
             for p in projects:
                 record.label_studio[p] = self._tell_label_studio(self.links[p], record.version)
         history.add(record)
+        fitted = entry = None  # the fit's model and the swapped-out labeler: nothing here holds them
+        self._prune(schema)
+        release_memory()
+
+    def _prune(self, schema: str) -> None:
+        """The state dir keeps what the version history needs (docs/serve.md, "Memory and the
+        state folder over retrains"): the run folders of the served version and of the accepted version before
+        it (a rollback), and any folder their jobs read (a tune over a tuned model reads the
+        earlier run's model); every other run folder (rejected, failed or older runs: a tuned
+        model is 0.5 GB) is deleted. Its history line stays, with its figures."""
+        root = self.state / "schemas" / schema
+        accepted = [v for v in self.histories[schema].items if v.accepted and v.method != "base"]
+        keep: set[Path] = set()
+        for v in accepted[-2:]:  # the served version (the last accepted) and the one before it
+            for value in [v.path, *v.job.values()]:
+                if isinstance(value, str) and value:
+                    p = Path(value)
+                    keep.update(q for q in (p, *p.parents) if q.parent == root)
+        for run in sorted(root.glob("run-*")):
+            if run.is_dir() and run not in keep:
+                shutil.rmtree(run, ignore_errors=True)
+                log.info("schema %s: run folder %s deleted (neither the served version nor the one before)",
+                         schema, run.name)
 
     def restore(self) -> None:
         """Serve again, once the model is loaded, the version each schema served when the server
         last stopped (``VersionHistory.to_restore``), in a thread that ends when done or when the
         service fails to start or stops. Called by ``create_app``."""
         pending = {name: h.to_restore for name, h in self.histories.items() if h.to_restore is not None}
-        if pending:
+        if not pending:
+            return
+        # before ready: /ready, /setup and /predict wait until the restored versions serve
+        if not self.service.add_startup_step(lambda: self._restore_now(pending)):
             threading.Thread(target=self._restore, args=(pending,), name="pcd-restore", daemon=True).start()
 
     def _restore(self, pending: dict) -> None:
         while not self.service.ready.wait(0.2):
             if self.service.startup_error is not None or self.service.draining:
                 return
+        self._restore_now(pending)
+
+    def _restore_now(self, pending: dict) -> None:
+        """Build and swap in each schema's version to restore (the service's start-up step)."""
         for name, version in pending.items():
             entry = self.service.named[name]
             job = replace(entry.options, **version.job)
@@ -698,8 +742,9 @@ class LabelStudioBackend:
                 log.warning("schema %s: version %s not restored (%s: %s); serving the base model", name,
                             version.version, type(exc).__name__, exc)
                 continue
-            self._versions[id(labeler)] = version.version
+            self._versions[labeler] = version.version
             self.service.replace_labeler(name, labeler, job)
+            del labeler
             self.histories[name].add(replace(version, method=version.method, created=now(), seconds=0.0,
                                              reason="restored at start-up", label_studio={}))
             log.info("schema %s: version %s restored", name, version.version)
@@ -709,7 +754,7 @@ class LabelStudioBackend:
         base model's; the schema's current version when no labeler decoded anything."""
         if labeler is None:
             return self.histories[schema].current
-        return self._versions.get(id(labeler), self._base[schema])
+        return self._versions.get(labeler, self._base[schema])
 
     def _build_labeler(self, schema, job, own_model: bool):
         if own_model:
