@@ -814,13 +814,16 @@ def serve(
     max_body_bytes: int = typer.Option(L.MAX_BODY_BYTES, "--max-body-bytes", min=1024, help="Largest request body; larger is "
                                        "413, refused before it is read whole.", rich_help_panel='Limits'),
     max_records_per_request: int = typer.Option(L.MAX_RECORDS_PER_REQUEST, "--max-records-per-request", min=1, help="Most records (or "
-                                                "questions) in one request; more is 413.", rich_help_panel='Limits'),
+                                                "questions) one request queues; more is 413 (Label Studio's /predict, "
+                                                "which cannot split: queued in slices of this many).",
+                                                rich_help_panel='Limits'),
     max_queued_records: int = typer.Option(L.MAX_QUEUED_RECORDS, "--max-queued-records", min=1, help="Records waiting beyond which "
                                            "a request gets 429 with Retry-After.", rich_help_panel='Limits'),
     max_queued_requests: int = typer.Option(L.MAX_QUEUED_REQUESTS, "--max-queued-requests", min=1, help="Requests waiting beyond "
                                             "which a request gets 429 with Retry-After.", rich_help_panel='Limits'),
     request_timeout_s: float = typer.Option(L.REQUEST_TIMEOUT_S, "--request-timeout-s", min=0.1, help="A request not answered "
-                                            "this long after it arrived gets 503.", rich_help_panel='Limits'),
+                                            "this long after it arrived gets 503 (the default is below the 100 s Label "
+                                            "Studio waits for /predict).", rich_help_panel='Limits'),
     shutdown_timeout_s: float = typer.Option(30.0, "--shutdown-timeout-s", min=0.0, help="On SIGTERM, how long "
                                              "queued and running requests may take to finish.", rich_help_panel='Limits'),
     max_batch_records: int = typer.Option(L.MAX_BATCH_RECORDS, "--max-batch-records", min=1, help="Most records of concurrent "
