@@ -542,6 +542,7 @@ def calibrate(
                                              "the calibration. pcd label writes <field>__set."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
                              "pcd label the same --seed to draw the same examples)."),
+    objective: str = OBJECTIVE_OPT,
     id_field: str = GOLD_ID_OPT,
     plot: Optional[Path] = PLOT_OPT,
     model: Optional[str] = MODEL_OPT,
@@ -549,7 +550,6 @@ def calibrate(
     dtype: DType = DTYPE_OPT,
     backend: BackendKind = BACKEND_OPT,
     scoring: Scoring = SCORING_OPT,
-    objective: str = OBJECTIVE_OPT,
     text_field: str = TEXT_FIELD_OPT,
     template: Optional[str] = TEMPLATE_OPT,
     csv_delimiter: str = CSV_DELIMITER_OPT,
@@ -629,6 +629,10 @@ def tune(
                                            "every epoch; default 2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
                              "initialisation and the --examples draw."),
+    objective: str = typer.Option("likelihood", "--objective", help="As pcd calibrate --objective: also fit a "
+                                  "decision rule per field on the holdout's calibrated probabilities, written in "
+                                  "the folder's pcd-calibration.json (a field below 10 holdout rows per label "
+                                  "keeps argmax, said)."),
     max_tokens_per_pass: int = BUDGET_OPT,
     adapter_only: bool = typer.Option(False, "--adapter-only", help="Write only the LoRA adapter (apply it with "
                                       "pcd label --adapter DIR on its base --model)."),
@@ -646,6 +650,7 @@ def tune(
     is written first)."""
     from .quality.render import render_tune
     from .fitting import tune_on_gold
+    from .quality.decision import parse_objective
     from .tune import DEFAULT_PATIENCE, TuneConfig
 
     def said(notes, row_warnings, config):
@@ -662,7 +667,8 @@ def tune(
         config = TuneConfig(epochs=epochs or 0, rank=rank, lr=lr, seed=seed, holdout=holdout, scoring=scoring.value,
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations, cross_fit=cross_fit,
-                            patience=DEFAULT_PATIENCE if patience is None else patience)
+                            patience=DEFAULT_PATIENCE if patience is None else patience,
+                            objective=parse_objective(objective).name and objective)  # checked before training
         try:
             run = tune_on_gold(gold, schema, job, output, config, id_field=id_field, csv_delimiter=csv_delimiter,
                                adapter_only=adapter_only, on_step=bar.step, on_epoch=bar.epoch, on_fold=bar.fold,

@@ -199,7 +199,7 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
     # the pcd.model that pcd label records for the result: a folder's name, or the adapter's base
     label_model = labeler.backend.model_id if adapter_only else Path(output).expanduser().name
     calibration, calibration_notes = fit_tune_calibration(result, parsed, labeler.metadata(), model=label_model,
-                                                          seed=config.seed)
+                                                          seed=config.seed, objective=config.objective)
     card = make_card(base_model=labeler.backend.model_id, base_key=model_content_key(job.model),
                      metadata=labeler.metadata(), gold_path=gold, records=records, result=result, config=config,
                      adapter_only=adapter_only,

@@ -98,6 +98,8 @@ class TuneConfig:
             (``tune``). 0: one holdout of ``holdout`` picks the epoch and fits the calibration.
         patience: early stopping: training ends once this many epochs in a row did not beat
             the best holdout NLL (0: every epoch runs). Without holdout rows it never stops early.
+        objective: ``pcd tune --objective`` (``quality.decision``): the decision rule fitted with the
+            calibration on the holdout (``fit_tune_calibration``); ``likelihood``: none.
     """
 
     epochs: int = 3
@@ -111,6 +113,7 @@ class TuneConfig:
     permutations: int = 1
     cross_fit: int = 0
     patience: int = 0
+    objective: str = "likelihood"
 
 
 #: A holdout with fewer rows (for the field with the most) is too small to choose an epoch: the
@@ -609,7 +612,7 @@ MIN_CALIBRATION_ROWS = 10
 
 
 def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str, str], *, model: str,
-                         seed: int = 0):
+                         seed: int = 0, objective: str = "likelihood"):
     """The calibration a tune can trust, fitted on the kept epoch's holdout predictions (rows
     the adapter never trained on; they only chose the epoch), per field by
     ``pcd_cli.quality.calibration.fit_trusted``: a temperature alone when rows are few
@@ -625,12 +628,19 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
     (``calibration.held_out_worse``: NLL up over 1 %, accuracy or macro-F1 down over 0.01) is
     left uncalibrated: pcd never applies by default what its own check says is worse.
 
+    objective: ``pcd tune --objective``: each field's decision rule is fitted on the holdout's
+    cross-validated calibrated probabilities (``fit_trusted``); a field below the floor keeps
+    argmax, said in the notes. The calibration names the objective when a rule was fitted.
+
     Returns:
         ``(Calibration or None, notes)``: ``None`` when no field has ``MIN_CALIBRATION_ROWS``
         holdout rows (``--holdout 0`` keeps none) or every field was left out; notes say which
         fields were left out and why.
     """
     from .quality.calibration import Calibration, fit_trusted, held_out_worse
+    from .quality.decision import parse_objective
+
+    wanted = parse_objective(objective)
 
     fields, notes = {}, []
     for fi, f in enumerate(schema.fields):
@@ -638,7 +648,7 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
         if len(gold) < MIN_CALIBRATION_ROWS:
             notes.append(f"field {f.name!r}: {len(gold)} holdout rows, fewer than {MIN_CALIBRATION_ROWS}: not calibrated")
             continue
-        fitted = fit_trusted(f.name, f.labels, probs, gold, seed=seed)
+        fitted = fit_trusted(f.name, f.labels, probs, gold, seed=seed, objective=wanted, notes=notes)
         worse = held_out_worse(fitted.cv)
         if worse:  # a calibration its own cross-validation says is worse is not written, nor applied
             notes.append(f"field {f.name!r}: calibrating made the holdout worse on rows its fit did not see "
@@ -650,7 +660,9 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
         return None, notes
     return Calibration(pcd_version=__version__, model=model, schema_sha256=metadata["pcd.schema_sha256"],
                        prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
-                       fields=fields, dtype=metadata.get("pcd.dtype", "")), notes
+                       fields=fields, dtype=metadata.get("pcd.dtype", ""),
+                       objective=wanted.name if any(fc.rule is not None for fc in fields.values()) else "likelihood"), \
+        notes
 
 
 def calibration_card(calibration, notes: Sequence[str], holdout_rows: int, cross_fit: dict | None = None) -> dict:

@@ -355,7 +355,8 @@ BIAS_ROWS_PER_LABEL = 10
 
 
 def fit_trusted(name: str, labels: tuple[str, ...], probs: np.ndarray, gold: np.ndarray, *, folds: int = 5,
-                seed: int = 0, l2: float = DEFAULT_L2) -> FieldCalibration:
+                seed: int = 0, l2: float = DEFAULT_L2, objective: Objective | None = None,
+                notes: list[str] | None = None) -> FieldCalibration:
     """The calibration the rows can support, for one field: temperature alone, or temperature
     and per-label biases when there are at least ``BIAS_ROWS_PER_LABEL`` rows per label and
     their cross-validated NLL is lower (``pcd tune`` fits it on its holdout's predictions).
@@ -366,6 +367,10 @@ def fit_trusted(name: str, labels: tuple[str, ...], probs: np.ndarray, gold: np.
 
     Args:
         probs: (n, k) uncalibrated probabilities (rows sum to 1). gold: (n,) label indices.
+        objective: ``pcd tune --objective``: also fit the field's decision rule on the chosen
+            method's cross-validated probabilities (``decision.fit_rule``, the same folds); below
+            the floor, or a precision/recall floor no rule meets, no rule and a line in ``notes``
+            (a tune is not refused for it).
 
     Returns:
         a ``FieldCalibration`` whose ``cv`` holds ``method`` (``"temperature"`` or
@@ -405,7 +410,18 @@ def fit_trusted(name: str, labels: tuple[str, ...], probs: np.ndarray, gold: np.
     after, _ = scores(held[method], gold, labels)
     cv = {"method": method, "reason": reason, "folds": folds, "seed": seed, "n": n, "before": asdict(before),
           "after": asdict(after), "nll_by_method": nll}
-    return FieldCalibration(name, tuple(labels), t, tuple(float(x) for x in b), n, cv)
+    rule = None
+    if objective is not None and objective.fits_rule:
+        why = applies_to(objective, name, tuple(labels))
+        try:
+            if why is None:
+                rule = fit_rule(objective, name, held[method], gold, tuple(labels),
+                                np.array_split(order, folds), seed=seed)
+        except CalibrationError as exc:
+            why = f"no decision rule: {exc}"
+        if why is not None and notes is not None:
+            notes.append(why)
+    return FieldCalibration(name, tuple(labels), t, tuple(float(x) for x in b), n, cv, rule=rule)
 
 
 #: How much worse a held-out figure must be before ``held_out_worse`` names it: NLL up by this

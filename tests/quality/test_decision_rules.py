@@ -275,3 +275,19 @@ def test_pcd_eval_shows_argmax_and_the_rule_side_by_side(tmp_path):
     compared = json.loads((tmp_path / "e.json").read_text())["fields"]["f"]["decision_rule"]
     assert compared["argmax"]["value"] == pytest.approx(argmax_f1, abs=1e-3)
     assert compared["rule"]["value"] == pytest.approx(rule_f1, abs=1e-3)
+
+
+def test_a_tune_holdout_fits_the_rule_or_says_why_not():
+    from pcd_cli.quality.calibration import fit_trusted
+
+    probs, gold = boolean_rows(n=200, seed=7)
+    notes = []
+    fc = fit_trusted("is_spam", BOOL, probs, gold, objective=parse_objective("macro-f1"), notes=notes)
+    assert fc.rule is not None and fc.rule.threshold is not None and notes == []
+    assert fc.rule.cv["rule"]["value"] > fc.rule.cv["argmax"]["value"]
+    few = np.array([0] * 4 + [1] * 36)
+    fc = fit_trusted("is_spam", BOOL, probs[:40], few, objective=parse_objective("macro-f1"), notes=notes)
+    assert fc.rule is None and notes == [
+        "no decision rule: --objective macro-f1: field 'is_spam': too few gold rows of 'true' (4) to fit on: at least "
+        "10 gold rows of each label in play (counts: 'true' 4, 'false' 36); add gold rows or use --objective "
+        "likelihood"]
