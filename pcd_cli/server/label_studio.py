@@ -66,7 +66,7 @@ from xml.etree import ElementTree
 from ..io.gold_journal import JOURNAL_NAME, GoldJournal
 from ..retrain import (TUNE_FROM_ROWS, Fitted, Version, VersionHistory, adapter_bytes, changed_options,
                        fit_on_gold, fitted_bytes, not_worse, now, version_name)
-from ..errors import MachineError
+from ..errors import InputError, MachineError
 from ..io.files import machine_error
 from ..io.annotations import label_studio_rows
 from ..tune import MIN_CALIBRATION_ROWS
@@ -379,7 +379,12 @@ class LabelStudioBackend:
         for name, entry in service.named.items():
             base = version_name(entry.options.model or "embedded", adapter_bytes(entry.options))
             self._base[name] = base
-            self.histories[name] = VersionHistory(self.state / "schemas" / name / "versions.json", base)
+            path = self.state / "schemas" / name / "versions.json"
+            try:
+                self.histories[name] = VersionHistory(path, base)
+            except OSError as exc:  # exit 2 naming the state folder, never "cannot listen there"
+                detail = exc if isinstance(exc, MachineError) else machine_error(exc, path, "cannot write")
+                raise InputError(f"--state-dir: the version history {detail}; give a folder pcd can write in") from None
         for link_file in sorted((self.state / "projects").glob("*/link.json")):
             try:
                 saved = json.loads(link_file.read_text(encoding="utf-8"))

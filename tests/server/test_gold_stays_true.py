@@ -268,3 +268,15 @@ def test_an_annotation_without_its_task_is_never_dropped_silently(ls):
     assert r.status_code == 200 and r.json()["events"] == 1
     assert r.json()["not_kept"] == [{"annotation": 7, "reason": "its task 2 is not in the body"}]
     assert gold_ids(backend, 78) == [1]
+
+
+def test_a_version_history_that_cannot_be_written_is_blamed_on_the_state_dir(tmp_path):
+    """A state folder that passed the start-up check but whose versions.json cannot be written
+    (here a folder by that name): exit 2 naming the file and the reason, not the port."""
+    from pcd_cli.server.label_studio import LabelStudioBackend
+
+    (tmp_path / "schemas" / "triage" / "versions.json").mkdir(parents=True)
+    with serve() as srv:
+        with pytest.raises(InputError, match=r"--state-dir: the version history '.*versions.json': cannot write "
+                                             r"\(Is a directory\)"):
+            LabelStudioBackend(srv.service, LabelStudioConfig(state_dir=str(tmp_path)))
