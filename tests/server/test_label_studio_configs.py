@@ -251,3 +251,25 @@ def test_a_failed_retrain_and_a_refused_one_say_why_in_versions_and_the_answer(l
     history = httpx.get(srv.url + "/versions", timeout=10).json()["schemas"]["triage"]["history"]
     assert [(v["accepted"], v["gold_rows"]) for v in history[-2:]] == [(False, 3), (False, 10)]
     assert history[-1]["version"].startswith("failed-") and history[-1]["reason"] == "RuntimeError: the trainer fell over"
+
+
+BOOLEAN_ALIAS = ('<View><Text name="msg" value="$sms"/><Choices name="spam" toName="msg">'
+                 '<Choice value="true" alias="spam"/><Choice value="false" alias="ham"/></Choices></View>')
+
+
+@pytest.mark.parametrize("xml, schema, control, written", [
+    (HAND_WRITTEN, "triage", "Mood", set(CODE)),
+    (BOOLEAN_ALIAS, "sms", "spam", {"spam", "ham"}),
+])
+def test_every_mapped_config_predicts_what_label_studio_validates(ls, xml, schema, control, written):
+    srv, backend, _ = ls
+    assert setup(srv, 69, xml).status_code == 200
+    assert backend.links["69"].mapping.schema == schema
+    var = backend.links["69"].mapping.text_var
+    tasks = [{"id": i, "data": {var: t}} for i, t in enumerate(["WIN a prize now", "see you at 6"])]
+    results = post(srv, "/predict", {"tasks": tasks, "project": "69.1796425530"}).json()["results"]
+    assert {r["result"][0]["from_name"] for r in results} == {control}
+    assert {r["result"][0]["value"]["choices"][0] for r in results} <= written
+    sdk = pytest.importorskip("label_studio_sdk.label_interface")
+    interface = sdk.LabelInterface(xml)
+    assert [interface.validate_prediction(r, return_errors=True) for r in results] == [[], []]
