@@ -673,6 +673,7 @@ class LabelStudioBackend:
             fitted = self.fit(method, gold, entry.schema, replace(job, id_field=None, template=None,
                                                                   text_field=GOLD_TEXT), work)
             fitted.job = replace(fitted.job, template=job.template, text_field=job.text_field, id_field=job.id_field)
+            release_memory()  # the fit's own model (a tune's trained copy) is gone before the new one loads
             ok, why = not_worse(fitted.before, fitted.after)
             version = version_name(job.model or "embedded", fitted_bytes(fitted.path))
             record = Version(version, method, False, now(), rows, fitted.holdout_rows, fitted.before, fitted.after,

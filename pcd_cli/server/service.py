@@ -887,6 +887,11 @@ class LabelService:
         self._nested = True
         try:
             self._decode(batch)
+        except Exception as exc:  # noqa: BLE001 - never fails the long record's call it runs inside
+            log_crash(log, "decoding between a long record's passes failed", exc)
+            for job, _, _ in batch:
+                if not job.finished:
+                    self._drop_and_fail(job, _internal(exc))
         finally:
             self._nested = False
 
