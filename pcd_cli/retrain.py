@@ -147,12 +147,34 @@ class Fitted:
     own_model: bool
 
 
+def served_objective(job: LabelJob) -> str:
+    """The objective of the calibration ``job`` applies (``--calibration``, else a tuned folder's
+    own): a retrain fits its decision rules again for it (``pcd calibrate --objective``), so the
+    labels served keep following the rule the user chose. ``likelihood`` without one, or for a
+    ``cost:`` objective (its cost file is not at hand: the rule falls back to argmax)."""
+    from .api import tuned_calibration_path
+    from .errors import PcdError
+    from .quality import Calibration
+
+    path = job.calibration
+    if path is None and job.tuned_calibration:
+        path = tuned_calibration_path(job.adapter) or tuned_calibration_path(job.model)
+    if path is None:
+        return "likelihood"
+    try:
+        objective = path.objective if isinstance(path, Calibration) else Calibration.load(path).objective
+    except PcdError:
+        return "likelihood"
+    return "likelihood" if objective.startswith("cost:") else objective
+
+
 def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fitted:
     """Run ``pcd calibrate`` or ``pcd tune`` (the library functions behind the commands) on the
     export ``gold`` for ``schema`` and ``job`` into the folder ``out``.
 
     ``calibrate``: ``calibrate_on_gold`` (5-fold cross-validated before/after; the served job
-    with ``calibration`` set). ``tune``: ``tune_on_gold`` (``pcd tune``'s default epochs, holdout
+    with ``calibration`` set). Both fit the decision rules of the served calibration's objective
+    again (``served_objective``). ``tune``: ``tune_on_gold`` (``pcd tune``'s default epochs, holdout
     and patience; the figures of epoch 0 and of the kept epoch on the holdout; the served job with
     ``adapter`` set, or, when it already had one, ``model`` the merged folder).
 
@@ -165,7 +187,8 @@ def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fi
 
         path = out / "calibration.json"
         n_rows = len(json.loads(gold.read_text(encoding="utf-8")))
-        run = calibrate_on_gold(gold, schema, job, output=path, folds=min(5, max(2, n_rows)))
+        run = calibrate_on_gold(gold, schema, job, output=path, folds=min(5, max(2, n_rows)),
+                                objective=served_objective(job))
         run.calibration.save(path)
         fields = run.report.fields
         before = {"accuracy": _mean(f.before.accuracy for f in fields), "nll": _mean(f.before.nll for f in fields)}
@@ -178,7 +201,8 @@ def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fi
     path = out / "tuned"
     adapter_only = job.adapter is None
     # pcd tune's defaults: epochs by the gold rows (``default_epochs``), --patience DEFAULT_PATIENCE
-    run = tune_on_gold(gold, schema, job, path, TuneConfig(epochs=0, patience=DEFAULT_PATIENCE),
+    run = tune_on_gold(gold, schema, job, path, TuneConfig(epochs=0, patience=DEFAULT_PATIENCE,
+                                                           objective=served_objective(job)),
                        adapter_only=adapter_only)
     epochs = run.result.epochs
     first, kept = epochs[0].holdout, epochs[run.result.best_epoch].holdout

@@ -291,3 +291,16 @@ def test_a_tune_holdout_fits_the_rule_or_says_why_not():
         "no decision rule: --objective macro-f1: field 'is_spam': too few gold rows of 'true' (4) to fit on: at least "
         "10 gold rows of each label in play (counts: 'true' 4, 'false' 36); add gold rows or use --objective "
         "likelihood"]
+
+
+def test_a_label_studio_retrain_fits_the_served_calibrations_objective_again(tmp_path):
+    from pcd_cli.job import LabelJob
+    from pcd_cli.retrain import served_objective
+
+    calibration, _ = fitted("balanced-accuracy")
+    calibration.save(tmp_path / "c.json")
+    assert served_objective(LabelJob(calibration=str(tmp_path / "c.json"))) == "balanced-accuracy"
+    plain, _ = fitted(None)
+    plain.save(tmp_path / "p.json")
+    assert served_objective(LabelJob(calibration=str(tmp_path / "p.json"))) == "likelihood"
+    assert served_objective(LabelJob()) == "likelihood"
