@@ -11,11 +11,18 @@ short tails and answer forests, well below K separate prompts. The system catalo
 keys and descriptions and says the values follow the input, so the head (and its KV cache) is
 the same for every ordering.
 
-The orderings: for a field of ``n`` labels, the cyclic shifts of the schema's list and their
-reversals, ``shift 0, reversed(shift 0), shift 1, reversed(shift 1), ...`` (duplicates
-dropped: ``2n`` orders, 2 for ``n = 2``); ordering ``k`` lists every permuted field in its
-``k``-th order (modulo its count). Ordinal and integer scales keep their order (it is their
-meaning), and a multi field's options are separate yes/no decisions.
+The orderings: for a field of ``n`` labels, the cyclic shifts of the schema's list, then their
+reversals, ``shift 0, shift 1, ..., shift n-1, reversed(shift 0), ...`` (duplicates dropped:
+``2n`` orders, 2 for ``n = 2``); ordering ``k`` lists every permuted field in its ``k``-th order
+(modulo its count). Ordinal and integer scales keep their order (it is their meaning), and a
+multi field's options are separate yes/no decisions.
+
+Balanced sets only (issue #45: ``--permutations 4`` on a 3-label field put one label first
+twice as often as another and flipped 2 of 6 labels when the list was reordered): ``K`` must
+be a multiple of every permuted field's label count, so each label sits at each place of its
+list equally often (``K / n`` times: whole rounds of cyclic shifts, a Latin square, and with
+``K = 2n`` of their reversals too); any other ``K`` is refused, naming the field and the counts
+that fit (``balanced_counts``). A field with fewer distinct orderings than ``K`` repeats them.
 
 Combination: the arithmetic mean of the orderings' label probabilities (and candidate
 masses), the label its argmax. The mean is the label distribution under an ordering drawn
@@ -30,6 +37,8 @@ schema has one permuted field, or all permuted fields have as many labels).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import SchemaError
@@ -40,16 +49,29 @@ from .prompt import is_permuted
 
 
 def label_orderings(n: int) -> list[tuple[int, ...]]:
-    """The distinct cyclic shifts of ``range(n)`` and their reversals, in the order
-    ``shift 0, reversed(shift 0), shift 1, reversed(shift 1), ...`` (``2n`` of them for
-    ``n >= 3``; 2 for ``n = 2``; 1 for ``n = 1``)."""
+    """The distinct cyclic shifts of ``range(n)``, then their reversals, in the order
+    ``shift 0, shift 1, ..., reversed(shift 0), reversed(shift 1), ...`` (``2n`` of them for
+    ``n >= 3``; 2 for ``n = 2``; 1 for ``n = 1``): every prefix of ``n`` or ``2n`` of them puts
+    each label at each place equally often."""
+    shifts = [tuple((shift + i) % n for i in range(n)) for shift in range(n)]
     out: list[tuple[int, ...]] = []
-    for shift in range(n):
-        order = tuple((shift + i) % n for i in range(n))
-        for candidate in (order, order[::-1]):
-            if candidate not in out:
-                out.append(candidate)
+    for candidate in shifts + [order[::-1] for order in shifts]:
+        if candidate not in out:
+            out.append(candidate)
     return out
+
+
+def balanced_counts(schema: Schema) -> list[int]:
+    """The ``--permutations`` counts that are balanced for every permuted field of ``schema``
+    (each label at each place of its list equally often): the multiples of the least common
+    multiple ``L`` of the fields' label counts, up to ``max_orderings`` (or ``L`` alone, when it
+    is above that: the longer fields' orderings then repeat, in whole rounds). Empty without a
+    permuted field."""
+    sizes = [len(f.labels) for f in schema.declared if is_permuted(f)]
+    if not sizes:
+        return []
+    step = math.lcm(*sizes)
+    return list(range(step, max(max_orderings(schema), step) + 1, step))
 
 
 def max_orderings(schema: Schema) -> int:
@@ -62,19 +84,29 @@ def orderings_for(schema: Schema, k: int) -> list[dict[str, tuple[int, ...]]]:
     """``k`` label orders per permuted field: ordering ``j`` gives each permuted field its
     ``j``-th ``label_orderings`` entry (modulo their count).
 
+    A balanced ``k`` above a field's distinct orderings repeats them (each label still at each
+    place equally often, the same combined probabilities as fewer, at more cost): ``pcd serve``
+    applies one ``k`` to schemas of other label counts (``--permutations 6``: a yes/no question
+    gets its 2 orderings three times, a three-way one its 6).
+
     Raises:
-        SchemaError: ``k`` below 2, the schema has no boolean or enum field, or ``k`` exceeds
-            ``max_orderings`` (the orderings would repeat); exit 2.
+        SchemaError: ``k`` below 2, the schema has no boolean or enum field, or ``k`` is not a
+            multiple of every permuted field's label count (names the field and the counts that
+            fit, ``balanced_counts``); exit 2.
     """
     most = max_orderings(schema)
     if k < 2:
         raise SchemaError(f"--permutations {k}: give 2 or more (1 is the plain prompt)")
     if most == 0:
         raise SchemaError("--permutations: the schema has no boolean or enum field whose labels could be reordered")
-    if k > most:
-        raise SchemaError(f"--permutations {k}: this schema has at most {most} distinct orderings "
-                           "(the cyclic shifts of its longest label list and their reversals)")
     fields = [f for f in schema.declared if is_permuted(f)]
+    fit = balanced_counts(schema)
+    odd = [f for f in fields if k % len(f.labels)]
+    if odd:
+        f = odd[0]
+        raise SchemaError(f"--permutations {k}: unbalanced for field {f.name!r} ({len(f.labels)} labels): some labels "
+                          f"would be listed first more often than others; give a multiple of {len(f.labels)} "
+                          f"(for every field of this schema: {' or '.join(map(str, fit))})")
     return [{f.name: label_orderings(len(f.labels))[j % len(label_orderings(len(f.labels)))] for f in fields}
             for j in range(k)]
 

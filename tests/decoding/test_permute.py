@@ -15,7 +15,8 @@ from pcd_cli.decoding.decode import Decoder
 from pcd_cli.results import Record
 from pcd_cli.errors import SchemaError
 from pcd_cli.decoding.oracle import oracle_field
-from pcd_cli.decoding.permute import compile_orderings, label_orderings, orderings_for
+from pcd_cli.decoding.permute import (balanced_counts, compile_orderings, label_orderings, max_orderings,
+                                      orderings_for)
 from pcd_cli.schema.load import parse_schema
 
 from ..helpers import TEXTS, pcd, tiny_backend
@@ -28,16 +29,45 @@ FIELDS = {"sentiment": {"type": "enum", "labels": ["NEGATIVE", "NEUTRAL", "POSIT
 
 
 def test_orderings_are_the_cyclic_shifts_and_their_reversals():
-    assert label_orderings(3) == [(0, 1, 2), (2, 1, 0), (1, 2, 0), (0, 2, 1), (2, 0, 1), (1, 0, 2)]
+    assert label_orderings(3) == [(0, 1, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0), (0, 2, 1), (1, 0, 2)]
     assert label_orderings(2) == [(0, 1), (1, 0)]
     assert len(label_orderings(5)) == 10 and len(set(label_orderings(5))) == 10
     schema = parse_schema({"fields": FIELDS})
-    orders = orderings_for(schema, 4)
-    assert [o["sentiment"] for o in orders] == label_orderings(3)[:4]
-    assert [o["urgent"] for o in orders] == [(0, 1), (1, 0), (0, 1), (1, 0)]
+    orders = orderings_for(schema, 6)
+    assert [o["sentiment"] for o in orders] == label_orderings(3)
+    assert [o["urgent"] for o in orders] == [(0, 1), (1, 0)] * 3
     assert all("severity" not in o for o in orders)  # an ordinal scale keeps its order
-    with pytest.raises(SchemaError, match="at most 6 distinct orderings"):
+    with pytest.raises(SchemaError, match="--permutations 7: unbalanced for field 'sentiment'"):
         orderings_for(schema, 7)
+    twice = orderings_for(schema, 12)  # balanced, past the 6 distinct ones: they repeat (pcd serve's one K)
+    assert twice == orders + orders
+
+
+@pytest.mark.parametrize("sizes", [(3,), (2,), (4,), (2, 3), (3, 4), (2, 5)])
+def test_only_balanced_counts_are_accepted_and_they_put_each_label_at_each_place_equally_often(sizes):
+    """Issue #45: ``--permutations 4`` on a 3-label field was accepted (one label listed first twice
+    as often as another). Every K is checked: accepted exactly when each field's labels are at each
+    place equally often; refused naming the field and the counts that fit."""
+    schema = parse_schema({"fields": {f"f{i}": {"type": "enum", "labels": [f"l{j}" for j in range(n)]}
+                                      for i, n in enumerate(sizes)}})
+    fit = balanced_counts(schema)
+    for k in range(2, 2 * max(sizes) + 2 + (fit[-1] if fit else 0)):
+        try:
+            orders = orderings_for(schema, k)
+        except SchemaError as exc:
+            assert k not in fit
+            assert f"--permutations {k}: unbalanced for field 'f" in str(exc)
+            assert f"(for every field of this schema: {' or '.join(map(str, fit))})" in str(exc)
+            continue
+        assert k in fit or (k > max(fit[-1], max_orderings(schema)) and k % fit[0] == 0)
+        for i, n in enumerate(sizes):
+            places = np.zeros((n, n), dtype=int)  # label x place
+            for o in orders:
+                for place, label in enumerate(o[f"f{i}"]):
+                    places[label, place] += 1
+            assert (places == k // n).all()
+    expected = {(3,): [3, 6], (2,): [2], (4,): [4, 8], (2, 3): [6], (3, 4): [12], (2, 5): [10]}[sizes]
+    assert fit == expected
     with pytest.raises(SchemaError, match="no boolean or enum field"):
         orderings_for(parse_schema({"fields": {"n": {"type": "integer", "minimum": 1, "maximum": 3}}}), 2)
 
@@ -95,7 +125,7 @@ def test_the_record_is_fed_once_for_all_orderings():
     text = ("a long record " * 40).strip()
     _, decoder, results = _decode(backend, schema, 6, "marginal", texts=[text])
     assert not hasattr(results[0], "error")
-    plain = Decoder(backend, CompiledSchema(schema, backend.tokenizer, label_orders=orderings_for(schema, 2)[0],
+    plain = Decoder(backend, CompiledSchema(schema, backend.tokenizer, label_orders=orderings_for(schema, 3)[0],
                                             logits_width=backend.logits_width))
     plain.decode([Record(0, text)])
     record_tokens = len(backend.tokenizer.encode(text))
@@ -110,15 +140,18 @@ def test_pcd_label_permutations_writes_the_spread_and_the_orderings(tmp_path):
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps({"fields": {"sentiment": FIELDS["sentiment"], "urgent": FIELDS["urgent"]}}))
     out = tmp_path / "out.parquet"
-    pcd("label", data, "-s", schema, "-o", out, "--permutations", "3")
+    pcd("label", data, "-s", schema, "-o", out, "--permutations", "6")
     table = pq.read_table(out)
     meta = json.loads(table.schema.metadata[b"pcd.permutations"])
-    assert meta["k"] == 3 and meta["orders"]["sentiment"][1] == ["POSITIVE", "NEUTRAL", "NEGATIVE"]
-    assert meta["orders"]["urgent"] == [["true", "false"], ["false", "true"], ["true", "false"]]
+    assert meta["k"] == 6 and meta["orders"]["sentiment"][1] == ["NEUTRAL", "POSITIVE", "NEGATIVE"]
+    assert meta["orders"]["sentiment"][3] == ["POSITIVE", "NEUTRAL", "NEGATIVE"]
+    assert meta["orders"]["urgent"] == [["true", "false"], ["false", "true"]] * 3
     spread = table.column("sentiment__order_spread").to_pylist()
     assert len(spread) == 3 and all(0 <= s <= 1 for s in spread)
     result = pcd("label", data, "-s", schema, "-o", out, "--permutations", "9", code=2)
-    assert "at most 6 distinct orderings" in result.stderr
+    assert "--permutations 9: unbalanced for field 'urgent' (2 labels)" in " ".join(result.stderr.split())
+    result = pcd("label", data, "-s", schema, "-o", out, "--permutations", "4", code=2)  # issue #45
+    assert "--permutations 4: unbalanced for field 'sentiment' (3 labels)" in " ".join(result.stderr.split())
 
 
 def test_prior_correction_and_calibration_keep_the_order_spread():

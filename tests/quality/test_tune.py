@@ -88,8 +88,10 @@ def test_step0_permutation_reads_equal_the_oracle_for_every_ordering(scoring):
     from pcd_cli.decoding.permute import compile_orderings
 
     backend = tiny_backend(seed=3)
-    schema = parse_schema(WAVES_SCHEMA)
-    orderings = compile_orderings(schema, backend.tokenizer, 3, scoring=scoring, logits_width=backend.logits_width)
+    fields = ORACLE_SCHEMA["fields"]  # two waves, labels of 2 and 3: 6 orderings are balanced (issue #45)
+    schema = parse_schema(dict(ORACLE_SCHEMA, fields={"urgent": fields["urgent"], "refund": fields["refund"],
+                                                      "action": dict(fields["action"], depends_on=["urgent"])}))
+    orderings = compile_orderings(schema, backend.tokenizer, 6, scoring=scoring, logits_width=backend.logits_width)
     decoder = Decoder(backend, orderings[0], orderings=orderings, max_tokens_per_pass=1024)
     records = [Record(i, t) for i, t in enumerate(TEXTS[:2])]
     gold = _gold(decoder.decode(records), schema)
@@ -98,7 +100,7 @@ def test_step0_permutation_reads_equal_the_oracle_for_every_ordering(scoring):
     reads = decoder.training_reads_by_ordering(records, gold)
     worst, checked, contexts = 0.0, 0, set()
     for record, per_ordering, labels in zip(records, reads, gold):
-        assert len(per_ordering) == 3
+        assert len(per_ordering) == 6
         for compiled, per_field in zip(orderings, per_ordering):
             prompt_text, _ = compiled.record_chain(record.id, record.text)
             contexts.add(prompt_text)
@@ -111,7 +113,7 @@ def test_step0_permutation_reads_equal_the_oracle_for_every_ordering(scoring):
                 got = label_logprobs(forest, rd, len(field.labels)).detach().numpy()
                 worst = max(worst, float(np.abs(np.exp(got) - np.exp(expected)).max()))
                 checked += 1
-    assert checked == 2 * 3 * len(schema.fields) and len(contexts) == 2 * 3  # each ordering its own prompt
+    assert checked == 2 * 6 * len(schema.fields) and len(contexts) == 2 * 6  # each ordering its own prompt
     assert worst < 1e-5
 
 

@@ -265,9 +265,10 @@ def test_pcd_multi_is_a_multi_select_question_the_client_passes_through(served):
 
 
 def test_serve_permutations_apply_to_shared_prompts_and_leave_isolated_answers_alone(served, embedded_backend):
-    """``pcd serve --permutations 2``: a request's isolated schema is decoded once, its options in the
+    """``pcd serve --permutations 6``: a request's isolated schema is decoded once, its options in the
     canonical order (``LabelJob.for_question_schema``), so its answers are the default server's; a
-    ``"pcd_prompt": "shared"`` request averages the two orders (another answer than without)."""
+    ``"pcd_prompt": "shared"`` request averages the six orders (another answer than without; 6: the
+    balanced count for a yes/no question beside a three-way one, issue #45)."""
     from pcd_cli.job import LabelJob
     from pcd_cli.server.app import AppConfig
     from pcd_cli.server.main import ServerThread
@@ -278,7 +279,7 @@ def test_serve_permutations_apply_to_shared_prompts_and_leave_isolated_answers_a
     with typesafe_sdk.TypeSafeClient(base_url=served.url, api_key=KEY, timeout=300) as client:
         plain = dists(client.system_one(state=STATE, questions=questions))
         plain_shared = dists(client.system_one(state=STATE, questions=questions, extra_body=shared))
-    service = LabelService(ModelHost(loaded=embedded_backend), default_options=LabelJob(permutations=2))
+    service = LabelService(ModelHost(loaded=embedded_backend), default_options=LabelJob(permutations=6))
     with ServerThread(service, AppConfig(api_keys=(KEY,))) as srv:
         with typesafe_sdk.TypeSafeClient(base_url=srv.url, api_key=KEY, timeout=300) as client:
             permuted = dists(client.system_one(state=STATE, questions=questions))
