@@ -24,6 +24,16 @@ WORTH = 1.05
 FILE_NAME = "dtype-speed.json"
 
 
+def cpu_has_float16() -> bool:
+    """Whether this CPU advertises float16 arithmetic (``avx512_fp16`` or ``amx_fp16``, Linux
+    ``/proc/cpuinfo``; ``False`` elsewhere)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_fp16" in flags or "amx_fp16" in flags
+
+
 def cpu_has_bfloat16() -> bool:
     """Whether this CPU advertises ``avx512_bf16`` or ``amx_bf16`` (Linux ``/proc/cpuinfo``;
     ``False`` elsewhere)."""
@@ -83,3 +93,31 @@ def bfloat16_note(backend) -> str | None:
     return (f"this CPU has bfloat16: pcd bench measured --dtype bfloat16 {m['speedup']:.2f}x faster for this model "
             f"({m['labels_equal']}/{m['decisions']} labels equal, max |dp| {m['max_abs_dprob']:.3f}, "
             f"{m['records']} records of {m['schema']}); float32 stays the default (reproducible across machines)")
+
+
+def dtype_note(backend) -> str | None:
+    """The line ``pcd label`` says once when ``--dtype`` asked for half precision that is a poor
+    choice for ``backend``'s device (issue #45): float16 on a CPU; bfloat16 on a CPU without
+    bfloat16 instructions, or where ``pcd bench`` measured it slower for this model (``None``
+    otherwise, and for a GPU, where half precision is what it is fast at).
+
+    Half precision is less exact everywhere (a bfloat16 run's probabilities move by up to ~0.09,
+    ``benchmarks``); on a CPU without the instructions each product is converted to float32 and
+    back, so it is slower too. A CPU that has them (``cpu_has_float16``, ``cpu_has_bfloat16``)
+    is told only what a measurement found.
+    """
+    if str(getattr(backend, "device", "")) != "cpu" or type(backend).__name__ != "TorchBackend":
+        return None
+    dtype = getattr(backend, "dtype_name", "")
+    measured = _read().get(getattr(backend, "model_id", ""))
+    if dtype == "float16" and not cpu_has_float16():
+        why = "this CPU has no float16 arithmetic: slower than float32 here, and less exact"
+    elif dtype == "bfloat16" and not cpu_has_bfloat16():
+        why = "this CPU has no bfloat16 instructions: slower than float32 here, and less exact"
+    elif dtype == "bfloat16" and isinstance(measured, dict) and float(measured.get("speedup", 1.0)) < 1.0:
+        why = (f"pcd bench measured it {measured['speedup']:.2f}x the speed of float32 for this model here "
+               f"(slower), and less exact ({measured['labels_equal']}/{measured['decisions']} labels equal)")
+    else:
+        return None
+    return (f"--dtype {dtype} is a poor choice for this device: {why}; float32 (the default on a CPU) is faster "
+            "here and more exact")

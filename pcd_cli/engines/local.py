@@ -228,11 +228,12 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
 
 def run_notes(labeler: Labeler, job: LabelJob) -> list[str]:
     """The lines a finished run says once that are not warnings (``JobRun.notes``), whichever the
-    engine (a Ray worker computes them on its own machine): today the bfloat16 note
-    (``pcd_cli.backends.dtype_speed.bfloat16_note``) when the dtype was left to ``auto``."""
-    from ..backends.dtype_speed import bfloat16_note
+    engine (a Ray worker computes them on its own machine): the bfloat16 note
+    (``pcd_cli.backends.dtype_speed.bfloat16_note``) when the dtype was left to ``auto``, else the
+    note on a half precision that is a poor choice for the device (``dtype_speed.dtype_note``)."""
+    from ..backends.dtype_speed import bfloat16_note, dtype_note
 
-    note = bfloat16_note(labeler.backend) if job.dtype == "auto" else None
+    note = bfloat16_note(labeler.backend) if job.dtype == "auto" else dtype_note(labeler.backend)
     return [note] if note is not None else []
 
 
