@@ -109,3 +109,48 @@ def test_a_null_record_of_a_label_batch_is_its_rows_error(srv):
     assert [row["row"] for row in body["rows"]] == [1]
     assert body["errors"] == [{"row": 0, "record": 0, "error": "row 0: the record is null; give a text or an object"},
                               {"row": 2, "record": 2, "error": "row 2: text field 'text' is missing or null"}]
+
+
+@pytest.mark.full  # 30-100 s on a shared CPU: pcd serve loads and compiles the embedded model
+def test_the_documented_daft_udf_against_pcd_serve_on_the_embedded_model(tmp_path):
+    """The same block against the real ``pcd serve`` command on 127.0.0.1 (a free port), stopped
+    by its pid with SIGTERM."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    daft = pytest.importorskip("daft")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("pcd")), "serve", "--schema",
+                             f"triage={ROOT / 'schemas' / 'airline_sentiment.yaml'}", "--port", str(port),
+                             "--api-key", KEY], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(0.5)
+        namespace: dict = {}
+        exec(compile(doc_udf_block().replace("http://127.0.0.1:8000", url), "docs/serve.md", "exec"), namespace)
+        p = namespace["df"].to_pydict()["p_negative"]
+        assert p[1] is None and all(isinstance(x, float) and 0 < x < 1 for x in (p[0], p[2]))
+        for text, got in ((namespace["df"].to_pydict()["ticket"][i], p[i]) for i in (0, 2)):  # as one record alone
+            alone = httpx.post(url + "/v1/label", json={"schema": "triage", "records": [text], "all_probs": True},
+                               headers={"Authorization": f"Bearer {KEY}"}, timeout=100).json()["rows"][0]
+            assert got == pytest.approx(alone["sentiment__probs"]["NEGATIVE"], abs=1e-5)
+        assert daft.__version__
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        log.close()
