@@ -304,3 +304,18 @@ def test_a_label_studio_retrain_fits_the_served_calibrations_objective_again(tmp
     plain.save(tmp_path / "p.json")
     assert served_objective(LabelJob(calibration=str(tmp_path / "p.json"))) == "likelihood"
     assert served_objective(LabelJob()) == "likelihood"
+
+
+def test_a_multi_select_option_decided_by_its_rule_is_chosen_as_the_rule_says():
+    from types import SimpleNamespace
+
+    from pcd_cli.io.output import chosen_options, option_decisions
+    from pcd_cli.results import FieldResult
+
+    field = SimpleNamespace(threshold=0.5, min_items=0, max_items=None)
+    options = [FieldResult(1, False, 0.7, 0.9, (0.3, 0.7)),  # no rule: P(yes) 0.3 < the schema's 0.5
+               FieldResult(0, True, 0.3, 0.9, (0.3, 0.7), by_rule=True),  # its rule's threshold is below 0.3
+               FieldResult(1, False, 0.4, 0.9, (0.6, 0.4), by_rule=True)]  # its rule's threshold is above 0.6
+    assert option_decisions(options) == [None, True, False]
+    assert chosen_options(field, [r.probs[0] for r in options], option_decisions(options)) == [1]
+    assert chosen_options(field, [r.probs[0] for r in options]) == [2]  # without rules: the threshold alone
