@@ -129,7 +129,7 @@ def test_predict_task_without_text_keeps_the_count(srv):
     assert len(results) == 2
     assert results[0] == []
     assert results[1]["result"][0]["value"]["choices"][0] in ("NEGATIVE", "NEUTRAL", "POSITIVE")
-    assert answer["errors"] == [{"task": 1, "index": 0, "error": "task 1: data.text: no text (missing or null)"}]
+    assert answer["errors"] == [{"task": 1, "index": 0, "error": "task 1: text field 'text' is missing or null"}]
 
 
 def test_predict_without_setup_maps_the_body_label_config(srv):

@@ -191,16 +191,19 @@ def test_task_text_is_read_by_the_cli_value_rule_and_a_task_without_text_gets_no
     srv, _, _ = ls
     setup(srv, 66, BODIES["setup"]["schema"])
     tasks = [{"id": 1, "data": {"text": 737}}, {"id": 2, "data": {"text": None}}, {"id": 3, "data": {"text": [1]}},
-             {"id": 4, "data": {"text": True}}, {"id": 5, "data": {}}, {"id": 6, "data": {"text": "fine"}}]
+             {"id": 4, "data": {"text": True}}, {"id": 5, "data": {}}, {"id": 6, "data": {"text": " fine\n"}},
+             {"id": 7, "data": {"text": "   "}}]
     answer = post(srv, "/predict", {"tasks": tasks, "project": "66.1796425530"}).json()
     decoded = [text for _, text in srv.service.host.calls[-1] if text is not None]
-    assert decoded == ["737", "true", "fine"]  # as pcd label reads them (JSON spelling)
+    assert decoded == ["737", "true", "fine"]  # as pcd label reads them (JSON spelling, stripped)
     results = answer["results"]
-    assert len(results) == 6 and results[1] == results[2] == results[4] == []
+    assert len(results) == 7 and results[1] == results[2] == results[4] == results[6] == []
     assert all(r["result"] for r in (results[0], results[3], results[5]))
-    assert [(e["task"], e["index"]) for e in answer["errors"]] == [(2, 1), (3, 2), (5, 4)]
-    assert "is a list, not a string" in answer["errors"][1]["error"]
-    assert "task 5: data.text: no text" in answer["errors"][2]["error"]
+    assert answer["errors"] == [
+        {"task": 2, "index": 1, "error": "task 2: text field 'text' is missing or null"},
+        {"task": 3, "index": 2, "error": "task 3: text field 'text' is a list, not a string"},
+        {"task": 5, "index": 4, "error": "task 5: text field 'text' is missing or null"},
+        {"task": 7, "index": 6, "error": "task 7: the text is empty"}]
 
 
 def test_a_template_server_retrains_on_the_tasks_pcd_review_wrote(tmp_path):

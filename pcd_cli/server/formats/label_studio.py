@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...io.output import chosen_options
-from ...io.values import CellError, cell_text
+from ...io.readers import InputSpec, row_to_record
 from ...results import Record, RecordFailure, RecordResult
 from ...schema.model import Field, Schema
 from ..errors import ApiError, json_response
@@ -100,20 +100,19 @@ def prediction(result: RecordResult | RecordFailure, schema: Schema, mapping: Co
 
 
 def task_record(i: int, task: object, mapping: ConfigMapping) -> Record | RecordFailure:
-    """Task ``i`` of a ``/predict`` body as a record: its ``data[text_var]`` read by the CLI's value
-    rule (``pcd_cli.io.values.cell_text``: a number or boolean in its JSON spelling, ``737`` ->
-    ``"737"``, as ``pcd label`` and ``/v1/label`` read it); a failure naming the task and the key
-    when the text is missing, null or not a scalar."""
+    """Task ``i`` of a ``/predict`` body as a record, by the readers' own row rule
+    (``pcd_cli.io.readers.row_to_record`` over the task's ``data`` with the config's text
+    variable as the text field): a number or boolean in its JSON spelling (``737`` -> ``"737"``,
+    as ``pcd label`` and ``/v1/label`` read it), surrounding whitespace stripped; a failure naming
+    the task when the text is missing, null, empty or not a scalar."""
     tid = task.get("id", i) if isinstance(task, dict) else i
     data = task.get("data") if isinstance(task, dict) else None
-    value = data.get(mapping.text_var) if isinstance(data, dict) else None
-    what = f"task {tid!r}: data.{mapping.text_var}"
-    if value is None:
-        return RecordFailure(str(i), f"{what}: no text (missing or null)", row=i)
-    try:
-        return Record(str(i), cell_text(value, what), row=i)
-    except CellError as exc:
-        return RecordFailure(str(i), str(exc), row=i)
+    out = row_to_record(data if isinstance(data, dict) else {}, i, None,
+                        InputSpec(text_field=mapping.text_var, id_field=None))
+    if isinstance(out, RecordFailure):
+        reason = out.error.split(": ", 1)[-1]  # the reader's "row i: " becomes the task's name
+        return RecordFailure(str(i), f"task {tid!r}: {reason}", row=i)
+    return Record(str(i), out.text, row=i)
 
 
 def routes(server: Server) -> list[Route]:
