@@ -32,6 +32,8 @@ schema is the Jev endpoint's (``questions``):
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
+
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -184,10 +186,20 @@ def parse_question(i: int, raw: Json) -> tuple[Q.Question, tuple]:
     return Q.Question(name, "score", instructions, tuple(options), where), tuple(labels)
 
 
-def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], list[tuple], str, bool,
-                                                                                str]:
-    """A Decisions request body -> ``(questions, typed values per question, record text, extras,
-    prompt)``; ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
+class DecisionsRequest(NamedTuple):
+    """A ``/v1/decisions`` body, read (``parse_body``): the questions in request order, each
+    question's typed values to answer with (``parse_question``), the record text (``input_text``),
+    the ``pcd_extras`` flag and the ``pcd_prompt`` (``questions.prompt_flag``)."""
+
+    questions: list[Q.Question]
+    values: list[tuple]
+    text: str
+    extras: bool
+    prompt: str
+
+
+def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> DecisionsRequest:
+    """A Decisions request body -> ``DecisionsRequest``.
 
     Raises:
         QuestionError: 422 naming what is wrong; 413 for too many questions.
@@ -213,7 +225,7 @@ def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[lis
         raise Q.invalid(f"questions: the name {repeated!r} is given to more than one question", "invalid_questions")
     for where, data in _json_parts(body.get("input")):  # a data-engine envelope sent as input_json
         Q.check_rows(data, [q for q, _ in parsed], where)
-    return [q for q, _ in parsed], [values for _, values in parsed], text, extras, prompt
+    return DecisionsRequest([q for q, _ in parsed], [values for _, values in parsed], text, extras, prompt)
 
 
 def parse_request(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, list[tuple], str, bool]:
@@ -251,15 +263,16 @@ def routes(server: Server) -> list[Route]:
         """Answer an OpenAI Decisions request (module docstring)."""
         body = await call.body()
         max_questions = call.max_questions(Q.MAX_QUESTIONS)
-        questions, values, text, extras, prompt = parse_body(body, max_questions=max_questions)
-        found, tokens, envelope = await call.decide(questions, text, text, prompt, max_questions=max_questions)
+        req = parse_body(body, max_questions=max_questions)
+        found, tokens, envelope = await call.decide(req.questions, req.text, req.text, req.prompt,
+                                                    max_questions=max_questions)
         out: dict[str, object] = {
-            "answers": [render_answer(a, v, extras=extras) for a, v in zip(found, values)],
+            "answers": [render_answer(a, v, extras=req.extras) for a, v in zip(found, req.values)],
             "model": call.service.model_id,
             "usage": {"input_tokens": tokens, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 0},
                       "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": tokens}}
-        if extras:
+        if req.extras:
             out["pcd"] = envelope
         return JSONResponse(out)
 

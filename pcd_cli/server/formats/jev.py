@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from typing import NamedTuple
+
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -112,9 +114,20 @@ def parse_question(name: str, raw: Json) -> Q.Question:
     return Q.Question(name, kind, instructions, options, f"question {name!r}")
 
 
-def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[list[Q.Question], Json, str, bool, str]:
-    """A System One request body -> ``(questions, state, record text, extras flag, prompt)``;
-    ``prompt`` is the body's ``pcd_prompt`` (``questions.prompt_flag``).
+class SystemOneRequest(NamedTuple):
+    """A ``/v1/systemone`` body, read (``parse_body``): the questions in request order, the state
+    as sent (what a data-engine batch is recognised in), the record text, the ``pcd_extras``
+    flag and the ``pcd_prompt`` (``questions.prompt_flag``)."""
+
+    questions: list[Q.Question]
+    state: Json
+    text: str
+    extras: bool
+    prompt: str
+
+
+def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> SystemOneRequest:
+    """A System One request body -> ``SystemOneRequest``.
 
     Raises:
         QuestionError: 422 naming what is wrong (not an object, a non-string ``model``, ``assets``, a
@@ -139,7 +152,7 @@ def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[lis
     text = Q.state_text(body.get("state"))
     parsed = [parse_question(name, raw) for name, raw in raw_questions.items()]
     Q.check_rows(body.get("state"), parsed)  # a null data-engine row: 422, never an invented answer
-    return parsed, body.get("state"), text, extras, prompt
+    return SystemOneRequest(parsed, body.get("state"), text, extras, prompt)
 
 
 def parse_request(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, str, bool]:
@@ -182,13 +195,14 @@ def routes(server: Server) -> list[Route]:
         """Answer a System One request (module docstring)."""
         body = await call.body()
         max_questions = call.max_questions(Q.MAX_QUESTIONS)
-        parsed, state, text, extras, prompt = parse_body(body, max_questions=max_questions)
-        legends = {q.key: body["questions"][q.key].get("criteria") for q in parsed if q.kind == "score"}
-        found, tokens, envelope = await call.decide(parsed, state, text, prompt, max_questions=max_questions)
-        answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=extras) for a in found}
+        req = parse_body(body, max_questions=max_questions)
+        legends = {q.key: body["questions"][q.key].get("criteria") for q in req.questions if q.kind == "score"}
+        found, tokens, envelope = await call.decide(req.questions, req.state, req.text, req.prompt,
+                                                    max_questions=max_questions)
+        answers = {a.question.key: render_answer(a, legends.get(a.question.key), extras=req.extras) for a in found}
         out: dict[str, object] = {"model": call.service.model_id, "answers": answers,
                                   "usage": {"input_tokens": tokens, "output_tokens": 0}}
-        if extras:
+        if req.extras:
             out["pcd"] = envelope
         return JSONResponse(out)
 
