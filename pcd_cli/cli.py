@@ -113,6 +113,17 @@ EXAMPLES_OPT = typer.Option(None, "--examples", help="Gold file (JSONL/CSV/Parqu
                             "the schema's own examples.")
 SHOTS_OPT = typer.Option(4, "--shots", min=1, help="Examples drawn from --examples, balanced over each field's labels.")
 CSV_DELIMITER_OPT = typer.Option(",", "--csv-delimiter", help="CSV field separator, e.g. ';' or '\\t'.")
+
+
+class EncodingErrors(str, Enum):
+    strict = "strict"
+    replace = "replace"
+
+
+ENCODING_ERRORS_OPT = typer.Option(EncodingErrors.strict, "--encoding-errors", help="A JSONL or CSV row with bytes "
+                                   "that are not UTF-8: strict fails the row (into the errors file); replace reads "
+                                   "each such byte as U+FFFD and labels the row, the run's warning and done event "
+                                   "naming the rows (--engine local).")
 TEXT_FIELD_OPT = typer.Option("text", "--text-field", help="Column holding the text.")
 TEMPLATE_OPT = typer.Option(None, "--template", help="Compose the text from columns, e.g. 'Subject: {subject}\\n\\n{body}'.")
 ADAPTER_OPT = typer.Option(None, "--adapter", help="LoRA adapter folder from `pcd tune --adapter-only`, merged "
@@ -223,6 +234,7 @@ def label(
     fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension; "
                                          "required for -).", rich_help_panel='Input'),
     csv_delimiter: str = _panel(CSV_DELIMITER_OPT, 'Input'),
+    encoding_errors: EncodingErrors = _panel(ENCODING_ERRORS_OPT, 'Input'),
     text_field: str = _panel(TEXT_FIELD_OPT, 'Input'),
     template: Optional[str] = _panel(TEMPLATE_OPT, 'Input'),
     id_field: Optional[str] = typer.Option(None, "--id-field", help="Column holding the record id "
@@ -307,6 +319,10 @@ def label(
         if engine is Engine.ray:
             from .engines.ray_engine import run_label_job as run_on_ray
 
+            if encoding_errors is EncodingErrors.replace:
+                raise InputError("--encoding-errors replace applies to --engine local only (its rows are counted "
+                                 "and named by the local reader)")
+
             run = run_on_ray(schema, input, job, progress=bool(progress), address=ray_address, workers=workers,
                              worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size, **run_args)
         else:
@@ -316,7 +332,7 @@ def label(
                 raise InputError("--workers, --worker-cpus and --worker-gpus apply to --engine ray only")
             with stop_on_signals() as should_stop:  # from here: SIGINT/SIGTERM stop cleanly, even during loading
                 run = run_label_job(schema, input, job, progress=progress, batch_records=batch_size,
-                                    should_stop=should_stop, **run_args)
+                                    should_stop=should_stop, encoding_errors=encoding_errors.value, **run_args)
     label_done(report, run.stats, input, output, errors, quiet, id_field=id_field, id_detected=id_detected,
                notes=run.notes)
 

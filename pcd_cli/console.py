@@ -222,6 +222,8 @@ def label_done(report: Reporter, stats, input: Path, output: Path, errors: Path,
         report("warning", {"message": f"{input} has no rows; wrote an empty {output}"}, "warning")
     if stats.failures:
         report("warning", {"message": f"{stats.failures} rows failed; see {errors}"}, "warning")
+    if stats.replaced is not None and stats.replaced.count:
+        report("warning", {"message": stats.replaced.message(), "replaced_rows": stats.replaced.count}, "warning")
     if stats.repeated_ids.count:
         report("warning", {"message": stats.repeated_ids.message(), "repeated_ids": stats.repeated_ids.count},
                "warning")

@@ -164,7 +164,7 @@ class JobRun:
 def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: LabelJob, *, output: Path | None,
                   errors_path: Path | None, trace_path: Path | None = None, all_probs: bool = False,
                   min_mass: float = 0.5, fmt: str | None = None, limit: int | None = None,
-                  csv_delimiter: str = ",", progress: bool | None = None,
+                  csv_delimiter: str = ",", encoding_errors: str = "strict", progress: bool | None = None,
                   batch_records: int = DEFAULT_BATCH_RECORDS, resume: bool = False, max_errors: int | None = None,
                   should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None) -> JobRun:
     """``pcd label``'s whole local job: the checks that need no model (``check_job``), the output
@@ -174,7 +174,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     Args:
         schema: a ``Schema`` or a schema file path (its warnings are the run's first).
         job: the labelling options; ``job.trace`` follows ``trace_path``.
-        limit, csv_delimiter, fmt: how the input is read (``InputSpec``, ``RecordReader``).
+        limit, csv_delimiter, encoding_errors, fmt: how the input is read (``InputSpec``,
+            ``RecordReader``).
         on_event: ``(event, fields, level)``: ``warning`` (``{"code", "message"}``) for each of
             the job's warnings, ``created_folder``, and ``label_file``'s events.
 
@@ -200,7 +201,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         raise InputError("reading standard input (-) needs -o: the output file")
     output, errors_path = Path(output), Path(errors_path) if errors_path else default_errors(output)
     job = replace(job, trace=trace_path is not None)
-    spec = job.input_spec(limit=limit, csv_delimiter=csv_delimiter)
+    spec = replace(job.input_spec(limit=limit, csv_delimiter=csv_delimiter), encoding_errors=encoding_errors)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
     for warning in schema_warnings(parsed):
         warn(warning)
@@ -252,6 +253,7 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
         "pcd_version": __version__, "input": STDIN_NAME if is_stdin(input_path) else str(Path(input_path).resolve()),
         "format": fmt, "text_field": spec.text_field, "template": spec.template, "id_field": spec.id_field,
         "limit": spec.limit, "csv_delimiter": spec.csv_delimiter,
+        **({"encoding_errors": spec.encoding_errors} if spec.encoding_errors != "strict" else {}),
         "schema_sha256": labeler.schema.source_sha256, "model": labeler.backend.model_id,
         "dtype": str(getattr(labeler.backend, "dtype", "")), "device": str(getattr(labeler.backend, "device", "")),
         "max_tokens_per_pass": labeler.decoder.budget, "scoring": labeler.compiled.scoring,
@@ -361,6 +363,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                                     "failures": work.progress.failures})
 
         def timed() -> RunStats:
+            stats.replaced = reader.replaced if spec.encoding_errors != "strict" else None
             stats.seconds = time.perf_counter() - started
             stats.forward_passes = labeler.forward_passes - passes_before
             return stats

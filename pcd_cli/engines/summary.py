@@ -55,6 +55,9 @@ class RunStats:
     fields: list[FieldStats] = field(default_factory=list)
     #: rows whose id repeats an earlier row's (counted by the caller; never merged)
     repeated_ids: RepeatedIds = field(default_factory=RepeatedIds)
+    #: rows whose bytes that are not UTF-8 were read as U+FFFD (``--encoding-errors replace``:
+    #: the reader's ``pcd_cli.io.readers.ReplacedRows``; ``None`` without the option)
+    replaced: object | None = None
     #: per field a rule names: rows whose label the rules moved (``<f>__changed_by_rules``)
     rule_changes: Counter = field(default_factory=Counter)
     _worst: list = field(default_factory=list)  # max-heap on -mass of (neg mass, n, record, field)
@@ -137,7 +140,8 @@ class RunStats:
                        for f, st in zip(self.schema.fields, self.fields)},
             "lowest_mass": [{"record": rid, "field": name, "mass": mass} for mass, rid, name in self.worst()],
             "repeated_ids": self.repeated_ids.count, "repeated_id_examples": list(self.repeated_ids.examples),
-        } | ({"changed_by_rules": {name: self.rule_changes[name] for name in rule_fields(self.schema)}}
+        } | ({"replaced_rows": self.replaced.count, "replaced_row_lines": list(self.replaced.lines)}
+             if self.replaced is not None else {}) | ({"changed_by_rules": {name: self.rule_changes[name] for name in rule_fields(self.schema)}}
              if self.schema.rules else {})
 
     def one_label_warnings(self) -> list[str]:

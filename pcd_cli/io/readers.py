@@ -46,6 +46,15 @@ EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "
 STDIN = "-"
 
 
+#: ``--encoding-errors``: what a JSONL or CSV row's bytes that are not UTF-8 do (``InputSpec``).
+ENCODING_ERRORS = ("strict", "replace")
+
+
+class ReplacedRow(dict):
+    """A row read with ``--encoding-errors replace`` whose bytes that are not UTF-8 were read as
+    U+FFFD (the replacement character): a ``dict`` of its columns, marked by its type."""
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """How rows become records.
@@ -60,6 +69,9 @@ class InputSpec:
         partition: columns whose values come from the file's hive partition folders (``key=value``
             in its path: ``pcd_cli.io.storage.partition_values``), not from the file itself; set
             per file by ``RecordReader``.
+        encoding_errors: ``strict`` (a JSONL or CSV row with bytes that are not UTF-8 fails
+            alone, naming its line) or ``replace`` (each such byte is read as U+FFFD and the row
+            is marked: ``ReplacedRow``, counted by ``RecordReader.replaced``).
     """
 
     text_field: str = "text"
@@ -68,8 +80,11 @@ class InputSpec:
     limit: int | None = None
     csv_delimiter: str = ","
     partition: tuple[str, ...] = ()
+    encoding_errors: str = "strict"
 
     def __post_init__(self) -> None:
+        if self.encoding_errors not in ENCODING_ERRORS:
+            raise InputError(f"--encoding-errors {self.encoding_errors!r}: expected one of {', '.join(ENCODING_ERRORS)}")
         delimiter = unescape_template(self.csv_delimiter)
         if len(delimiter) != 1 or delimiter in "\"\r\n":
             raise InputError(f"--csv-delimiter {self.csv_delimiter!r}: give one character other than a quote "
@@ -261,6 +276,9 @@ class RecordReader:
         self._hash = hashlib.sha256()
         self._rows = self._open()
         self._replay: list[RawRow] = []  # rows read past that are read again (``skip(replay=...)``)
+        #: rows whose bytes that are not UTF-8 were replaced (``--encoding-errors replace``): how
+        #: many, and the first few lines (row numbers for Parquet), counted when first read
+        self.replaced = ReplacedRows()
         self._marks: dict[int, str] = {}  # digest after each of the last rows read
 
     @property
@@ -291,7 +309,7 @@ class RecordReader:
                             row = (f"key {clash!r} is also the partition folder {clash}={partition[clash]} of "
                                    f"{files.name(index)!r}; rename one (a name given twice is never resolved silently)")
                         else:
-                            row = row | partition
+                            row = (ReplacedRow if isinstance(row, ReplacedRow) else dict)(row | partition)
                     count += 1
                     yield line, row, raw + tag
             finally:
@@ -323,6 +341,8 @@ class RecordReader:
             return self._replay.pop(0)
         raw = next(self._rows, None)
         if raw is not None:
+            if isinstance(raw[1], ReplacedRow):
+                self.replaced.add(self.rows_read if raw[0] is None else raw[0], self.file_at(self.rows_read))
             self._hash.update(raw[2])
             self.rows_read += 1
             self._marks[self.rows_read] = self._hash.hexdigest()
@@ -362,7 +382,7 @@ class RecordReader:
             return None
         if reason is None:
             reason = f"the input's first {rows} rows are not those the unfinished run labelled (their content changed)"
-        self._hash, self.rows_read = hashlib.sha256(), 0
+        self._hash, self.rows_read, self.replaced = hashlib.sha256(), 0, ReplacedRows()
         if kept is None:
             self.close()
             self._rows = self._open()
@@ -394,6 +414,32 @@ class RecordReader:
         close = getattr(self._rows, "close", None)
         if close is not None:
             close()
+
+
+class ReplacedRows:
+    """The rows of one input read with ``--encoding-errors replace`` whose bytes were replaced.
+
+    Attributes:
+        count: such rows.
+        lines: the first ``keep`` of their lines (1-based; row numbers from 0 where the input has
+            no lines), with the file's name when the input is several files.
+    """
+
+    def __init__(self, keep: int = 5):
+        self.keep, self.count, self.lines = keep, 0, []
+
+    def add(self, line: int, file: str | None = None) -> None:
+        """Count one row at ``line`` (of ``file``)."""
+        self.count += 1
+        if len(self.lines) < self.keep:
+            self.lines.append(f"{file}:{line}" if file else line)
+
+    def message(self) -> str:
+        """One line for the run's warning."""
+        shown = ", ".join(map(str, self.lines)) + (", ..." if self.count > len(self.lines) else "")
+        rows = "1 row has" if self.count == 1 else f"{self.count} rows have"
+        return (f"{rows} bytes that are not valid UTF-8, read as U+FFFD (--encoding-errors replace): line "
+                f"{shown}; fix the export to label their text as written")
 
 
 def read_records(path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256,
@@ -509,11 +555,14 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
                 continue
             carry = b""
             hint = "; NUL bytes: UTF-16 text? pcd reads UTF-8" if b"\x00" in line else ""
+            replaced = False
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as exc:
-                yield number, f"bytes that are not valid UTF-8 (at byte {exc.start}{hint})", raw
-                continue
+                if spec.encoding_errors != "replace":
+                    yield number, f"bytes that are not valid UTF-8 (at byte {exc.start}{hint})", raw
+                    continue
+                line, replaced = line.decode("utf-8", "replace").encode("utf-8"), True
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
@@ -526,7 +575,7 @@ def _jsonl_rows(path: str | Path, spec: InputSpec, compression: str | None = Non
                 if repeated:
                     yield number, repeated, raw
                     continue
-                yield number, row, raw
+                yield number, ReplacedRow(row) if replaced else row, raw
             else:
                 yield number, f"expected a JSON object, got {type(row).__name__}", raw
 
@@ -829,7 +878,26 @@ def _csv_rows(path: str | Path, spec: InputSpec, compression: str | None = None)
                 n = len(values)
                 yield start, f"the CSV row has {n} field{'s' * (n != 1)}; the header has {len(header)}", lines.take()
                 continue
+            if spec.encoding_errors == "replace" and any(_has_escaped_bytes(v) for v in values):
+                yield start, ReplacedRow(zip(header, map(_replaced, values))), lines.take()
+                continue
             yield start, dict(zip(header, values)), lines.take()
+
+
+def _has_escaped_bytes(value: str) -> bool:
+    """Whether ``value`` holds bytes that are not UTF-8 (lone surrogates U+DC80-U+DCFF of
+    ``surrogateescape``)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _replaced(value: str) -> str:
+    """``value`` with each byte that is not UTF-8 (``surrogateescape``) read as U+FFFD, as
+    ``bytes.decode("utf-8", "replace")`` reads it."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _parquet_rows(path: Path, spec: InputSpec, compression: str | None = None) -> Iterator[RawRow]:
