@@ -50,16 +50,18 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 from ..engines.local import CHUNK_RECORDS
 from ..errors import PcdError
 from ..job import LabelJob, schema_warnings
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
-from . import textcheck
-from . import limits
+from . import limits, textcheck
 from .errors import ApiError, ClientDisconnected, log_crash
+
+if TYPE_CHECKING:
+    from ..api import Labeler
 
 log = logging.getLogger("pcd.server")
 
@@ -214,7 +216,7 @@ class SubmitResult:
     input_tokens: int
     queue_ms: float
     decode_ms: float
-    labeler: Any = None
+    labeler: Labeler | None = None
 
 
 @dataclass
@@ -226,12 +228,12 @@ class _Entry:
     options: LabelJob
     name: str | None = None
     pinned: bool = False
-    labeler: Any = None
+    labeler: Labeler | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     #: the job's warnings (``pcd_cli.job.JobWarning``), known once compiled
     warnings: list = field(default_factory=list)
     #: ``(labeler, its spare)`` for long records (``LabelService._spare``)
-    spare: Any = None
+    spare: tuple[Labeler, Labeler] | None = None
 
 
 @dataclass(eq=False)
