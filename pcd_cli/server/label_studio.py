@@ -626,12 +626,28 @@ class LabelStudioBackend:
 
     def training_answer(self, project: str) -> dict:
         """What a training trigger (``START_TRAINING``, ``/train``) is answered: ``{"training":
-        start_training's status}``, with ``reason`` when the run was not started for want of gold."""
-        status = self.start_training(project)
+        start_training's status}``, with ``reason`` when the run was not started for want of gold,
+        and ``previous_run`` (``{"version", "method", "reason"}``) when the schema's run before
+        this trigger failed or was not swapped in: a run fails in the background, after its
+        trigger was answered, and this is where Label Studio's webhook log shows it (as well as
+        ``GET /versions`` and pcd's log)."""
         link = self.links.get(project)
+        before = self._last_run(link.mapping.schema) if link is not None else None
+        status = self.start_training(project)
+        out: dict = {"training": status}
         if status == "not_enough_gold" and link is not None:
-            return {"training": status, "reason": self.refusals.get(link.mapping.schema, "")}
-        return {"training": status}
+            out["reason"] = self.refusals.get(link.mapping.schema, "")
+        if before is not None and not before.accepted:
+            out["previous_run"] = {"version": before.version, "method": before.method, "reason": before.reason}
+        return out
+
+    def _last_run(self, schema: str):
+        """The schema's latest history line that a trigger made (not the base model, not a
+        restore), or ``None``."""
+        history = self.histories.get(schema)
+        runs = [v for v in (history.items if history else []) if v.method != "base"
+                and v.reason != "restored at start-up"]
+        return runs[-1] if runs else None
 
     def wait_training(self, timeout: float = 600.0) -> None:
         """Join the running retrain threads (tests, shutdown)."""

@@ -249,11 +249,21 @@ def test_a_failed_retrain_and_a_refused_one_say_why_in_versions_and_the_answer(l
         raise RuntimeError("the trainer fell over")
 
     backend.fit = broken
-    assert train(srv, 68).json() == {"status": "ok", "action": "START_TRAINING", "training": "started"}
+    answer = train(srv, 68).json()
+    assert answer["training"] == "started" and "field 'sentiment' 3" in answer["previous_run"]["reason"]
     backend.wait_training(30)
     history = httpx.get(srv.url + "/versions", timeout=10).json()["schemas"]["triage"]["history"]
     assert [(v["accepted"], v["gold_rows"]) for v in history[-2:]] == [(False, 3), (False, 10)]
     assert history[-1]["version"].startswith("failed-") and history[-1]["reason"] == "RuntimeError: the trainer fell over"
+    # the failure happened after its trigger was answered: the next trigger's answer carries it
+    backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.75, "nll": 0.8})
+    answer = train(srv, 68).json()
+    assert answer["training"] == "started"
+    assert answer["previous_run"] == {"version": history[-1]["version"], "method": "calibrate",
+                                      "reason": "RuntimeError: the trainer fell over"}
+    backend.wait_training(30)
+    assert "previous_run" not in train(srv, 68).json()  # the last run was swapped in
+
 
 
 BOOLEAN_ALIAS = ('<View><Text name="msg" value="$sms"/><Choices name="spam" toName="msg">'
