@@ -219,13 +219,15 @@ class LogFormat(str, Enum):
 
 @app.command()
 def label(
-    input: Path = typer.Argument(..., help="Input file: .jsonl, .csv or .parquet (.jsonl/.csv may end in .gz "
-                                 "or .zst), or - for standard input (with --format); --engine ray: also a folder "
-                                 "or a glob of them."),
+    input: str = typer.Argument(..., help="Input: a .jsonl, .csv or .parquet file (.jsonl/.csv may end in .gz "
+                                "or .zst), a folder or a glob of them (hive key=value folders become columns), any of "
+                                "these as a URI (s3://, gs://, file://; docs/inputs.md), or - for standard input "
+                                "(with --format)."),
     schema: Path = typer.Option(..., "--schema", "-s", help="Schema file (YAML or JSON), or models.py:Model "
                                 "(a Pydantic model)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output Parquet file "
-                                          "(default: <input stem>.labels.parquet next to the input; --engine ray: a folder).", rich_help_panel='Output'),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Output Parquet file, a path or a URI "
+                                         "(s3://...: uploaded whole at the end) (default: <input stem>.labels.parquet "
+                                         "next to the input; --engine ray: a folder).", rich_help_panel='Output'),
     model: Optional[str] = _panel(MODEL_OPT, 'Model'),
     device: Device = _panel(DEVICE_OPT, 'Model'),
     dtype: DType = _panel(DTYPE_OPT, 'Model'),
@@ -246,8 +248,8 @@ def label(
     all_probs: bool = typer.Option(False, "--all-probs", help="Add <field>__probs (label -> probability) columns.", rich_help_panel='Output'),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write one JSON line per record and field "
                                          "with the context, lines, probabilities and mass.", rich_help_panel='Output'),
-    errors: Optional[Path] = typer.Option(None, "--errors", help="Where failed records go "
-                                          "(default: <output stem>.errors.jsonl).", rich_help_panel='Output'),
+    errors: Optional[str] = typer.Option(None, "--errors", help="Where failed records go "
+                                         "(default: <output stem>.errors.jsonl beside the output).", rich_help_panel='Output'),
     min_mass: float = typer.Option(0.5, "--min-mass", min=0.0, max=1.0, help="Report fields whose candidate "
                                    "mass is below this.", rich_help_panel='Output'),
     max_tokens_per_pass: int = _panel(BUDGET_OPT, 'Model'),
@@ -299,15 +301,16 @@ def label(
     """
     from .engines.local import default_errors, default_output
     from .io.readers import DEFAULT_ID_COLUMN, is_stdin
+    from .io.storage import is_remote
 
     report = Reporter(log_format, quiet)
     if quiet or report.json:
         progress = False if progress is None or report.json else progress
     output = output or (None if is_stdin(input) else default_output(input))
-    errors = errors or (default_errors(output) if output else None)
+    errors = errors or (default_errors(output) if output and not is_remote(output) else None)
     id_detected = False
-    if id_field is None and not row_ids and input.is_file() and _has_id_column(input, text_field, template,
-                                                                               csv_delimiter, fmt):
+    if id_field is None and not row_ids and not is_stdin(input) and _has_id_column(input, text_field, template,
+                                                                                   csv_delimiter, fmt):
         id_field, id_detected = DEFAULT_ID_COLUMN, True  # said with the result (_done), not before an error
     with label_errors(report, output, engine is Engine.local):
         if row_ids and id_field:

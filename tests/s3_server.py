@@ -71,7 +71,8 @@ class S3Store:
         import pyarrow.fs as pafs
 
         return pafs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region="us-east-1",
-                                 endpoint_override=self.endpoint, allow_bucket_creation=True)
+                                 endpoint_override=self.endpoint, allow_bucket_creation=True,
+                                 allow_bucket_deletion=True)
 
     def put(self, key: str, data: bytes) -> str:
         """Write ``data`` at ``<bucket>/<key>``; returns its ``s3://`` URI."""

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..io.files import AtomicFile, atomic_writer, clear_stale, machine_errors, write_atomic, write_target
 from ..io.output import ParquetSink
+from ..io.storage import publish_staged
 
 try:  # POSIX; elsewhere runs are not protected against a second process on the same output
     import fcntl
@@ -279,10 +280,12 @@ class WorkDir:
 
         Each file is written whole or not at all, through a symlink to its target
         (``pcd_cli.io.files``); an errors or trace file of an earlier run is cleared when this run
-        has none (``clear_stale``).
+        has none (``clear_stale``). A staged output (``-o`` in object storage:
+        ``pcd_cli.io.storage.StagedOutput``) is then uploaded, errors first, before the parts go.
 
         Raises:
-            MachineError: a file cannot be written (the parts stay, for ``--resume``).
+            MachineError: a file cannot be written, or the store failed the upload (the parts
+                stay, for ``--resume``).
         """
         schema = self.arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
         sink = ParquetSink(output, schema)
@@ -305,6 +308,7 @@ class WorkDir:
             sink.abort()
             raise
         sink.close()  # the Parquet output last: its presence means the run is complete
+        publish_staged(output, errors=errors_path)  # object storage: uploaded whole, the parts kept until then
         shutil.rmtree(self.path, ignore_errors=True)
         self.close()
 

@@ -12,7 +12,7 @@ import threading
 import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
 import pyarrow as pa
@@ -28,6 +28,7 @@ from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure, RecordResult
 from ..schema.model import Schema
 from ..version import __version__
+from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .summary import RunStats
 
@@ -45,9 +46,12 @@ CHECKPOINT_SECONDS = 60.0
 EventHook = Callable[[str, dict], None]
 
 
-def default_output(input_path: str | Path) -> Path:
-    """``<input folder>/<input stem>.labels.parquet``."""
-    path = Path(input_path)
+def default_output(input_path: str | Path) -> Path | None:
+    """``<input folder>/<input stem>.labels.parquet`` (a folder ``exports/``: ``exports.labels.parquet``
+    beside it); ``None`` for a glob or an object-storage URI (``-o`` names it)."""
+    if is_remote(input_path) or is_glob(input_path):
+        return None
+    path = local_path(input_path)
     return path.with_name(f"{path.stem}.labels.parquet")
 
 
@@ -66,8 +70,8 @@ def id_column(spec: InputSpec) -> str:
 def check_job(schema: Schema, input_path: str | Path, spec: InputSpec, *, output: Path, errors_path: Path,
               trace_path: Path | None, all_probs: bool, fmt: str | None) -> tuple[bool, list[Path]]:
     """Every check of a ``pcd label`` job that needs no model, in the order a user meets them: the
-    output columns (``check_columns``), the input (a file, or ``-``; its header and encoding:
-    ``check_input``), ``-o`` not a folder, the output paths (``check_paths``). The one preflight of
+    output columns (``check_columns``), the input (a file, a folder, a glob, a URI, or ``-``; each
+    file's header and encoding: ``check_input``), ``-o`` not a folder, the output paths (``check_paths``). The one preflight of
     the CLI and ``label_file``; the Ray engine, whose input may be a folder or glob and whose
     output is a folder, runs ``check_columns`` and then its own ``ray_engine.check_outputs``.
 
@@ -78,10 +82,7 @@ def check_job(schema: Schema, input_path: str | Path, spec: InputSpec, *, output
         SchemaError, InputError: names the option, column or file and the problem.
     """
     check_columns(schema, id_column(spec), all_probs=all_probs)
-    if not is_stdin(input_path) and not Path(input_path).is_file():
-        raise InputError(f"{str(input_path)!r}: " + ("is a folder, not a file" if Path(input_path).is_dir() else
-                                                     "no such input file"))
-    has_rows = check_input(input_path, spec, fmt)  # header, encoding: before the model
+    has_rows = check_input(input_path, spec, fmt)  # files, header, encoding: before the model
     if output.is_dir():
         raise InputError(f"-o {str(output)!r} is a folder; give a file name, e.g. "
                          f"{str(output / default_output(input_path).name)!r}")
@@ -101,7 +102,14 @@ def check_paths(input_path: str | Path, output: Path, errors_path: Path, trace_p
         InputError: names the option and the problem.
     """
     named = {"-o": output, "--errors": errors_path, "--trace": trace_path}
-    source = None if is_stdin(input_path) else Path(input_path).resolve()
+    folder_in = None if is_stdin(input_path) or is_remote(input_path) else local_path(input_path)
+    if folder_in is not None and folder_in.is_dir():
+        inside = next((o for o, p in named.items() if p is not None and folder_in.resolve() in p.resolve().parents),
+                      None)
+        if inside is not None:
+            raise InputError(f"{inside} {str(named[inside])!r} is inside the input folder {str(input_path)!r}: a "
+                             "later run would read it as input; choose a path outside it")
+    source = None if is_stdin(input_path) or is_remote(input_path) else local_path(input_path).resolve()
     seen: dict[Path, str] = {}
     created: list[Path] = []
     for option, path in named.items():
@@ -198,8 +206,10 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         emit("warning", warning.to_dict(), "warning")
 
     if output is None:
-        raise InputError("reading standard input (-) needs -o: the output file")
-    output, errors_path = Path(output), Path(errors_path) if errors_path else default_errors(output)
+        raise InputError("reading standard input (-) needs -o: the output file" if is_stdin(input_path) else
+                         f"{str(input_path)!r}: name the output with -o (a glob or an object-storage input has no "
+                         "folder to put it beside)")
+    output, errors_path, staged = stage_outputs(output, errors_path, trace_path)
     job = replace(job, trace=trace_path is not None)
     spec = replace(job.input_spec(limit=limit, csv_delimiter=csv_delimiter), encoding_errors=encoding_errors)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
@@ -207,6 +217,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         warn(warning)
     has_rows, created = check_job(parsed, input_path, spec, output=output, errors_path=errors_path,
                                   trace_path=trace_path, all_probs=all_probs, fmt=fmt)
+    if staged is not None:
+        staged.prepare()  # the bucket, the credentials, the right to write: before the model
     for folder in created:  # writable, not locked by another run
         emit("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
                                 "folder": str(folder)}, "info")
@@ -215,16 +227,50 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
         run.stats = write_empty_output(parsed, input_path, job, output=output, errors_path=errors_path,
                                        trace_path=trace_path, all_probs=all_probs)
+        publish_staged(output, errors=errors_path)
         return run
     labeler = build_labeler(parsed, job)
     for warning in labeler.warnings:
         warn(warning)
-    run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
-                           trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
-                           batch_records=batch_records, resume=resume, max_errors=max_errors,
-                           should_stop=should_stop, on_event=emit)
+    try:
+        run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
+                               trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
+                               batch_records=batch_records, resume=resume, max_errors=max_errors,
+                               should_stop=should_stop, on_event=emit)
+    except (TooManyErrors, NothingLabelled):
+        publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
+        raise
     run.notes.extend(run_notes(labeler, job))
     return run
+
+
+def stage_outputs(output: str | Path, errors_path: str | Path | None,
+                  trace_path: Path | None) -> tuple[Path, Path, StagedOutput | None]:
+    """The local paths a run writes: ``output`` and ``errors_path`` themselves, or, for an output
+    in object storage, their staging files (``pcd_cli.io.storage.StagedOutput``: made under
+    ``<pcd cache>/outputs/<sha256 of the URI>/``, the checkpoint work folder with them, uploaded
+    whole at the end). The errors file defaults to ``default_errors`` beside the output (a URI
+    beside a URI).
+
+    Raises:
+        InputError: ``--errors`` or ``--trace`` in object storage with a local output (the files
+            of one run stay together), or ``--trace`` in object storage.
+    """
+    if not is_remote(output):
+        if errors_path is not None and is_remote(errors_path):
+            raise InputError(f"--errors {str(errors_path)!r} is in object storage but -o is not; keep them together")
+        return Path(local_path(output)), Path(local_path(errors_path)) if errors_path else default_errors(
+            local_path(output)), None
+    if trace_path is not None and is_remote(trace_path):
+        raise InputError(f"--trace {str(trace_path)!r}: the trace is written to a local file; give a local path")
+    from ..backends.torch_backend import cache_dir
+
+    errors_uri = str(errors_path) if errors_path else sibling(str(output), default_errors(
+        PurePosixPath(str(output)).name).name)
+    if not is_remote(errors_uri):
+        raise InputError(f"--errors {str(errors_path)!r} is local but -o is in object storage; keep them together")
+    staged = StagedOutput.plan(str(output), errors_uri, cache_dir() / "outputs")
+    return staged.output, staged.errors, staged
 
 
 def run_notes(labeler: Labeler, job: LabelJob) -> list[str]:
@@ -250,7 +296,7 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
     they can change probabilities (in half precision, beyond rounding); the batch sizes are not.
     """
     return {
-        "pcd_version": __version__, "input": STDIN_NAME if is_stdin(input_path) else str(Path(input_path).resolve()),
+        "pcd_version": __version__, "input": STDIN_NAME if is_stdin(input_path) else canonical(input_path),
         "format": fmt, "text_field": spec.text_field, "template": spec.template, "id_field": spec.id_field,
         "limit": spec.limit, "csv_delimiter": spec.csv_delimiter,
         **({"encoding_errors": spec.encoding_errors} if spec.encoding_errors != "strict" else {}),
@@ -394,7 +440,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                 for item, res in list(zip(chunk, results))[redo:]:
                     if repeated is not None:
                         repeated.add(item.id)
-                    pending.add(item, res)
+                    pending.add(item, res, reader.file_at(item.row) if item.row is not None else None)
                     if isinstance(res, RecordFailure):
                         stats.failures += 1
                     else:
@@ -433,9 +479,12 @@ class _Pending:
     def rows(self) -> int:
         return len(self.results) + len(self.errors)
 
-    def add(self, item, res) -> None:
+    def add(self, item, res, file: str | None = None) -> None:
+        """Keep one row; ``file``: the input file it came from, said in its error row when the input
+        is several files (as the Ray engine says it)."""
         if isinstance(res, RecordFailure):
-            self.errors.append({"row": item.row, "line": item.line, "record": res.id, "error": res.error})
+            self.errors.append({"row": item.row, "line": item.line, "record": res.id, "error": res.error}
+                               | ({"file": file} if file else {}))
             return
         self.results.append(res)
         self.traces.extend(res.traces)

@@ -53,9 +53,11 @@ from ..io.files import check_writable, clear_stale, write_atomic, write_target
 from ..io.output import base_metadata, output_schema, results_table
 from ..api import planned_output_schema
 from ..job import LabelJob, warnings_from_json
-from ..io.readers import EXTENSIONS, InputSpec, check_input, detect_format, read_records, row_to_record
+from ..io.readers import InputSpec, check_input, input_files, read_records, row_to_record
+from ..io.storage import is_remote, local_path
 from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
+from .reuse import INPUT_KEY_COLUMN, input_key, job_parts, keyed_metadata, keyed_schema
 from .summary import RunStats
 
 INSTALL_HINT = "pip install 'pcd-cli[ray]'"
@@ -104,37 +106,17 @@ def require_ray():
 
 
 # -- inputs ----------------------------------------------------------------------------------------
-def resolve_inputs(input_path: str | Path, fmt: str | None) -> tuple[list[Path], str]:
-    """INPUT as a sorted list of files and their one format.
-
-    A file; a folder (its files with a known extension, or every file with ``fmt``, at any
-    depth, skipping names that start with ``.`` or ``_`` such as ``_SUCCESS``); or a glob
-    (``data/*.jsonl``, ``**`` for any depth).
+def resolve_inputs(input_path: str | Path, fmt: str | None) -> tuple[list[str], str]:
+    """INPUT as its files, in the local engine's order, and their one format
+    (``pcd_cli.io.readers.input_files``: a file, a folder, a glob, or a URI of any of them); each
+    file named as the reader opens it alone (a path as typed, or a URI), its hive partition
+    values read from its own path.
 
     Raises:
-        InputError: nothing matches, or the files are of several formats.
+        InputError: nothing matches, a store problem, or the files are of several formats.
     """
-    path = Path(input_path)
-    text = str(input_path)
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.is_file()
-                       and not any(p.startswith((".", "_")) for p in f.relative_to(path).parts)
-                       and (fmt or f.suffix.lower() in EXTENSIONS))
-        if not files:
-            raise InputError(f"{text!r}: the folder holds no .jsonl, .csv or .parquet file")
-    elif _glob.has_magic(text):
-        files = sorted(Path(f) for f in _glob.glob(text, recursive=True) if Path(f).is_file())
-        if not files:
-            raise InputError(f"{text!r}: no file matches")
-    else:
-        raise InputError(f"{text!r}: no such input file, folder or glob")
-    kinds = {f: detect_format(f, fmt) for f in files}
-    if len(set(kinds.values())) > 1:
-        (a, ka), (b, kb) = next(iter(kinds.items())), next((f, k) for f, k in kinds.items() if k != kinds[files[0]])
-        raise InputError(f"{text!r} mixes formats: {str(a)!r} is {ka}, {str(b)!r} is {kb}; label them separately")
-    return files, kinds[files[0]]
+    files, kinds = input_files(input_path, fmt)
+    return [files.name(i) for i in range(len(files.files))], kinds[0][0]
 
 
 def _read_files(batch: dict, *, spec: InputSpec, fmt: str, chunk: int) -> Iterator[pa.Table]:
@@ -190,10 +172,11 @@ class LabelWorker:
 
         self.labeler = build_labeler(schema, job)
         self.id_field, self.offsets, self.limit, self.exit_once = job.id_field, offsets, limit, exit_once
-        self.arrow_schema = self.labeler.output_schema(job.id_field or "row",
+        self.value_schema = self.labeler.output_schema(job.id_field or "row",
                                                        pa.string() if job.id_field else pa.int64(),
                                                        all_probs=all_probs)
-        meta = self.labeler.metadata()
+        self.arrow_schema = keyed_schema(self.value_schema)  # the content key last (pcd_cli.engines.reuse)
+        meta = self.labeler.metadata() | keyed_metadata(job_parts(self.labeler))
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
         self.warnings = warnings_json(self.labeler.warnings)
@@ -228,7 +211,9 @@ class LabelWorker:
         passes = self.labeler.forward_passes - before
         done = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordResult)]
         failed = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordFailure)]
-        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.arrow_schema)
+        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.value_schema)
+        labelled = labelled.append_column(self.arrow_schema.field(INPUT_KEY_COLUMN),
+                                          pa.array([input_key(i.text) for i, _, _ in done], pa.string()))
         # failed rows keep their id (when it could be read) in the id column (the first); all else null
         nulls = pa.table({f.name: pa.array([res.id for _, _, res in failed], f.type) if k == 0 else
                           pa.nulls(len(failed), f.type) for k, f in enumerate(self.arrow_schema)},
@@ -442,21 +427,29 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def check_outputs(files: list[Path], input_path: Path, output: Path, errors_path: Path) -> None:
+def check_outputs(files: list[str], input_path: str | Path, output: Path, errors_path: Path) -> None:
     """Refuse outputs that would overwrite an input, land inside an input folder, or cannot be written.
 
     Raises:
-        InputError: names the option and the problem.
+        InputError: names the option and the problem; an output in object storage (not yet
+            written by this engine).
     """
+    for option, path in (("-o", output), ("--errors", errors_path)):
+        if is_remote(path):
+            raise InputError(f"{option} {str(path)!r}: --engine ray writes its output folder on a local or shared "
+                             "file system; write it there (or use the local engine, which uploads a Parquet file "
+                             "whole to object storage)")
+    output, errors_path = Path(output), Path(errors_path)
     out, err = output.resolve(), errors_path.resolve()
-    sources = {f.resolve() for f in files}
+    sources = {local_path(f).resolve() for f in files if not is_remote(f)}
+    folder = None if is_remote(input_path) else local_path(input_path)
     if _glob.has_magic(str(output)) or _glob.has_magic(str(errors_path)):
         raise InputError(f"-o {str(output)!r}: with a glob INPUT, name the output folder (and --errors) yourself")
     if output.is_file():
         raise InputError(f"-o {str(output)!r} is a file; --engine ray writes a folder of Parquet files")
     if out in sources or err in sources:
         raise InputError(f"{'-o' if out in sources else '--errors'} is an input file; choose another path")
-    if input_path.is_dir() and (input_path.resolve() in out.parents or out == input_path.resolve()):
+    if folder is not None and folder.is_dir() and (folder.resolve() in out.parents or out == folder.resolve()):
         raise InputError(f"-o {str(output)!r} is inside the input folder {str(input_path)!r}: a later run would "
                          "read it as input; choose a path outside it")
     if out == err or out in err.parents:
@@ -516,9 +509,9 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
         the errors file is written, the output is not.
     """
     emit = on_event or (lambda _name, _fields: None)
-    input_path, output, errors_path = Path(input_path), Path(output), Path(errors_path)
     files, kind = resolve_inputs(input_path, fmt)
     check_outputs(files, input_path, output, errors_path)
+    output, errors_path = Path(output), Path(errors_path)
     for f in files:  # the whole-file checks (columns, header, Parquet footer, JSONL keys) here, before Ray starts
         check_input(f, spec, fmt)
         next(iter(read_records(f, spec, fmt=kind, batch_size=1)), None)
@@ -574,8 +567,15 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                          "run is rerun whole); drop --resume or --engine ray")
     if trace_path is not None:
         raise InputError("--trace is for the local engine only; drop it or --engine ray")
-    if output is None or str(input_path) == "-":
+    if str(input_path) == "-":
         raise InputError("--engine ray reads files, not standard input; write the input to a file")
+    if output is None:
+        raise InputError(f"{str(input_path)!r}: name the output folder with -o (a glob or an object-storage "
+                         "input has no folder to put it beside)")
+    if errors_path is None:
+        from .local import default_errors
+
+        errors_path = default_errors(output)
     spec = job.input_spec(limit=limit, csv_delimiter=csv_delimiter)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
     run = JobRun()
@@ -657,16 +657,15 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
                               stats, None)
     if metas:
         metadata = json.loads(metas.pop())
-        arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
-                                     all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata,
-                                     sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
-                                     abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))),
-                                     spread="pcd.permutations" in metadata)
+        arrow_schema = keyed_schema(output_schema(
+            schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(), all_probs=all_probs,
+            calibrated="pcd.calibration_sha256" in metadata, sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
+            abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))), spread="pcd.permutations" in metadata))
     else:  # no row reached a worker (an empty input): the columns by the job's own rule, as the local engine
         metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema)
-        arrow_schema = planned_output_schema(schema, job, all_probs=all_probs)
+        arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))
     metadata = metadata | {"pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
-        | stats.metadata(input_path.name)
+        | stats.metadata(Path(str(input_path)).name)
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
     if stats.records:
         _run_step("write", lambda: labelled.map_batches(

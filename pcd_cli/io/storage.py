@@ -62,6 +62,11 @@ def uri_scheme(path: str | Path) -> str | None:
     return found.group(1).lower() if found else None
 
 
+def is_glob(path: str | Path) -> bool:
+    """Whether ``path`` holds a glob's wildcards (``*``, ``?``, ``[``)."""
+    return _MAGIC.search(str(path)) is not None
+
+
 def is_remote(path: str | Path) -> bool:
     """Whether ``path`` is a URI of another store than the local disk (``file://`` is local)."""
     scheme = uri_scheme(path)
@@ -602,3 +607,123 @@ def check_output_uri(uri: str, *, option: str = "-o") -> None:
         fs.delete_file(probe)
     except OSError as exc:
         raise store_error(exc, uri, option=option, what="cannot write") from None
+
+
+# -- outputs in object storage: staged locally, uploaded whole ----------------------------------------
+#: The file in a staging folder that says where its files go (read by ``publish_staged``).
+STAGED_TARGETS = "publish.json"
+
+
+def canonical(target: str | Path) -> str:
+    """One name per input or output, for fingerprints: a URI as given (no trailing ``/``), a local
+    path or ``file://`` URI as its absolute path."""
+    path = local_path(target)
+    return str(path.resolve()) if path is not None else str(target).rstrip("/")
+
+
+def sibling(target: str, name: str) -> str:
+    """The URI of ``name`` in the folder (prefix) of the URI ``target``."""
+    head, _, _ = str(target).rstrip("/").rpartition("/")
+    return f"{head}/{name}"
+
+
+@dataclass(frozen=True)
+class StagedOutput:
+    """``-o`` (and ``--errors``) in object storage, made in a local folder and uploaded whole.
+
+    A run writes its output, errors file and checkpoint work folder (``.<name>.pcd-work``) in
+    ``folder`` = ``<root>/<first 16 hex of sha256(output URI)>/``, as it would beside a local
+    output; ``publish_staged`` then uploads the errors file and, last, the output
+    (``upload_atomic``: whole or never). So ``--resume`` on the same machine (same ``root``)
+    continues a run stopped, killed or failed at the upload; the staging folder names its URIs
+    in ``publish.json``.
+
+    Attributes:
+        output_uri, errors_uri: where the files go. folder: the staging folder.
+    """
+
+    output_uri: str
+    errors_uri: str
+    folder: Path
+
+    @classmethod
+    def plan(cls, output_uri: str, errors_uri: str, root: Path) -> "StagedOutput":
+        """Stage ``output_uri``'s files under ``root`` (nothing checked or made yet)."""
+        import hashlib
+
+        key = hashlib.sha256(output_uri.encode()).hexdigest()[:16]
+        return cls(output_uri, errors_uri, Path(root) / key)
+
+    @property
+    def output(self) -> Path:
+        return self.folder / PurePosixPath(self.output_uri).name
+
+    @property
+    def errors(self) -> Path:
+        name = PurePosixPath(self.errors_uri).name
+        return self.folder / (name if name != self.output.name else f"{name}.errors")
+
+    def prepare(self) -> None:
+        """Check both URIs with the store (``check_output_uri``: before any model loads), make
+        the staging folder and record the URIs in it.
+
+        Raises:
+            InputError: the store refuses, cannot be reached, or the bucket is missing.
+            MachineError: the staging folder cannot be made.
+        """
+        import json
+
+        from .files import write_atomic
+
+        check_output_uri(self.output_uri, option="-o")
+        if sibling(self.errors_uri, "") != sibling(self.output_uri, ""):
+            check_output_uri(self.errors_uri, option="--errors")
+        write_atomic(self.folder / STAGED_TARGETS, json.dumps(
+            {"output": self.output_uri, "errors": self.errors_uri,
+             "files": {self.output.name: self.output_uri, self.errors.name: self.errors_uri}}).encode())
+
+
+def staged_targets(output: Path) -> dict[str, str] | None:
+    """The URIs of a staging folder's files (``StagedOutput``) when ``output`` is a staged output,
+    else ``None``."""
+    import json
+
+    found = Path(output).parent / STAGED_TARGETS
+    try:
+        data = json.loads(found.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("files", {}).get(Path(output).name) else None
+
+
+def publish_staged(output: Path, *, errors: Path | None = None, output_too: bool = True) -> str | None:
+    """Upload a staged run's files (``StagedOutput``): the errors file (or, when there is none,
+    remove an earlier run's at its URI: it would mislead), then the output last, whole or never.
+    A no-op for an output that is not staged.
+
+    Args:
+        output_too: ``False``: only the errors file (a run that stopped: ``--max-errors``, no
+            row labelled), the earlier output at the URI left as it was.
+
+    Returns:
+        The output's URI when uploaded, else ``None``.
+
+    Raises:
+        MachineError: the store failed (exit 5); the staged files stay for ``--resume``.
+    """
+    targets = staged_targets(output)
+    if targets is None:
+        return None
+    errors = errors if errors is not None else Path(output).parent / next(
+        (n for n, uri in targets["files"].items() if uri == targets["errors"]), "")
+    if errors.is_file():
+        upload_atomic(errors, targets["errors"], option="--errors")
+    else:
+        remove_object(targets["errors"])
+    if not output_too:
+        return None
+    upload_atomic(Path(output), targets["output"], option="-o")
+    for done in (errors, Path(output)):  # uploaded: the local copies are not kept
+        if done.is_file():
+            done.unlink()
+    return targets["output"]

@@ -1,0 +1,185 @@
+"""``pcd label`` where nightly exports land (issue #43 items 5, 6 and 8): a hive-partitioned
+Parquet export read from S3 and the output written back there, against a real S3 store
+(SeaweedFS, the session's ``s3_store``), compared with the same run on local disk; the store's
+problems said before a model loads; an output in object storage whole or never, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from tests.helpers import AIRLINE, flat, jsonl_rows, pcd, trace_contexts
+
+ROOT = Path(__file__).resolve().parents[2]
+DATE = "2026-12-05"
+ROWS = [
+    [{"id": "t1", "body": "The crew were lovely and we landed early."},
+     {"id": "t2", "body": "Lost my bag again, third time this year."},
+     {"id": "t3", "body": None}],  # no text: a failed row, in the errors file beside the output
+    [{"id": "t4", "body": "Seat was fine, nothing special."},
+     {"id": "t5", "body": "Delayed four hours with no information at all."}],
+]
+ARGS = ("-s", AIRLINE, "--id-field", "id", "--template", "{date}: {body}", "-q")
+
+
+def _part(rows: list[dict]) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": pa.array([r["id"] for r in rows]), "body": pa.array([r["body"] for r in rows])}),
+                   sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _export(root: Path | None, store, prefix: str) -> None:
+    """The same nightly export on local disk under ``root`` and in the store under ``prefix``: two
+    part files of one partition, and the marker file a writer leaves."""
+    files = {f"exports/date={DATE}/part-{i:05d}.parquet": _part(rows) for i, rows in enumerate(ROWS)}
+    files[f"exports/date={DATE}/_SUCCESS"] = b""
+    for rel, data in files.items():
+        if root is not None:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(data)
+        store.put(f"{prefix}/{rel}", data)
+
+
+def _read(store, key: str) -> bytes:
+    with store.filesystem().open_input_stream(f"{store.bucket}/{key}") as fh:
+        return fh.read()
+
+
+def _table(data: bytes) -> pa.Table:
+    return pq.read_table(pa.BufferReader(data))
+
+
+def test_an_s3_partition_labelled_into_s3_equals_the_local_run(tmp_path, monkeypatch, s3_store):
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    _export(tmp_path, s3_store, "nightly")
+    local_out = tmp_path / "local.parquet"
+    pcd("label", tmp_path / "exports" / f"date={DATE}", *ARGS, "-o", local_out, "--trace", tmp_path / "trace.jsonl")
+    # the partition folder's value is a column of every row: the template put it in the text
+    assert trace_contexts(tmp_path / "trace.jsonl")["t1"].count(f"{DATE}: The crew were lovely") == 1
+    uri = f"s3://{s3_store.bucket}/nightly/out/{DATE}.parquet"
+    pcd("label", f"s3://{s3_store.bucket}/nightly/exports/date={DATE}/", *ARGS, "-o", uri)
+    assert s3_store.keys("nightly/out") == [f"nightly/out/{DATE}.errors.jsonl", f"nightly/out/{DATE}.parquet"]
+    remote, local = _table(_read(s3_store, f"nightly/out/{DATE}.parquet")), pq.read_table(local_out)
+    assert remote.column_names == local.column_names and remote.num_rows == 4
+    assert remote.to_pylist() == local.to_pylist()  # same values, bit for bit, in the same order
+    assert remote.column("id").to_pylist() == ["t1", "t2", "t4", "t5"]
+    meta = remote.schema.metadata
+    assert {k: v for k, v in meta.items() if b"created" not in k} == \
+        {k: v for k, v in local.schema.metadata.items() if b"created" not in k}
+    errors = [orjson.loads(line) for line in _read(s3_store, f"nightly/out/{DATE}.errors.jsonl").splitlines()]
+    local_errors = jsonl_rows(tmp_path / "local.errors.jsonl")
+    assert [e["file"] for e in errors] == [f"s3://{s3_store.bucket}/nightly/exports/date={DATE}/part-00000.parquet"]
+    assert [e | {"file": None} for e in errors] == [e | {"file": None} for e in local_errors]
+    assert errors[0]["record"] == "t3" and "'body'" in errors[0]["error"]
+
+
+def test_store_problems_exit_2_naming_the_uri_before_a_model_loads(tmp_path, s3_store):
+    env = dict(s3_store.env)
+    bucket = s3_store.bucket
+    _export(None, s3_store, "problems")
+    s3_store.put(f"problems/exports/date={DATE}/part-00002.parquet", b"not parquet at all")
+    s3_store.put("problems/empty/_SUCCESS", b"")
+    good = tmp_path / "in.jsonl"
+    good.write_text('{"id": "a", "body": "fine"}\n')
+    cases = [
+        ((f"s3://{bucket}/problems/exports/date={DATE}/", "-o", tmp_path / "o.parquet"), env,
+         [f"s3://{bucket}/problems/exports/date={DATE}/part-00002.parquet", "not a readable Parquet file"]),
+        ((f"s3://{bucket}/problems/empty/", "-o", tmp_path / "o.parquet"), env,
+         ["the folder holds no", "(it holds 1 other file)"]),
+        (("s3://no-such-bucket/exports/", "-o", tmp_path / "o.parquet"), env,
+         ["'s3://no-such-bucket/exports/'", "no such bucket 'no-such-bucket'"]),
+        ((f"s3://{bucket}/problems/exports/", "-o", tmp_path / "o.parquet"),
+         env | {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None},
+         ["no AWS credentials were found", "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"]),
+        ((good, "-o", "s3://no-such-bucket/out/x.parquet"), env,
+         ["-o 's3://no-such-bucket/out/x.parquet'", "no such bucket"]),
+        ((good, "-o", f"s3://{bucket}/problems/out/x.parquet"), env | {"AWS_SECRET_ACCESS_KEY": "wrong"},
+         ["access denied with the credentials given"]),
+        ((f"s3://{bucket}/problems/exports/",), env, ["name the output with -o"]),
+    ]
+    for args, case_env, words in cases:
+        result = pcd("label", *args, "-s", AIRLINE, "--text-field", "body", "--model", tmp_path / "no-model-needed",
+                     code=2, env=case_env)
+        message = flat(result.stderr)
+        assert message.startswith("error:") and "Traceback" not in result.stderr, result.stderr
+        for word in words:
+            assert word in message, (args, message)
+    assert s3_store.keys("problems/out") == []
+
+
+def _events(proc: subprocess.Popen, until: str, timeout: float = 300.0) -> list[dict]:
+    """JSON log events of a running pcd until one named ``until`` (the process keeps running)."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        try:
+            seen.append(json.loads(line))
+        except ValueError:
+            continue
+        if seen[-1].get("event") == until:
+            return seen
+    raise AssertionError(f"no {until!r} event; saw {seen}")
+
+
+@pytest.mark.full  # three runs of the model in subprocesses (~1 min here); make test keeps the run above
+def test_a_killed_run_leaves_no_object_and_a_failed_upload_resumes(tmp_path, s3_store):
+    """SIGKILL mid-run leaves no object at the URI (and none beside it); the store failing at the
+    upload (its bucket gone) exits 5 saying --resume, and --resume then uploads exactly what the
+    uninterrupted local run wrote."""
+    env = os.environ | s3_store.env
+    src = ROOT / "sample_data" / "airline_tweets.jsonl"
+    reference = tmp_path / "reference.parquet"
+    base = (src, "-s", AIRLINE, "--id-field", "id", "--limit", 12, "--batch-size", 2)
+    pcd("label", *base, "-o", reference, "-q")
+    fs = s3_store.filesystem()
+    fs.create_dir("nightly-out")
+    uri = "s3://nightly-out/labels/today.parquet"
+    cmd = [sys.executable, "-m", "pcd_cli.cli", "label", *map(str, base), "-o", uri, "--log-format", "json"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        _events(proc, "checkpoint")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    left = fs.get_file_info(pafs.FileSelector("nightly-out", recursive=True))
+    assert [i.path for i in left if i.type == pafs.FileType.File] == []  # no object, no temporary key
+    resumed = subprocess.Popen(cmd + ["--resume"], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        _events(resumed, "resumed")
+        fs.delete_dir("nightly-out")  # the store fails the run's one write: the upload at the end
+        _, stderr = resumed.communicate(timeout=300)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+            resumed.wait()
+    assert resumed.returncode == 5, stderr
+    error = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")][-1]
+    assert uri in error["message"] and "--resume" in error["message"], error
+    fs.create_dir("nightly-out")
+    for _ in range(100):  # SeaweedFS takes a moment to let a bucket made again take uploads
+        try:
+            with fs.open_output_stream("nightly-out/probe") as out:
+                out.write(b"x")
+            fs.delete_file("nightly-out/probe")
+            break
+        except OSError:
+            time.sleep(0.3)
+    done = pcd("label", *base, "-o", uri, "--resume", "--log-format", "json", env=s3_store.env)
+    assert any(json.loads(line).get("event") == "resumed" for line in done.stderr.splitlines() if line.startswith("{"))
+    with fs.open_input_stream("nightly-out/labels/today.parquet") as fh:
+        assert _table(fh.read()).to_pylist() == pq.read_table(reference).to_pylist()
