@@ -160,4 +160,5 @@ def test_replayed_case_ls_tune_swap_memory(tmp_path):
         proc.terminate()
         proc.wait(60)
         log.close()
+    print(done.stdout)  # the case's one line: RSS before, peak and after each round, the state dir
     assert done.returncode == 0, done.stdout + done.stderr
