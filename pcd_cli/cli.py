@@ -121,9 +121,9 @@ class EncodingErrors(str, Enum):
 
 
 ENCODING_ERRORS_OPT = typer.Option(EncodingErrors.strict, "--encoding-errors", help="A JSONL or CSV row with bytes "
-                                   "that are not UTF-8: strict fails the row (into the errors file); replace reads "
-                                   "each such byte as U+FFFD and labels the row, the run's warning and done event "
-                                   "naming the rows (--engine local).")
+                                   "that are not UTF-8: strict fails the row (pcd label: into the errors file); "
+                                   "replace reads each such byte as U+FFFD and keeps the row, a warning naming the "
+                                   "rows (pcd label: also its done event; --engine local).")
 TEXT_FIELD_OPT = typer.Option("text", "--text-field", help="Column holding the text.")
 TEMPLATE_OPT = typer.Option(None, "--template", help="Compose the text from columns, e.g. 'Subject: {subject}\\n\\n{body}'.")
 ADAPTER_OPT = typer.Option(None, "--adapter", help="LoRA adapter folder from `pcd tune --adapter-only`, merged "
@@ -494,6 +494,7 @@ def eval_(
                                                "and at its rules side by side (an output labelled with rules "
                                                "shows them without it; needs --all-probs)."),
     csv_delimiter: str = CSV_DELIMITER_OPT,
+    encoding_errors: EncodingErrors = ENCODING_ERRORS_OPT,
 ) -> None:
     """Measure a pcd output against human gold labels: accuracy, macro-F1, calibration (ECE,
     Brier, NLL), AUROC and selective prediction, per field. Exit 2 on a bad file."""
@@ -515,7 +516,8 @@ def eval_(
             require_matplotlib()
         parsed = load_schema(schema) if schema else None
         frame, _ = read_predictions(predictions)
-        gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
+        gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter,
+                               encoding_errors=encoding_errors.value)
         if calibration is not None:
             from .quality import Calibration
 
@@ -745,6 +747,7 @@ def review(
     text_field: str = TEXT_FIELD_OPT,
     template: Optional[str] = TEMPLATE_OPT,
     csv_delimiter: str = CSV_DELIMITER_OPT,
+    encoding_errors: EncodingErrors = ENCODING_ERRORS_OPT,
     fmt: Optional[Format] = typer.Option(None, "--format", help="Input format (default: from the extension)."),
     check: Optional[bool] = typer.Option(None, "--check/--no-check", help="Check the files with label-studio-sdk "
                                          "or argilla's own classes (default: when installed; --check: exit 3 "
@@ -768,6 +771,7 @@ def review(
         selection = select_for_review(predictions, input, schema=parsed, id_field=id_field, text_field=text_field,
                                       template=template, csv_delimiter=csv_delimiter,
                                       fmt=fmt.value if fmt else None, below=below, sets=sets, sample=sample,
+                                      encoding_errors=encoding_errors.value,
                                       seed=seed, top=top, below_by_field=budget.thresholds if budget else None)
         written, checked = write_review(selection, to.value, output, check=check)
     except PcdError as exc:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..io.readers import InputSpec, detect_format, read_table_rows, row_to_record
+from ..io.readers import InputSpec, ReplacedRow, ReplacedRows, detect_format, read_table_rows, row_to_record
 from ..io.values import occurrence_keys
 from ..schema.model import NULL_LABEL, Field, FieldKind, Schema, whole_number
 
@@ -218,10 +218,12 @@ def read_predictions(path: str | Path) -> tuple[pd.DataFrame, dict[str, str]]:
 
 
 def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
-              csv_delimiter: str = ",") -> pd.DataFrame:
+              csv_delimiter: str = ",", encoding_errors: str = "strict") -> pd.DataFrame:
     """Read a gold file (JSONL, CSV with ``csv_delimiter``, or Parquet) into a frame, every column kept.
 
-    JSONL values keep their JSON types; CSV cells are strings (an empty cell is null). A Label
+    JSONL values keep their JSON types; CSV cells are strings (an empty cell is null); with
+    ``encoding_errors="replace"`` a row's bytes that are not UTF-8 read as U+FFFD, the rows named
+    in the notes' warnings (else such a row refuses the file). A Label
     Studio JSON export, an Argilla export (a records JSON file or a ``to_disk`` folder) and a
     filled ``pcd review --to csv`` spreadsheet are read as gold too (``pcd_cli.io.annotations``);
     their notes (each row's counted answers, whether a response status was read, warnings) are
@@ -241,6 +243,7 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
     if not path.is_file() and not path.is_dir():
         raise InputError(f"{shown}: no such gold file")
     kind = "export" if fmt is None and is_export(path) else detect_format(path, fmt)
+    replaced = ReplacedRows()  # rows read with --encoding-errors replace whose bytes were replaced
     if kind == "export":
         _, rows = read_export(path, id_field=id_field)
     elif kind == "parquet":
@@ -251,9 +254,11 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
         rows = [normalize_row(r) for r in frame.to_dict("records")] \
             if any(str(c).endswith(("__gold", ".responses")) for c in frame.columns) else None
     else:
-        spec = InputSpec(text_field=id_field, csv_delimiter=csv_delimiter)
+        spec = InputSpec(text_field=id_field, csv_delimiter=csv_delimiter, encoding_errors=encoding_errors)
         rows = []
         for line, row in read_table_rows(path, spec, fmt=fmt):  # compressed gold files too
+            if isinstance(row, ReplacedRow):
+                replaced.add(line)
             if isinstance(row, str):
                 raise InputError(f"{shown} line {line}: {row}; fix the gold file (every gold row counts)")
             if kind == "csv" and not rows and is_label_studio_csv(row):
@@ -263,6 +268,8 @@ def read_gold(path: str | Path, *, id_field: str = "id", fmt: str | None = None,
                                  "full format) instead")
             rows.append(normalize_row({k: (None if v == "" else v) for k, v in row.items()} if kind == "csv" else row))
     notes = take_notes(rows, id_field, shown) if rows is not None else {"answers": {}, "status": None, "warnings": []}
+    if replaced.count:  # --encoding-errors replace: the rows are named, as pcd label names them
+        notes["warnings"] = [*notes.get("warnings", ()), f"{shown}: {replaced.message()}"]
     if rows is not None:
         frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({id_field: []})
     if id_field not in frame.columns and "row" in frame.columns:

@@ -128,14 +128,14 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
                       id_field: str = "id", text_field: str = "text", template: str | None = None,
                       csv_delimiter: str = ",", fmt: str | None = None, below: float | None = None,
                       sets: bool = False, sample: int | None = None, seed: int = 0,
-                      top: int | None = None, below_by_field: dict[str, float | None] | None = None
-                      ) -> ReviewSelection:
+                      top: int | None = None, below_by_field: dict[str, float | None] | None = None,
+                      encoding_errors: str = "strict") -> ReviewSelection:
     """Choose the rows of a pcd output to review, most uncertain first (module doc).
 
     Args:
         predictions: a pcd output Parquet file.
         input: the records it was labelled from (JSONL/CSV/Parquet); ``text_field``,
-            ``template``, ``csv_delimiter`` and ``fmt`` as given to ``pcd label``.
+            ``template``, ``csv_delimiter``, ``encoding_errors`` and ``fmt`` as given to ``pcd label``.
         id_field: the id column (as ``pcd eval``): the output's column of that name, else its
             ``row`` column, which matches input rows by position (from 0).
         below: keep rows where some field's probability is below this (a missing one counts).
@@ -191,6 +191,7 @@ def select_for_review(predictions: str | Path, input: str | Path, *, schema: Sch
     chosen = {plain[i] for i in order}
     texts = _texts(input, {ids[i] for i in order}, by_position=id_column == "row" and id_field != "row",
                    spec=InputSpec(text_field=text_field, template=template, csv_delimiter=csv_delimiter,
+                                  encoding_errors=encoding_errors,
                                   id_field=None if id_column == "row" and id_field != "row" else id_column), fmt=fmt,
                    output_rows=Counter(rid for rid in plain if rid in chosen) if repeats else None)
     missing = [ids[i] for i in order if ids[i] not in texts]

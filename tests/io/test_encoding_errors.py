@@ -94,3 +94,30 @@ def test_a_resumed_run_still_names_the_rows_replaced_before_it(tmp_path):
     resumed = label_file(labeler, src, spec, resume=True, **kw)
     assert resumed.decoded < 20 and resumed.failures == 0
     assert (resumed.replaced.count, resumed.replaced.lines) == (2, [4, 19])
+
+
+def test_review_and_eval_read_the_same_input_with_the_same_option(tmp_path):
+    """The file ``pcd label --encoding-errors replace`` labelled is read back the same way by
+    ``pcd review`` (its texts) and ``pcd eval`` (as gold), which name the replaced rows too."""
+    model = tmp_path / "tiny"
+    save_tiny_model(model)
+    schema = tmp_path / "s.yaml"
+    schema.write_text("fields:\n  urgent: {type: boolean}\n")
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"id": "r0", "text": "fine", "urgent": true}\n'
+                    b'{"id": "r1", "text": "' + BAD + b'", "urgent": false}\n')
+    out = tmp_path / "o.parquet"
+    pcd("label", src, "-s", schema, "--model", model, "--id-field", "id", "-o", out, "--all-probs",
+        "--encoding-errors", "replace")
+    sheet = tmp_path / "r.csv"
+    refused = pcd("review", out, src, "--to", "csv", "-o", sheet, code=2)
+    assert "1 of the 2 rows to review have no record" in " ".join(refused.stderr.split())
+    pcd("review", out, src, "--to", "csv", "-o", sheet, "--encoding-errors", "replace")
+    assert "caf\ufffd au lait" in sheet.read_text(encoding="utf-8")
+    strict = pcd("eval", out, src, code=2)
+    assert "bytes that are not valid UTF-8" in " ".join(strict.stderr.split())
+    pcd("eval", out, src, "--encoding-errors", "replace", "--json", tmp_path / "e.json")
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert (report["gold_rows"], report["matched"]) == (2, 2)
+    assert any(w.endswith("1 row has bytes that are not valid UTF-8, read as U+FFFD (--encoding-errors replace): "
+                          "line 2; fix the export to label their text as written") for w in report["warnings"])
