@@ -57,7 +57,6 @@ from ..io.readers import InputSpec, check_input, input_files, read_records, row_
 from ..io.storage import is_remote, local_path
 from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
-from .reuse import INPUT_KEY_COLUMN, input_key, job_parts, keyed_metadata, keyed_schema
 from .summary import RunStats
 
 INSTALL_HINT = "pip install 'pcd-cli[ray]'"
@@ -172,11 +171,10 @@ class LabelWorker:
 
         self.labeler = build_labeler(schema, job)
         self.id_field, self.offsets, self.limit, self.exit_once = job.id_field, offsets, limit, exit_once
-        self.value_schema = self.labeler.output_schema(job.id_field or "row",
+        self.arrow_schema = self.labeler.output_schema(job.id_field or "row",
                                                        pa.string() if job.id_field else pa.int64(),
                                                        all_probs=all_probs)
-        self.arrow_schema = keyed_schema(self.value_schema)  # the content key last (pcd_cli.engines.reuse)
-        meta = self.labeler.metadata() | keyed_metadata(job_parts(self.labeler))
+        meta = self.labeler.metadata()
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
         self.warnings = warnings_json(self.labeler.warnings)
@@ -211,9 +209,7 @@ class LabelWorker:
         passes = self.labeler.forward_passes - before
         done = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordResult)]
         failed = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordFailure)]
-        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.value_schema)
-        labelled = labelled.append_column(self.arrow_schema.field(INPUT_KEY_COLUMN),
-                                          pa.array([input_key(i.text) for i, _, _ in done], pa.string()))
+        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.arrow_schema)
         # failed rows keep their id (when it could be read) in the id column (the first); all else null
         nulls = pa.table({f.name: pa.array([res.id for _, _, res in failed], f.type) if k == 0 else
                           pa.nulls(len(failed), f.type) for k, f in enumerate(self.arrow_schema)},
@@ -657,13 +653,14 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
                               stats, None)
     if metas:
         metadata = json.loads(metas.pop())
-        arrow_schema = keyed_schema(output_schema(
-            schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(), all_probs=all_probs,
-            calibrated="pcd.calibration_sha256" in metadata, sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
-            abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))), spread="pcd.permutations" in metadata))
+        arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
+                                     all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata,
+                                     sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
+                                     abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))),
+                                     spread="pcd.permutations" in metadata)
     else:  # no row reached a worker (an empty input): the columns by the job's own rule, as the local engine
         metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema)
-        arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))
+        arrow_schema = planned_output_schema(schema, job, all_probs=all_probs)
     metadata = metadata | {"pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
         | stats.metadata(Path(str(input_path)).name)
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
