@@ -38,6 +38,7 @@ from .console import (  # noqa: F401 - EXIT_*, write_json: part of the CLI's pub
 from .backends.select import BACKENDS
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .engines.local import DEFAULT_BATCH_RECORDS
+from .engines.reuse import DEFAULT_DEDUP_KEYS
 from .errors import InputError, PcdError, exit_code
 from .server import limits as L
 from .tune import DEFAULT_MASS_WEIGHT
@@ -157,8 +158,6 @@ def _panel(option, panel: str):
     return option
 
 
-_display_type_rich = typer.core.TyperOption.display_type_rich
-
 def _label_job(params: dict, *, besides: tuple[str, ...] = (), **given):
     """The ``LabelJob`` of one command's options: the one place the CLI builds a job.
 
@@ -180,6 +179,8 @@ def _label_job(params: dict, *, besides: tuple[str, ...] = (), **given):
         options["tuned_calibration"] = not params["no_calibration"]
     return LabelJob(**options | given)
 
+
+_display_type_rich = typer.core.TyperOption.display_type_rich
 
 
 def _flag_without_placeholder(self, ctx):
@@ -260,6 +261,12 @@ def label(
                                 "is one (else start afresh). Safe to put in every cron line.", rich_help_panel='Cron'),
     batch_size: int = typer.Option(DEFAULT_BATCH_RECORDS, "--batch-size", min=1, help="Rows per checkpoint "
                                    "(a killed run loses at most the batch in flight).", rich_help_panel='Cron'),
+    reuse: Optional[list[str]] = typer.Option(None, "--reuse", help="An earlier pcd output (file, folder or "
+                                              "glob; repeatable): a row whose text it labelled under the same job "
+                                              "is copied from it, not decoded.", rich_help_panel='Cron'),
+    dedup_keys: int = typer.Option(DEFAULT_DEDUP_KEYS, "--dedup-keys", min=0, help="Distinct texts remembered "
+                                   "so that a repeated text is decoded once (least recently used out; 0: off).",
+                                   rich_help_panel='Cron'),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only warnings and errors.", rich_help_panel='Cron'),
     log_format: LogFormat = typer.Option(LogFormat.text, "--log-format", help="text, or json: one JSON "
                                          "object per line on stderr (events, warnings, errors, summary).", rich_help_panel='Cron'),
@@ -318,7 +325,8 @@ def label(
         job = _label_job(locals(), besides=("trace",))  # the job's trace follows --trace (run_label_job)
         run_args = dict(output=output, errors_path=errors, trace_path=trace, all_probs=all_probs, min_mass=min_mass,
                         fmt=fmt.value if fmt else None, limit=limit, csv_delimiter=csv_delimiter,
-                        max_errors=max_errors, resume=resume, on_event=report)
+                        max_errors=max_errors, resume=resume, on_event=report, reuse=reuse or [],
+                        dedup_keys=dedup_keys)
         if engine is Engine.ray:
             from .engines.ray_engine import run_label_job as run_on_ray
 

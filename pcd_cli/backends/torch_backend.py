@@ -302,6 +302,30 @@ class TorchBackend:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
+    @property
+    def content_key(self) -> str:
+        """SHA-256 (hex) naming the weights this backend runs, for ``pcd label --reuse``'s job
+        fingerprint: ``model_content_key`` of the ``--model`` it was loaded from (``load_backend``
+        sets ``content_source``; a hub id adds the commit its files came from), else (a backend
+        built around a model in memory) the SHA-256 over its parameters' names, dtypes and bytes.
+        Taken once per backend."""
+        key = getattr(self, "_content_key", None)
+        if key is None:
+            source = getattr(self, "content_source", None)
+            key = model_content_key(source[0]) if source is not None else None
+            if key is not None and key.startswith("id:"):
+                key += f"@{source[1] or 'unknown revision'}"
+            if key is None:
+                import torch
+
+                digest = hashlib.sha256()
+                for name, tensor in sorted(self.model.state_dict().items()):
+                    digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+                    digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                key = digest.hexdigest()
+            self._content_key = key
+        return key
+
     def _count_pass(self, *_args) -> None:
         self.forward_passes += 1
 
@@ -505,4 +529,6 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
         raise ModelError(f"--model {model!r}: cannot load it ({str(exc).splitlines()[0]})") from exc
     lm.to(dev)
     lm.generation_config.pad_token_id = lm.generation_config.pad_token_id or tokenizer.pad_token_id
-    return TorchBackend(lm, tokenizer, model_id)
+    backend = TorchBackend(lm, tokenizer, model_id)
+    backend.content_source = (model, getattr(lm.config, "_commit_hash", None))  # for content_key
+    return backend

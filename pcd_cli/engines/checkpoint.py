@@ -51,7 +51,10 @@ FINAL_ROW_GROUP_ROWS = 65_536
 @dataclass
 class Progress:
     """What the committed parts hold. ``rows`` = input rows done = ``records + failures``;
-    ``input_sha256``: the running hash of those rows' raw bytes (``RecordReader.digest``)."""
+    ``input_sha256``: the running hash of those rows' raw bytes (``RecordReader.digest``);
+    ``reused``, ``deduplicated``: records copied rather than decoded (``pcd_cli.engines.reuse``);
+    ``redo``: the last rows done that a resumed run labels again and drops, so that the group of
+    records decoded together across the commit is decoded whole (``ReusingLabeler.redo_for``)."""
 
     parts: int = 0
     rows: int = 0
@@ -59,6 +62,9 @@ class Progress:
     failures: int = 0
     truncated: int = 0
     input_sha256: str = ""
+    reused: int = 0
+    deduplicated: int = 0
+    redo: int = 0
 
 
 def work_dir_for(output: str | Path) -> Path:
@@ -220,7 +226,7 @@ class WorkDir:
 
     # -- committing and reading back ---------------------------------------------------------
     def commit(self, table: pa.Table, errors: list[dict], traces: list[dict], *, truncated: int,
-               input_sha256: str = "") -> None:
+               input_sha256: str = "", reused: int = 0, deduplicated: int = 0, redo: int = 0) -> None:
         """Make one batch durable: its labelled rows, failed rows and traces, then the manifest.
 
         ``table`` has the output columns; ``rows`` done grow by ``table.num_rows + len(errors)``;
@@ -242,13 +248,23 @@ class WorkDir:
         p = self.progress
         self.progress = Progress(parts=index + 1, rows=p.rows + table.num_rows + len(errors),
                                  records=p.records + table.num_rows, failures=p.failures + len(errors),
-                                 truncated=p.truncated + truncated, input_sha256=input_sha256)
+                                 truncated=p.truncated + truncated, input_sha256=input_sha256,
+                                 reused=p.reused + reused, deduplicated=p.deduplicated + deduplicated, redo=redo)
         self._write_manifest()
 
     def tables(self) -> Iterator[pa.Table]:
         """The committed parts' tables, in input order."""
         for i in range(self.progress.parts):
             yield pq.read_table(self._part(i, ".parquet"), schema=self.arrow_schema)
+
+    def failed_rows(self) -> list[int]:
+        """Input rows (from 0) of the committed failed rows, in order."""
+        rows = []
+        for i in range(self.progress.parts):
+            errors = self._part(i, ".errors.jsonl")
+            if errors.is_file():
+                rows += [orjson.loads(line).get("row") for line in errors.read_bytes().splitlines()]
+        return rows
 
     def committed_ids(self) -> Iterator[object]:
         """Ids of the committed rows, labelled and failed (``None`` where unreadable), part by part."""

@@ -19,17 +19,17 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from ..api import Labeler, build_labeler, planned_output_schema
-from ..backends.select import library_versions
 from ..job import OUTPUT_NOT_PARQUET, JobWarning, LabelJob
 from ..errors import InputError, Interrupted, NothingLabelled, TooManyErrors
 from ..io.files import check_writable, clear_stale
-from ..io.output import ParquetSink, base_metadata, check_columns, results_table
+from ..io.output import ParquetSink, base_metadata, check_columns
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
-from ..results import RecordFailure, RecordResult
-from ..schema.model import Schema
-from ..version import __version__
+from ..results import RecordFailure
+from ..schema.model import TRUNCATED_COLUMN, Schema
 from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
+from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, REUSED, Labelled, ReuseIndex, ReuseSource, ReusingLabeler,
+                    job_parts, keyed_metadata, keyed_schema, read_sources)
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -142,7 +142,7 @@ def write_empty_output(schema: Schema, input_path: str | Path, job: LabelJob, *,
         MachineError: a file cannot be written. CalibrationError: ``--abstain-unless-single``
         without label sets, as a run with rows would say.
     """
-    arrow_schema = planned_output_schema(schema, job, all_probs=all_probs)
+    arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))
     stats = RunStats(schema)
     metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema) \
         | stats.metadata(_input_name(input_path))
@@ -174,10 +174,12 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                   min_mass: float = 0.5, fmt: str | None = None, limit: int | None = None,
                   csv_delimiter: str = ",", encoding_errors: str = "strict", progress: bool | None = None,
                   batch_records: int = DEFAULT_BATCH_RECORDS, resume: bool = False, max_errors: int | None = None,
-                  should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None) -> JobRun:
-    """``pcd label``'s whole local job: the checks that need no model (``check_job``), the output
-    of an empty input (``write_empty_output``, no model loaded), else the ``Labeler`` built from
-    ``job`` (``build_labeler``) and every row labelled (``label_file``).
+                  should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None,
+                  reuse: list[str] | None = None, dedup_keys: int = DEFAULT_DEDUP_KEYS) -> JobRun:
+    """``pcd label``'s whole local job: the checks that need no model (``check_job``; the
+    ``--reuse`` files read and checked: ``pcd_cli.engines.reuse.read_sources``), the output of an
+    empty input (``write_empty_output``, no model loaded), else the ``Labeler`` built from ``job``
+    (``build_labeler``) and every row labelled (``label_file``).
 
     Args:
         schema: a ``Schema`` or a schema file path (its warnings are the run's first).
@@ -186,12 +188,15 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
             ``RecordReader``).
         on_event: ``(event, fields, level)``: ``warning`` (``{"code", "message"}``) for each of
             the job's warnings, ``created_folder``, and ``label_file``'s events.
+        reuse: ``--reuse`` values (files, folders, globs of earlier outputs); dedup_keys: the
+            dedup cache's size (``label_file``).
 
     Returns:
         ``JobRun``: the statistics and the warnings.
 
     Raises:
-        InputError: standard input without ``output``; see ``check_job``. SchemaError,
+        InputError: standard input without ``output``; a ``--reuse`` value that is not an
+        earlier pcd output recording what reuse needs; see ``check_job``. SchemaError,
         ModelError, CompileError, CalibrationError: as ``build_labeler``. TooManyErrors,
         Interrupted, NothingLabelled: as ``label_file``.
     """
@@ -224,6 +229,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                                 "folder": str(folder)}, "info")
     if output.suffix.lower() not in (".parquet", ".pq"):
         warn(JobWarning(OUTPUT_NOT_PARQUET, f"{output}: pcd writes Parquet whatever the extension"))
+    sources = read_sources(reuse or [])  # before the model: a file that is not a reusable output is exit 2
     if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
         run.stats = write_empty_output(parsed, input_path, job, output=output, errors_path=errors_path,
                                        trace_path=trace_path, all_probs=all_probs)
@@ -236,7 +242,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
                                trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
                                batch_records=batch_records, resume=resume, max_errors=max_errors,
-                               should_stop=should_stop, on_event=emit)
+                               should_stop=should_stop, on_event=emit, reuse=sources, dedup_keys=dedup_keys)
     except (TooManyErrors, NothingLabelled):
         publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
         raise
@@ -285,34 +291,28 @@ def run_notes(labeler: Labeler, job: LabelJob) -> list[str]:
 
 
 def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, fmt: str | None,
-                    all_probs: bool, trace: bool) -> dict:
-    """Everything that decides a run's output; a resumed run must match it exactly.
+                    all_probs: bool, trace: bool, reuse: list[str] | None = None,
+                    dedup_keys: int = DEFAULT_DEDUP_KEYS) -> dict:
+    """Everything that decides a run's output; a resumed run must match it exactly: the job's
+    value-deciding parts (``pcd_cli.engines.reuse.job_parts``, the fingerprint ``--reuse``
+    compares: model weights, dtype, device, library versions, schema, prompt, calibration, ...),
+    then what names the input and the run.
 
     The input is named by its path (``-`` for standard input), not by size or mtime: a
     resumed run checks the content of the rows already done instead (``WorkDir`` keeps their
-    hash), so an input that only grew resumes, and one edited in place starts over. Device,
-    dtype, token budget per pass and the versions of the backend's libraries (torch and
-    transformers; an MLX run's mlx and mlx-lm: ``backends.select.library_versions``) are included because
-    they can change probabilities (in half precision, beyond rounding); the batch sizes are not.
+    hash), so an input that only grew resumes, and one edited in place starts over. The token
+    budget per pass, the ``--reuse`` files and the dedup cache's size decide which records are
+    packed together (bit-identical on resume); the batch sizes do not.
     """
     return {
-        "pcd_version": __version__, "input": STDIN_NAME if is_stdin(input_path) else canonical(input_path),
+        **job_parts(labeler),
+        "input": STDIN_NAME if is_stdin(input_path) else canonical(input_path),
         "format": fmt, "text_field": spec.text_field, "template": spec.template, "id_field": spec.id_field,
         "limit": spec.limit, "csv_delimiter": spec.csv_delimiter,
         **({"encoding_errors": spec.encoding_errors} if spec.encoding_errors != "strict" else {}),
-        "schema_sha256": labeler.schema.source_sha256, "model": labeler.backend.model_id,
-        "dtype": str(getattr(labeler.backend, "dtype", "")), "device": str(getattr(labeler.backend, "device", "")),
-        "max_tokens_per_pass": labeler.decoder.budget, "scoring": labeler.compiled.scoring,
-        "truncate": labeler.decoder.truncate, "all_probs": all_probs, "trace": trace,
-        "abstain_unless_single": labeler.abstain_unless_single, "abstain_below": labeler.abstain_thresholds,
-        "prior_correction": labeler.priors is not None,
-        **({"permutations": labeler.permutations} if labeler.permutations > 1 else {}),
-        "prompt_head_sha256": labeler.compiled.prompt.head_sha256,
-        "calibration_sha256": labeler.calibration.sha256 if labeler.calibration is not None else None,
-        "libraries": library_versions(labeler.backend),
+        "max_tokens_per_pass": labeler.decoder.budget, "all_probs": all_probs, "trace": trace,
+        "reuse": sorted(reuse or []), "dedup_keys": dedup_keys,
     }
-
-
 #: How standard input is named in fingerprints and output metadata.
 STDIN_NAME = "<stdin>"
 
@@ -328,6 +328,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                batch_records: int = DEFAULT_BATCH_RECORDS, chunk_records: int = CHUNK_RECORDS,
                resume: bool = False, max_errors: int | None = None,
                should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None,
+               reuse: list[ReuseSource] | None = None, dedup_keys: int = DEFAULT_DEDUP_KEYS,
                checkpoint_seconds: float = CHECKPOINT_SECONDS) -> RunStats:
     """Label every row of ``input_path``; each row ends up in ``output`` or in ``errors_path``.
 
@@ -346,7 +347,12 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         max_errors: stop once more rows than this have failed (``None``: never).
         should_stop: polled between chunks; true finishes the run early (``Interrupted``).
         on_event: told ``discarded`` (reason), ``resumed`` (rows) and ``checkpoint``
-            (rows, records, failures) as they happen.
+            (rows, records, failures) as they happen, and ``reuse`` once per ``--reuse`` value.
+        reuse: earlier outputs read by ``pcd_cli.engines.reuse.read_sources`` (``--reuse``): a
+            row whose text one of them labelled under the same job is copied from it
+            (``ReuseIndex``). dedup_keys: distinct texts remembered to decode a repeated
+            text once (``DedupCache``; 0: none). Both counted in ``RunStats.reused`` and
+            ``RunStats.deduplicated``.
 
     ``input_path`` may be ``-`` (standard input; ``fmt`` required), and a ``.gz``/``.zst``
     file (see ``pcd_cli.io.readers.RecordReader``).
@@ -368,16 +374,21 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     trace_path = Path(trace_path) if trace_path else None
     check_job(labeler.schema, input_path, spec, output=output, errors_path=errors_path, trace_path=trace_path,
               all_probs=all_probs, fmt=fmt)
-    arrow_schema = labeler.output_schema(column, pa.string() if spec.id_field else pa.int64(), all_probs=all_probs)
+    arrow_schema = keyed_schema(labeler.output_schema(column, pa.string() if spec.id_field else pa.int64(),
+                                                      all_probs=all_probs))
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
-                                  trace=trace_path is not None)
+                                  trace=trace_path is not None, reuse=[s.path for s in reuse or ()],
+                                  dedup_keys=dedup_keys)
+    parts = job_parts(labeler)
+    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event) if reuse else None
+    rows = ReusingLabeler(labeler, arrow_schema, index, dedup_keys, group_size=chunk_records)
     stats = RunStats(labeler.schema, min_mass=min_mass)
     reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records)
     repeated = stats.repeated_ids if spec.id_field else None
     with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work, closing(reader):
         if work.discarded:
             emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
-        redo = work.progress.rows % chunk_records  # committed rows of the chunk in flight, decoded again
+        redo = work.progress.redo  # committed rows of the group decoded across the commit, labelled again
         if work.progress.rows:
             changed = reader.skip(work.progress.rows, work.progress.input_sha256, replay=redo)
             if changed:
@@ -385,9 +396,15 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                 redo = 0
                 emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
         if work.progress.rows:
+            rows.next_row = work.progress.rows - redo
+            failed = work.failed_rows()
+            replay = rows.next_row - sum(1 for r in failed if r is not None and r < rows.next_row)
             for table in work.tables():
                 stats.add_table(table)
+                rows.replay(table.slice(0, max(0, replay)))  # the dedup cache as it was where feeding resumes
+                replay -= table.num_rows
             stats.failures, stats.truncated = work.progress.failures, work.progress.truncated
+            stats.reused, stats.deduplicated = work.progress.reused, work.progress.deduplicated
             if repeated is not None:
                 for rid in work.committed_ids():
                     repeated.add(rid)
@@ -401,8 +418,9 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             nonlocal pending, last_commit
             last_commit = time.monotonic()
             if pending.rows:
-                work.commit(results_table(pending.results, labeler.schema, arrow_schema), pending.errors,
-                            pending.traces, truncated=pending.truncated,
+                work.commit(pa.Table.from_pylist(pending.results, schema=arrow_schema), pending.errors,
+                            pending.traces, truncated=pending.truncated, reused=pending.reused,
+                            deduplicated=pending.deduplicated, redo=rows.redo_for(work.progress.rows + pending.rows),
                             input_sha256=reader.digest_after(work.progress.rows + pending.rows))
                 pending = _Pending()
                 emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
@@ -431,27 +449,39 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                    disable=None if progress is None else not progress)
         try:
             check_stop()  # a resumed run may be over the limit already; a signal may have come during loading
-            # Chunks start at multiples of chunk_records counted from row 0, whatever --batch-size is,
-            # so a record is packed with the same neighbours in every run (bit-identical on resume, even
-            # in half precision, where packing moves probabilities): a resumed run re-decodes the part
-            # of its first chunk that is already committed and drops it.
-            for chunk in reader:
-                results = labeler.label_batch(chunk)
-                for item, res in list(zip(chunk, results))[redo:]:
+            # The rows to decode go to the decoder chunk_records at a time, counted among such rows
+            # from row 0 whatever --batch-size is (ReusingLabeler), and a commit falls between two
+            # such groups, so a record is packed with the same neighbours in every run (bit-identical
+            # on resume, even in half precision, where packing moves probabilities).
+            def take(released) -> None:
+                nonlocal redo
+                dropped = min(redo, len(released))  # labelled again only to decode their group whole
+                redo -= dropped
+                labelled = []
+                for done in released[dropped:]:
                     if repeated is not None:
-                        repeated.add(item.id)
-                    pending.add(item, res, reader.file_at(item.row) if item.row is not None else None)
-                    if isinstance(res, RecordFailure):
+                        repeated.add(done.item.id)
+                    pending.add(done, reader.file_at(done.item.row) if done.item.row is not None else None)
+                    if isinstance(done.result, RecordFailure):
                         stats.failures += 1
                     else:
-                        stats.add(res)
+                        labelled.append(done.result)
+                    stats.reused += done.kind == REUSED
+                    stats.deduplicated += done.kind == DEDUPLICATED
                     if pending.rows >= batch_records:
+                        stats.add_rows(labelled, arrow_schema)
+                        labelled = []
                         commit()
+                stats.add_rows(labelled, arrow_schema)
+                bar.update(len(released) - dropped)
+
+            for chunk in reader:
+                take(rows.feed(chunk))
                 if time.monotonic() - last_commit >= checkpoint_seconds:
                     commit()
-                bar.update(len(chunk) - redo)
-                redo = 0
                 check_stop()
+            take(rows.flush())
+            check_stop()
             commit()
         finally:
             bar.close()
@@ -461,34 +491,39 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             raise stopped(NothingLabelled, f"no row could be labelled: all {stats.failures} failed; see "
                           f"{errors_path}")
         timed()
-        metadata = labeler.metadata() | stats.metadata(_input_name(input_path))
+        metadata = labeler.metadata() | stats.metadata(_input_name(input_path)) \
+            | keyed_metadata(parts, index.reused_metadata() if index is not None else ())
         work.finish(output, errors_path=errors_path, trace_path=trace_path, metadata=metadata)
     return stats
 
 
 class _Pending:
-    """Rows decoded since the last checkpoint."""
+    """Rows labelled since the last checkpoint: output rows (dicts of the output columns), failed
+    rows, the decoded rows' traces."""
 
     def __init__(self) -> None:
-        self.results: list[RecordResult] = []
+        self.results: list[dict] = []
         self.errors: list[dict] = []
         self.traces: list[dict] = []
-        self.truncated = 0
+        self.truncated = self.reused = self.deduplicated = 0
 
     @property
     def rows(self) -> int:
         return len(self.results) + len(self.errors)
 
-    def add(self, item, res, file: str | None = None) -> None:
+    def add(self, done: Labelled, file: str | None = None) -> None:
         """Keep one row; ``file``: the input file it came from, said in its error row when the input
         is several files (as the Ray engine says it)."""
+        item, res = done.item, done.result
         if isinstance(res, RecordFailure):
             self.errors.append({"row": item.row, "line": item.line, "record": res.id, "error": res.error}
                                | ({"file": file} if file else {}))
             return
         self.results.append(res)
-        self.traces.extend(res.traces)
-        self.truncated += res.truncated
+        self.traces.extend(done.traces)
+        self.truncated += bool(res[TRUNCATED_COLUMN])
+        self.reused += done.kind == REUSED
+        self.deduplicated += done.kind == DEDUPLICATED
 
 
 @contextmanager

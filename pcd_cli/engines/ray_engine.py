@@ -57,6 +57,7 @@ from ..io.readers import InputSpec, check_input, input_files, read_records, row_
 from ..io.storage import is_remote, local_path
 from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
+from .reuse import DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, input_key, job_parts, keyed_metadata, keyed_schema
 from .summary import RunStats
 
 INSTALL_HINT = "pip install 'pcd-cli[ray]'"
@@ -171,10 +172,11 @@ class LabelWorker:
 
         self.labeler = build_labeler(schema, job)
         self.id_field, self.offsets, self.limit, self.exit_once = job.id_field, offsets, limit, exit_once
-        self.arrow_schema = self.labeler.output_schema(job.id_field or "row",
+        self.value_schema = self.labeler.output_schema(job.id_field or "row",
                                                        pa.string() if job.id_field else pa.int64(),
                                                        all_probs=all_probs)
-        meta = self.labeler.metadata()
+        self.arrow_schema = keyed_schema(self.value_schema)  # the content key last (pcd_cli.engines.reuse)
+        meta = self.labeler.metadata() | keyed_metadata(job_parts(self.labeler))
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
         self.warnings = warnings_json(self.labeler.warnings)
@@ -209,7 +211,9 @@ class LabelWorker:
         passes = self.labeler.forward_passes - before
         done = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordResult)]
         failed = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordFailure)]
-        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.arrow_schema)
+        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.value_schema)
+        labelled = labelled.append_column(self.arrow_schema.field(INPUT_KEY_COLUMN),
+                                          pa.array([input_key(i.text) for i, _, _ in done], pa.string()))
         # failed rows keep their id (when it could be read) in the id column (the first); all else null
         nulls = pa.table({f.name: pa.array([res.id for _, _, res in failed], f.type) if k == 0 else
                           pa.nulls(len(failed), f.type) for k, f in enumerate(self.arrow_schema)},
@@ -540,7 +544,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                   all_probs: bool = False, min_mass: float = 0.5, resume: bool = False,
                   trace_path: Path | None = None, max_errors: int | None = None, progress: bool = False,
                   address: str | None = None, workers: int = 1, worker_cpus: float = 1.0, worker_gpus: float = 0.0,
-                  batch_size: int = DEFAULT_BATCH_ROWS, on_event: Callable | None = None):
+                  batch_size: int = DEFAULT_BATCH_ROWS, on_event: Callable | None = None,
+                  reuse: list[str] | None = None, dedup_keys: int = DEFAULT_DEDUP_KEYS):
     """``pcd label --engine ray``'s whole job: the same job and checks as the local engine
     (``pcd_cli.engines.local.run_label_job``), run by ``label_files``; the job's warnings are told
     to ``on_event`` once, after the run (the workers build the labelers).
@@ -563,6 +568,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                          "run is rerun whole); drop --resume or --engine ray")
     if trace_path is not None:
         raise InputError("--trace is for the local engine only; drop it or --engine ray")
+    if reuse:
+        raise InputError("--reuse is for the local engine only for now; drop it or --engine ray")
     if str(input_path) == "-":
         raise InputError("--engine ray reads files, not standard input; write the input to a file")
     if output is None:
@@ -653,14 +660,13 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
                               stats, None)
     if metas:
         metadata = json.loads(metas.pop())
-        arrow_schema = output_schema(schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(),
-                                     all_probs=all_probs, calibrated="pcd.calibration_sha256" in metadata,
-                                     sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
-                                     abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))),
-                                     spread="pcd.permutations" in metadata)
+        arrow_schema = keyed_schema(output_schema(
+            schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(), all_probs=all_probs,
+            calibrated="pcd.calibration_sha256" in metadata, sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
+            abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))), spread="pcd.permutations" in metadata))
     else:  # no row reached a worker (an empty input): the columns by the job's own rule, as the local engine
         metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema)
-        arrow_schema = planned_output_schema(schema, job, all_probs=all_probs)
+        arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))
     metadata = metadata | {"pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
         | stats.metadata(Path(str(input_path)).name)
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})

@@ -18,7 +18,7 @@ from rich.table import Table
 from ..io.values import RepeatedIds
 from ..quality.metrics import one_label
 from ..results import RecordResult
-from ..schema.model import CHANGED_SUFFIX, Schema
+from ..schema.model import CHANGED_SUFFIX, TRUNCATED_COLUMN, Schema
 from ..schema.rules import rule_fields
 
 
@@ -50,6 +50,10 @@ class RunStats:
     failures: int = 0
     truncated: int = 0
     decoded: int = 0  #: records labelled by this process (``records`` also counts a resumed run's earlier ones)
+    #: rows copied from an earlier output of the same job (``--reuse``), no forward pass
+    reused: int = 0
+    #: rows that shared the decode of an identical text earlier in this run (``DedupCache``)
+    deduplicated: int = 0
     forward_passes: int = 0
     seconds: float = 0.0
     fields: list[FieldStats] = field(default_factory=list)
@@ -72,6 +76,18 @@ class RunStats:
         self._add(result.id, [(ABSTAINED if res.value is None else f.labels[res.label], res.prob, res.mass)
                               for f, res in zip(self.schema.fields, result.fields)])
         self.rule_changes.update(f.name for f, res in zip(self.schema.fields, result.fields) if res.changed_by_rules)
+
+    def add_rows(self, rows: list[dict], arrow_schema) -> None:
+        """Count labelled rows of this process given as dicts of the output columns
+        ``arrow_schema`` (as ``pcd_cli.engines.reuse.ReusingLabeler`` gives them: decoded, reused
+        or deduplicated)."""
+        if not rows:
+            return
+        import pyarrow as pa
+
+        self.add_table(pa.Table.from_pylist(rows, schema=arrow_schema))
+        self.truncated += sum(bool(row.get(TRUNCATED_COLUMN)) for row in rows)
+        self.decoded += len(rows)
 
     def add_table(self, table) -> None:
         """Count the labelled rows of an output table (a resumed run's earlier batches).
@@ -111,10 +127,12 @@ class RunStats:
 
     def metadata(self, input_name: str) -> dict[str, str]:
         """The run's part of the output's key-value metadata: ``pcd.input`` (the input file's
-        name, or ``<stdin>``) and the counts ``pcd.records_read|labelled|failed|truncated``."""
+        name, or ``<stdin>``) and the counts ``pcd.records_read|labelled|failed|truncated|reused|
+        deduplicated``."""
         return {"pcd.input": input_name, "pcd.records_read": str(self.read),
                 "pcd.records_labelled": str(self.records), "pcd.records_failed": str(self.failures),
-                "pcd.records_truncated": str(self.truncated)}
+                "pcd.records_truncated": str(self.truncated), "pcd.records_reused": str(self.reused),
+                "pcd.records_deduplicated": str(self.deduplicated)}
 
     @property
     def records_per_second(self) -> float:
@@ -133,6 +151,7 @@ class RunStats:
         n = max(self.records, 1)
         return {
             "read": self.read, "labelled": self.records, "failed": self.failures, "truncated": self.truncated,
+            "reused": self.reused, "deduplicated": self.deduplicated,
             "seconds": round(self.seconds, 3), "records_per_second": round(self.records_per_second, 3),
             "forward_passes_per_record": round(self.passes_per_record, 3),
             "fields": {f.name: {"labels": dict(st.labels.most_common()), "mean_prob": st.prob_sum / n,
@@ -163,7 +182,8 @@ class RunStats:
         """Print the summary: totals, one row per field, the worst low-mass pairs."""
         n = max(self.records, 1)
         console.print(f"{self.read} rows read: [bold]{self.records}[/] records labelled, {self.failures} failed, "
-                      f"{self.truncated} truncated; {len(self.schema.fields)} field{'s' * (len(self.schema.fields) != 1)}, "
+                      f"{self.truncated} truncated, {self.reused} reused, {self.deduplicated} deduplicated; "
+                      f"{len(self.schema.fields)} field{'s' * (len(self.schema.fields) != 1)}, "
                       f"{self.records_per_second:.2f} records/s, {self.passes_per_record:.2f} forward passes per record")
         table = Table(title=f"schema {escape(self.schema.name)}", show_lines=False)
         table.add_column("field")

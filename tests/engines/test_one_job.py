@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pcd_cli.api import planned_output_schema
+from pcd_cli.engines.reuse import INPUT_KEY_COLUMN
 from pcd_cli.job import CALIBRATION_WORSE, TUNE_MISMATCH, TUNED_CALIBRATION_SKIPPED, LabelJob
 
 from ..helpers import keyword_rows, keyword_tune_files, pcd
@@ -109,10 +110,10 @@ def test_label_serve_and_ray_write_the_same_columns_values_and_warnings(name, tu
 
     records = [json.loads(line) for line in (tuned / "rows.jsonl").read_text().splitlines()]
     body, served_warnings = _serve(tuned, extra, monkeypatch, records)
-    expected = local.to_pylist()
+    expected = local.drop_columns([INPUT_KEY_COLUMN]).to_pylist()  # a file's per-row content key (--reuse)
     for row in expected:
         row["refund__probs"] = dict(row["refund__probs"])
-    assert list(body["rows"][0]) == names  # same columns, same order
+    assert list(body["rows"][0]) == names[:-1]  # same columns, same order
     assert body["rows"] == expected  # same values, bit for bit (a request alone on an idle server)
     assert [(w["code"], w["message"]) for w in served_warnings] == local_warnings
     written = {k.decode(): v.decode() for k, v in local.schema.metadata.items()}

@@ -343,8 +343,9 @@ def test_fingerprint_names_what_can_change_results(backend, tmp_path):
     src.write_bytes(_lines({"text": "hello"}))
     fp = job_fingerprint(labeler, src, InputSpec(csv_delimiter=";"), fmt=None, all_probs=False, trace=False)
     assert (fp["device"], fp["dtype"], fp["max_tokens_per_pass"], fp["csv_delimiter"]) == \
-        ("cpu", "torch.float32", 512, ";")
-    assert fp["libraries"] == {"torch": torch.__version__, "transformers": transformers.__version__}
+        ("cpu", "float32", 512, ";")
+    assert fp["libraries"] == f"torch {torch.__version__}, transformers {transformers.__version__}"
+    assert fp["model"] == backend.content_key and len(fp["model"]) == 64  # the weights, not the name
     assert "input_size" not in fp and "input_mtime_ns" not in fp  # the content hash decides instead
     assert job_fingerprint(labeler, "-", InputSpec(), fmt="jsonl", all_probs=False, trace=False)["input"] == "<stdin>"
 

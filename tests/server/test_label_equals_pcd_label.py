@@ -17,6 +17,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
+from pcd_cli.engines.reuse import INPUT_KEY_COLUMN, JOB_PARTS_KEY, REUSED_KEY  # noqa: E402
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.engines.local import label_file  # noqa: E402
 from pcd_cli.io.readers import InputSpec  # noqa: E402
@@ -73,7 +74,7 @@ def test_label_equals_pcd_label_parquet(embedded_backend, tmp_path):
     label_file(Labeler(schema, backend=embedded_backend), source, InputSpec(id_field="id"), output=out,
                errors_path=tmp_path / "errors.jsonl", all_probs=True, progress=False)
     table = pq.read_table(out)
-    expected = table.to_pylist()
+    expected = table.drop_columns([INPUT_KEY_COLUMN]).to_pylist()  # a file's per-row content key (--reuse)
     for row in expected:
         row["is_spam__probs"] = dict(row["is_spam__probs"])
     service = LabelService(ModelHost(loaded=embedded_backend), {"sms": (schema, LabelJob())})
@@ -83,7 +84,8 @@ def test_label_equals_pcd_label_parquet(embedded_backend, tmp_path):
     body = r.json()
     assert body["rows"] == expected  # same columns, same order, same values, bit for bit
     written = {k.decode(): v.decode() for k, v in table.schema.metadata.items() if k.startswith(b"pcd.")}
-    for key in set(written) - {"pcd.created_utc", "pcd.input"}:
+    reuse_only = {JOB_PARTS_KEY, REUSED_KEY, "pcd.records_reused", "pcd.records_deduplicated"}  # a file run's
+    for key in set(written) - {"pcd.created_utc", "pcd.input"} - reuse_only:
         assert body["metadata"][key] == written[key], key
     assert body["errors"] == [] and body["usage"]["records"] == 6 and body["usage"]["input_tokens"] > 6
 

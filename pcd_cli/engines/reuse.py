@@ -1,0 +1,511 @@
+"""Pay only for what changed: rows copied from earlier outputs (``pcd label --reuse``) and
+repeated texts decoded once within a run.
+
+What a row's values depend on is two things: the text the model reads and the job that reads
+it. So every output pcd writes records both:
+
+- per row, ``__input_sha256`` (``INPUT_KEY_COLUMN``): the SHA-256 (hex) of the record's text
+  as the decoder receives it, in UTF-8: after ``--template``/``--text-field`` and the readers'
+  normalisation (``pcd_cli.io.values``), before truncation (the cut is a function of the text
+  and of the job's model and ``--truncate``, both in the fingerprint, so equal keys under an
+  equal job mean byte-identical model input);
+- in its Parquet metadata, ``pcd.job_parts`` (``JOB_PARTS_KEY``): the job fingerprint, one
+  entry per thing that changes a value (``job_parts``: model weights, adapter, backend, dtype,
+  device, torch/transformers versions, schema, prompt head, few-shot examples, scoring,
+  truncation, permutations, isolate_fields, calibration, prior correction, abstaining, pcd's
+  version), and ``pcd.reused`` (``REUSED_KEY``): which outputs this run copied rows from.
+
+The local engine's resume fingerprint (``pcd_cli.engines.local.job_fingerprint``) is these parts
+plus what names the input and the run; they are defined once, here.
+
+A row is then labelled in one of three ways (``ReusingLabeler``):
+
+1. **reused**: its key is in an earlier output of the same job (``ReuseIndex``): that row's
+   values are copied cell for cell (bit for bit), no forward pass;
+2. **deduplicated**: its key was labelled earlier in this run, and is still among the last
+   ``dedup_keys`` distinct keys decoded (``DedupCache``, oldest out): the first copy's
+   values, under this row's own id;
+3. **decoded**: every other row, by the ``Labeler``, in groups of rows to decode.
+
+Every copy keeps its own id and place. Traces (``--trace``) are written for decoded rows only.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..backends.select import library_versions
+from ..errors import InputError
+from ..results import Record, RecordFailure, RecordResult
+from ..version import __version__
+
+#: The per-row content key column (SHA-256 hex of the record text, ``input_key``), last column.
+INPUT_KEY_COLUMN = "__input_sha256"
+#: Output metadata: the job fingerprint (``job_parts``), a JSON object in ``PARTS`` order.
+JOB_PARTS_KEY = "pcd.job_parts"
+#: Output metadata: the outputs rows were copied from, a JSON list of ``{"path", "rows"}``.
+REUSED_KEY = "pcd.reused"
+#: Distinct keys the dedup cache keeps (``--dedup-keys``): a repeated text farther back than
+#: this many distinct texts is decoded again. Memory per entry: the row's values as Python
+#: objects, about 0.3 KB + 0.15 KB per output column (docs/labelling.md).
+DEFAULT_DEDUP_KEYS = 100_000
+
+#: The fingerprint's parts in the order they are compared (the first that differs is named),
+#: each with how a message names it.
+PARTS = (
+    ("pcd_version", "another pcd version"),
+    ("model", "another model (weights)"),
+    ("adapter", "another adapter"),
+    ("backend", "another backend"),
+    ("dtype", "another dtype"),
+    ("device", "another device kind"),
+    ("libraries", "other versions of the backend's libraries (backends.select.KINDS)"),
+    ("schema", "another schema"),
+    ("prompt", "another prompt"),
+    ("examples", "other few-shot examples"),
+    ("scoring", "another --scoring"),
+    ("truncate", "another --truncate"),
+    ("permutations", "another --permutations"),
+    ("isolate_fields", "another isolate_fields"),
+    ("calibration", "another calibration"),
+    ("prior_correction", "another --prior-correction"),
+    ("abstaining", "another abstention (--abstain-below, --abstain-unless-single)"),
+)
+
+
+def input_key(text: str) -> str:
+    """The content key of a record text: SHA-256 (hex) of its UTF-8 bytes (surrogates escaped)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _sha(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr, ensure_ascii=False).encode()).hexdigest()
+
+
+def job_parts(labeler) -> dict[str, str]:
+    """The job fingerprint of ``labeler``: everything that changes a row's values, as ``PARTS``
+    names them (strings; hashes are SHA-256 hex). The device is its kind (``cpu``, ``cuda``,
+    ``mps``); the model is named by its weights (``backend.content_key``: the GGUF or weight
+    files' SHA-256, or the parameters'), not by its name; the token budget per pass and batch
+    sizes are left out (they change how records are packed, which moves values only within
+    the packing bound, 1e-5)."""
+    backend = labeler.backend
+    merged = getattr(backend, "merged_adapter", None)
+    adapter = "none"
+    if merged is not None:
+        from ..backends.torch_backend import model_content_key
+
+        adapter = model_content_key(merged[0])
+    calibration = labeler.calibration
+    return {
+        "pcd_version": __version__,
+        "model": str(getattr(backend, "content_key", None) or f"id:{backend.model_id}"),
+        "adapter": adapter,
+        "backend": type(backend).__name__,
+        "dtype": str(getattr(backend, "dtype_name", "")),
+        "device": str(getattr(backend, "device", "cpu")).split(":")[0],
+        "libraries": ", ".join(f"{name} {version}" for name, version in library_versions(backend).items()),
+        "schema": labeler.schema.source_sha256,
+        "prompt": labeler.compiled.prompt.head_sha256,
+        "examples": _sha([repr(e) for e in labeler.examples]),
+        "scoring": labeler.compiled.scoring,
+        "truncate": labeler.decoder.truncate,
+        "permutations": str(labeler.permutations),
+        "isolate_fields": str(bool(labeler.isolate_fields)).lower(),
+        "calibration": calibration.sha256 if calibration is not None else "none",
+        "prior_correction": "on" if labeler.priors is not None else "off",
+        "abstaining": _sha([labeler.abstain_thresholds, bool(labeler.abstain_unless_single)]),
+    }
+
+
+def first_difference(theirs: dict, ours: dict) -> str | None:
+    """How the earlier output's job ``theirs`` differs from this run's ``ours`` (both
+    ``job_parts``), as a message naming the first differing part in ``PARTS`` order and both
+    values (hashes shortened: ``sha256 ab12cd34... vs 9f3e0a1b...``, the earlier output's first);
+    ``None`` when they are the same job."""
+    for name, said in PARTS:
+        a, b = theirs.get(name), ours.get(name)
+        if a == b:
+            continue
+        if a is None:
+            return f"labelled without a record of its {name.replace('_', ' ')} (an older pcd)"
+        if len(a) == 64 and len(b or "") == 64:
+            return f"labelled with {said} (sha256 {a[:8]}... vs {b[:8]}...)"
+        return f"labelled with {said} ({a} vs {b})"
+    return None
+
+
+def keyed_schema(arrow_schema: pa.Schema) -> pa.Schema:
+    """``arrow_schema`` (an output's columns) with the content key column added last."""
+    return arrow_schema.append(pa.field(INPUT_KEY_COLUMN, pa.string()))
+
+
+def keyed_metadata(parts: dict, reused: Sequence[dict] = ()) -> dict[str, str]:
+    """The reuse part of an output's key-value metadata: ``pcd.job_parts`` and ``pcd.reused``."""
+    return {JOB_PARTS_KEY: json.dumps(parts, ensure_ascii=False),
+            REUSED_KEY: json.dumps(list(reused), ensure_ascii=False)}
+
+
+# -- the earlier outputs ------------------------------------------------------------------------------
+@dataclass
+class ReuseSource:
+    """One earlier output file named by ``--reuse``: its path, job fingerprint and the columns
+    (all but the id) of its rows. ``option`` is the ``--reuse`` value it came from."""
+
+    option: str
+    path: str
+    parts: dict
+    table: pa.Table
+
+
+def reuse_files(option: str) -> list[str]:
+    """The Parquet files one ``--reuse`` value names: a file; a folder (its ``.parquet`` files
+    at any depth, names starting with ``.`` or ``_`` skipped: a ``--engine ray`` output); or a
+    glob. Sorted.
+
+    Raises:
+        InputError: nothing there, or a folder without Parquet files (exit 2).
+    """
+    path = Path(option).expanduser()
+    if path.is_file():
+        return [str(path)]
+    if path.is_dir():
+        files = sorted(str(f) for f in path.rglob("*.parquet") if f.is_file()
+                       and not any(p.startswith((".", "_")) for p in f.relative_to(path).parts))
+        if not files:
+            raise InputError(f"--reuse {option!r}: the folder holds no .parquet file")
+        return files
+    if _glob.has_magic(option):
+        files = sorted(f for f in _glob.glob(str(path), recursive=True) if Path(f).is_file())
+        if not files:
+            raise InputError(f"--reuse {option!r}: no file matches")
+        return files
+    raise InputError(f"--reuse {option!r}: no such file, folder or glob")
+
+
+def read_source(option: str, path: str, *, filesystem=None) -> ReuseSource:
+    """Read one earlier output through pyarrow (``filesystem``: a ``pyarrow.fs`` filesystem for
+    ``path``, ``None``: local), checking that it is a pcd output that recorded what reuse needs.
+
+    Raises:
+        InputError (exit 2, before any model loads): not a Parquet file; not a pcd output; an
+        output written before pcd recorded ``__input_sha256`` and ``pcd.job_parts``.
+    """
+    named = f"--reuse {option!r}" + (f" ({path})" if path != option else "")
+    try:
+        footer = pq.read_metadata(path, filesystem=filesystem)
+        schema = footer.schema.to_arrow_schema()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{named}: not a Parquet file ({str(exc).splitlines()[0]}): nothing can be reused "
+                         "from it; name an earlier pcd output") from None
+    meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+    if "pcd.version" not in meta:
+        raise InputError(f"{named}: not a pcd output (no pcd metadata): nothing can be reused from it; name an "
+                         "earlier pcd label output")
+    if INPUT_KEY_COLUMN not in schema.names or (JOB_PARTS_KEY not in meta and footer.num_rows):
+        raise InputError(f"{named}: written by pcd {meta['pcd.version']} before outputs recorded what --reuse "
+                         f"needs ({INPUT_KEY_COLUMN}, {JOB_PARTS_KEY}): nothing can be reused from it; label it "
+                         "once more without --reuse")
+    try:
+        table = pq.read_table(path, columns=schema.names[1:], filesystem=filesystem)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{named}: cannot be read ({str(exc).splitlines()[0]})") from None
+    return ReuseSource(option, path, json.loads(meta.get(JOB_PARTS_KEY, "{}")), table)
+
+
+def read_sources(options: Sequence[str]) -> list[ReuseSource]:
+    """Every ``--reuse`` value's files, read and checked (``reuse_files``, ``read_source``); no
+    model is needed, so a bad one stops the run (exit 2) before any model loads."""
+    return [read_source(option, path) for option in options for path in reuse_files(option)]
+
+
+def _prefixes(keys: pa.Array) -> np.ndarray:
+    """The first 16 hex digits of each key as a uint64 (nulls and malformed keys: 0)."""
+    text = np.array(keys.to_numpy(zero_copy_only=False).astype("U16"), dtype="U16")
+    out = np.zeros(len(text), dtype=np.uint64)
+    ok = np.char.str_len(text) == 16
+    if ok.any():
+        out[ok] = np.array([int(t, 16) for t in text[ok]], dtype=np.uint64)
+    return out
+
+
+class ReuseIndex:
+    """The rows of earlier outputs of the same job, found by content key.
+
+    Args:
+        sources: the read ``--reuse`` files (``read_sources``).
+        parts: this run's ``job_parts``.
+        arrow_schema: this run's output columns (``keyed_schema``); a source must hold every one
+            of them but the id (with the same type) to be used.
+        on_event: told ``reuse`` once per ``--reuse`` value (``message``: what was found, or
+            why nothing is reused from it).
+
+    Memory: the matching sources' columns (decompressed Arrow) plus 16 bytes per row for the
+    sorted key index (a uint64 prefix of each key and its row). Lookups are a binary search,
+    checked against the full key; on repeated keys the first row (in ``--reuse`` order) wins.
+    """
+
+    def __init__(self, sources: Sequence[ReuseSource], parts: dict, arrow_schema: pa.Schema,
+                 on_event: Callable | None = None):
+        emit = on_event or (lambda *_a: None)
+        self.columns = arrow_schema.names[1:]
+        wanted = pa.schema([arrow_schema.field(n) for n in self.columns])
+        tables, self.paths = [], []
+        refused: dict[str, str] = {}
+        used: dict[str, int] = {}
+        for src in sources:
+            why = "it holds no rows" if not src.table.num_rows else first_difference(src.parts, parts)
+            if why is None:
+                missing = [n for n in self.columns if n not in src.table.column_names
+                           or src.table.schema.field(n).type != wanted.field(n).type]
+                if missing:
+                    why = f"written without the column {missing[0]!r} this run writes (e.g. --all-probs)"
+            if why is not None:
+                refused.setdefault(src.option, why)
+                continue
+            tables.append(src.table.select(self.columns).cast(wanted))
+            self.paths.append(src.path)
+            used[src.option] = used.get(src.option, 0) + src.table.num_rows
+        for option, why in refused.items():
+            if option not in used:
+                emit("reuse", {"message": f"--reuse {option}: {why}: nothing reused", "path": option,
+                               "reason": why}, "warning")
+        for option, rows in used.items():
+            emit("reuse", {"message": f"--reuse {option}: {rows} rows of the same job to copy from", "path": option,
+                           "rows": rows}, "info")
+        self.table = pa.concat_tables(tables) if tables else wanted.empty_table()
+        self.rows_from = np.cumsum([0] + [t.num_rows for t in tables])
+        keys = self.table.column(INPUT_KEY_COLUMN).combine_chunks() if self.table.num_rows else pa.array([], pa.string())
+        self._keys = keys
+        prefixes = _prefixes(keys)
+        self._order = np.argsort(prefixes, kind="stable")
+        self._sorted = prefixes[self._order]
+        #: rows copied from each source path so far (for ``pcd.reused``)
+        self.copied: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def find(self, key: str) -> int | None:
+        """The row of the first earlier row with content key ``key``, or ``None``."""
+        if not len(self._sorted):
+            return None
+        p = np.uint64(int(key[:16], 16))
+        i = int(np.searchsorted(self._sorted, p, side="left"))
+        while i < len(self._sorted) and self._sorted[i] == p:
+            row = int(self._order[i])
+            if self._keys[row].as_py() == key:
+                return row
+            i += 1
+        return None
+
+    def rows(self, indices: Sequence[int]) -> list[dict]:
+        """The earlier rows at ``indices`` as Python values (every column but the id), counted
+        as copied per source."""
+        for i in indices:
+            path = self.paths[int(np.searchsorted(self.rows_from, i, side="right")) - 1]
+            self.copied[path] = self.copied.get(path, 0) + 1
+        return self.table.take(pa.array(indices, pa.int64())).to_pylist()
+
+    def reused_metadata(self) -> list[dict]:
+        """``pcd.reused``: each earlier output with the rows copied from it (only those used)."""
+        return [{"path": p, "rows": n} for p, n in self.copied.items()]
+
+
+class DedupCache:
+    """The values of the last ``capacity`` distinct content keys labelled (decoded) in this run,
+    kept in the order they were first labelled, the oldest out (``capacity`` 0: no dedup). A lookup does not reorder it, so the cache is a
+    function of the labelled rows in input order alone, and a resumed run rebuilds it exactly by
+    putting its committed rows again (``replay``). Each entry holds one row's values (every
+    output column but the id) as Python objects."""
+
+    def __init__(self, capacity: int = DEFAULT_DEDUP_KEYS):
+        self.capacity = capacity
+        self._rows: OrderedDict[str, dict] = OrderedDict()
+
+    def get(self, key: str) -> dict | None:
+        return self._rows.get(key)
+
+    def put(self, key: str, row: dict) -> None:
+        """Remember ``key``'s values (a key already held is left as it is)."""
+        if self.capacity <= 0 or key in self._rows:
+            return
+        self._rows[key] = row
+        if len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+DECODED, REUSED, DEDUPLICATED = "decoded", "reused", "deduplicated"
+
+
+@dataclass
+class Labelled:
+    """One input item once labelled: its output row (a dict of every output column) or its
+    ``RecordFailure``; ``kind``: ``DECODED``, ``REUSED``, ``DEDUPLICATED`` (``None`` for a
+    reader's failure); ``traces``: a decoded row's (``()`` for a copy)."""
+
+    item: object
+    key: str | None = None
+    kind: str | None = None
+    result: object = None
+    traces: tuple = ()
+
+
+class ReusingLabeler:
+    """Labels a stream of records the cheapest exact way (module docstring): each row reused,
+    deduplicated or decoded, every output row a dict of ``arrow_schema``'s columns, in input order.
+
+    The rows to decode are handed to the ``Labeler`` in groups: a group opens at a row to decode
+    and closes once it spans ``group_size`` rows that are not copies (rows to decode, and the
+    readers' failed rows after its first), counted from the input's first row on. Without
+    copies, groups are a fresh run's chunks; a night where 5 % changed packs its changed rows
+    as densely as a fresh run packs all of them. ``feed`` returns the rows whose
+    values are known, in order; a row waits while an earlier one waits for its group. A group is
+    decoded as soon as it is full, and its rows released at once, so a commit after any
+    ``feed`` ends between groups: a resumed run that ``replay``\ s the committed rows makes the
+    same groups and cache, and writes what an uninterrupted run writes, bit for bit.
+
+    Args:
+        labeler: the run's ``pcd_cli.api.Labeler``.
+        arrow_schema: the output columns with the key last (``keyed_schema``).
+        index: the earlier outputs (``ReuseIndex``), or ``None``.
+        dedup_keys: capacity of the ``DedupCache``.
+        group_size: rows to decode handed to the labeler at once.
+    """
+
+    def __init__(self, labeler, arrow_schema: pa.Schema, index: ReuseIndex | None = None,
+                 dedup_keys: int = DEFAULT_DEDUP_KEYS, group_size: int = 16):
+        from ..io.output import results_table
+
+        self._results_table = results_table
+        self.labeler, self.arrow_schema, self.index = labeler, arrow_schema, index
+        self.cache = DedupCache(dedup_keys)
+        self.group_size = group_size
+        self._id = arrow_schema.names[0]
+        self._value_schema = pa.schema(list(arrow_schema)[:-1])  # the key is added per row
+        self._waiting: list[Labelled] = []         # rows not released yet, in input order
+        self._group: dict[str, list[Labelled]] = {}  # key -> its rows in the open group, first decoded
+        self._slots = 0  # rows the open group spans that are not copies (its records, readers' failures)
+        #: input row (from 0) of the next item fed; a resumed run sets it where it starts feeding
+        self.next_row = 0
+        self._spans: list[list] = []  # [first row, row that closed it or None] of the recent groups
+        self._released: list[Labelled] = []
+
+    def replay(self, table: pa.Table) -> None:
+        """Put the rows of a committed output table (a resumed run's earlier batches, up to where
+        it feeds again) in the cache, as labelling them did (reused rows are not cached: the index
+        holds them)."""
+        if self.cache.capacity <= 0 or not table.num_rows:
+            return
+        for row in table.select(table.column_names[1:]).to_pylist():
+            key = row[INPUT_KEY_COLUMN]
+            if self.index is None or self.index.find(key) is None:
+                self.cache.put(key, row)
+
+    def redo_for(self, rows_done: int) -> int:
+        """How many of the first ``rows_done`` input rows a run resumed after committing them must
+        label again (and drop): those of a group decoded across the commit, from its first row
+        (0 when no group spans it). A resumed run feeds from ``rows_done - redo_for(rows_done)``
+        with the cache of the rows before, and makes the same groups."""
+        last = rows_done - 1
+        for first, closed in reversed(self._spans):
+            if first <= last:
+                return rows_done - first if closed is None or closed > last else 0
+        return 0
+
+    def feed(self, items: Sequence[Record | RecordFailure]) -> list[Labelled]:
+        """Classify ``items`` (decoding each group as it fills); the rows released, in order."""
+        for item in items:
+            self._classify(item)
+        out, self._released = self._released, []
+        return out
+
+    def flush(self) -> list[Labelled]:
+        """Decode the open group (the input has ended); every remaining row, in order."""
+        if self._group:
+            self._decode()
+        self._release()
+        out, self._released = self._released, []
+        return out
+
+    def _classify(self, item) -> None:
+        entry = Labelled(item)
+        self._waiting.append(entry)
+        self.next_row += 1
+        if not isinstance(item, Record):
+            entry.result = item
+            if self._group:  # a reader's failure inside a group takes its place, as in a fresh run's chunk
+                self._slots += 1
+                if self._slots >= self.group_size:
+                    self._decode()
+        else:
+            entry.key = key = input_key(item.text)
+            row = self.index.find(key) if self.index is not None else None
+            if row is not None:
+                entry.kind, entry.result = REUSED, {self._id: item.id} | self.index.rows([row])[0]
+            elif key in self._group:
+                entry.kind = DEDUPLICATED
+                self._group[key].append(entry)
+            elif (cached := self.cache.get(key)) is not None:
+                entry.kind, entry.result = DEDUPLICATED, {self._id: item.id} | cached
+            else:
+                entry.kind = DECODED
+                if not self._group:
+                    self._spans.append([self.next_row - 1, None])
+                self._group[key] = [entry]
+                self._slots += 1
+                if self._slots >= self.group_size:
+                    self._decode()
+        self._release()
+
+    def _decode(self) -> None:
+        """Decode the first row of each key of the open group; its copies get its values (the
+        copies of a failed one are decoded on their own, and fail with their own ids)."""
+        group, self._group, self._slots = self._group, {}, 0
+        if self._spans and self._spans[-1][1] is None:
+            self._spans[-1][1] = self.next_row - 1
+            del self._spans[:-64]  # a commit falls within the rows of the last few groups
+        while group:
+            firsts = [entries[0] for entries in group.values()]
+            results = self.labeler.label_batch([e.item for e in firsts])
+            ok = [(e, r) for e, r in zip(firsts, results) if isinstance(r, RecordResult)]
+            table = self._results_table([r for _, r in ok], self.labeler.schema, self._value_schema)
+            rows = {id(e): row | {INPUT_KEY_COLUMN: e.key} for (e, _), row in zip(ok, table.to_pylist())}
+            again: dict[str, list[Labelled]] = {}
+            for entries, first, res in zip(group.values(), firsts, results):
+                first.kind = DECODED
+                if isinstance(res, RecordFailure):
+                    first.result = res
+                    if len(entries) > 1:
+                        again[first.key] = entries[1:]
+                    continue
+                first.result, first.traces = rows[id(first)], res.traces
+                for copy in entries[1:]:
+                    copy.kind, copy.result = DEDUPLICATED, first.result | {self._id: copy.item.id}
+            group = again
+
+    def _release(self) -> None:
+        """Release the rows at the front that are done, caching the values of each."""
+        done = 0
+        for entry in self._waiting:
+            if entry.result is None:
+                break
+            done += 1
+            if entry.kind in (DECODED, DEDUPLICATED) and isinstance(entry.result, dict):
+                self.cache.put(entry.key, {k: v for k, v in entry.result.items() if k != self._id})
+        if done:
+            self._released.extend(self._waiting[:done])
+            del self._waiting[:done]
