@@ -171,10 +171,10 @@ def test_a_killed_run_leaves_no_object_and_a_failed_upload_resumes(tmp_path, s3_
     error = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")][-1]
     assert uri in error["message"] and "--resume" in error["message"], error
     fs.create_dir("nightly-out")
-    for _ in range(100):  # SeaweedFS takes a moment to let a bucket made again take uploads
+    for _ in range(200):  # SeaweedFS takes a while to let a bucket made again store data (tiny writes pass first)
         try:
             with fs.open_output_stream("nightly-out/probe") as out:
-                out.write(b"x")
+                out.write(os.urandom(1 << 20))
             fs.delete_file("nightly-out/probe")
             break
         except OSError:
@@ -183,3 +183,45 @@ def test_a_killed_run_leaves_no_object_and_a_failed_upload_resumes(tmp_path, s3_
     assert any(json.loads(line).get("event") == "resumed" for line in done.stderr.splitlines() if line.startswith("{"))
     with fs.open_input_stream("nightly-out/labels/today.parquet") as fh:
         assert _table(fh.read()).to_pylist() == pq.read_table(reference).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def ray_with_store(tmp_path_factory, s3_store):
+    """A local Ray for this module whose workers reach the session's S3 store (its AWS variables in
+    their environment, as a cluster's nodes have their own credentials), stopped at its end."""
+    ray = pytest.importorskip("ray")
+    assert not ray.is_initialized()
+    cache = tmp_path_factory.mktemp("ray-workers-cache")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"XDG_CACHE_HOME": str(cache), **s3_store.env}})
+    yield
+    ray.shutdown()
+
+
+def test_ray_reads_the_s3_partition_as_the_local_engine_does(ray_with_store, tmp_path, monkeypatch, s3_store):
+    """--engine ray over the same URI: the same files in the same order, the partition column in
+    the template, the same rows, values and errors as the local engine (the tiny model)."""
+    from tests.engines.test_ray_engine import _label, assert_same, files  # noqa: F401  (files: a fixture)
+
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    _export(None, s3_store, "ray")
+    source = f"s3://{s3_store.bucket}/ray/exports/date={DATE}/"
+    model = tmp_path / "tiny"
+    from tests.helpers import ORACLE_SCHEMA, tiny_backend
+
+    backend = tiny_backend(chat_template=True)
+    backend.model.save_pretrained(model)
+    backend.tokenizer._tok.save_pretrained(model)
+    schema = tmp_path / "oracle.json"
+    schema.write_text(json.dumps(ORACLE_SCHEMA))
+    common = [source, "--schema", schema, "--model", model, "--device", "cpu", "--id-field", "id",
+              "--template", "{date}: {body}", "--no-progress"]
+    local = _label([*common, "-o", tmp_path / "local.parquet"])
+    assert local.exit_code == 0, local.output
+    ray = _label([*common, "-o", tmp_path / "ray.parquet", "--engine", "ray", "--batch-size", 2])
+    assert ray.exit_code == 0, ray.output
+    assert_same(pq.read_table(tmp_path / "local.parquet"), pq.read_table(tmp_path / "ray.parquet"))
+    assert jsonl_rows(tmp_path / "ray.errors.jsonl") == jsonl_rows(tmp_path / "local.errors.jsonl")
+    refused = _label([*common, "-o", f"s3://{s3_store.bucket}/ray/out", "--engine", "ray"])
+    assert refused.exit_code == 2 and "--engine ray writes its output folder" in flat(refused.output)
