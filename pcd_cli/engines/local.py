@@ -224,7 +224,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                                   trace_path=trace_path, all_probs=all_probs, fmt=fmt)
     if staged is not None:
         staged.prepare()  # the bucket, the credentials, the right to write: before the model
-    for folder in created:  # writable, not locked by another run
+    for folder in created if staged is None else ():  # writable, not locked by another run (a staging folder goes unsaid)
         emit("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
                                 "folder": str(folder)}, "info")
     if output.suffix.lower() not in (".parquet", ".pq"):
