@@ -40,7 +40,9 @@ demo: install
 		--plot $(OUT)/plots
 	$(ELAPSED)
 	@echo "== airline tweets: pcd tune on 280 other labelled tweets (a LoRA adapter trained through the very decisions pcd reads; the longest part: minutes on a laptop CPU)"
-	$(PCD) tune sample_data/airline_tweets.dev.jsonl -s schemas/airline_sentiment.yaml --epochs 2 -o $(OUT)/airline.tuned
+	@echo "   --objective macro-f1: the folder's calibration also holds a decision rule fitted on the holdout; eval shows argmax vs rule"
+	$(PCD) tune sample_data/airline_tweets.dev.jsonl -s schemas/airline_sentiment.yaml --epochs 2 --objective macro-f1 \
+		-o $(OUT)/airline.tuned
 	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --all-probs \
 		--model $(OUT)/airline.tuned -o $(OUT)/airline.tuned.parquet
 	$(PCD) eval $(OUT)/airline.tuned.parquet sample_data/airline_tweets.jsonl --json $(OUT)/airline.tuned.eval.json \
@@ -49,12 +51,18 @@ demo: install
 	@echo "== SMS: zero-shot on 120 held-out messages, then calibrated on 280 other labelled messages"
 	$(PCD) label sample_data/sms_spam.csv -s schemas/sms_spam.yaml --id-field id --all-probs -o $(OUT)/sms.zero.parquet
 	$(PCD) eval $(OUT)/sms.zero.parquet sample_data/sms_spam.jsonl --json $(OUT)/sms.zero.eval.json --plot $(OUT)/plots
-	$(PCD) calibrate sample_data/sms_spam.dev.jsonl -s schemas/sms_spam.yaml -o $(OUT)/sms.calibration.json \
-		--plot $(OUT)/plots
+	$(PCD) label sample_data/sms_spam.dev.jsonl -s schemas/sms_spam.yaml --id-field id --all-probs -o $(OUT)/sms.dev.parquet
+	$(PCD) calibrate sample_data/sms_spam.dev.jsonl -s schemas/sms_spam.yaml --predictions $(OUT)/sms.dev.parquet \
+		-o $(OUT)/sms.calibration.json --plot $(OUT)/plots
 	$(PCD) label sample_data/sms_spam.csv -s schemas/sms_spam.yaml --id-field id --all-probs \
 		--calibration $(OUT)/sms.calibration.json -o $(OUT)/sms.calibrated.parquet
 	$(PCD) eval $(OUT)/sms.calibrated.parquet sample_data/sms_spam.jsonl --json $(OUT)/sms.calibrated.eval.json \
 		--compare $(OUT)/sms.zero.parquet --plot $(OUT)/plots
+	@echo "== SMS: a decision rule for macro-F1 on the same 280 messages (the likelihood calibration calls almost every"
+	@echo "   message 'not spam'); then the 120 held-out messages at argmax and at the rule, side by side"
+	$(PCD) calibrate sample_data/sms_spam.dev.jsonl -s schemas/sms_spam.yaml --predictions $(OUT)/sms.dev.parquet \
+		--objective macro-f1 -o $(OUT)/sms.rule.json
+	$(PCD) eval $(OUT)/sms.zero.parquet sample_data/sms_spam.jsonl --calibration $(OUT)/sms.rule.json
 	$(ELAPSED)
 	@echo "== support tickets: the 28-field triage schema"
 	$(PCD) label sample_data/support_tickets.jsonl --schema schemas/support_triage.yaml --id-field id \
@@ -88,7 +96,8 @@ demo: install
 	@echo "  they are right (lower is better); NLL: log-loss of the probabilities (lower is better)."
 	@echo "- The embedded SmolLM2-135M runs offline on any laptop but knows little: zero-shot it is near or below the"
 	@echo "  majority baseline. pcd tune teaches it a task from a few hundred labelled rows (tweets above); pcd"
-	@echo "  calibrate only fixes its probabilities (on SMS it mostly learns to answer 'not spam')."
+	@echo "  calibrate only fixes its probabilities (on SMS it mostly learns to answer 'not spam'); calibrate"
+	@echo "  --objective fits the rule that turns them into labels for what you need (macro-F1 above)."
 	@echo "- For real jobs pass a real model: --model Qwen/Qwen2.5-1.5B-Instruct (a hub id, once downloaded), a local"
 	@echo "  folder or a .gguf file; then tune and calibrate it the same way. Run pcd as .venv/bin/pcd."
 	@echo "- Reliability diagrams (accuracy per probability bin against the diagonal): $(OUT)/plots, named"
