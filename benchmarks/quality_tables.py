@@ -1,7 +1,7 @@
 """Write benchmarks/quality.md: the quality benchmarks' log (benchmarks/quality_notes.md) with
 every ``<!-- table: NAME -->`` line replaced by the markdown table NAME rendered from the JSON
 the benchmark scripts wrote (benchmarks/prior_correction.json, tune_quality.json, tune_mass.json,
-quality.json). No model, no network: ``python benchmarks/quality_tables.py`` (``--check`` exits 1
+quality.json, quality_rules.json). No model, no network: ``python benchmarks/quality_tables.py`` (``--check`` exits 1
 when benchmarks/quality.md is not what it would write; tests/test_docs.py runs that check)."""
 
 from __future__ import annotations
@@ -176,8 +176,23 @@ def holdout_v2() -> str:
                   "calibration forced on", "written by tune"], rows)
 
 
+def decision_rules() -> str:
+    """``benchmarks/quality_rules.json`` (``benchmarks/quality.py --rules``): held-out macro-F1 [95 %]
+    and accuracy at argmax, with a likelihood calibration, with the rule, and TF-IDF + LR tuned."""
+    run = _load("quality_rules.json")
+    rows = []
+    for name, s in run["sets"].items():
+        def cell(m):
+            return "refused (floor)" if m is None else \
+                f"{m['value']:.3f} [{m['low']:.3f}, {m['high']:.3f}] / {m['accuracy']:.3f}"
+        rows.append([f"{name} ({s['dev']}/{s['held_out']})", cell(s["argmax"]), cell(s["likelihood_calibration"]),
+                     cell(s["rule"]), cell(s["tfidf_lr_tuned"])])
+    return table(["set (dev/held-out rows)", "argmax", "+ likelihood calibration", f"+ rule ({run['objective']})",
+                  "TF-IDF + LR, its own tuned rule"], rows)
+
+
 TABLES = {f.__name__: f for f in (prior_correction, tune_quality, tune_mass, learning_curve, learning_curve_epochs6,
-                                   kfold, cross_fit, holdout_v2)}
+                                   kfold, cross_fit, holdout_v2, decision_rules)}
 
 
 def render() -> str:
