@@ -319,3 +319,26 @@ def test_a_multi_select_option_decided_by_its_rule_is_chosen_as_the_rule_says():
     assert option_decisions(options) == [None, True, False]
     assert chosen_options(field, [r.probs[0] for r in options], option_decisions(options)) == [1]
     assert chosen_options(field, [r.probs[0] for r in options]) == [2]  # without rules: the threshold alone
+
+
+def test_pcd_eval_of_an_output_labelled_with_a_rule_compares_it_with_argmax(tmp_path):
+    from .test_quality_cli import pcd, write_predictions
+
+    n = 200
+    probs, gold_idx = synthetic(n, 1.0, np.array([1.5, -0.3, -1.2]), seed=4)
+    rule = DecisionRule("macro-f1", LABELS, offsets=(-1.0, 0.4, 0.6))
+    written = rule.decide(probs)
+    df = frame(range(n), f=[LABELS[j] for j in written], f_probs=probs, flag=[True] * n, flag_prob=np.full(n, 0.7))
+    meta = metadata(**{"pcd.calibration_sha256": "c" * 64, "pcd.objective": "macro-f1",
+                       "pcd.decision_rules": json.dumps({"f": {"objective": "macro-f1",
+                                                               "offsets": dict(zip(LABELS, rule.offsets))}})})
+    preds = write_predictions(tmp_path / "p.parquet", df, meta)
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"id": str(i), "f": LABELS[g]}) + "\n" for i, g in enumerate(gold_idx)))
+    text = flat(pcd("eval", preds, gold).stdout)
+    stored = np.array([[p for _, p in row] for row in df["f__probs"]], dtype=np.float32)
+    argmax_f1 = f1_score(gold_idx, stored.argmax(axis=1), average="macro", zero_division=0)
+    rule_f1 = f1_score(gold_idx, written, average="macro", zero_division=0)
+    assert argmax_f1 != pytest.approx(rule_f1, abs=0.01)
+    assert "f: argmax vs the decision rule for macro-f1" in text
+    assert f"│ macro-F1 │ {argmax_f1:.3f} [" in text and f"│ {rule_f1:.3f} [" in text
