@@ -265,7 +265,7 @@ def label(
                                               "glob; repeatable): a row whose text it labelled under the same job "
                                               "is copied from it, not decoded.", rich_help_panel='Cron'),
     dedup_keys: int = typer.Option(DEFAULT_DEDUP_KEYS, "--dedup-keys", min=0, help="Distinct texts remembered "
-                                   "so that a repeated text is decoded once (least recently used out; 0: off).",
+                                   "so that a repeated text is decoded once (the oldest out; 0: off).",
                                    rich_help_panel='Cron'),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only warnings and errors.", rich_help_panel='Cron'),
     log_format: LogFormat = typer.Option(LogFormat.text, "--log-format", help="text, or json: one JSON "
@@ -531,7 +531,7 @@ def eval_(
 
             calibration = Calibration.load(calibration)
         report = evaluate(frame, gold_frame, parsed, id_field=id_field, target_accuracy=target_accuracy,
-                          min_mass=min_mass, calibration=calibration)
+                          min_mass=min_mass, calibration=calibration, error_budget=error_budget)
         out.print(f"scored {escape(str(predictions))} against {escape(str(gold))}", highlight=False)
         render_eval(report, out)
         if compare is not None:

@@ -32,12 +32,10 @@ Every copy keeps its own id and place. Traces (``--trace``) are written for deco
 
 from __future__ import annotations
 
-import glob as _glob
 import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -55,10 +53,11 @@ INPUT_KEY_COLUMN = "__input_sha256"
 JOB_PARTS_KEY = "pcd.job_parts"
 #: Output metadata: the outputs rows were copied from, a JSON list of ``{"path", "rows"}``.
 REUSED_KEY = "pcd.reused"
-#: Distinct keys the dedup cache keeps (``--dedup-keys``): a repeated text farther back than
-#: this many distinct texts is decoded again. Memory per entry: the row's values as Python
-#: objects, about 0.3 KB + 0.15 KB per output column (docs/labelling.md).
-DEFAULT_DEDUP_KEYS = 100_000
+#: Distinct texts the dedup cache keeps (``--dedup-keys``): a repeated text farther back than
+#: this many distinct decoded texts is decoded again. Memory per entry: the row's values as Python
+#: objects, about 0.5 KB + 0.13 KB per output column (measured: 0.6 KB for a one-field schema,
+#: 11 KB for a 28-field one), so the default holds 12 MB to 220 MB (docs/labelling.md).
+DEFAULT_DEDUP_KEYS = 20_000
 
 #: The fingerprint's parts in the order they are compared (the first that differs is named),
 #: each with how a message names it.
@@ -168,40 +167,17 @@ class ReuseSource:
     table: pa.Table
 
 
-def reuse_files(option: str) -> list[str]:
-    """The Parquet files one ``--reuse`` value names: a file; a folder (its ``.parquet`` files
-    at any depth, names starting with ``.`` or ``_`` skipped: a ``--engine ray`` output); or a
-    glob. Sorted.
-
-    Raises:
-        InputError: nothing there, or a folder without Parquet files (exit 2).
-    """
-    path = Path(option).expanduser()
-    if path.is_file():
-        return [str(path)]
-    if path.is_dir():
-        files = sorted(str(f) for f in path.rglob("*.parquet") if f.is_file()
-                       and not any(p.startswith((".", "_")) for p in f.relative_to(path).parts))
-        if not files:
-            raise InputError(f"--reuse {option!r}: the folder holds no .parquet file")
-        return files
-    if _glob.has_magic(option):
-        files = sorted(f for f in _glob.glob(str(path), recursive=True) if Path(f).is_file())
-        if not files:
-            raise InputError(f"--reuse {option!r}: no file matches")
-        return files
-    raise InputError(f"--reuse {option!r}: no such file, folder or glob")
-
-
-def read_source(option: str, path: str, *, filesystem=None) -> ReuseSource:
+def read_source(option: str, path: str, *, filesystem=None, name: str | None = None) -> ReuseSource:
     """Read one earlier output through pyarrow (``filesystem``: a ``pyarrow.fs`` filesystem for
-    ``path``, ``None``: local), checking that it is a pcd output that recorded what reuse needs.
+    ``path``, ``None``: local; ``name``: how messages and ``pcd.reused`` name it, default
+    ``path``), checking that it is a pcd output that recorded what reuse needs.
 
     Raises:
         InputError (exit 2, before any model loads): not a Parquet file; not a pcd output; an
         output written before pcd recorded ``__input_sha256`` and ``pcd.job_parts``.
     """
-    named = f"--reuse {option!r}" + (f" ({path})" if path != option else "")
+    name = name or path
+    named = f"--reuse {option!r}" + (f" ({name})" if name != option else "")
     try:
         footer = pq.read_metadata(path, filesystem=filesystem)
         schema = footer.schema.to_arrow_schema()
@@ -220,13 +196,26 @@ def read_source(option: str, path: str, *, filesystem=None) -> ReuseSource:
         table = pq.read_table(path, columns=schema.names[1:], filesystem=filesystem)
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"{named}: cannot be read ({str(exc).splitlines()[0]})") from None
-    return ReuseSource(option, path, json.loads(meta.get(JOB_PARTS_KEY, "{}")), table)
+    return ReuseSource(option, name, json.loads(meta.get(JOB_PARTS_KEY, "{}")), table)
 
 
 def read_sources(options: Sequence[str]) -> list[ReuseSource]:
-    """Every ``--reuse`` value's files, read and checked (``reuse_files``, ``read_source``); no
-    model is needed, so a bad one stops the run (exit 2) before any model loads."""
-    return [read_source(option, path) for option in options for path in reuse_files(option)]
+    """Every ``--reuse`` value's Parquet files, read and checked (``read_source``): a file, a
+    folder (a ``--engine ray`` output) or a glob, local or a URI, listed as inputs are
+    (``pcd_cli.io.storage.list_files``, through ``pyarrow.fs``). No model is needed, so a bad one
+    stops the run (exit 2) before any model loads.
+
+    Raises:
+        InputError: nothing there, a store problem, or a file ``read_source`` refuses.
+    """
+    from ..io.storage import list_files
+
+    sources = []
+    for option in options:
+        listed = list_files(str(option), extensions=(".parquet", ".pq"), option="--reuse", what=".parquet")
+        sources += [read_source(str(option), path, filesystem=listed.filesystem, name=listed.name(i))
+                    for i, path in enumerate(listed.files)]
+    return sources
 
 
 def _prefixes(keys: pa.Array) -> np.ndarray:
@@ -312,9 +301,10 @@ class ReuseIndex:
     def rows(self, indices: Sequence[int]) -> list[dict]:
         """The earlier rows at ``indices`` as Python values (every column but the id), counted
         as copied per source."""
-        for i in indices:
-            path = self.paths[int(np.searchsorted(self.rows_from, i, side="right")) - 1]
-            self.copied[path] = self.copied.get(path, 0) + 1
+        where = np.searchsorted(self.rows_from, np.asarray(indices, dtype=np.int64), side="right") - 1
+        for source, count in zip(*np.unique(where, return_counts=True)):
+            path = self.paths[int(source)]
+            self.copied[path] = self.copied.get(path, 0) + int(count)
         return self.table.take(pa.array(indices, pa.int64())).to_pylist()
 
     def reused_metadata(self) -> list[dict]:
@@ -430,15 +420,22 @@ class ReusingLabeler:
         """Classify ``items`` (decoding each group as it fills); the rows released, in order."""
         for item in items:
             self._classify(item)
-        out, self._released = self._released, []
-        return out
+        return self._hand_out()
 
     def flush(self) -> list[Labelled]:
         """Decode the open group (the input has ended); every remaining row, in order."""
         if self._group:
             self._decode()
         self._release()
+        return self._hand_out()
+
+    def _hand_out(self) -> list[Labelled]:
+        """The rows released since the last call, the reused ones' values fetched at once."""
         out, self._released = self._released, []
+        reused = [e for e in out if e.kind == REUSED]
+        if reused:
+            for entry, row in zip(reused, self.index.rows([e.result for e in reused])):
+                entry.result = {self._id: entry.item.id} | row
         return out
 
     def _classify(self, item) -> None:
@@ -455,7 +452,7 @@ class ReusingLabeler:
             entry.key = key = input_key(item.text)
             row = self.index.find(key) if self.index is not None else None
             if row is not None:
-                entry.kind, entry.result = REUSED, {self._id: item.id} | self.index.rows([row])[0]
+                entry.kind, entry.result = REUSED, row  # its row of the index: fetched on release, in one take
             elif key in self._group:
                 entry.kind = DEDUPLICATED
                 self._group[key].append(entry)
@@ -499,6 +496,8 @@ class ReusingLabeler:
 
     def _release(self) -> None:
         """Release the rows at the front that are done, caching the values of each."""
+        if not self._waiting or self._waiting[0].result is None:  # blocked by the open group: O(1)
+            return
         done = 0
         for entry in self._waiting:
             if entry.result is None:

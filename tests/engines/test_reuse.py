@@ -210,4 +210,4 @@ def test_cli_reuse_counts_in_the_done_event_and_refuses_what_is_not_a_pcd_output
     assert "before outputs recorded what --reuse needs" in flat(result.stderr)
     result = pcd("label", night2, "-s", schema, "--model", model, "-o", tmp_path / "x.parquet",
                  "--reuse", tmp_path / "missing.parquet", code=2)
-    assert "no such file, folder or glob" in flat(result.stderr)
+    assert "no such input file, folder or glob" in flat(result.stderr)
