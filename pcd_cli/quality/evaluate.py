@@ -245,7 +245,8 @@ SMALL_SAMPLE = 100
 
 
 def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None = None, *, id_field: str = "id",
-             target_accuracy: float | None = None, min_mass: float = 0.5, calibration=None) -> EvalReport:
+             target_accuracy: float | None = None, min_mass: float = 0.5, calibration=None,
+             error_budget: float | None = None) -> EvalReport:
     """Score a pcd output against human gold labels, per field.
 
     Args:
@@ -257,6 +258,9 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
             (else ``row``). Ids are compared as strings.
         target_accuracy: also find the ``__prob`` (and ``__mass``) threshold reaching it.
         min_mass: a field's ``below_min_mass`` is the share of its rows with ``__mass`` below this.
+        error_budget: ``--error-budget E``: ``target_accuracy`` 1 - E, fitted only on gold rows at
+            the floor (``decision.budget_floor_problem``); below it a field gets no threshold (every
+            row to review) and a warning. ``--target-accuracy`` alone measures without the floor.
         calibration: a ``Calibration`` with decision rules (``pcd eval --calibration``) to compare
             with argmax on an output labelled without it (``<f>__probs`` needed). An output labelled
             with rules (``pcd.decision_rules`` metadata) is compared without it. Either way a
@@ -272,6 +276,8 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
             that do not fit the schema.
         ValueError: ``target_accuracy`` outside (0, 1].
     """
+    if error_budget is not None and target_accuracy is None:
+        target_accuracy = 1.0 - error_budget
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise ValueError(f"target_accuracy must be in (0, 1], got {target_accuracy}")
     specs = field_specs(predictions, schema)
@@ -305,8 +311,8 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
     single = [d for d in joined.fields if isinstance(d, FieldData)]
     compared = _rule_comparisons(single, metadata, calibration, warnings)
     fields = tuple(replace(f, decision_rule=compared[f.field]) if f.field in compared else f for f in fields)
-    if target_accuracy is not None and target_accuracy < 1:  # an error budget needs the floor's gold rows
-        fields, floor_warnings = _budget_floor(fields, single, 1.0 - target_accuracy)
+    if error_budget is not None:  # an error budget needs the floor's gold rows
+        fields, floor_warnings = _budget_floor(fields, single, error_budget)
         warnings.extend(floor_warnings)
     multi = tuple(multi_field_report(d) for d in joined.fields if isinstance(d, MultiFieldData))
     for f in fields:

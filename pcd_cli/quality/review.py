@@ -248,7 +248,7 @@ def error_budget_thresholds(predictions: str | Path, gold: str | Path, *, budget
         raise InputError(f"--error-budget {budget}: must be at least 0 and below 1")
     frame, _ = read_predictions(predictions)
     report = evaluate(frame, read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter), schema,
-                      id_field=id_field, target_accuracy=1.0 - budget)
+                      id_field=id_field, target_accuracy=1.0 - budget, error_budget=budget)
     return ErrorBudget(budget, {f.field: f.by_prob.target.threshold for f in report.fields},
                        {f.field: f.by_prob.target.coverage for f in report.fields},
                        {f.field: f.n for f in report.fields},

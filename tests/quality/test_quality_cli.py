@@ -79,7 +79,7 @@ def test_eval_tables_json_and_plots(hand_files, tmp_path, no_model):
     f = report["fields"]["f"]
     assert f["accuracy"] == pytest.approx(4 / 6) and f["confusion"] == [[2, 1, 0], [1, 1, 0], [0, 0, 1]]
     assert f["by_prob"]["target"] == {"target": 0.8, "threshold": pytest.approx(0.71), "coverage": pytest.approx(5 / 6),
-                                      "n": 5, "accuracy": 0.8}
+                                      "n": 5, "accuracy": 0.8, "reason": None}
     assert report["metadata"]["pcd.model"] == "fake-model"
     # what a perfectly calibrated model shows on these 6 rows by chance: far above 0 on so few
     floor = f["ece_floor"]
