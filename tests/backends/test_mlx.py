@@ -500,7 +500,7 @@ def test_mlx_refuses_families_it_cannot_score_exactly(family, tmp_path):
 
 
 @needs_mlx
-@pytest.mark.parametrize("permutations", [pytest.param(1, marks=pytest.mark.full), 2])  # 2: the types and branches
+@pytest.mark.parametrize("permutations", [pytest.param(1, marks=pytest.mark.full), 3])  # 3: the types and branches (balanced: 3-label fields)
 def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, permutations):
     """Multi-select, nullable, ordinal and integer fields (and --permutations branches) on MLX:
     every decision (each ordering's own, from its trace) against MLX's plain forward passes."""
