@@ -183,7 +183,10 @@ def label_errors(report: Reporter, output: Optional[Path], local: bool):
                                f"Resume with: {resume_command()}", "rows": exc.stats.read}, "error")
         raise typer.Exit(130) from None
     except KeyboardInterrupt:  # a second signal: stopped at once; the committed batches are safe
-        message = (f"stopped at once by a second signal; the finished batches are kept in {work_dir_for(output)}. "
+        from .engines.local import stage_outputs
+
+        kept = work_dir_for(stage_outputs(output, None, None)[0]) if local and output else None  # -o s3://: staged
+        message = (f"stopped at once by a second signal; the finished batches are kept in {kept}. "
                    f"Resume with: {resume_command()}") if local and output else \
             "interrupted; nothing was written (a Ray run is rerun whole)"
         report("interrupted", {"message": message}, "error")
