@@ -338,5 +338,7 @@ def render_tune(result, console: Console, *, calibration=None, notes=()) -> None
             console.print(f"calibration of {escape(name)}: {escape(fc.cv['reason'])}; T = {fc.temperature:.3f}; "
                           f"cross-validated ECE {_f(fc.cv['before']['ece'])} -> {_f(fc.cv['after']['ece'])}",
                           highlight=False)
+            if fc.rule is not None:
+                render_rule(name, fc.rule, console)
     for note in notes:
         console.print(escape(note), highlight=False)
