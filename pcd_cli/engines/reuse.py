@@ -479,8 +479,8 @@ class ReusingLabeler:
             firsts = [entries[0] for entries in group.values()]
             results = self.labeler.label_batch([e.item for e in firsts])
             ok = [(e, r) for e, r in zip(firsts, results) if isinstance(r, RecordResult)]
-            table = self._results_table([r for _, r in ok], self.labeler.schema, self._value_schema)
-            rows = {id(e): row | {INPUT_KEY_COLUMN: e.key} for (e, _), row in zip(ok, table.to_pylist())}
+            table = self._results_table([r for _, r in ok], self.labeler.schema, self._value_schema) if ok else None
+            rows = {id(e): row | {INPUT_KEY_COLUMN: e.key} for (e, _), row in zip(ok, table.to_pylist())} if ok else {}
             again: dict[str, list[Labelled]] = {}
             for entries, first, res in zip(group.values(), firsts, results):
                 first.kind = DECODED
