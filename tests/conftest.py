@@ -71,3 +71,4 @@ def s3_store(tmp_path_factory):
         s3_server.stop(store)
         assert store.process.poll() is not None
         assert not s3_server.still_listening(store.ports), "SeaweedFS left a port open"
+        assert not s3_server.leftover_sockets(store.ports), "SeaweedFS left a socket in /tmp"

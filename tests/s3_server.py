@@ -109,7 +109,7 @@ def start(data_dir: Path, timeout: float = 60.0) -> S3Store:
            f"-master.port={master}", f"-master.port.grpc={master_grpc}", "-master.volumeSizeLimitMB=64",
            f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", "-volume.max=8", "-volume.preStopSeconds=0",
            "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
-           f"-filer.localSocket={data_dir / 'filer.sock'}",
+           f"-filer.localSocket={data_dir / 'filer.sock'}", f"-s3.localSocket={data_dir / 's3.sock'}",
            "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", "-s3.port.iceberg=0", "-s3.port.lance=0",
            f"-s3.config={config}", "-s3.autoCreateBucket=false", f"-debug.port={debug}"]
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -150,6 +150,13 @@ def stop(store: S3Store, grace: float = 3.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
+    for path in leftover_sockets(store.ports):  # the master's gRPC socket has no option: made in /tmp
+        path.unlink(missing_ok=True)
+
+
+def leftover_sockets(ports: list[int]) -> list[Path]:
+    """The unix sockets SeaweedFS made in /tmp for ``ports`` that are still there."""
+    return [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
 
 
 def still_listening(ports: list[int]) -> list[int]:

@@ -84,7 +84,14 @@ def test_an_s3_partition_labelled_into_s3_equals_the_local_run(tmp_path, monkeyp
     assert [e["file"] for e in errors] == [f"s3://{s3_store.bucket}/nightly/exports/date={DATE}/part-00000.parquet"]
     assert [e | {"file": None} for e in errors] == [e | {"file": None} for e in local_errors]
     assert errors[0]["record"] == "t3" and "'body'" in errors[0]["error"]
-
+    # the next night reuses that output from the bucket: every row copied, none decoded, same values
+    again = f"s3://{s3_store.bucket}/nightly/out/{DATE}.again.parquet"
+    done = pcd("label", f"s3://{s3_store.bucket}/nightly/exports/date={DATE}/", *ARGS[:-1], "--reuse", uri,
+               "-o", again, "--log-format", "json")
+    event = next(json.loads(line) for line in done.stderr.splitlines() if '"event":"done"' in line.replace(" ", ""))
+    assert event["reused"] == 4, event
+    assert _table(_read(s3_store, f"nightly/out/{DATE}.again.parquet")).select(local.column_names).to_pylist() \
+        == local.to_pylist()
 
 
 def test_store_problems_exit_2_naming_the_uri_before_a_model_loads(tmp_path, s3_store):
