@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from dataclasses import replace
+from importlib.util import find_spec
 from pathlib import Path
 
 from ..errors import InputError, MissingExtra
@@ -23,12 +24,7 @@ API_KEY_ENV = "PCD_API_KEY"
 
 def need_extra() -> None:
     """Raise ``MissingExtra`` (exit 3) naming the install line when the server extra is missing."""
-    missing = []
-    for module in ("starlette", "uvicorn", "prometheus_client"):
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(module)
+    missing = [module for module in ("starlette", "uvicorn", "prometheus_client") if find_spec(module) is None]
     if missing:
         raise MissingExtra(f"pcd serve needs {', '.join(missing)}, which is not installed; install the server "
                            "extra with: pip install 'pcd-cli[serve]'")
