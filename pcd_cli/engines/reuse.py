@@ -272,7 +272,9 @@ class ReuseIndex:
         for option, rows in used.items():
             emit("reuse", {"message": f"--reuse {option}: {rows} rows of the same job to copy from", "path": option,
                            "rows": rows}, "info")
-        self.table = pa.concat_tables(tables) if tables else wanted.empty_table()
+        # one chunk per column: a take on a chunked table costs a pass over all its rows (12 ms per
+        # 16-row take at 1,000,000 rows in 8 row groups; 8 us in one chunk)
+        self.table = pa.concat_tables(tables).combine_chunks() if tables else wanted.empty_table()
         self.rows_from = np.cumsum([0] + [t.num_rows for t in tables])
         keys = self.table.column(INPUT_KEY_COLUMN).combine_chunks() if self.table.num_rows else pa.array([], pa.string())
         self._keys = keys
