@@ -57,7 +57,8 @@ from ..io.readers import InputSpec, check_input, input_files, read_records, row_
 from ..io.storage import is_remote, local_path
 from ..results import Record, RecordFailure, RecordResult
 from ..schema.model import Schema
-from .reuse import DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, input_key, job_parts, keyed_metadata, keyed_schema
+from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, REUSED, Labelled, ReuseIndex, ReusingLabeler,
+                    JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, read_sources)
 from .summary import RunStats
 
 INSTALL_HINT = "pip install 'pcd-cli[ray]'"
@@ -83,11 +84,13 @@ PARSED_SCHEMA = pa.schema([
     pa.field("id", pa.string()),     # the record id as text (null when it could not be read)
     pa.field("text", pa.string()),   # the record's text; null for a failed row
     pa.field("error", pa.string()),  # why the row is unusable; null for a record
+    pa.field("key", pa.string()),    # the record's content key (reuse.input_key); null for a failed row
 ])
 #: Columns the label step adds to the output columns (dropped before writing).
 EXTRA_COLUMNS = (("__pcd_error", pa.string()), ("__pcd_row", pa.int64()), ("__pcd_line", pa.int64()),
                  ("__pcd_file", pa.int32()), ("__pcd_record", pa.string()), ("__pcd_meta", pa.string()),
-                 ("__pcd_passes", pa.int64()), ("__pcd_warnings", pa.string()), ("__pcd_notes", pa.string()))
+                 ("__pcd_passes", pa.int64()), ("__pcd_warnings", pa.string()), ("__pcd_notes", pa.string()),
+                 ("__pcd_kind", pa.string()), ("__pcd_copy_of", pa.int64()), ("__pcd_reuse", pa.string()))
 
 
 def require_ray():
@@ -130,6 +133,7 @@ def _read_files(batch: dict, *, spec: InputSpec, fmt: str, chunk: int) -> Iterat
                 "id": [None if i.id is None else str(i.id) for i in items],  # without --id-field: the row
                 "text": [i.text if isinstance(i, Record) else None for i in items],
                 "error": [i.error if isinstance(i, RecordFailure) else None for i in items],
+                "key": [input_key(i.text) if isinstance(i, Record) else None for i in items],
             }, schema=PARSED_SCHEMA)
 
 
@@ -143,6 +147,7 @@ def _rows_to_parsed(batch: pa.Table, *, spec: InputSpec) -> pa.Table:
         # row_to_record names the row by position, which a distributed dataset has not: name the id
         "error": [i.error.replace("row None:", "record" + (f" {i.id!r}:" if i.id is not None else ":"), 1)
                   if isinstance(i, RecordFailure) else None for i in items],
+        "key": [input_key(i.text) if isinstance(i, Record) else None for i in items],
     }, schema=PARSED_SCHEMA)
 
 
@@ -157,16 +162,26 @@ class LabelWorker:
             (``None``: row numbers). all_probs: add ``__probs``.
         offsets: first global row number of each input file. limit: keep rows below it.
         exit_once: test-only path (see ``EXIT_ONCE_ENV``).
+        reuse: the ``--reuse`` files (``reuse.read_sources``, read once on the driver): the actor
+            builds the ``reuse.ReuseIndex`` against its own ``job_parts`` (the one fingerprint)
+            and labels each batch through a ``reuse.ReusingLabeler``: a row of the same job's
+            earlier output is copied, bit for bit. copies: global row -> the global row of the
+            first row with the same text (the driver's dedup, ``_copies``): such a row is not
+            decoded; its values are filled in from that row's after the label step.
 
     Returns (per call): a table with the output columns (``output.output_schema``) and
     ``EXTRA_COLUMNS``: per row its error (null when labelled), global row, line, file and
-    record id (JSON); on the first row the actor's metadata (JSON), the forward passes
-    the batch took, the job's warnings (``pcd_cli.job.warnings_json``) and its notes (a JSON list:
-    ``pcd_cli.engines.local.run_notes``, computed on the worker's machine).
+    record id (JSON), how it was labelled (``reuse.DECODED``/``REUSED``/``DEDUPLICATED``) and
+    the row it copies (a deduplicated row, values still null); on the first row the actor's
+    metadata (JSON), the forward passes the batch took, the job's warnings
+    (``pcd_cli.job.warnings_json``), its notes (a JSON list: ``pcd_cli.engines.local.run_notes``,
+    computed on the worker's machine) and what it reused (JSON: the index's ``reuse`` events,
+    rows copied per earlier output in this batch).
     """
 
     def __init__(self, schema: Schema, job: LabelJob, all_probs: bool, offsets: list[int] | None = None,
-                 limit: int | None = None, exit_once: str | None = None):
+                 limit: int | None = None, exit_once: str | None = None, reuse: list | None = None,
+                 copies: dict[int, int] | None = None):
         from ..api import build_labeler
         from ..job import warnings_json
 
@@ -183,6 +198,10 @@ class LabelWorker:
         from .local import run_notes
 
         self.notes = json.dumps(run_notes(self.labeler, job))
+        self.reuse_events: list = []
+        self.index = ReuseIndex(reuse, job_parts(self.labeler), self.arrow_schema,
+                                on_event=lambda *event: self.reuse_events.append(event)) if reuse else None
+        self.copies = copies or {}
 
     def _maybe_exit(self) -> None:
         if not self.exit_once:
@@ -207,23 +226,41 @@ class LabelWorker:
                          RecordFailure(rid, r["error"], row, r["line"]))
             files.append(r["file"])
         before = self.labeler.forward_passes
-        results = self.labeler.label_batch(items)
+        if self.index is not None:
+            self.index.copied = {}
+        # a copy of an earlier row whose text no earlier output holds waits for that row's values;
+        # every other row goes through the ReusingLabeler (reused, or decoded in groups)
+        waits = {k for k, i in enumerate(items) if isinstance(i, Record) and i.row in self.copies
+                 and (self.index is None or self.index.find(input_key(i.text)) is None)}
+        rows_labeller = ReusingLabeler(self.labeler, self.arrow_schema, self.index, dedup_keys=0)
+        fed = [i for k, i in enumerate(items) if k not in waits]
+        labelled_rows = iter(rows_labeller.feed(fed) + rows_labeller.flush())
+        entries = [Labelled(i, kind=DEDUPLICATED) if k in waits else next(labelled_rows) for k, i in enumerate(items)]
         passes = self.labeler.forward_passes - before
-        done = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordResult)]
-        failed = [(i, f, res) for i, f, res in zip(items, files, results) if isinstance(res, RecordFailure)]
-        labelled = results_table([res for _, _, res in done], self.labeler.schema, self.value_schema)
-        labelled = labelled.append_column(self.arrow_schema.field(INPUT_KEY_COLUMN),
-                                          pa.array([input_key(i.text) for i, _, _ in done], pa.string()))
+        done = [(e, f) for e, f in zip(entries, files) if e.kind == DEDUPLICATED and e.result is None
+                or isinstance(e.result, dict)]
+        failed = [(e, f) for e, f in zip(entries, files) if isinstance(e.result, RecordFailure)]
+        labelled = pa.Table.from_pylist([e.result if isinstance(e.result, dict) else
+                                         {self.arrow_schema.names[0]: e.item.id, INPUT_KEY_COLUMN: input_key(e.item.text)}
+                                         for e, _ in done], schema=self.arrow_schema)
         # failed rows keep their id (when it could be read) in the id column (the first); all else null
-        nulls = pa.table({f.name: pa.array([res.id for _, _, res in failed], f.type) if k == 0 else
+        nulls = pa.table({f.name: pa.array([e.result.id for e, _ in failed], f.type) if k == 0 else
                           pa.nulls(len(failed), f.type) for k, f in enumerate(self.arrow_schema)},
                          schema=self.arrow_schema)
-        rows = done + failed
+        rows = [(e.item, f, e.result) for e, f in done + failed]
+        kinds = [e.kind for e, _ in done + failed]
+        reuse_said = json.dumps({"events": self.reuse_events, "copied": self.index.copied}) \
+            if self.index is not None else None
         extras = {
-            "__pcd_error": [None] * len(done) + [res.error for _, _, res in failed],
+            "__pcd_kind": kinds,
+            "__pcd_copy_of": [self.copies[e.item.row] if e.kind == DEDUPLICATED and e.result is None else None
+                              for e, _ in done + failed],
+            "__pcd_reuse": [reuse_said] + [None] * (len(rows) - 1) if rows else [],
+            "__pcd_error": [None] * len(done) + [e.result.error for e, _ in failed],
             "__pcd_row": [i.row for i, _, _ in rows], "__pcd_line": [i.line for i, _, _ in rows],
             "__pcd_file": [f for _, f, _ in rows],
-            "__pcd_record": [orjson.dumps(res.id, default=str).decode() for _, _, res in rows],
+            "__pcd_record": [orjson.dumps(res.id if isinstance(res, RecordFailure) else i.id, default=str).decode()
+                             for i, _, res in rows],
             "__pcd_meta": [self.meta] + [None] * (len(rows) - 1) if rows else [],
             "__pcd_passes": [passes] + [None] * (len(rows) - 1) if rows else [],
             "__pcd_warnings": [self.warnings] + [None] * (len(rows) - 1) if rows else [],
@@ -237,7 +274,7 @@ class LabelWorker:
 
 def _label_step(parsed, schema: Schema, job: LabelJob, *, all_probs: bool, workers: int, worker_cpus: float,
                 worker_gpus: float, batch_size: int, max_retries: int, offsets: list[int] | None = None,
-                limit: int | None = None):
+                limit: int | None = None, reuse: list | None = None, copies: dict[int, int] | None = None):
     import ray.data
 
     with warnings.catch_warnings():  # Ray 2.60 names no parameter for the retries yet; remote args still work
@@ -246,7 +283,8 @@ def _label_step(parsed, schema: Schema, job: LabelJob, *, all_probs: bool, worke
             LabelWorker, batch_format="pyarrow", batch_size=batch_size,
             compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=worker_cpus, num_gpus=worker_gpus or None,
             fn_constructor_kwargs={"schema": schema, "job": job, "all_probs": all_probs, "offsets": offsets,
-                                   "limit": limit, "exit_once": os.environ.get(EXIT_ONCE_ENV)},
+                                   "limit": limit, "exit_once": os.environ.get(EXIT_ONCE_ENV), "reuse": reuse,
+                                   "copies": copies},
             max_restarts=max_retries, max_task_retries=max_retries)
 
 
@@ -485,7 +523,8 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
                 min_mass: float = 0.5, address: str | None = None, workers: int = 1, worker_cpus: float = 1.0,
                 worker_gpus: float = 0.0, batch_size: int = DEFAULT_BATCH_ROWS,
                 max_retries: int = DEFAULT_MAX_RETRIES, max_errors: int | None = None, progress: bool = False,
-                on_event: Callable[[str, dict], None] | None = None) -> RayRun:
+                on_event: Callable[[str, dict], None] | None = None, reuse: list | None = None,
+                dedup_keys: int = DEFAULT_DEDUP_KEYS) -> RayRun:
     """``pcd label --engine ray``: label every row of INPUT on Ray; each row ends up in the Parquet
     folder ``output`` or in ``errors_path`` (module docstring: the steps).
 
@@ -498,6 +537,10 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
         batch_size: rows per actor call. max_retries: restarts of a dead actor and retries of its batch.
         max_errors: fail (exit 1) when more rows than this failed; checked after reading and
             after labelling.
+        reuse: the ``--reuse`` files (``reuse.read_sources``), sent to every actor (``LabelWorker``);
+            dedup_keys: distinct texts the driver remembers to label a repeated text once
+            (``_copies``; 0: none). Counted in ``RunStats.reused``/``deduplicated`` as the local
+            engine counts them.
 
     Returns:
         ``RayRun``; ``stats.read == stats.records + stats.failures`` covers every input row.
@@ -508,7 +551,7 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
         CalibrationError: raised by the workers' ``Labeler``. TooManyErrors, NothingLabelled:
         the errors file is written, the output is not.
     """
-    emit = on_event or (lambda _name, _fields: None)
+    emit = on_event or (lambda *_event: None)
     files, kind = resolve_inputs(input_path, fmt)
     check_outputs(files, input_path, output, errors_path)
     output, errors_path = Path(output), Path(errors_path)
@@ -532,7 +575,8 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
                     errors_path=errors_path, tmp_dir=tmp_dir, all_probs=all_probs, min_mass=min_mass,
                     workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
                     max_retries=max_retries, max_errors=max_errors, startup=startup,
-                    address=(address or "local") if started_here else (address or "running"))
+                    address=(address or "local") if started_here else (address or "running"), reuse=reuse or [],
+                    dedup_keys=dedup_keys, emit=emit)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if started_here:
@@ -568,8 +612,6 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                          "run is rerun whole); drop --resume or --engine ray")
     if trace_path is not None:
         raise InputError("--trace is for the local engine only; drop it or --engine ray")
-    if reuse:
-        raise InputError("--reuse is for the local engine only for now; drop it or --engine ray")
     if str(input_path) == "-":
         raise InputError("--engine ray reads files, not standard input; write the input to a file")
     if output is None:
@@ -587,10 +629,12 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         emit("warning", warning.to_dict(), "warning")
     # the columns here; inputs (files, folders, globs) and the output folder in label_files
     check_columns(parsed, id_column(spec), all_probs=all_probs)
+    sources = read_sources(reuse or [])  # before Ray and the model: a file that is not a reusable output is exit 2
     done = label_files(input_path, parsed, spec, job, output=output, errors_path=errors_path, fmt=fmt,
                        all_probs=all_probs, min_mass=min_mass, address=address, workers=workers,
                        worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
-                       max_errors=max_errors, progress=progress, on_event=on_event)
+                       max_errors=max_errors, progress=progress, on_event=on_event, reuse=sources,
+                       dedup_keys=dedup_keys)
     for warning in done.warnings:
         run.warnings.append(warning)
         emit("warning", warning.to_dict(), "warning")
@@ -601,7 +645,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
 
 def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path, tmp_dir, all_probs,
          min_mass, workers, worker_cpus, worker_gpus, batch_size, max_retries, max_errors, startup,
-         address) -> RayRun:
+         address, reuse=(), dedup_keys=DEFAULT_DEDUP_KEYS, emit=None) -> RayRun:
     stats = RunStats(schema, min_mass=min_mass)
     listing = ray.data.from_items([{"file": i, "path": str(f)} for i, f in enumerate(files)],
                                   override_num_blocks=len(files))
@@ -621,14 +665,29 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
             for count in pc.value_counts(batch.column("file")).to_pylist():
                 counts[count["values"]] += count["counts"]
         offsets = [sum(counts[:i]) for i in range(len(counts))]
+    limit = spec.limit if offsets else None
+    copies = _copies(parsed, offsets, limit, dedup_keys)
     started = time.perf_counter()
     labelled = _run_step("label", lambda: _label_step(
         parsed, schema, job, all_probs=all_probs, workers=workers,
         worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size, max_retries=max_retries,
-        offsets=offsets, limit=spec.limit if offsets else None).materialize(), max_retries)
+        offsets=offsets, limit=limit, reuse=list(reuse), copies=copies).materialize(), max_retries)
+    if copies:  # the deduplicated rows get their first copy's values (or its failure)
+        labelled = _run_step("label", lambda: _fill_copies(labelled, set(copies.values())), max_retries)
     stats.seconds = time.perf_counter() - started
     errors, metas, said, noted = [], set(), set(), {}
+    reuse_said, copied = {}, {}
     for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=None):
+        kinds = pc.value_counts(batch.filter(pc.is_null(batch.column("__pcd_error"))).column("__pcd_kind")).to_pylist()
+        counted = {k["values"]: k["counts"] for k in kinds}
+        stats.reused += counted.get(REUSED, 0)
+        stats.deduplicated += counted.get(DEDUPLICATED, 0)
+        for text in batch.column("__pcd_reuse").to_pylist():
+            if text:
+                told = json.loads(text)
+                reuse_said.update((json.dumps(e, sort_keys=True), e) for e in told["events"])
+                for path, n in told["copied"].items():
+                    copied[path] = copied.get(path, 0) + n
         names = [n for n in batch.column_names if not n.startswith("__pcd_")]
         ok = pc.is_null(batch.column("__pcd_error"))
         done = batch.filter(ok)
@@ -648,6 +707,8 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
     if len(metas) > 1:
         raise EngineError("the workers built different prompts or models (their metadata differ: "
                           f"{sorted(metas)[:2]}); install the same pcd, model files and options on every node")
+    for event in reuse_said.values():
+        emit(*event)
     run = RayRun(stats, startup, address, workers,
                  list(dict.fromkeys(w for text in sorted(said) for w in warnings_from_json(text))), list(noted))
     if max_errors is not None and stats.failures > max_errors:
@@ -669,6 +730,9 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))
     metadata = metadata | {"pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
         | stats.metadata(Path(str(input_path)).name)
+    if JOB_PARTS_KEY in metadata:  # the workers' fingerprint, with the rows copied (as the local engine's pcd.reused)
+        metadata |= keyed_metadata(json.loads(metadata[JOB_PARTS_KEY]),
+                                   [{"path": p, "rows": n} for p, n in copied.items()])
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
     if stats.records:
         _run_step("write", lambda: labelled.map_batches(
@@ -685,6 +749,66 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         clear_stale(errors_path)  # an earlier run's errors would mislead
     _publish(tmp_dir, write_target(output))  # the output last: its presence means the run is complete
     return run
+
+
+def _copies(parsed, offsets: list[int] | None, limit: int | None, dedup_keys: int) -> dict[int, int]:
+    """The driver's dedup: global row -> the global row of the first row with the same content
+    key (the read step's ``key``), for every record whose text a row before it had, within the
+    last ``dedup_keys`` distinct texts (oldest out, as ``reuse.DedupCache``; 0: no dedup). The
+    keys come to the driver (64 bytes per row); the dict holds the copies only.
+
+    Unlike the local engine's cache, the window counts texts an earlier output holds too (the
+    driver has no model to compute the job fingerprint), so past ``dedup_keys`` distinct texts
+    a copy may be decoded where the local engine shares it; below it the two count the same."""
+    if dedup_keys <= 0:
+        return {}
+    rows, keys = [], []
+    for batch in parsed.select_columns(["file", "row", "key"]).iter_batches(batch_format="pyarrow", batch_size=None):
+        batch = batch.filter(pc.is_valid(batch.column("key")))
+        row = batch.column("row").to_pylist()
+        if offsets is not None:
+            row = [offsets[f] + r for f, r in zip(batch.column("file").to_pylist(), row)]
+        rows += row
+        keys += batch.column("key").to_pylist()
+    seen: dict[str, int] = {}  # insertion order: the oldest first
+    copies = {}
+    for row, key in sorted(zip(rows, keys)):
+        if limit is not None and row >= limit:
+            continue
+        first = seen.get(key)
+        if first is not None:
+            copies[row] = first
+            continue
+        seen[key] = row
+        if len(seen) > dedup_keys:
+            del seen[next(iter(seen))]
+    return copies
+
+
+def _fill_copies(labelled, firsts: set[int]):
+    """The label step's output with each deduplicated row given its first copy's values under
+    its own id (``__pcd_copy_of``), or, when that row failed, its failure (the local engine
+    decodes such a copy again on its own; here it fails as its first copy did)."""
+    found: dict[int, dict | str] = {}
+    for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=None):
+        hit = batch.filter(pc.is_in(batch.column("__pcd_row"), pa.array(sorted(firsts), pa.int64())))
+        names = [n for n in hit.column_names if not n.startswith("__pcd_")]
+        for r in hit.to_pylist():
+            found[r["__pcd_row"]] = r["__pcd_error"] or {n: r[n] for n in names[1:]}
+
+    def fill(batch: pa.Table) -> pa.Table:
+        if batch.column("__pcd_copy_of").null_count == batch.num_rows:
+            return batch
+        rows = batch.to_pylist()
+        for r in rows:
+            first = found.get(r["__pcd_copy_of"]) if r["__pcd_copy_of"] is not None else None
+            if isinstance(first, dict):
+                r.update(first)
+            elif isinstance(first, str):
+                r["__pcd_error"] = first
+        return pa.Table.from_pylist(rows, schema=batch.schema)
+
+    return labelled.map_batches(fill, batch_format="pyarrow", batch_size=None).materialize()
 
 
 def _write_errors(errors: list[dict], path: Path) -> None:

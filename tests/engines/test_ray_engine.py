@@ -239,3 +239,48 @@ def test_the_bfloat16_note_is_said_once_by_a_ray_run_as_by_the_local_engine(loca
                                               "max_abs_dprob": 0.063}, schema="tweets", records=30)
     said = _ray(files, files["jsonl"], tmp_path / "out.parquet", 2).output  # two workers, one note
     assert said.count("pcd bench measured --dtype bfloat16 1.68x faster for this model") == 1, said
+
+
+def test_ray_reuse_and_dedup_same_values_and_counts_as_local(local_ray, files, tmp_path):
+    """Issue #43 item 6 on its example at small size: night 2 (2 edited, 2 new, 2 copies of those,
+    a copy of an unchanged text) with ``--reuse`` night 1 gives on Ray (2 workers, 3-row batches:
+    copies in other batches than their first) the local engine's rows, values and counts."""
+    texts = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:12]
+    night1 = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
+    night2 = [dict(r) for r in night1]
+    night2[3]["text"] += " (edited: still waiting)"
+    night2[9]["text"] = "Different text now: " + night2[9]["text"]
+    night2 += [{"id": "t12", "text": "New ticket: my bag never arrived"},
+               {"id": "t13", "text": "New ticket: refund me for the cancelled flight"},
+               {"id": "t14", "text": night2[3]["text"]},  # the edited text again: deduplicated
+               {"id": "t15", "text": "New ticket: my bag never arrived"},  # deduplicated
+               {"id": "t16", "text": texts[5]}]  # an unchanged text again: reused
+    for name, rows in (("night1", night1), ("night2", night2)):
+        (tmp_path / f"{name}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    extra = ["--id-field", "id"]
+    first = _local(files, tmp_path / "night1.jsonl", tmp_path / "n1.parquet", extra)
+    reuse = ["--reuse", tmp_path / "n1.parquet", "--log-format", "json", *extra]
+
+    def done(result):
+        return [json.loads(line) for line in result.stderr.splitlines() if '"done"' in line][0]
+
+    local_run = _label([tmp_path / "night2.jsonl", "--schema", files["schema"], "--model", files["model"], "--device",
+                        "cpu", "--all-probs", "-o", tmp_path / "local.parquet", "--no-progress", *reuse])
+    assert local_run.exit_code == 0, local_run.output
+    ray_run = _ray(files, tmp_path / "night2.jsonl", tmp_path / "ray.parquet", 2, reuse)
+    want, got = done(local_run), done(ray_run)
+    assert (got["reused"], got["deduplicated"], got["labelled"]) == (want["reused"], want["deduplicated"],
+                                                                     want["labelled"]) == (11, 2, 17)
+    assert any("rows of the same job to copy from" in line for line in ray_run.stderr.splitlines())
+    local, remote = pq.read_table(tmp_path / "local.parquet"), pq.read_table(tmp_path / "ray.parquet")
+    assert_same(local, remote)  # rows, order, values (1e-5), metadata: pcd.reused, pcd.records_reused/deduplicated
+    by_id = {r["id"]: r for r in first.to_pylist()}
+    rows = {r["id"]: r for r in remote.to_pylist()}
+    for rid in [f"t{i}" for i in range(12) if i not in (3, 9)]:
+        assert rows[rid] == by_id[rid]  # reused: night 1's row, every column, bit for bit
+    assert {k: v for k, v in rows["t16"].items() if k != "id"} == {k: v for k, v in by_id["t5"].items() if k != "id"}
+    for copy, of in (("t14", "t3"), ("t15", "t12")):  # a copy: its first copy's values under its own id
+        assert {k: v for k, v in rows[copy].items() if k != "id"} == {k: v for k, v in rows[of].items() if k != "id"}
+    # only the 4 changed texts were decoded: fewer passes per record than a fresh Ray run of night 2
+    fresh = done(_ray(files, tmp_path / "night2.jsonl", tmp_path / "fresh.parquet", 2, ["--log-format", "json", *extra]))
+    assert 0 < got["forward_passes_per_record"] < fresh["forward_passes_per_record"]
