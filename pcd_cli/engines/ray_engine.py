@@ -25,6 +25,12 @@ A run is four Ray Data steps; the driver (the ``pcd`` process) only plans and co
 Not the same as the local engine: no checkpoints (``--resume`` is local-only; a failed Ray run
 is rerun whole), no ``--trace``, ``--max-errors`` is checked after reading and after
 labelling rather than as rows go, and the output is a folder of Parquet files.
+
+``--reuse`` and repeated texts decoded once give the local engine's rows and counts: each
+actor labels through a ``reuse.ReusingLabeler`` over the ``--reuse`` files (its own
+``job_parts``: one fingerprint), and the driver's ``_copies`` finds the repeats across actors
+from the read step's content keys; their values are filled in after the label step
+(``_fill_copies``).
 """
 
 from __future__ import annotations
