@@ -56,12 +56,12 @@ import pyarrow.parquet as pq
 
 from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..io.files import check_writable, clear_stale, write_atomic, write_target
-from ..io.output import base_metadata, output_schema, results_table
+from ..io.output import base_metadata, output_schema
 from ..api import planned_output_schema
 from ..job import LabelJob, warnings_from_json
 from ..io.readers import InputSpec, check_input, input_files, read_records, row_to_record
 from ..io.storage import is_remote, local_path
-from ..results import Record, RecordFailure, RecordResult
+from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, REUSED, Labelled, ReuseIndex, ReusingLabeler,
                     JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, read_sources)
