@@ -193,7 +193,7 @@ def test_worker_options_need_engine_ray(files, tmp_path):
 def test_glob_input_needs_an_output_folder(files):
     result = _label([str(files["parts"] / "*.parquet"), "--schema", files["schema"], "--engine", "ray"])
     assert result.exit_code == 2
-    assert "with a glob INPUT, name the output folder" in result.output
+    assert "name the output folder with -o (a glob or an object-storage input has no folder" in result.output
 
 
 def _ray_processes() -> dict[int, str]:
