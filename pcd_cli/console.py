@@ -155,7 +155,7 @@ class Reporter:
         if event == "resumed":
             text = f"resuming: {fields['rows']} rows were done by an earlier run ({fields['work_dir']})"
         elif "reason" in fields or "message" in fields:
-            text = fields.get("reason") or fields["message"]
+            text = fields.get("message") or fields["reason"]
         else:
             return  # checkpoints show in the progress bar; the summary is rendered by the caller
         if level == "info" and self.quiet:

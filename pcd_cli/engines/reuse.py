@@ -70,12 +70,13 @@ PARTS = (
     ("device", "another device kind"),
     ("libraries", "other versions of the backend's libraries (backends.select.KINDS)"),
     ("schema", "another schema"),
-    ("prompt", "another prompt"),
+    # the options that change the prompt come before it, so that the message names the option
     ("examples", "other few-shot examples"),
     ("scoring", "another --scoring"),
     ("truncate", "another --truncate"),
     ("permutations", "another --permutations"),
     ("isolate_fields", "another isolate_fields"),
+    ("prompt", "another prompt"),
     ("calibration", "another calibration"),
     ("prior_correction", "another --prior-correction"),
     ("abstaining", "another abstention (--abstain-below, --abstain-unless-single)"),
@@ -138,10 +139,19 @@ def first_difference(theirs: dict, ours: dict) -> str | None:
             continue
         if a is None:
             return f"labelled without a record of its {name.replace('_', ' ')} (an older pcd)"
-        if len(a) == 64 and len(b or "") == 64:
+        if _is_sha256(a) and _is_sha256(b):
             return f"labelled with {said} (sha256 {a[:8]}... vs {b[:8]}...)"
-        return f"labelled with {said} ({a} vs {b})"
+        return f"labelled with {said} ({_short(a)} vs {_short(b)})"
     return None
+
+
+def _is_sha256(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _short(value) -> str:
+    """A sha256 as ``sha256`` and its first 8 hex digits; anything else (``none``) as it is."""
+    return f"sha256 {value[:8]}..." if _is_sha256(value) else str(value)
 
 
 def keyed_schema(arrow_schema: pa.Schema) -> pa.Schema:
