@@ -72,7 +72,7 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     from .quality import fit_calibration, read_gold, read_predictions
     from .quality.calibration import (check_coverage_rows, check_output_path, rule_fit_warnings,
                                       worse_calibration_warnings)
-    from .quality.decision import parse_objective
+    from .quality.decision import check_objective_labels, parse_objective
     from .quality.data import drop_example_rows
 
     if predictions is not None and job.examples is not None:
@@ -82,6 +82,8 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     if isinstance(objective, str):  # a bad objective or cost file: refused before the model loads
         objective = parse_objective(objective)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
+    if objective is not None:
+        check_objective_labels(objective, parsed.fields)  # a label no field has: before the model loads
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
     check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
     notes: list[str] = []
@@ -179,6 +181,10 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
     if parsed.isolate_fields or job.isolate_fields:  # the trainer reads the shared-catalog prompt only
         raise InputError("pcd tune trains the shared-catalog prompt; isolate_fields is not trained yet: tune "
                          "without it (drop isolate_fields: true / --isolate-fields) and label the same way")
+    if config.objective:
+        from .quality.decision import check_objective_labels, parse_objective
+
+        check_objective_labels(parse_objective(config.objective), parsed.fields)  # before the model loads
     job = replace(job, id_field=id_field, backend=TRAINING_BACKEND, calibration=None, tuned_calibration=False,
                   scoring=config.scoring, permutations=config.permutations,
                   max_tokens_per_pass=config.max_tokens_per_pass)

@@ -96,7 +96,7 @@ def parse_objective(text: str) -> Objective:
     if kind in ("precision", "recall"):
         label, ge, floor = rest.rpartition(">=")
         if not ge or not label:
-            raise InputError(f"--objective {text!r}: expected {kind}:LABEL>=P, e.g. {kind}:spam>=0.9")
+            raise InputError(f"--objective {text!r}: expected {kind}:LABEL>=P, e.g. {kind}:true>=0.9")
         try:
             value = float(floor)
         except ValueError:
@@ -105,6 +105,24 @@ def parse_objective(text: str) -> Objective:
             raise InputError(f"--objective {text!r}: the floor must be in (0, 1], got {value:g}")
         return Objective(kind, text, label=label, floor=value)
     raise InputError(bad)
+
+
+def check_objective_labels(objective: Objective, fields) -> None:
+    """Refuse, before any model loads, an objective naming a label no decision field has.
+
+    ``fields``: the schema's decision fields (``Schema.fields``: a multi-select field's options
+    are boolean fields ``<field>.<option>`` with the labels ``true``/``false``).
+
+    Raises:
+        InputError: ``f1:LABEL``, ``precision:LABEL>=P`` or ``recall:LABEL>=R`` whose LABEL is
+            the label of no field; the message lists the labels there are (exit 2).
+    """
+    if objective.kind not in LABEL_OBJECTIVES:
+        return
+    labels = list(dict.fromkeys(label for f in fields for label in f.labels))
+    if objective.label not in labels:
+        raise InputError(f"--objective {objective.name}: no field of the schema has the label {objective.label!r} "
+                         f"(the labels: {', '.join(labels)})")
 
 
 def read_costs(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:

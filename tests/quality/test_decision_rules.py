@@ -342,3 +342,28 @@ def test_pcd_eval_of_an_output_labelled_with_a_rule_compares_it_with_argmax(tmp_
     assert argmax_f1 != pytest.approx(rule_f1, abs=0.01)
     assert "f: argmax vs the decision rule for macro-f1" in text
     assert f"│ macro-F1 │ {argmax_f1:.3f} [" in text and f"│ {rule_f1:.3f} [" in text
+
+
+def test_an_objective_naming_a_label_no_field_has_is_refused_before_the_model_loads(monkeypatch, tmp_path):
+    """``--objective precision:yes>=0.9`` on a schema whose labels are true/false: exit 2 at once,
+    naming the labels there are (it was found only after every gold row had been labelled)."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import pcd_cli.fitting
+    from pcd_cli.cli import app
+
+    def no_model(*_args, **_kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(pcd_cli.fitting, "build_labeler", no_model)
+    root = Path(__file__).resolve().parents[2]
+    for objective in ("precision:yes>=0.9", "f1:spam", "recall:True>=0.5"):
+        result = CliRunner().invoke(app, ["calibrate", str(root / "sample_data" / "sms_spam.dev.jsonl"), "-s",
+                                          str(root / "schemas" / "sms_spam.yaml"), "--objective", objective,
+                                          "-o", str(tmp_path / "cal.json")])
+        assert result.exit_code == 2, result.output
+        label = objective.split(":")[1].split(">=")[0]
+        assert f"no field of the schema has the label {label!r} (the labels: true, false)" in " ".join(result.output.split())
+    assert not (tmp_path / "cal.json").exists()
