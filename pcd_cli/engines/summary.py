@@ -97,6 +97,9 @@ class RunStats:
         ids = table.column(0).to_pylist()
         columns = []
         for f in self.schema.fields:
+            if f.group is not None:  # an option of a multi field: its column holds the chosen options
+                columns.append(_option_column(table, f))
+                continue
             names = {f.value(i): label for i, label in enumerate(f.labels)}
             columns.append(([ABSTAINED if v is None else names[v] for v in table.column(f.name).to_pylist()],
                             table.column(f"{f.name}__prob").to_pylist(), table.column(f"{f.name}__mass").to_pylist()))
@@ -211,3 +214,23 @@ class RunStats:
             for mass, rid, name in worst:
                 low.add_row(escape(rid), escape(name), f"{mass:.3g}")
             console.print(low)
+
+
+def _option_column(table, f) -> tuple[list[str], list[float], list[float]]:
+    """One option decision of a multi field (``f.group``/``f.option``) read back from an output
+    table: ``true`` when the written list holds the option, the probability of that answer from
+    ``<group>__probs`` (P(yes)), and the multi field's ``<group>__mass`` (the smallest candidate
+    mass of its option decisions: the table keeps no option's own mass)."""
+    chosen = table.column(f.group).to_pylist()
+    p_yes = [dict(m or ()) for m in table.column(f"{f.group}__probs").to_pylist()]
+    masses = table.column(f"{f.group}__mass").to_pylist()
+    labels, probs = [], []
+    for options, p in zip(chosen, p_yes):
+        if options is None:
+            labels.append(ABSTAINED)
+            probs.append(float(p.get(f.option, 0.0)))
+            continue
+        yes = f.option in options
+        labels.append(f.labels[0] if yes else f.labels[1])
+        probs.append(float(p.get(f.option, 0.0)) if yes else 1.0 - float(p.get(f.option, 0.0)))
+    return labels, probs, masses
