@@ -57,10 +57,12 @@ def fewer_resamples(monkeypatch):
     monkeypatch.setattr(M, "bootstrap_interval", lambda *a, **k: full(*a, **(k | {"resamples": 100})))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_store(tmp_path_factory):
-    """A real S3 store (SeaweedFS, ``tests/s3_server.py``), one per test session, on 127.0.0.1 with
-    free ports; stopped after the session, and checked that nothing of it is left running.
+    """A real S3 store (SeaweedFS, ``tests/s3_server.py``), one per test module that uses it, on
+    127.0.0.1 with free ports; stopped after the module (a session-long server was still a child
+    of pytest when the server tests check that nothing they started is left), and checked that
+    nothing of it is left running.
     Tests set ``s3_store.env`` (the standard AWS variables) to reach it."""
     from . import s3_server
 
