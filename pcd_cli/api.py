@@ -31,7 +31,7 @@ from .job_warnings import (ADAPTER_MISMATCH, CALIBRATION_WORSE, DTYPE_MISMATCH, 
                            TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET, JobWarning)
 from .results import FieldResult, Record, RecordFailure, RecordResult
 from .schema.load import load_schema
-from .schema.model import Example, Schema, field_alone
+from .schema.model import Example, Schema, field_alone, fields_subset
 
 
 class RepeatedIdWarning(UserWarning):
@@ -193,6 +193,8 @@ class Labeler:
             passes = self.decoder.record_passes
             self.priors = content_free_priors(self.decoder, self.schema)
             self.decoder.record_passes = passes  # the content-free records are not the input's
+        #: ``label_fields``: field names -> (their schema, their decoder), built on first use
+        self._field_parts: dict[tuple[str, ...], tuple[Schema, Decoder]] = {}
         #: the schema's rules between fields, ready to apply (``None`` without rules)
         self.rules = None
         if self.schema.rules:
@@ -256,8 +258,9 @@ class Labeler:
 
     @property
     def forward_passes(self) -> int:
-        """Forward passes spent on records so far (the one-off head prefill excluded)."""
-        return self.decoder.record_passes
+        """Forward passes spent on records so far (the one-off head prefill excluded), those of
+        ``label_fields`` included."""
+        return self.decoder.record_passes + sum(d.record_passes for _, d in self._field_parts.values())
 
     def metadata(self) -> dict[str, str]:
         """Key-value metadata recorded in outputs: versions, model, hashes, scoring, UTC date.
@@ -344,19 +347,50 @@ class Labeler:
 
     def label_batch(self, batch: list[Record | RecordFailure]) -> list[RecordResult | RecordFailure]:
         """Label one batch eagerly; failures in the batch are passed through in place."""
+        return self._finish(batch, self.decoder, self.schema)
+
+    def label_fields(self, batch: list[Record | RecordFailure], names: Sequence[str]
+                     ) -> list[RecordResult | RecordFailure]:
+        """Label one batch on the declared fields ``names`` only (``isolate_fields``): each
+        result holds those fields, in schema order (``pcd_cli.schema.model.fields_subset``), as
+        ``label_batch`` gives them (prior correction, calibration, abstention), within the
+        packing bound; the other fields' branches are not fed (``Decoder.field_subset``). What
+        ``pcd label --reuse`` decodes on a row whose other fields it copies.
+
+        Raises:
+            ValueError: the fields are not isolated, or the schema has rules between fields (a
+                field's label may then depend on the others).
+            KeyError: a name that is not a declared field.
+        """
+        if not self.isolate_fields or self.rules is not None:
+            raise ValueError("label_fields: fields are decided alone only with isolate_fields and no rules between "
+                             "fields")
+        wanted = tuple(f.name for f in self.schema.declared if f.name in set(names))
+        if len(wanted) != len(set(names)):
+            fields_subset(self.schema, names)  # raises naming the unknown field
+        if wanted not in self._field_parts:
+            indices = [i for i, f in enumerate(self.schema.declared) if f.name in wanted]
+            self._field_parts[wanted] = (fields_subset(self.schema, wanted), self.decoder.field_subset(indices))
+        schema, decoder = self._field_parts[wanted]
+        return self._finish(batch, decoder, schema)
+
+    def _finish(self, batch: list[Record | RecordFailure], decoder, schema: Schema
+                ) -> list[RecordResult | RecordFailure]:
+        """Decode ``batch``'s records with ``decoder`` (of ``schema``'s fields) and apply the
+        job's steps after decoding, in order; failures passed through in place."""
         records = [r for r in batch if isinstance(r, Record)]
-        decoded = iter(self.decoder.decode(records))
+        decoded = iter(decoder.decode(records))
         out = [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
         if self.priors is not None:
-            out = [r if isinstance(r, RecordFailure) else self._prior_corrected(r) for r in out]
+            out = [r if isinstance(r, RecordFailure) else self._prior_corrected(r, schema) for r in out]
         if self.calibration is not None:
-            out = [r if isinstance(r, RecordFailure) else self._calibrated(r) for r in out]
+            out = [r if isinstance(r, RecordFailure) else self._calibrated(r, schema) for r in out]
         if self.rules is not None:  # on the final distributions, before abstaining
             out = [r if isinstance(r, RecordFailure) else self.rules.apply(r) for r in out]
         if self.abstain_unless_single and self.set_fields:  # on the sets as the rules left them
             out = [r if isinstance(r, RecordFailure) else self._abstain_unsure(r) for r in out]
         if self.abstain_thresholds:
-            out = [r if isinstance(r, RecordFailure) else self._abstain_low(r) for r in out]
+            out = [r if isinstance(r, RecordFailure) else self._abstain_low(r, schema) for r in out]
         return out
 
     @property
@@ -366,18 +400,18 @@ class Labeler:
         return abstain_fields(self.schema, self.abstain_thresholds,
                               self.set_fields if self.abstain_unless_single else ())
 
-    def _prior_corrected(self, result: RecordResult) -> RecordResult:
+    def _prior_corrected(self, result: RecordResult, schema: Schema) -> RecordResult:
         """Probabilities divided by the content-free priors and renormalised; the label their argmax."""
         from .decoding.prior import correct
 
         return replace(result, fields=tuple(_reweighted(f, res, correct(res.probs, self.priors[f.name]))
-                                            for f, res in zip(self.schema.fields, result.fields)))
+                                            for f, res in zip(schema.fields, result.fields)))
 
-    def _abstain_low(self, result: RecordResult) -> RecordResult:
+    def _abstain_low(self, result: RecordResult, schema: Schema) -> RecordResult:
         """Null the label of each field whose (calibrated) probability is below its threshold."""
         fields = tuple(replace(res, value=None, abstained=True)
                        if f.name in self.abstain_thresholds and res.prob < self.abstain_thresholds[f.name] else res
-                       for f, res in zip(self.schema.fields, result.fields))
+                       for f, res in zip(schema.fields, result.fields))
         return replace(result, fields=fields)
 
     def _abstain_unsure(self, result: RecordResult) -> RecordResult:
@@ -387,7 +421,7 @@ class Labeler:
                        if res.label_set is not None and len(res.label_set) != 1 else res for res in result.fields)
         return replace(result, fields=fields)
 
-    def _calibrated(self, result: RecordResult) -> RecordResult:
+    def _calibrated(self, result: RecordResult, schema: Schema) -> RecordResult:
         """Each calibrated field's probabilities through its calibration, and its conformal set.
 
         The decoder's probabilities are first rounded to float32, the precision of the
@@ -395,7 +429,7 @@ class Labeler:
         the very score its threshold was computed from (no precision lost between fit and label).
         """
         fields = []
-        for f, res in zip(self.schema.fields, result.fields):
+        for f, res in zip(schema.fields, result.fields):
             cal = self.calibration.fields.get(f.name)
             if cal is None:
                 fields.append(res)

@@ -210,6 +210,39 @@ class Decoder:
         twin.cache = None
         return twin
 
+    def field_subset(self, indices: Sequence[int]) -> "Decoder":
+        """A decoder of some of this one's isolated field branches (``field_branches``: the
+        branches at ``indices``, in that order), for rows whose other fields are copied from an
+        earlier output (``pcd label --reuse`` with ``isolate_fields``). It shares this decoder's
+        head caches and options, and sizes a record's positions as this decoder does (the
+        longest tail and answer of all its branches), so that it truncates, and picks the RoPE
+        variant, exactly where this one would: each field's result is then what this decoder
+        gives for it, within the packing bound (docs/how-it-works.md, decoding rule 9). Its
+        ``record_passes`` counts its own passes from 0; one thread uses the two in turn.
+
+        Raises:
+            ValueError: this decoder has no field branches, or ``indices`` is empty or out of range.
+        """
+        if not self.isolated:
+            raise ValueError("field_subset: only a decoder of isolated field branches (isolate_fields) has fields "
+                             "to decode alone")
+        if not indices or any(not 0 <= i < len(self.orderings) for i in indices):
+            raise ValueError(f"field_subset: branch indices {list(indices)} out of range 0..{len(self.orderings) - 1}")
+        part = copy.copy(self)
+        part.orderings = tuple(self.orderings[i] for i in indices)
+        part.compiled = part.orderings[0]
+        part.record_passes = 0
+        part.tokens_fed = 0
+        part.between_passes = None
+        # the same positions per record as this decoder: its longest branch tail, measured from
+        # the subset's first branch
+        longest_tail = len(self.compiled.record_tail.tail_ids) + self._longer_tail
+        part._longer_tail = longest_tail - len(part.compiled.record_tail.tail_ids)
+        estimates = [self._estimate_wave_costs(c) for c in part.orderings]
+        waves = max(len(costs) for costs, _ in estimates)
+        part._wave_cost = [sum(costs[w] for costs, _ in estimates if w < len(costs)) for w in range(waves)]
+        return part
+
     def _head_cache(self, variant):
         """The head's KV cache for RoPE ``variant`` (prefilled on first use)."""
         if variant not in self.caches:

@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from ..backends.select import library_versions
@@ -58,6 +59,12 @@ REUSED_KEY = "pcd.reused"
 #: objects, about 0.5 KB + 0.13 KB per output column (measured: 0.6 KB for a one-field schema,
 #: 11 KB for a 28-field one), so the default holds 12 MB to 220 MB (docs/labelling.md).
 DEFAULT_DEDUP_KEYS = 20_000
+#: Input rows a group of rows to decode spans at most, copies included (``ReusingLabeler``): on a
+#: night where few rows changed, a group closes here rather than after ``group_size`` rows to
+#: decode, which bounds the rows held waiting for it (memory) and how far the reader runs ahead of
+#: the output (``RecordReader(keep_digests=...)``). Packs changed rows as densely as a fresh run
+#: does down to 16 in 4,096 (0.4 %) changed.
+MAX_GROUP_SPAN = 4096
 
 #: The fingerprint's parts in the order they are compared (the first that differs is named),
 #: each with how a message names it.
@@ -81,6 +88,13 @@ PARTS = (
     ("prior_correction", "another --prior-correction"),
     ("abstaining", "another abstention (--abstain-below, --abstain-unless-single)"),
 )
+
+
+#: ``job_parts``' entry for a job that decides each field alone (``per_field``): JSON of
+#: ``field_parts``. Not in ``PARTS``: the ``schema`` part already tells two jobs' fields apart.
+FIELDS_PART = "fields"
+#: The parts a per-field job compares field by field instead (``reusable_fields``).
+PER_FIELD = ("schema", "calibration", "abstaining")
 
 
 def input_key(text: str) -> str:
@@ -125,7 +139,69 @@ def job_parts(labeler) -> dict[str, str]:
         "calibration": calibration.sha256 if calibration is not None else "none",
         "prior_correction": "on" if labeler.priors is not None else "off",
         "abstaining": _sha([labeler.abstain_thresholds, bool(labeler.abstain_unless_single)]),
-    }
+    } | ({FIELDS_PART: json.dumps(field_parts(labeler), sort_keys=True)} if per_field(labeler) else {})
+
+
+def per_field(labeler) -> bool:
+    """Whether ``labeler``'s fields are each decided alone (``isolate_fields`` and no rules
+    between fields: a field's values then depend on the record, the instructions, that field and
+    its own calibration and abstention only), so that an earlier output of a job that differs
+    in other fields can lend the fields that did not change (``reusable_fields``)."""
+    return bool(labeler.isolate_fields) and getattr(labeler, "rules", None) is None
+
+
+def per_field_names(labeler) -> tuple[str, ...]:
+    """``labeler``'s declared field names when its fields are decided alone (``per_field``), for
+    ``ReuseIndex(fields=...)``; ``()`` otherwise."""
+    return tuple(f.name for f in labeler.schema.declared) if per_field(labeler) else ()
+
+
+def field_parts(labeler) -> dict[str, str]:
+    """Per declared field of an isolated job (``per_field``): SHA-256 (hex) of what its values
+    depend on beyond the parts shared by every field (``PARTS`` but ``PER_FIELD``): the
+    instructions, the key its branch writes, the field and its decisions as declared, each
+    decision's calibration (without its held-out figures) and abstention threshold, and whether
+    it abstains unless its label set is single."""
+    schema, calibration = labeler.schema, labeler.calibration
+    sets = set(getattr(labeler, "set_fields", ()) or ())
+    out = {}
+    for declared, part in schema.declared_parts():
+        decisions = [schema.fields[i] for i in part]
+        calibrations = []
+        for d in decisions:
+            fc = calibration.fields.get(d.name) if calibration is not None else None
+            calibrations.append(None if fc is None else [list(fc.labels), fc.temperature, list(fc.biases),
+                                                         None if fc.conformal is None else fc.conformal.to_dict(),
+                                                         None if fc.rule is None else
+                                                         {k: v for k, v in fc.rule.to_dict().items() if k != "cv"}])
+        out[declared.name] = _sha([schema.instructions, schema.isolated_key, repr(declared),
+                                   [repr(d) for d in decisions], calibrations,
+                                   [labeler.abstain_thresholds.get(d.name) for d in decisions],
+                                   bool(labeler.abstain_unless_single) and any(d.name in sets for d in decisions)])
+    return out
+
+
+def reusable_fields(theirs: dict, ours: dict) -> list[str]:
+    """The declared fields (this run's, sorted by name) whose values an earlier output of job
+    ``theirs`` holds as this run's job ``ours`` would write them: both jobs decide each field
+    alone (``per_field``), every part but ``PER_FIELD`` is the same, and the field's own part
+    (``field_parts``) too. Empty when nothing can be reused per field."""
+    if FIELDS_PART not in theirs or FIELDS_PART not in ours:
+        return []
+    if any(theirs.get(name) != ours.get(name) for name, _ in PARTS if name not in PER_FIELD):
+        return []
+    before, now = json.loads(theirs[FIELDS_PART]), json.loads(ours[FIELDS_PART])
+    return [name for name, sha in now.items() if before.get(name) == sha]
+
+
+def columns_of(arrow_schema: pa.Schema, names: Sequence[str]) -> list[str]:
+    """The output columns of the declared fields ``names`` in ``arrow_schema`` (a field's name
+    and its name with one of ``OUTPUT_SUFFIXES``), in the schema's order."""
+    from ..schema.model import OUTPUT_SUFFIXES
+
+    wanted = set(names)
+    return [c for c in arrow_schema.names
+            if c in wanted or any(c.endswith(x) and c[: -len(x)] in wanted for x in OUTPUT_SUFFIXES)]
 
 
 def first_difference(theirs: dict, ours: dict) -> str | None:
@@ -238,67 +314,18 @@ def _prefixes(keys: pa.Array) -> np.ndarray:
     return out
 
 
-class ReuseIndex:
-    """The rows of earlier outputs of the same job, found by content key.
+class _KeyIndex:
+    """Rows of a table found by content key: a uint64 prefix of each key sorted (16 bytes per
+    row with its row number), a binary search, checked against the full key; on repeated keys
+    the first row wins."""
 
-    Args:
-        sources: the read ``--reuse`` files (``read_sources``).
-        parts: this run's ``job_parts``.
-        arrow_schema: this run's output columns (``keyed_schema``); a source must hold every one
-            of them but the id (with the same type) to be used.
-        on_event: told ``reuse`` once per ``--reuse`` value (``message``: what was found, or
-            why nothing is reused from it).
-
-    Memory: the matching sources' columns (decompressed Arrow) plus 16 bytes per row for the
-    sorted key index (a uint64 prefix of each key and its row). Lookups are a binary search,
-    checked against the full key; on repeated keys the first row (in ``--reuse`` order) wins.
-    """
-
-    def __init__(self, sources: Sequence[ReuseSource], parts: dict, arrow_schema: pa.Schema,
-                 on_event: Callable | None = None):
-        emit = on_event or (lambda *_a: None)
-        self.columns = arrow_schema.names[1:]
-        wanted = pa.schema([arrow_schema.field(n) for n in self.columns])
-        tables, self.paths = [], []
-        refused: dict[str, str] = {}
-        used: dict[str, int] = {}
-        for src in sources:
-            why = "it holds no rows" if not src.table.num_rows else first_difference(src.parts, parts)
-            if why is None:
-                missing = [n for n in self.columns if n not in src.table.column_names
-                           or src.table.schema.field(n).type != wanted.field(n).type]
-                if missing:
-                    why = f"written without the column {missing[0]!r} this run writes (e.g. --all-probs)"
-            if why is not None:
-                refused.setdefault(src.option, why)
-                continue
-            tables.append(src.table.select(self.columns).cast(wanted))
-            self.paths.append(src.path)
-            used[src.option] = used.get(src.option, 0) + src.table.num_rows
-        for option, why in refused.items():
-            if option not in used:
-                emit("reuse", {"message": f"--reuse {option}: {why}: nothing reused", "path": option,
-                               "reason": why}, "warning")
-        for option, rows in used.items():
-            emit("reuse", {"message": f"--reuse {option}: {rows} rows of the same job to copy from", "path": option,
-                           "rows": rows}, "info")
-        # one chunk per column: a take on a chunked table costs a pass over all its rows (12 ms per
-        # 16-row take at 1,000,000 rows in 8 row groups; 8 us in one chunk)
-        self.table = pa.concat_tables(tables).combine_chunks() if tables else wanted.empty_table()
-        self.rows_from = np.cumsum([0] + [t.num_rows for t in tables])
-        keys = self.table.column(INPUT_KEY_COLUMN).combine_chunks() if self.table.num_rows else pa.array([], pa.string())
+    def __init__(self, keys: pa.Array):
         self._keys = keys
         prefixes = _prefixes(keys)
         self._order = np.argsort(prefixes, kind="stable")
         self._sorted = prefixes[self._order]
-        #: rows copied from each source path so far (for ``pcd.reused``)
-        self.copied: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return self.table.num_rows
 
     def find(self, key: str) -> int | None:
-        """The row of the first earlier row with content key ``key``, or ``None``."""
         if not len(self._sorted):
             return None
         p = np.uint64(int(key[:16], 16))
@@ -310,6 +337,142 @@ class ReuseIndex:
             i += 1
         return None
 
+
+@dataclass
+class FieldsReuse:
+    """Earlier rows that lend some fields only (``reusable_fields``): ``fields`` (declared
+    names) copied, ``decode`` (the others) decoded; ``table``: those rows' columns of ``fields``,
+    untruncated rows only (a cut text may be cut elsewhere by this run's longer prompts)."""
+
+    fields: tuple[str, ...]
+    decode: tuple[str, ...]
+    table: pa.Table
+    keys: _KeyIndex
+    paths: list[str]
+    rows_from: np.ndarray
+
+
+class ReuseIndex:
+    """The rows of earlier outputs of the same job, found by content key.
+
+    Args:
+        sources: the read ``--reuse`` files (``read_sources``).
+        parts: this run's ``job_parts``.
+        arrow_schema: this run's output columns (``keyed_schema``); a source must hold every one
+            of them but the id (with the same type) to be used.
+        on_event: told ``reuse`` once per ``--reuse`` value (``message``: what was found, or
+            why nothing is reused from it).
+        fields: this run's declared field names (schema order), given when its fields are
+            decided alone (``per_field``): a source of a job that differs in some fields only
+            lends the others (``fields_reuse``: ``FieldsReuse`` groups).
+
+    Memory: the matching sources' columns (decompressed Arrow) plus 16 bytes per row for the
+    sorted key index (``_KeyIndex``). On repeated keys the first row (in ``--reuse`` order) wins.
+    """
+
+    def __init__(self, sources: Sequence[ReuseSource], parts: dict, arrow_schema: pa.Schema,
+                 on_event: Callable | None = None, fields: Sequence[str] = ()):
+        emit = on_event or (lambda *_a: None)
+        self.columns = arrow_schema.names[1:]
+        wanted = pa.schema([arrow_schema.field(n) for n in self.columns])
+        tables, self.paths = [], []
+        refused: dict[str, str] = {}
+        used: dict[str, int] = {}
+        lent: dict[tuple[str, ...], list[tuple[ReuseSource, pa.Table]]] = {}
+        said: dict[str, tuple[tuple[str, ...], int]] = {}
+        for src in sources:
+            why = "it holds no rows" if not src.table.num_rows else first_difference(src.parts, parts)
+            if why is None:
+                missing = [n for n in self.columns if n not in src.table.column_names
+                           or src.table.schema.field(n).type != wanted.field(n).type]
+                if missing:
+                    why = f"written without the column {missing[0]!r} this run writes (e.g. --all-probs)"
+            if why is not None:
+                part = self._fields_part(src, parts, arrow_schema, fields) if src.table.num_rows else None
+                if part is not None:
+                    names, table = part
+                    lent.setdefault(names, []).append((src, table))
+                    rows = said.get(src.option, (names, 0))[1] + table.num_rows
+                    said[src.option] = (names, rows)
+                    refused.setdefault(src.option, why)
+                    continue
+                refused.setdefault(src.option, why)
+                continue
+            tables.append(src.table.select(self.columns).cast(wanted))
+            self.paths.append(src.path)
+            used[src.option] = used.get(src.option, 0) + src.table.num_rows
+        for option, why in refused.items():
+            if option in used:
+                continue
+            if option in said:
+                names, rows = said[option]
+                decode = [f for f in fields if f not in names]
+                emit("reuse", {"message": f"--reuse {option}: {why}: isolate_fields: {_quoted(names)} copied per "
+                               f"field, only {_quoted(decode)} decoded on the {rows} rows of texts it labelled",
+                               "path": option, "reason": why, "rows": rows, "fields": list(names),
+                               "decoded_fields": decode}, "info")
+                continue
+            emit("reuse", {"message": f"--reuse {option}: {why}: nothing reused", "path": option,
+                           "reason": why}, "warning")
+        for option, rows in used.items():
+            emit("reuse", {"message": f"--reuse {option}: {rows} rows of the same job to copy from", "path": option,
+                           "rows": rows}, "info")
+        # one chunk per column: a take on a chunked table costs a pass over all its rows (12 ms per
+        # 16-row take at 1,000,000 rows in 8 row groups; 8 us in one chunk)
+        self.table = pa.concat_tables(tables).combine_chunks() if tables else wanted.empty_table()
+        self.rows_from = np.cumsum([0] + [t.num_rows for t in tables])
+        keys = self.table.column(INPUT_KEY_COLUMN).combine_chunks() if self.table.num_rows else pa.array([], pa.string())
+        self._index = _KeyIndex(keys)
+        #: the earlier rows that lend some fields only, one group per set of fields lent
+        self.fields_reuse: list[FieldsReuse] = []
+        for names, found in lent.items():
+            table = pa.concat_tables([t for _, t in found]).combine_chunks()
+            self.fields_reuse.append(FieldsReuse(
+                names, tuple(f for f in fields if f not in names), table,
+                _KeyIndex(table.column(INPUT_KEY_COLUMN).combine_chunks()), [src.path for src, _ in found],
+                np.cumsum([0] + [t.num_rows for _, t in found])))
+        #: rows copied from each source path so far (for ``pcd.reused``)
+        self.copied: dict[str, int] = {}
+        #: rows whose fields were copied in part, per source path (for ``pcd.reused``)
+        self.copied_fields: dict[str, tuple[tuple[str, ...], int]] = {}
+
+    @staticmethod
+    def _fields_part(src: ReuseSource, parts: dict, arrow_schema: pa.Schema, fields: Sequence[str]
+                     ) -> tuple[tuple[str, ...], pa.Table] | None:
+        """What ``src`` lends field by field (``reusable_fields``): the fields and their columns
+        (with ``__truncated`` and the key) of its untruncated rows; ``None`` when nothing."""
+        if not fields:
+            return None
+        from ..schema.model import TRUNCATED_COLUMN
+
+        lent = set(reusable_fields(src.parts, parts))
+        names = tuple(f for f in fields if f in lent)
+        if not names or len(names) == len(fields):
+            return None
+        columns = columns_of(arrow_schema, names) + [TRUNCATED_COLUMN, INPUT_KEY_COLUMN]
+        if any(c not in src.table.column_names or src.table.schema.field(c).type != arrow_schema.field(c).type
+               for c in columns):
+            return None
+        table = src.table.select(columns)
+        table = table.filter(pa.compute.invert(pa.compute.fill_null(table.column(TRUNCATED_COLUMN), True)))
+        return names, table
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def find(self, key: str) -> int | None:
+        """The row of the first earlier row with content key ``key``, or ``None``."""
+        return self._index.find(key)
+
+    def find_fields(self, key: str) -> tuple[int, int] | None:
+        """``(group, row)``: the first ``fields_reuse`` group holding an untruncated row with
+        content key ``key``, and that row; ``None`` when none does."""
+        for g, part in enumerate(self.fields_reuse):
+            row = part.keys.find(key)
+            if row is not None:
+                return g, row
+        return None
+
     def rows(self, indices: Sequence[int]) -> list[dict]:
         """The earlier rows at ``indices`` as Python values (every column but the id), counted
         as copied per source."""
@@ -319,9 +482,28 @@ class ReuseIndex:
             self.copied[path] = self.copied.get(path, 0) + int(count)
         return self.table.take(pa.array(indices, pa.int64())).to_pylist()
 
+    def field_rows(self, group: int, indices: Sequence[int]) -> list[dict]:
+        """Rows at ``indices`` of ``fields_reuse[group]`` as Python values (its fields' columns,
+        ``__truncated``, the key); ``count_fields`` counts those used."""
+        return self.fields_reuse[group].table.take(pa.array(indices, pa.int64())).to_pylist()
+
+    def count_fields(self, group: int, indices: Sequence[int]) -> None:
+        """Count rows at ``indices`` of ``fields_reuse[group]`` as copied in part, per source."""
+        part = self.fields_reuse[group]
+        where = np.searchsorted(part.rows_from, np.asarray(indices, dtype=np.int64), side="right") - 1
+        for source, count in zip(*np.unique(where, return_counts=True)):
+            path = part.paths[int(source)]
+            self.copied_fields[path] = (part.fields, self.copied_fields.get(path, ((), 0))[1] + int(count))
+
     def reused_metadata(self) -> list[dict]:
-        """``pcd.reused``: each earlier output with the rows copied from it (only those used)."""
-        return [{"path": p, "rows": n} for p, n in self.copied.items()]
+        """``pcd.reused``: each earlier output with the rows copied from it (only those used),
+        and those whose fields it lent in part (``fields``: which)."""
+        return ([{"path": p, "rows": n} for p, n in self.copied.items()]
+                + [{"path": p, "rows": n, "fields": list(names)} for p, (names, n) in self.copied_fields.items()])
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ", ".join(repr(n) for n in names)
 
 
 class DedupCache:
@@ -351,19 +533,27 @@ class DedupCache:
 
 
 DECODED, REUSED, DEDUPLICATED = "decoded", "reused", "deduplicated"
+#: a row whose fields an earlier output lent in part (``FieldsReuse``), the others decoded
+PARTLY_REUSED = "partly reused"
 
 
 @dataclass
 class Labelled:
     """One input item once labelled: its output row (a dict of every output column) or its
-    ``RecordFailure``; ``kind``: ``DECODED``, ``REUSED``, ``DEDUPLICATED`` (``None`` for a
-    reader's failure); ``traces``: a decoded row's (``()`` for a copy)."""
+    ``RecordFailure``; ``kind``: ``DECODED``, ``REUSED``, ``DEDUPLICATED``, ``PARTLY_REUSED``
+    (``None`` for a reader's failure); ``traces``: a decoded row's (``()`` for a copy);
+    ``record``: a decoded row's ``RecordResult`` (what the run summary counts it from,
+    ``RunStats.add``: the row holds no multi option's own mass), ``None`` for a copy, a row
+    decoded in part or a failure; ``lent``: a ``PARTLY_REUSED`` row's ``(group, row)`` in
+    ``ReuseIndex.fields_reuse``."""
 
     item: object
     key: str | None = None
     kind: str | None = None
     result: object = None
     traces: tuple = ()
+    lent: tuple[int, int] | None = None
+    record: RecordResult | None = None
 
 
 class ReusingLabeler:
@@ -372,7 +562,8 @@ class ReusingLabeler:
 
     The rows to decode are handed to the ``Labeler`` in groups: a group opens at a row to decode
     and closes once it spans ``group_size`` rows that are not copies (rows to decode, and the
-    readers' failed rows after its first), counted from the input's first row on. Without
+    readers' failed rows after its first), counted from the input's first row on, or once it
+    spans ``max_span`` input rows in all (copies included). Without
     copies, groups are a fresh run's chunks; a night where 5 % changed packs its changed rows
     as densely as a fresh run packs all of them. ``feed`` returns the rows whose
     values are known, in order; a row waits while an earlier one waits for its group. A group is
@@ -386,16 +577,18 @@ class ReusingLabeler:
         index: the earlier outputs (``ReuseIndex``), or ``None``.
         dedup_keys: capacity of the ``DedupCache``.
         group_size: rows to decode handed to the labeler at once.
+        max_span: input rows a group spans at most, copies included (``MAX_GROUP_SPAN``).
     """
 
     def __init__(self, labeler, arrow_schema: pa.Schema, index: ReuseIndex | None = None,
-                 dedup_keys: int = DEFAULT_DEDUP_KEYS, group_size: int = 16):
+                 dedup_keys: int = DEFAULT_DEDUP_KEYS, group_size: int = 16, max_span: int = MAX_GROUP_SPAN):
         from ..io.output import results_table
 
         self._results_table = results_table
         self.labeler, self.arrow_schema, self.index = labeler, arrow_schema, index
         self.cache = DedupCache(dedup_keys)
         self.group_size = group_size
+        self.max_span = max_span
         self._id = arrow_schema.names[0]
         self._value_schema = pa.schema(list(arrow_schema)[:-1])  # the key is added per row
         self._waiting: list[Labelled] = []         # rows not released yet, in input order
@@ -405,6 +598,7 @@ class ReusingLabeler:
         self.next_row = 0
         self._spans: list[list] = []  # [first row, row that closed it or None] of the recent groups
         self._released: list[Labelled] = []
+        self._parts: dict[tuple[str, ...], tuple] = {}  # ``_part_schema``
 
     def replay(self, table: pa.Table) -> None:
         """Put the rows of a committed output table (a resumed run's earlier batches, up to where
@@ -471,40 +665,91 @@ class ReusingLabeler:
             elif (cached := self.cache.get(key)) is not None:
                 entry.kind, entry.result = DEDUPLICATED, {self._id: item.id} | cached
             else:
-                entry.kind = DECODED
+                entry.lent = self.index.find_fields(key) if self.index is not None else None
+                entry.kind = DECODED if entry.lent is None else PARTLY_REUSED
                 if not self._group:
                     self._spans.append([self.next_row - 1, None])
                 self._group[key] = [entry]
                 self._slots += 1
                 if self._slots >= self.group_size:
                     self._decode()
+        if self._group and self.next_row - self._spans[-1][0] >= self.max_span:
+            self._decode()
         self._release()
 
     def _decode(self) -> None:
         """Decode the first row of each key of the open group; its copies get its values (the
-        copies of a failed one are decoded on their own, and fail with their own ids)."""
+        copies of a failed one are decoded on their own, and fail with their own ids). A row
+        whose fields an earlier output lends in part has only the other fields decoded
+        (``Labeler.label_fields``); one whose text this run cuts is decoded whole instead."""
         group, self._group, self._slots = self._group, {}, 0
         if self._spans and self._spans[-1][1] is None:
             self._spans[-1][1] = self.next_row - 1
             del self._spans[:-64]  # a commit falls within the rows of the last few groups
         while group:
             firsts = [entries[0] for entries in group.values()]
-            results = self.labeler.label_batch([e.item for e in firsts])
-            ok = [(e, r) for e, r in zip(firsts, results) if isinstance(r, RecordResult)]
-            table = self._results_table([r for _, r in ok], self.labeler.schema, self._value_schema) if ok else None
-            rows = {id(e): row | {INPUT_KEY_COLUMN: e.key} for (e, _), row in zip(ok, table.to_pylist())} if ok else {}
+            results = self._label(firsts)
             again: dict[str, list[Labelled]] = {}
             for entries, first, res in zip(group.values(), firsts, results):
-                first.kind = DECODED
                 if isinstance(res, RecordFailure):
-                    first.result = res
+                    first.kind, first.result = DECODED, res
                     if len(entries) > 1:
                         again[first.key] = entries[1:]
                     continue
-                first.result, first.traces = rows[id(first)], res.traces
+                first.result, first.traces, first.record = res
                 for copy in entries[1:]:
                     copy.kind, copy.result = DEDUPLICATED, first.result | {self._id: copy.item.id}
             group = again
+
+    def _label(self, firsts: list[Labelled]) -> list:
+        """Each row's ``(values, traces, RecordResult or None)`` or ``RecordFailure``: the rows to
+        decode whole in one
+        ``label_batch``; those lent in part, per group, through ``label_fields``."""
+        out: dict[int, object] = {}
+        whole = [e for e in firsts if e.kind != PARTLY_REUSED]
+        by_group: dict[int, list[Labelled]] = {}
+        for e in firsts:
+            if e.kind == PARTLY_REUSED:
+                by_group.setdefault(e.lent[0], []).append(e)
+        for g, entries in by_group.items():
+            part = self.index.fields_reuse[g]
+            results = self.labeler.label_fields([e.item for e in entries], part.decode)
+            lent = self.index.field_rows(g, [e.lent[1] for e in entries])
+            schema, value_schema = self._part_schema(part.decode)
+            ok = [(e, r, row) for e, r, row in zip(entries, results, lent)
+                  if isinstance(r, RecordResult) and not r.truncated]
+            rows = self._results_table([r for _, r, _ in ok], schema, value_schema).to_pylist() if ok else []
+            if ok:
+                self.index.count_fields(g, [e.lent[1] for e, _, _ in ok])
+            for (e, r, earlier), row in zip(ok, rows):
+                out[id(e)] = (earlier | row | {INPUT_KEY_COLUMN: e.key}, r.traces, None)  # counted from its row
+            for e, r in zip(entries, results):
+                if isinstance(r, RecordFailure):
+                    out[id(e)] = r
+                elif id(e) not in out:  # this run cuts the text: its other fields would move too
+                    e.kind = DECODED
+                    whole.append(e)
+        if whole:
+            results = self.labeler.label_batch([e.item for e in whole])
+            ok = [(e, r) for e, r in zip(whole, results) if isinstance(r, RecordResult)]
+            table = self._results_table([r for _, r in ok], self.labeler.schema, self._value_schema) if ok else None
+            for (e, r), row in zip(ok, table.to_pylist() if ok else []):
+                out[id(e)] = (row | {INPUT_KEY_COLUMN: e.key}, r.traces, r)
+            for e, r in zip(whole, results):
+                if isinstance(r, RecordFailure):
+                    out[id(e)] = r
+        return [out[id(e)] for e in firsts]
+
+    def _part_schema(self, names: tuple[str, ...]):
+        """The schema of the declared fields ``names`` and their output columns (the id, theirs,
+        ``__truncated``), as ``label_fields`` decodes them."""
+        from ..schema.model import TRUNCATED_COLUMN, fields_subset
+
+        if names not in self._parts:
+            columns = [self._id] + columns_of(self._value_schema, names) + [TRUNCATED_COLUMN]
+            self._parts[names] = (fields_subset(self.labeler.schema, names),
+                                  pa.schema([self._value_schema.field(c) for c in columns]))
+        return self._parts[names]
 
     def _release(self) -> None:
         """Release the rows at the front that are done, caching the values of each."""
@@ -515,7 +760,7 @@ class ReusingLabeler:
             if entry.result is None:
                 break
             done += 1
-            if entry.kind in (DECODED, DEDUPLICATED) and isinstance(entry.result, dict):
+            if entry.kind in (DECODED, DEDUPLICATED, PARTLY_REUSED) and isinstance(entry.result, dict):
                 self.cache.put(entry.key, {k: v for k, v in entry.result.items() if k != self._id})
         if done:
             self._released.extend(self._waiting[:done])

@@ -257,7 +257,8 @@ class RecordReader:
         MachineError: the store failed while the input was read (exit 5: rerun with --resume).
     """
 
-    def __init__(self, path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256):
+    def __init__(self, path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256,
+                 keep_digests: int | None = None):
         self.files: FileList | None = None
         self.file_starts: list[int] = []  # the first row of each file of ``files``
         if is_stdin(path):
@@ -280,6 +281,8 @@ class RecordReader:
         #: many, and the first few lines (row numbers for Parquet), counted when first read
         self.replaced = ReplacedRows()
         self._marks: dict[int, str] = {}  # digest after each of the last rows read
+        #: how many of the last rows read ``digest_after`` can name (default: two batches)
+        self.keep_digests = keep_digests if keep_digests is not None else 2 * batch_size
 
     @property
     def digest(self) -> str:
@@ -324,7 +327,8 @@ class RecordReader:
 
     def digest_after(self, rows: int) -> str:
         """SHA-256 (hex) of the raw bytes of the first ``rows`` rows, for ``rows`` among the last
-        few read (within two batches of the furthest row read).
+        ``keep_digests`` read (default two batches; a consumer that holds rows back longer, as
+        ``pcd label``'s open group of rows to decode does, asks for more).
 
         Raises:
             ValueError: ``rows`` is not among them.
@@ -346,7 +350,7 @@ class RecordReader:
             self._hash.update(raw[2])
             self.rows_read += 1
             self._marks[self.rows_read] = self._hash.hexdigest()
-            self._marks.pop(self.rows_read - 2 * self.batch_size - 1, None)
+            self._marks.pop(self.rows_read - self.keep_digests - 1, None)
         return raw
 
     def skip(self, rows: int, digest: str | None = None, *, replay: int = 0) -> str | None:

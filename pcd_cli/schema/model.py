@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..errors import SchemaError
 
@@ -362,6 +363,30 @@ def field_alone(schema: Schema, index: int, key: str | None = None) -> Schema:
     return Schema(name=f"{schema.name}.{declared.name}", instructions=schema.instructions, fields=decisions,
                   waves=(tuple(range(len(decisions))),), source_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
                   declared=(dataclasses.replace(declared, depends_on=()),), parts=(tuple(range(len(decisions))),))
+
+
+def fields_subset(schema: Schema, names: Sequence[str]) -> Schema:
+    """``schema`` with only its declared fields ``names`` (in schema order), their decisions,
+    names and parts as in ``schema``, no rules: the fields of a row that ``pcd label --reuse``
+    decodes while it copies the others (``isolate_fields``, where each field's value depends on
+    that field and the instructions only: ``field_alone``). Its ``source_sha256`` is
+    ``schema``'s: it names the run's schema, not a schema of its own.
+
+    Raises:
+        KeyError: a name that is not a declared field of ``schema``.
+    """
+    known = {f.name for f in schema.declared}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise KeyError(f"not a declared field: {unknown[0]!r}")
+    fields, declared, parts = [], [], []
+    for f, part in schema.declared_parts():
+        if f.name in names:
+            declared.append(f)
+            parts.append(tuple(range(len(fields), len(fields) + len(part))))
+            fields += [schema.fields[i] for i in part]
+    return dataclasses.replace(schema, fields=tuple(fields), waves=(tuple(range(len(fields))),), rules=(),
+                               declared=tuple(declared), parts=tuple(parts), examples=())
 
 
 def schema_metadata(schema: Schema) -> dict[str, str]:

@@ -211,3 +211,36 @@ def test_cli_reuse_counts_in_the_done_event_and_refuses_what_is_not_a_pcd_output
     result = pcd("label", night2, "-s", schema, "--model", model, "-o", tmp_path / "x.parquet",
                  "--reuse", tmp_path / "missing.parquet", code=2)
     assert "no such input file, folder or glob" in flat(result.stderr)
+
+
+def test_a_night_whose_few_changes_lie_far_apart_commits_every_batch(labeler, tmp_path):
+    """A group of rows to decode stays open across the copied rows between its changed rows, so
+    the output lags the reader by the group's whole span: each checkpoint still names the input's
+    digest where it ends (benchmarks/nightly.py at 5,000 records failed with 'no digest kept after
+    row 5376'), and a group closes once it spans ``max_span`` input rows."""
+    from pcd_cli.engines.reuse import ReuseIndex, ReusingLabeler, job_parts, keyed_schema
+    from pcd_cli.results import Record
+
+    texts = _texts(90)
+    night1 = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
+    night2 = [dict(r) for r in night1]
+    for i in (2, 45, 88):
+        night2[i]["text"] += " (edited)"
+    src1, src2 = _write(tmp_path / "night1.jsonl", night1), _write(tmp_path / "night2.jsonl", night2)
+    _, first, _ = _run(labeler, src1, tmp_path / "n1.parquet", batch_records=5)
+    stats, second, events = _run(labeler, src2, tmp_path / "n2.parquet", batch_records=5,
+                                 reuse=read_sources([str(tmp_path / "n1.parquet")]))
+    assert (stats.reused, stats.records) == (87, 90)
+    assert sum(1 for name, _ in events if name == "checkpoint") >= 90 // 5
+    _, fresh, _ = _run(labeler, src2, tmp_path / "fresh.parquet")
+    for col in NUMBERS:
+        assert np.max(np.abs(np.array(second.column(col)) - np.array(fresh.column(col)))) <= 1e-5, col
+    by_id = {r["id"]: r for r in first.to_pylist()}
+    assert all(r == by_id[r["id"]] for r in second.to_pylist() if r["id"] not in ("t2", "t45", "t88"))
+
+    # max_span: the group opened by row 2 is decoded once it spans 10 rows, not at the next change
+    arrow_schema = keyed_schema(labeler.output_schema("id", pa.string(), all_probs=False))
+    index = ReuseIndex(read_sources([str(tmp_path / "n1.parquet")]), job_parts(labeler), arrow_schema)
+    pipe = ReusingLabeler(labeler, arrow_schema, index, dedup_keys=0, max_span=10)
+    released = [len(pipe.feed([Record(r["id"], r["text"])])) for r in night2[:20]]
+    assert released[:2] == [1, 1] and released[2:11] == [0] * 9 and released[11] == 10

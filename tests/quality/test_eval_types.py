@@ -345,7 +345,7 @@ def test_calibration_per_option_round_trip(files, tmp_path):
 
     # applied as pcd label --calibration does: topics__probs become the calibrated P(yes)
     fake = SimpleNamespace(schema=SCHEMA, calibration=loaded, abstain_unless_single=False)
-    calibrated = [Labeler._calibrated(fake, r) for r in results[:5]]
+    calibrated = [Labeler._calibrated(fake, r, SCHEMA) for r in results[:5]]
     arrow = output_schema(SCHEMA, "id", pa.string(), all_probs=True, calibrated=True)
     table = results_table(calibrated, SCHEMA, arrow).to_pandas()
     for i, r in enumerate(results[:5]):
