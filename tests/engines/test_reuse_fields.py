@@ -95,7 +95,7 @@ def test_label_fields_gives_the_fields_label_batch_gives_feeding_only_their_bran
     names = [d.name for f, p in schema.declared_parts() if f.name in ("topics", "action") for d in
              (schema.fields[i] for i in p)]
     for w, p in zip(whole, part):
-        assert [f.name for f in p.fields] if hasattr(p.fields[0], "name") else True
+        assert len(p.fields) == len(names)
         got = {n: r for n, r in zip(names, p.fields)}
         want = {schema.fields[i].name: whole_f for i, whole_f in enumerate(w.fields) if schema.fields[i].name in got}
         assert set(got) == set(want) == set(names)
@@ -129,7 +129,7 @@ def test_label_fields_truncates_where_the_whole_row_would(tmp_path):
     part = cut.label_fields([Record("x", long_text)], ["urgent"])[0]
     assert whole.truncated and part.truncated
     alone = Labeler(_schema(["urgent"]), backend=small).label_batch([Record("x", long_text)])[0]
-    assert not alone.truncated or alone.fields[0].probs is not None  # the one-field schema has more room
+    assert not alone.truncated  # the one-field schema alone has room for the whole text: label_fields does not
     assert np.max(np.abs(np.asarray(part.fields[0].probs) - np.asarray(whole.fields[0].probs))) <= BOUND
 
 
