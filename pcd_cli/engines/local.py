@@ -29,7 +29,7 @@ from ..schema.model import TRUNCATED_COLUMN, Schema
 from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling, uri_name
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, REUSED, Labelled, ReuseIndex, ReuseSource, ReusingLabeler,
-                    job_parts, keyed_metadata, keyed_schema, per_field_names, read_sources)
+                    job_parts, keyed_metadata, keyed_schema, read_sources)
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -60,12 +60,6 @@ def default_errors(output: str | Path) -> Path:
     path = Path(output)
     stem = path.stem[: -len(".labels")] if path.stem.endswith(".labels") else path.stem
     return path.with_name(f"{stem}.errors.jsonl")
-
-
-def default_errors_uri(output_uri: str) -> str:
-    """The errors file of an object-storage output: ``default_errors``'s name beside it
-    (``s3://b/out/x.parquet`` -> ``s3://b/out/x.errors.jsonl``)."""
-    return sibling(output_uri, default_errors(uri_name(output_uri)).name)
 
 
 def id_column(spec: InputSpec) -> str:
@@ -277,7 +271,8 @@ def stage_outputs(output: str | Path, errors_path: str | Path | None,
         raise InputError(f"--trace {str(trace_path)!r}: the trace is written to a local file; give a local path")
     from ..backends.torch_backend import cache_dir
 
-    errors_uri = str(errors_path) if errors_path else default_errors_uri(str(output))
+    errors_uri = str(errors_path) if errors_path else sibling(str(output), default_errors(
+        uri_name(str(output))).name)
     if not is_remote(errors_uri):
         raise InputError(f"--errors {str(errors_path)!r} is local but -o is in object storage; keep them together")
     staged = StagedOutput.plan(str(output), errors_uri, cache_dir() / "outputs")
@@ -385,13 +380,10 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                                   trace=trace_path is not None, reuse=[s.path for s in reuse or ()],
                                   dedup_keys=dedup_keys)
     parts = job_parts(labeler)
-    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event, fields=per_field_names(labeler)) if reuse else None
+    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event) if reuse else None
     rows = ReusingLabeler(labeler, arrow_schema, index, dedup_keys, group_size=chunk_records)
     stats = RunStats(labeler.schema, min_mass=min_mass)
-    id_name = arrow_schema.names[0]
-    # the output lags the reader by the open group of rows to decode and the rest of its chunk
-    reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records,
-                          keep_digests=rows.max_span + 2 * chunk_records)
+    reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records)
     repeated = stats.repeated_ids if spec.id_field else None
     with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work, closing(reader):
         if work.discarded:
@@ -465,20 +457,22 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                 nonlocal redo
                 dropped = min(redo, len(released))  # labelled again only to decode their group whole
                 redo -= dropped
+                labelled = []
                 for done in released[dropped:]:
                     if repeated is not None:
                         repeated.add(done.item.id)
                     pending.add(done, reader.file_at(done.item.row) if done.item.row is not None else None)
                     if isinstance(done.result, RecordFailure):
                         stats.failures += 1
-                    elif done.record is not None:  # decoded: counted exactly, from its RecordResult
-                        stats.add(done.record)
-                    else:  # copied (reused, deduplicated): from its output row
-                        stats.add_rows([done.result], id_name)
+                    else:
+                        labelled.append(done.result)
                     stats.reused += done.kind == REUSED
                     stats.deduplicated += done.kind == DEDUPLICATED
                     if pending.rows >= batch_records:
+                        stats.add_rows(labelled, arrow_schema)
+                        labelled = []
                         commit()
+                stats.add_rows(labelled, arrow_schema)
                 bar.update(len(released) - dropped)
 
             for chunk in reader:
