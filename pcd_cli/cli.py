@@ -228,7 +228,8 @@ def label(
                                 "(a Pydantic model)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output Parquet file, a path or a URI "
                                          "(s3://...: uploaded whole at the end) (default: <input stem>.labels.parquet "
-                                         "next to the input; --engine ray: a folder).", rich_help_panel='Output'),
+                                         "next to the input; --engine ray: a folder, or one Parquet object at a URI).",
+                                         rich_help_panel='Output'),
     model: Optional[str] = _panel(MODEL_OPT, 'Model'),
     device: Device = _panel(DEVICE_OPT, 'Model'),
     dtype: DType = _panel(DTYPE_OPT, 'Model'),
@@ -284,8 +285,8 @@ def label(
     shots: int = _panel(SHOTS_OPT, 'Quality'),
     seed: int = _panel(SEED_OPT, 'Quality'),
     engine: Engine = typer.Option(Engine.local, "--engine", help="local: this process, checkpointed "
-                                  "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files "
-                                  "(pip install 'pcd-cli\\[ray]'; docs/ray.md).", rich_help_panel='Engines'),
+                                  "(--resume); ray: a pool of Ray Data actors, output a folder of Parquet files (one "
+                                  "Parquet object at a URI) (pip install 'pcd-cli\\[ray]'; docs/ray.md).", rich_help_panel='Engines'),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to "
                                                "join (default: $RAY_ADDRESS, else a local Ray for the run).", rich_help_panel='Engines'),
     workers: int = typer.Option(1, "--workers", min=1, help="--engine ray: actors, each with its own model.", rich_help_panel='Engines'),
@@ -306,15 +307,16 @@ def label(
     permission, I/O error): free it and rerun with --resume; 130 interrupted (SIGINT/SIGTERM)
     after committing the current batch: rerun with --resume.
     """
-    from .engines.local import default_errors, default_output
+    from .engines.local import default_errors, default_errors_uri, default_output
     from .io.readers import DEFAULT_ID_COLUMN, is_stdin
-    from .io.storage import is_remote
+    from .io.storage import uri_scheme
 
     report = Reporter(log_format, quiet)
     if quiet or report.json:
         progress = False if progress is None or report.json else progress
     output = output or (None if is_stdin(input) else default_output(input))
-    errors = errors or (default_errors(output) if output and not is_remote(output) else None)
+    if not errors and output:  # beside the output (a URI beside a URI): the summary names it
+        errors = default_errors_uri(str(output)) if uri_scheme(output) else default_errors(output)
     id_detected = False
     if id_field is None and not row_ids and not is_stdin(input) and _has_id_column(input, text_field, template,
                                                                                    csv_delimiter, fmt):

@@ -26,7 +26,7 @@ from ..io.output import ParquetSink, base_metadata, check_columns
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure
 from ..schema.model import TRUNCATED_COLUMN, Schema
-from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling, uri_name
+from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, REUSED, Labelled, ReuseIndex, ReuseSource, ReusingLabeler,
                     job_parts, keyed_metadata, keyed_schema, read_sources)
@@ -60,6 +60,12 @@ def default_errors(output: str | Path) -> Path:
     path = Path(output)
     stem = path.stem[: -len(".labels")] if path.stem.endswith(".labels") else path.stem
     return path.with_name(f"{stem}.errors.jsonl")
+
+
+def default_errors_uri(output_uri: str) -> str:
+    """The errors file of an object-storage output: ``default_errors``'s name beside it
+    (``s3://b/out/x.parquet`` -> ``s3://b/out/x.errors.jsonl``)."""
+    return sibling(output_uri, default_errors(PurePosixPath(output_uri).name).name)
 
 
 def id_column(spec: InputSpec) -> str:
@@ -271,8 +277,7 @@ def stage_outputs(output: str | Path, errors_path: str | Path | None,
         raise InputError(f"--trace {str(trace_path)!r}: the trace is written to a local file; give a local path")
     from ..backends.torch_backend import cache_dir
 
-    errors_uri = str(errors_path) if errors_path else sibling(str(output), default_errors(
-        uri_name(str(output))).name)
+    errors_uri = str(errors_path) if errors_path else default_errors_uri(str(output))
     if not is_remote(errors_uri):
         raise InputError(f"--errors {str(errors_path)!r} is local but -o is in object storage; keep them together")
     staged = StagedOutput.plan(str(output), errors_uri, cache_dir() / "outputs")

@@ -20,11 +20,17 @@ A run is four Ray Data steps; the driver (the ``pcd`` process) only plans and co
 4. **write**: labelled rows -> a folder of Parquet files with the local engine's columns,
    types and key-value metadata (``output.output_schema``/``output.results_table``); failed rows ->
    the errors JSONL (driver). Both are written under temporary names and renamed when
-   complete; a failed run leaves an earlier output as it was.
+   complete; a failed run leaves an earlier output as it was. An ``-o`` in object storage
+   (``s3://bucket/key.parquet``) is written as the local engine writes one: the driver streams
+   the labelled rows, row group by row group, into one Parquet file in the local staging
+   folder (``io.storage.StagedOutput``; ``write_one_file``: the driver, since a cluster's nodes
+   do not see its disk), and ``publish_staged`` uploads the errors file, then the output,
+   whole or never.
 
 Not the same as the local engine: no checkpoints (``--resume`` is local-only; a failed Ray run
 is rerun whole), no ``--trace``, ``--max-errors`` is checked after reading and after
-labelling rather than as rows go, and the output is a folder of Parquet files.
+labelling rather than as rows go, and the output is a folder of Parquet files (one Parquet
+object in object storage).
 
 ``--reuse`` and repeated texts decoded once give the local engine's rows and counts: each
 actor labels through a ``reuse.ReusingLabeler`` over the ``--reuse`` files (its own
@@ -54,17 +60,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
+from ..errors import EngineError, InputError, MachineError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..io.files import check_writable, clear_stale, write_atomic, write_target
-from ..io.output import base_metadata, output_schema
+from ..io.output import ParquetSink, base_metadata, output_schema
 from ..api import planned_output_schema
 from ..job import LabelJob, warnings_from_json
 from ..io.readers import InputSpec, check_input, input_files, read_records, row_to_record
-from ..io.storage import is_remote, local_path
+from ..io.storage import is_remote, local_path, publish_staged, rerun_whole
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, REUSED, Labelled, ReuseIndex, ReusingLabeler,
-                    JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, read_sources)
+                    JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, per_field_names,
+                    read_sources)
 from .summary import RunStats
 
 INSTALL_HINT = "pip install 'pcd-cli[ray]'"
@@ -471,25 +478,29 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def check_outputs(files: list[str], input_path: str | Path, output: Path, errors_path: Path) -> None:
+def check_outputs(files: list[str], input_path: str | Path, output: Path, errors_path: Path, *,
+                  one_file: bool = False) -> None:
     """Refuse outputs that would overwrite an input, land inside an input folder, or cannot be written.
 
+    Args:
+        one_file: the output is one Parquet file (the staged file of an object-storage output,
+            ``run_label_job``), not a folder.
+
     Raises:
-        InputError: names the option and the problem; an output in object storage (not yet
-            written by this engine).
+        InputError: names the option and the problem; an object-storage path (``run_label_job``
+            stages those locally first: only local paths come here).
     """
     for option, path in (("-o", output), ("--errors", errors_path)):
         if is_remote(path):
-            raise InputError(f"{option} {str(path)!r}: --engine ray writes its output folder on a local or shared "
-                             "file system; write it there (or use the local engine, which uploads a Parquet file "
-                             "whole to object storage)")
+            raise InputError(f"{option} {str(path)!r}: label_files writes local paths; pcd label --engine ray "
+                             "(run_label_job) stages an object-storage output and uploads it whole")
     output, errors_path = Path(output), Path(errors_path)
     out, err = output.resolve(), errors_path.resolve()
     sources = {local_path(f).resolve() for f in files if not is_remote(f)}
     folder = None if is_remote(input_path) else local_path(input_path)
     if _glob.has_magic(str(output)) or _glob.has_magic(str(errors_path)):
         raise InputError(f"-o {str(output)!r}: with a glob INPUT, name the output folder (and --errors) yourself")
-    if output.is_file():
+    if output.is_file() and not one_file:
         raise InputError(f"-o {str(output)!r} is a file; --engine ray writes a folder of Parquet files")
     if out in sources or err in sources:
         raise InputError(f"{'-o' if out in sources else '--errors'} is an input file; choose another path")
@@ -499,7 +510,24 @@ def check_outputs(files: list[str], input_path: str | Path, output: Path, errors
     if out == err or out in err.parents:
         raise InputError(f"--errors {str(errors_path)!r} is inside the output folder; choose another path")
     for option, path in (("-o", output), ("--errors", errors_path)):
-        check_writable(option, path, folder_ok=option == "-o")
+        check_writable(option, path, folder_ok=option == "-o" and not one_file)
+
+
+def check_remote_output(uri: str) -> None:
+    """Refuse an object-storage ``-o`` that does not name a Parquet object: ``--engine ray``
+    writes one there (its parts combined), never a prefix of part files, so a URI ending in
+    ``/`` or without ``.parquet``/``.pq`` would not be what its user reads back.
+
+    Raises:
+        InputError: names the URI and a ``.parquet`` key to give instead.
+    """
+    rest = uri.split("://", 1)[-1]
+    if "/" in rest and rest.rsplit("/", 1)[1].lower().endswith((".parquet", ".pq")):
+        return
+    fix = f"{uri}labels.parquet" if uri.endswith("/") else f"{uri}/labels.parquet" if "/" not in rest \
+        else f"{uri}.parquet"
+    raise InputError(f"-o {uri!r}: --engine ray writes an output in object storage as one Parquet object (not "
+                     f"a prefix of part files); name a .parquet key, e.g. {fix!r}")
 
 
 def _publish(tmp: Path, target: Path) -> None:
@@ -530,9 +558,11 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
                 worker_gpus: float = 0.0, batch_size: int = DEFAULT_BATCH_ROWS,
                 max_retries: int = DEFAULT_MAX_RETRIES, max_errors: int | None = None, progress: bool = False,
                 on_event: Callable[[str, dict], None] | None = None, reuse: list | None = None,
-                dedup_keys: int = DEFAULT_DEDUP_KEYS) -> RayRun:
+                dedup_keys: int = DEFAULT_DEDUP_KEYS, one_file: bool = False,
+                errors_name: str | None = None) -> RayRun:
     """``pcd label --engine ray``: label every row of INPUT on Ray; each row ends up in the Parquet
-    folder ``output`` or in ``errors_path`` (module docstring: the steps).
+    folder ``output`` (or, with ``one_file``, the one Parquet file ``output``) or in
+    ``errors_path`` (module docstring: the steps).
 
     Args:
         input_path: a file, a folder or a glob of JSONL/CSV/Parquet files (one format).
@@ -547,6 +577,10 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
             dedup_keys: distinct texts the driver remembers to label a repeated text once
             (``_copies``; 0: none). Counted in ``RunStats.reused``/``deduplicated`` as the local
             engine counts them.
+        one_file: the labelled rows go to the one Parquet file ``output``, written by the
+            driver (``write_one_file``) as the local engine writes it: how ``run_label_job``
+            stages an object-storage output. errors_name: how messages name the errors file
+            (its URI when staged; default ``errors_path``).
 
     Returns:
         ``RayRun``; ``stats.read == stats.records + stats.failures`` covers every input row.
@@ -559,7 +593,7 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
     """
     emit = on_event or (lambda *_event: None)
     files, kind = resolve_inputs(input_path, fmt)
-    check_outputs(files, input_path, output, errors_path)
+    check_outputs(files, input_path, output, errors_path, one_file=one_file)
     output, errors_path = Path(output), Path(errors_path)
     for f in files:  # the whole-file checks (columns, header, Parquet footer, JSONL keys) here, before Ray starts
         check_input(f, spec, fmt)
@@ -582,7 +616,7 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
                     workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
                     max_retries=max_retries, max_errors=max_errors, startup=startup,
                     address=(address or "local") if started_here else (address or "running"), reuse=reuse or [],
-                    dedup_keys=dedup_keys, emit=emit)
+                    dedup_keys=dedup_keys, emit=emit, one_file=one_file, errors_name=errors_name or str(errors_path))
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if started_here:
@@ -600,12 +634,21 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     (``pcd_cli.engines.local.run_label_job``), run by ``label_files``; the job's warnings are told
     to ``on_event`` once, after the run (the workers build the labelers).
 
+    An ``output`` in object storage (``s3://bucket/key.parquet``, any ``pyarrow.fs`` URI) is
+    staged as the local engine stages it (``local.stage_outputs``: under
+    ``<pcd cache>/outputs/<sha256 of the URI>/``, the store checked before Ray starts), the
+    labelled rows streamed there by the driver into one Parquet file (``write_one_file``), then
+    uploaded by the same ``storage.publish_staged``: the errors file first, the output last,
+    whole or never. The staged files are removed whether the upload worked or not (no
+    ``--resume`` here); a store failing mid-run says to run again (``storage.rerun_whole``).
+
     Returns:
         ``pcd_cli.engines.local.JobRun`` (statistics and warnings).
 
     Raises:
-        InputError: ``--resume`` or ``--trace`` (the local engine's), standard input; see
-        ``label_files``.
+        InputError: ``--resume`` or ``--trace`` (the local engine's), standard input, an
+        object-storage ``-o`` that is not a ``.parquet`` key or that the store refuses (exit
+        2, before Ray); see ``label_files``. MachineError: the upload failed (exit 5).
     """
     from ..job import schema_warnings
     from ..schema.load import load_schema
@@ -623,10 +666,12 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     if output is None:
         raise InputError(f"{str(input_path)!r}: name the output folder with -o (a glob or an object-storage "
                          "input has no folder to put it beside)")
-    if errors_path is None:
-        from .local import default_errors
+    from .local import stage_outputs
 
-        errors_path = default_errors(output)
+    if is_remote(output):
+        check_remote_output(str(output))
+    # local paths and file:// as they are; object storage staged and uploaded whole, as the local engine does
+    output, errors_path, staged = stage_outputs(output, errors_path, None)
     spec = job.input_spec(limit=limit, csv_delimiter=csv_delimiter)
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
     run = JobRun()
@@ -635,12 +680,31 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         emit("warning", warning.to_dict(), "warning")
     # the columns here; inputs (files, folders, globs) and the output folder in label_files
     check_columns(parsed, id_column(spec), all_probs=all_probs)
+    if staged is not None:
+        staged.prepare()  # the bucket, the credentials, the right to write: before Ray and the model
     sources = read_sources(reuse or [])  # before Ray and the model: a file that is not a reusable output is exit 2
-    done = label_files(input_path, parsed, spec, job, output=output, errors_path=errors_path, fmt=fmt,
-                       all_probs=all_probs, min_mass=min_mass, address=address, workers=workers,
-                       worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
-                       max_errors=max_errors, progress=progress, on_event=on_event, reuse=sources,
-                       dedup_keys=dedup_keys)
+    try:
+        done = label_files(input_path, parsed, spec, job, output=output, errors_path=errors_path, fmt=fmt,
+                           all_probs=all_probs, min_mass=min_mass, address=address, workers=workers,
+                           worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
+                           max_errors=max_errors, progress=progress, on_event=on_event, reuse=sources,
+                           dedup_keys=dedup_keys, one_file=staged is not None,
+                           errors_name=staged.errors_uri if staged is not None else None)
+        if staged is not None:
+            publish_staged(output, errors=errors_path)  # errors first, output last, whole or never
+    except (TooManyErrors, NothingLabelled):
+        if staged is not None:
+            try:
+                publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
+            except MachineError as exc:
+                raise rerun_whole(exc) from None
+        raise
+    except MachineError as exc:  # a store failing mid-run (reading a part, the upload): no --resume here
+        raise rerun_whole(exc) from None
+    finally:
+        if staged is not None:  # no --resume on Ray: nothing staged is kept
+            for path in (output, errors_path):
+                path.unlink(missing_ok=True)
     for warning in done.warnings:
         run.warnings.append(warning)
         emit("warning", warning.to_dict(), "warning")
@@ -651,7 +715,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
 
 def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path, tmp_dir, all_probs,
          min_mass, workers, worker_cpus, worker_gpus, batch_size, max_retries, max_errors, startup,
-         address, reuse=(), dedup_keys=DEFAULT_DEDUP_KEYS, emit=None) -> RayRun:
+         address, reuse=(), dedup_keys=DEFAULT_DEDUP_KEYS, emit=None, one_file=False, errors_name=None) -> RayRun:
     stats = RunStats(schema, min_mass=min_mass)
     listing = ray.data.from_items([{"file": i, "path": str(f)} for i, f in enumerate(files)],
                                   override_num_blocks=len(files))
@@ -682,7 +746,7 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         labelled = _run_step("label", lambda: _fill_copies(labelled, set(copies.values())), max_retries)
     stats.seconds = time.perf_counter() - started
     errors, metas, said, noted = [], set(), set(), {}
-    reuse_said, copied = {}, {}
+    reuse_said, copied, copied_fields = {}, {}, {}
     for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=None):
         kinds = pc.value_counts(batch.filter(pc.is_null(batch.column("__pcd_error"))).column("__pcd_kind")).to_pylist()
         counted = {k["values"]: k["counts"] for k in kinds}
@@ -694,6 +758,8 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
                 reuse_said.update((json.dumps(e, sort_keys=True), e) for e in told["events"])
                 for path, n in told["copied"].items():
                     copied[path] = copied.get(path, 0) + n
+                for path, (names, n) in told.get("copied_fields", {}).items():
+                    copied_fields[path] = (names, copied_fields.get(path, (names, 0))[1] + n)
         names = [n for n in batch.column_names if not n.startswith("__pcd_")]
         ok = pc.is_null(batch.column("__pcd_error"))
         done = batch.filter(ok)
@@ -720,11 +786,11 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
     if max_errors is not None and stats.failures > max_errors:
         _write_errors(errors, errors_path)
         raise TooManyErrors(f"{stats.failures} rows failed, more than --max-errors {max_errors}; they are in "
-                            f"{errors_path}; the output was not written", stats, None)
+                            f"{errors_name or errors_path}; the output was not written", stats, None)
     if stats.records == 0 and stats.failures:
         _write_errors(errors, errors_path)
-        raise NothingLabelled(f"no row could be labelled: all {stats.failures} failed; see {errors_path}",
-                              stats, None)
+        raise NothingLabelled(f"no row could be labelled: all {stats.failures} failed; see "
+                              f"{errors_name or errors_path}", stats, None)
     if metas:
         metadata = json.loads(metas.pop())
         arrow_schema = keyed_schema(output_schema(
@@ -738,8 +804,17 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         | stats.metadata(Path(str(input_path)).name)
     if JOB_PARTS_KEY in metadata:  # the workers' fingerprint, with the rows copied (as the local engine's pcd.reused)
         metadata |= keyed_metadata(json.loads(metadata[JOB_PARTS_KEY]),
-                                   [{"path": p, "rows": n} for p, n in copied.items()])
+                                   [{"path": p, "rows": n} for p, n in copied.items()]
+                                   + [{"path": p, "rows": n, "fields": list(names)}
+                                      for p, (names, n) in copied_fields.items()])
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
+    if one_file:  # the driver streams the rows into one file (renamed into place whole), then the errors
+        _run_step("write", lambda: write_one_file(labelled, output, final), max_retries)
+        if errors:
+            _write_errors(errors, errors_path)
+        else:
+            clear_stale(errors_path)
+        return run
     if stats.records:
         _run_step("write", lambda: labelled.map_batches(
             _only_labelled, batch_format="pyarrow", batch_size=None, fn_kwargs={"names": list(final.names)}
@@ -755,6 +830,32 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         clear_stale(errors_path)  # an earlier run's errors would mislead
     _publish(tmp_dir, write_target(output))  # the output last: its presence means the run is complete
     return run
+
+
+def write_one_file(labelled, target: Path, schema: pa.Schema) -> int:
+    """The labelled rows of the label step's (materialized, ordered) dataset as the one Parquet
+    file ``target`` on the driver's disk, as the local engine writes its output (``ParquetSink``:
+    renamed into place whole), with ``schema``'s columns and pcd's key-value metadata, in input
+    order. Streamed: row groups of at most ``ROWS_PER_FILE`` rows come from Ray one at a time (the
+    memory is one row group, not the table). The driver writes it, not the workers, so it holds
+    on a cluster whose nodes do not share the driver's disk (the staging folder is on it).
+
+    Returns:
+        The rows written.
+
+    Raises:
+        MachineError: the file cannot be written (``ParquetSink``); ``target`` is left as it was.
+    """
+    sink = ParquetSink(target, schema)
+    try:
+        for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=ROWS_PER_FILE):
+            table = _only_labelled(batch, names=list(schema.names))
+            sink.write_table(table if table.schema.equals(schema, check_metadata=False) else table.cast(schema))
+    except BaseException:
+        sink.abort()
+        raise
+    sink.close()
+    return sink.rows
 
 
 def _copies(parsed, offsets: list[int] | None, limit: int | None, dedup_keys: int) -> dict[int, int]:

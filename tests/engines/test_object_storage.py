@@ -254,23 +254,29 @@ def ray_with_store(tmp_path_factory, s3_store):
     ray.shutdown()
 
 
-def test_ray_reads_the_s3_partition_as_the_local_engine_does(ray_with_store, tmp_path, monkeypatch, s3_store):
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny random model saved to a folder every Ray worker loads by itself, and the oracle schema."""
+    from tests.helpers import ORACLE_SCHEMA, tiny_backend
+
+    root = tmp_path_factory.mktemp("tiny")
+    backend = tiny_backend(chat_template=True)
+    backend.model.save_pretrained(root / "model")
+    backend.tokenizer._tok.save_pretrained(root / "model")
+    (root / "oracle.json").write_text(json.dumps(ORACLE_SCHEMA))
+    return root / "model", root / "oracle.json"
+
+
+def test_ray_reads_the_s3_partition_as_the_local_engine_does(ray_with_store, tiny, tmp_path, monkeypatch, s3_store):
     """--engine ray over the same URI: the same files in the same order, the partition column in
     the template, the same rows, values and errors as the local engine (the tiny model)."""
-    from tests.engines.test_ray_engine import _label, assert_same, files  # noqa: F401  (files: a fixture)
+    from tests.engines.test_ray_engine import _label, assert_same
 
     for name, value in s3_store.env.items():
         monkeypatch.setenv(name, value)
     _export(None, s3_store, "ray")
     source = f"s3://{s3_store.bucket}/ray/exports/date={DATE}/"
-    model = tmp_path / "tiny"
-    from tests.helpers import ORACLE_SCHEMA, tiny_backend
-
-    backend = tiny_backend(chat_template=True)
-    backend.model.save_pretrained(model)
-    backend.tokenizer._tok.save_pretrained(model)
-    schema = tmp_path / "oracle.json"
-    schema.write_text(json.dumps(ORACLE_SCHEMA))
+    model, schema = tiny
     common = [source, "--schema", schema, "--model", model, "--device", "cpu", "--id-field", "id",
               "--template", "{date}: {body}", "--no-progress"]
     local = _label([*common, "-o", tmp_path / "local.parquet"])
@@ -279,5 +285,75 @@ def test_ray_reads_the_s3_partition_as_the_local_engine_does(ray_with_store, tmp
     assert ray.exit_code == 0, ray.output
     assert_same(pq.read_table(tmp_path / "local.parquet"), pq.read_table(tmp_path / "ray.parquet"))
     assert jsonl_rows(tmp_path / "ray.errors.jsonl") == jsonl_rows(tmp_path / "local.errors.jsonl")
-    refused = _label([*common, "-o", f"s3://{s3_store.bucket}/ray/out", "--engine", "ray"])
-    assert refused.exit_code == 2 and "--engine ray writes its output folder" in flat(refused.output)
+    refused = _label([*common, "-o", f"s3://{s3_store.bucket}/ray/out", "--engine", "ray"])  # a prefix, not an object
+    assert refused.exit_code == 2 and f"name a .parquet key, e.g. 's3://{s3_store.bucket}/ray/out.parquet'" \
+        in flat(refused.output)
+    assert s3_store.keys("ray/out") == []
+
+
+def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny, tmp_path, monkeypatch, s3_store,
+                                                           suite_cache):
+    """Issue #43 items 5-6, the done-when line on ``--engine ray``: an S3 partition labelled into
+    ``-o s3://.../<date>.parquet`` is one Parquet object equal to the local engine's output of the
+    same partition (rows, order, values to 1e-5, columns, metadata: pcd.*, pcd.job_parts,
+    ``__input_sha256``), its errors file beside it equal to the local one; yesterday's object and
+    a killed upload's temporary key are replaced, no temporary key or staged file is left. A store
+    that refuses the upload is exit 5 saying to run again (Ray has no --resume), the object of the
+    run before left as it was; a missing bucket is exit 2 before any model loads."""
+    import hashlib
+
+    import pcd_cli.engines.ray_engine as ray_engine
+    from tests.engines.test_ray_engine import _label, assert_same
+
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    _export(None, s3_store, "rayout")
+    model, schema = tiny
+    common = [f"s3://{s3_store.bucket}/rayout/exports/date={DATE}/", "--schema", schema, "--model", model, "--device",
+              "cpu", "--id-field", "id", "--template", "{date}: {body}", "--no-progress", "--all-probs"]
+    local = _label([*common, "-o", tmp_path / "local.parquet"])
+    assert local.exit_code == 0, local.output
+    uri = f"s3://{s3_store.bucket}/rayout/out/{DATE}.parquet"
+    s3_store.put(f"rayout/out/{DATE}.parquet", b"yesterday's object")
+    s3_store.put(f"rayout/out/.{DATE}.parquet.pcd-upload-killed0001", b"half an upload")  # an upload killed earlier
+    ray = _label([*common, "-o", uri, "--engine", "ray", "--workers", 2, "--batch-size", 2])
+    assert ray.exit_code == 0, ray.output
+    assert "5 rows read: 4 records labelled, 1 failed" in flat(ray.output)
+    assert f"see s3://{s3_store.bucket}/rayout/out/{DATE}.errors.jsonl" in flat(ray.output)
+    assert s3_store.keys("rayout/out") == [f"rayout/out/{DATE}.errors.jsonl", f"rayout/out/{DATE}.parquet"]
+    data = _read(s3_store, f"rayout/out/{DATE}.parquet")
+    want, got = pq.read_table(tmp_path / "local.parquet"), _table(data)
+    assert got.column("id").to_pylist() == ["t1", "t2", "t4", "t5"]
+    assert_same(want, got)  # rows, order, values (1e-5), columns, types, metadata (all but pcd.created_utc)
+    assert "__input_sha256" in got.column_names and b"pcd.job_parts" in got.schema.metadata
+    assert got.column("__input_sha256").to_pylist() == want.column("__input_sha256").to_pylist()
+    errors = [orjson.loads(line) for line in _read(s3_store, f"rayout/out/{DATE}.errors.jsonl").splitlines()]
+    assert errors == jsonl_rows(tmp_path / "local.errors.jsonl") and errors[0]["record"] == "t3"
+    staging = suite_cache / "pcd" / "outputs" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    assert [p.name for p in staging.iterdir()] == ["publish.json"]  # nothing staged kept: Ray has no --resume
+
+    # the store refuses the upload (the driver's credentials revoked once the labelling is done:
+    # a real refusal by the store): exit 5, run again, the run before's objects as they were
+    real = ray_engine.publish_staged
+
+    def revoked(*args, **kwargs):
+        os.environ["AWS_SECRET_ACCESS_KEY"] = "revoked"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ray_engine, "publish_staged", revoked)
+    failed = _label([*common, "-o", uri, "--engine", "ray", "--batch-size", 2])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_store.env["AWS_SECRET_ACCESS_KEY"])
+    assert failed.exit_code == 5, failed.output
+    said = flat(failed.output)
+    assert f"--errors 's3://{s3_store.bucket}/rayout/out/{DATE}.errors.jsonl': cannot write: access denied" in said
+    assert "then run the command again" in said and "--resume" not in said
+    assert s3_store.keys("rayout/out") == [f"rayout/out/{DATE}.errors.jsonl", f"rayout/out/{DATE}.parquet"]
+    assert _read(s3_store, f"rayout/out/{DATE}.parquet") == data
+    assert [p.name for p in staging.iterdir()] == ["publish.json"]
+
+    # a bucket that does not exist: exit 2 before Ray or a model (there is none at --model)
+    missing = _label([*common[:3], "--model", tmp_path / "no-model", "--id-field", "id", "--engine", "ray",
+                      "-o", "s3://no-such-bucket/out/labels.parquet"])
+    assert missing.exit_code == 2, missing.output
+    said = flat(missing.output)
+    assert "-o 's3://no-such-bucket/out/labels.parquet'" in said and "no such bucket 'no-such-bucket'" in said

@@ -284,3 +284,17 @@ def test_ray_reuse_and_dedup_same_values_and_counts_as_local(local_ray, files, t
     # only the 4 changed texts were decoded: fewer passes per record than a fresh Ray run of night 2
     fresh = done(_ray(files, tmp_path / "night2.jsonl", tmp_path / "fresh.parquet", 2, ["--log-format", "json", *extra]))
     assert 0 < got["forward_passes_per_record"] < fresh["forward_passes_per_record"]
+
+
+def test_ray_s3_output_needs_a_parquet_key(files, tmp_path):
+    """``-o`` in object storage on Ray is one Parquet object: a prefix, or a key without
+    ``.parquet``, is refused before Ray starts or the store is asked (one line with the fix)."""
+    for uri, fix in (("s3://bucket/labels/", "s3://bucket/labels/labels.parquet"),
+                     ("s3://bucket/labels/2026-12-05", "s3://bucket/labels/2026-12-05.parquet")):
+        result = _label([files["jsonl"], "--schema", files["schema"], "-o", uri, "--engine", "ray",
+                         "--model", tmp_path / "no-model-needed"])
+        assert result.exit_code == 2, result.output
+        message = " ".join(result.output.split())
+        assert f"-o '{uri}': --engine ray writes an output in object storage as one Parquet object" in message
+        assert f"name a .parquet key, e.g. '{fix}'" in message
+
