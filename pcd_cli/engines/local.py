@@ -26,10 +26,10 @@ from ..io.output import ParquetSink, base_metadata, check_columns
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure
 from ..schema.model import TRUNCATED_COLUMN, Schema
-from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling
+from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling, uri_name
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, REUSED, Labelled, ReuseIndex, ReuseSource, ReusingLabeler,
-                    job_parts, keyed_metadata, keyed_schema, read_sources)
+                    job_parts, keyed_metadata, keyed_schema, per_field_names, read_sources)
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -65,7 +65,7 @@ def default_errors(output: str | Path) -> Path:
 def default_errors_uri(output_uri: str) -> str:
     """The errors file of an object-storage output: ``default_errors``'s name beside it
     (``s3://b/out/x.parquet`` -> ``s3://b/out/x.errors.jsonl``)."""
-    return sibling(output_uri, default_errors(PurePosixPath(output_uri).name).name)
+    return sibling(output_uri, default_errors(uri_name(output_uri)).name)
 
 
 def id_column(spec: InputSpec) -> str:
@@ -385,10 +385,13 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                                   trace=trace_path is not None, reuse=[s.path for s in reuse or ()],
                                   dedup_keys=dedup_keys)
     parts = job_parts(labeler)
-    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event) if reuse else None
+    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event, fields=per_field_names(labeler)) if reuse else None
     rows = ReusingLabeler(labeler, arrow_schema, index, dedup_keys, group_size=chunk_records)
     stats = RunStats(labeler.schema, min_mass=min_mass)
-    reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records)
+    id_name = arrow_schema.names[0]
+    # the output lags the reader by the open group of rows to decode and the rest of its chunk
+    reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records,
+                          keep_digests=rows.max_span + 2 * chunk_records)
     repeated = stats.repeated_ids if spec.id_field else None
     with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work, closing(reader):
         if work.discarded:
@@ -462,22 +465,20 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                 nonlocal redo
                 dropped = min(redo, len(released))  # labelled again only to decode their group whole
                 redo -= dropped
-                labelled = []
                 for done in released[dropped:]:
                     if repeated is not None:
                         repeated.add(done.item.id)
                     pending.add(done, reader.file_at(done.item.row) if done.item.row is not None else None)
                     if isinstance(done.result, RecordFailure):
                         stats.failures += 1
-                    else:
-                        labelled.append(done.result)
+                    elif done.record is not None:  # decoded: counted exactly, from its RecordResult
+                        stats.add(done.record)
+                    else:  # copied (reused, deduplicated): from its output row
+                        stats.add_rows([done.result], id_name)
                     stats.reused += done.kind == REUSED
                     stats.deduplicated += done.kind == DEDUPLICATED
                     if pending.rows >= batch_records:
-                        stats.add_rows(labelled, arrow_schema)
-                        labelled = []
                         commit()
-                stats.add_rows(labelled, arrow_schema)
                 bar.update(len(released) - dropped)
 
             for chunk in reader:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..io.output import chosen_options, option_decisions
 from ..io.values import RepeatedIds
 from ..quality.metrics import one_label
 from ..results import RecordResult
@@ -68,46 +69,89 @@ class RunStats:
 
     def __post_init__(self) -> None:
         self.fields = [FieldStats() for _ in self.schema.fields]
+        # per decision: how a copied row's cells name it (``_copied``), read once here
+        self._reads = []
+        for f in self.schema.fields:
+            if f.group is not None:  # an option of a multi field: the field's columns
+                self._reads.append((None, f.group, f"{f.group}__probs", f"{f.group}__mass", f.option, f.labels))
+            else:
+                self._reads.append(({f.value(i): label for i, label in enumerate(f.labels)}, f.name,
+                                    f"{f.name}__prob", f"{f.name}__mass", None, f.labels))
+        self._multi = [(f, part) for f, part in self.schema.declared_parts() if f.is_multi]
+        self._rules = [(name, f"{name}{CHANGED_SUFFIX}") for name in rule_fields(self.schema)]
 
     def add(self, result: RecordResult) -> None:
-        """Count one labelled record."""
+        """Count one record this process decoded, exactly, from its ``RecordResult``: each
+        field's label (``(abstained)`` when its value is ``None``), probability and candidate
+        mass. An option of a multi field counts as the output writes it: ``true`` when it is among
+        the chosen options (``pcd_cli.io.output.chosen_options``, the written list), with the
+        probability of that answer and the option's own mass."""
         self.truncated += result.truncated
         self.decoded += 1
-        self._add(result.id, [(ABSTAINED if res.value is None else f.labels[res.label], res.prob, res.mass)
-                              for f, res in zip(self.schema.fields, result.fields)])
-        self.rule_changes.update(f.name for f, res in zip(self.schema.fields, result.fields) if res.changed_by_rules)
+        fields = result.fields
+        counted = [(ABSTAINED if res.value is None else f.labels[res.label], res.prob, res.mass)
+                   for f, res in zip(self.schema.fields, fields)]
+        for multi, part in self._multi:
+            options = [fields[i] for i in part]
+            chosen = chosen_options(multi, [res.probs[0] for res in options], option_decisions(options))
+            for k, (i, res) in enumerate(zip(part, options)):
+                answer = 0 if k in chosen else 1  # label 0 is true
+                counted[i] = (self.schema.fields[i].labels[answer], res.probs[answer], res.mass)
+        self._add(result.id, counted)
+        self.rule_changes.update(f.name for f, res in zip(self.schema.fields, fields) if res.changed_by_rules)
 
-    def add_rows(self, rows: list[dict], arrow_schema) -> None:
-        """Count labelled rows of this process given as dicts of the output columns
-        ``arrow_schema`` (as ``pcd_cli.engines.reuse.ReusingLabeler`` gives them: decoded, reused
-        or deduplicated)."""
-        if not rows:
-            return
-        import pyarrow as pa
+    def add_rows(self, rows: list[dict], id_column: str) -> None:
+        """Count rows this process labelled by copying them (``--reuse``'s reused rows, the
+        deduplicated repeats of a text: ``pcd_cli.engines.reuse.ReusingLabeler``), each a dict
+        of the output columns whose id is ``row[id_column]``. Decoded rows are counted from their
+        ``RecordResult`` (``add``).
 
-        self.add_table(pa.Table.from_pylist(rows, schema=arrow_schema))
+        A row holds no mass of a multi field's single option, only the field's ``<f>__mass`` (the
+        smallest of its options'), so each option of a copied row counts that mass; its label and
+        probability are exact (``true`` when the written list holds it, P(yes) from
+        ``<f>__probs``)."""
+        self._copied(rows, id_column)
         self.truncated += sum(bool(row.get(TRUNCATED_COLUMN)) for row in rows)
         self.decoded += len(rows)
 
     def add_table(self, table) -> None:
-        """Count the labelled rows of an output table (a resumed run's earlier batches).
+        """Count the labelled rows of an output table (a resumed run's earlier batches, a Ray
+        run's labelled blocks), its first column the id, as copied rows are counted (``add_rows``:
+        a multi field's options count the field's mass).
 
         ``truncated`` and ``failures`` are not taken from it; the caller restores them.
         """
-        ids = table.column(0).to_pylist()
-        columns = []
-        for f in self.schema.fields:
-            if f.group is not None:  # an option of a multi field: its column holds the chosen options
-                columns.append(_option_column(table, f))
-                continue
-            names = {f.value(i): label for i, label in enumerate(f.labels)}
-            columns.append(([ABSTAINED if v is None else names[v] for v in table.column(f.name).to_pylist()],
-                            table.column(f"{f.name}__prob").to_pylist(), table.column(f"{f.name}__mass").to_pylist()))
-        for row, rid in enumerate(ids):
-            self._add(rid, [(labels[row], probs[row], masses[row]) for labels, probs, masses in columns])
-        for name in rule_fields(self.schema):
-            if f"{name}{CHANGED_SUFFIX}" in table.column_names:
-                self.rule_changes[name] += sum(bool(v) for v in table.column(f"{name}{CHANGED_SUFFIX}").to_pylist())
+        id_column = table.column_names[0]
+        counted = dict.fromkeys(name for read in self._reads for name in read[1:4])  # value, prob, mass
+        rules = [c for _, c in self._rules if c in table.column_names]
+        self._copied(table.select([id_column, *counted, *rules]).to_pylist(), id_column)
+
+    def _copied(self, rows: list[dict], id_column: str) -> None:
+        """Count rows given as dicts of output columns (``add_rows``, ``add_table``)."""
+        for row in rows:
+            counted, groups = [], {}
+            for names, column, prob, mass, option, labels in self._reads:
+                if option is None:
+                    value = row[column]
+                    counted.append((ABSTAINED if value is None else names[value], row[prob], row[mass]))
+                    continue
+                written = groups.get(column)
+                if written is None:
+                    chosen = row[column]
+                    written = groups[column] = (None if chosen is None else set(chosen), dict(row[prob] or ()),
+                                                row[mass])
+                chosen, p_yes, field_mass = written
+                p = float(p_yes.get(option, 0.0))
+                if chosen is None:
+                    counted.append((ABSTAINED, p, field_mass))
+                elif option in chosen:
+                    counted.append((labels[0], p, field_mass))
+                else:
+                    counted.append((labels[1], 1.0 - p, field_mass))
+            self._add(row[id_column], counted)
+            for name, column in self._rules:
+                if row.get(column):
+                    self.rule_changes[name] += 1
 
     def _add(self, record_id: object, fields: list[tuple[str, float, float]]) -> None:
         self.records += 1
@@ -214,23 +258,3 @@ class RunStats:
             for mass, rid, name in worst:
                 low.add_row(escape(rid), escape(name), f"{mass:.3g}")
             console.print(low)
-
-
-def _option_column(table, f) -> tuple[list[str], list[float], list[float]]:
-    """One option decision of a multi field (``f.group``/``f.option``) read back from an output
-    table: ``true`` when the written list holds the option, the probability of that answer from
-    ``<group>__probs`` (P(yes)), and the multi field's ``<group>__mass`` (the smallest candidate
-    mass of its option decisions: the table keeps no option's own mass)."""
-    chosen = table.column(f.group).to_pylist()
-    p_yes = [dict(m or ()) for m in table.column(f"{f.group}__probs").to_pylist()]
-    masses = table.column(f"{f.group}__mass").to_pylist()
-    labels, probs = [], []
-    for options, p in zip(chosen, p_yes):
-        if options is None:
-            labels.append(ABSTAINED)
-            probs.append(float(p.get(f.option, 0.0)))
-            continue
-        yes = f.option in options
-        labels.append(f.labels[0] if yes else f.labels[1])
-        probs.append(float(p.get(f.option, 0.0)) if yes else 1.0 - float(p.get(f.option, 0.0)))
-    return labels, probs, masses

@@ -180,6 +180,41 @@ def test_pcd_label_writes_every_column_type(tmp_path, types_schema):
         assert row["kind"] in ("bug", "question", "OTHER")
 
 
+def test_the_run_summary_counts_each_multi_option_with_its_own_mass(tmp_path, types_schema, monkeypatch):
+    """A decoded row's options are counted from its RecordResult (each option's own mass); a
+    copied row's (here a repeated text, deduplicated) from its output row, which holds only the
+    field's mass (the smallest of its options'). Labels: as written (in the list or not)."""
+    from collections import Counter
+
+    from pcd_cli.api import Labeler
+    from pcd_cli.engines.local import label_file
+    from pcd_cli.io.readers import InputSpec
+
+    labeler = Labeler(types_schema, backend=tiny_backend())
+    decoded, inner = [], labeler.label_batch
+    monkeypatch.setattr(labeler, "label_batch", lambda batch: decoded.extend(out := inner(batch)) or out)
+    data = tmp_path / "in.jsonl"
+    texts = TEXTS + [TEXTS[0]]  # the last row repeats the first: deduplicated, not decoded
+    data.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "out.parquet"
+    stats = label_file(labeler, data, InputSpec(id_field="id"), output=out, errors_path=tmp_path / "e.jsonl",
+                       progress=False)
+    assert (stats.records, stats.deduplicated, [r.id for r in decoded]) == (4, 1, ["r0", "r1", "r2"])
+    rows = pq.read_table(out).to_pylist()
+    multi, part = types_schema.declared[1], types_schema.parts[1]
+    assert all(len({r.fields[i].mass for i in part}) == len(part) for r in decoded)  # the options' masses differ
+    summary = stats.to_dict()["fields"]
+    for k, i in enumerate(part):
+        option = types_schema.fields[i]
+        masses = [r.fields[i].mass for r in decoded] + [rows[3]["topics__mass"]]
+        assert summary[option.name]["mean_mass"] == pytest.approx(sum(masses) / 4, rel=1e-6)
+        written = [multi.labels[k] in row["topics"] for row in rows]
+        assert summary[option.name]["labels"] == dict(Counter(option.labels[0 if yes else 1] for yes in written))
+        p_yes = [dict(row["topics__probs"])[multi.labels[k]] for row in rows]
+        assert summary[option.name]["mean_prob"] == pytest.approx(
+            sum(p if yes else 1 - p for p, yes in zip(p_yes, written)) / 4, rel=1e-5)
+
+
 def test_label_frame_matches_the_cli_columns(types_schema):
     from pcd_cli.api import Labeler
 
