@@ -10,7 +10,11 @@ paths on it, for every reader and engine:
   variables (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
   ``AWS_PROFILE`` and the shared config files, ``AWS_REGION``, ``AWS_ENDPOINT_URL`` or
   ``AWS_ENDPOINT_URL_S3`` for an S3-compatible store: pyarrow 25 honours both, checked against
-  SeaweedFS); for GCS ``GOOGLE_APPLICATION_CREDENTIALS`` or the metadata server.
+  SeaweedFS); for GCS Google's application default credentials (``GOOGLE_APPLICATION_CREDENTIALS``,
+  gcloud's file, the metadata server) or ``gs://anonymous@...``, and google-cloud-cpp's
+  ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` for an emulator (checked against fake-gcs-server). A URI's
+  query of settings (``?endpoint_override=host:port&scheme=http``) reaches pyarrow as typed
+  (``split_query``); a GCS request is retried for ``GCS_RETRY_SECONDS`` unless the URI says.
 - ``list_files``: a file, a folder (every file below it with a known extension, at any depth),
   or a glob (``*``, ``?``, ``[...]`` within a name, ``**`` for any depth) as a ``FileList``: the
   files in **one deterministic order** (by path, folder by folder: the order of
@@ -63,8 +67,32 @@ def uri_scheme(path: str | Path) -> str | None:
 
 
 def is_glob(path: str | Path) -> bool:
-    """Whether ``path`` holds a glob's wildcards (``*``, ``?``, ``[``)."""
-    return _MAGIC.search(str(path)) is not None
+    """Whether ``path`` holds a glob's wildcards (``*``, ``?``, ``[``; a URI's query aside)."""
+    return _MAGIC.search(split_query(str(path))[0]) is not None
+
+
+#: A URI's query of store settings at its end: ``?key=value&key=value`` (``gs://b/x?scheme=http&
+#: endpoint_override=127.0.0.1:4443``); a ``?`` not followed by such pairs is a glob's wildcard.
+_QUERY = re.compile(r"\?([a-z][a-z0-9_]*=[^&]*(?:&[a-z][a-z0-9_]*=[^&]*)*)\Z")
+
+
+def split_query(uri: str) -> tuple[str, str]:
+    """``uri`` as the URI without its query and the query with its ``?`` (``''`` if none).
+
+    The query holds the store's settings that ``pyarrow.fs.FileSystem.from_uri`` reads
+    (``endpoint_override``, ``scheme``, ``retry_limit_seconds``, ``region`` ...); it is told from
+    a glob's ``?`` by its ``key=value`` pairs (``part-?.parquet`` is a glob, not a query). A
+    local path has none."""
+    if uri_scheme(uri) in (None, "file"):
+        return uri, ""
+    found = _QUERY.search(uri)
+    return (uri[:found.start()], uri[found.start():]) if found else (uri, "")
+
+
+def uri_name(uri: str | Path) -> str:
+    """The last name of a path or URI, its query aside (``gs://b/out/x.parquet?scheme=http`` ->
+    ``x.parquet``)."""
+    return PurePosixPath(split_query(str(uri))[0]).name
 
 
 def is_remote(path: str | Path) -> bool:
@@ -126,14 +154,35 @@ def open_location(target: str | Path, *, option: str = "INPUT") -> Location:
     if scheme is None or scheme == "file":
         path = local_path(text)
         return Location(text, pafs.LocalFileSystem(), str(path) if scheme else text, None)
+    base, query = split_query(text)
+    if scheme in ("gs", "gcs") and "retry_limit_seconds=" not in query:
+        query += f"{'&' if query else '?'}retry_limit_seconds={GCS_RETRY_SECONDS}"
+    # a glob's wildcards are no URI syntax ('?' starts a query, '[' is refused): pyarrow opens
+    # the folder above the first one, and the rest is appended as it is
+    magic = _MAGIC.search(base)
+    cut = base.rfind("/", 0, magic.start()) + 1 if magic else len(base)
+    if magic and cut <= len(f"{scheme}://"):
+        raise InputError(f"{_head(option, text)}: a glob's wildcards belong after the bucket "
+                         f"(e.g. {scheme}://bucket/exports/*.parquet)")
     try:
-        filesystem, path = pafs.FileSystem.from_uri(text)
+        filesystem, path = pafs.FileSystem.from_uri(base[:cut] + query)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         raise InputError(f"{_head(option, text)}: cannot open this URI ({exc}); pcd reads local paths and the "
                          "URIs pyarrow.fs knows (s3://, gs://, hdfs://, file://)") from None
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, text, option=option) from None
+    if magic:
+        path = f"{path.rstrip('/')}/{unquote(base[cut:])}"
     return Location(text, filesystem, path.rstrip("/"), scheme)
+
+
+#: What a store's failure raises through pyarrow: ``OSError`` mostly; a GCS failure Arrow cannot
+#: map (a credentials file that cannot be read) is a bare ``ArrowException``.
+STORE_ERRORS = (OSError, pa.ArrowException)
+#: Seconds pyarrow's GCS client retries a failing request when the URI does not say
+#: (``?retry_limit_seconds=N``). The client's own default is 15 minutes: an unreachable endpoint
+#: or missing credentials would hang a run that long before its one-line error.
+GCS_RETRY_SECONDS = 60
 
 
 def _head(option: str, target: str) -> str:
@@ -147,6 +196,8 @@ _DENIED = ("ACCESS_DENIED", "AccessDenied", "Forbidden", "403", "INVALID_ACCESS_
 _UNREACHABLE = ("NETWORK_CONNECTION", "Could not connect", "curlCode", "Couldn't resolve host", "Connection refused",
                 "Timeout was reached", "UNAVAILABLE", "Failed to connect")
 _NO_BUCKET = ("NO_SUCH_BUCKET", "NoSuchBucket", "bucket does not exist")
+#: GCS: no credentials gave an access token (none found, an unreadable key file, no metadata server).
+_NO_TOKEN = "Could not create a OAuth2 access token"
 
 
 def _aws_credentials_found() -> bool:
@@ -162,9 +213,19 @@ def _aws_credentials_found() -> bool:
     return any(os.path.isfile(f) for f in files)
 
 
-def _endpoint(scheme: str | None) -> str:
+def _endpoint(scheme: str | None, uri: str = "") -> str:
+    """`` at <endpoint>`` for messages: the URI's ``endpoint_override``, else the variable the
+    store's client reads (``AWS_ENDPOINT_URL[_S3]``; GCS: ``CLOUD_STORAGE_EMULATOR_ENDPOINT``)."""
+    from urllib.parse import parse_qs
+
+    given = parse_qs(split_query(uri)[1][1:]).get("endpoint_override")
+    if given:
+        return f" at {given[0]}"
     if scheme == "s3":
         found = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return f" at {found}" if found else ""
+    if scheme in ("gs", "gcs"):
+        found = os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT")
         return f" at {found}" if found else ""
     return ""
 
@@ -189,13 +250,26 @@ def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool 
         reason = "no such file, folder or prefix"
         fix = "check the path"
     elif any(m in text for m in _NO_BUCKET):
-        bucket = urlparse(uri).netloc
-        reason = f"no such bucket {bucket!r}{_endpoint(scheme)}"
-        fix = "check the bucket name (and AWS_ENDPOINT_URL / AWS_REGION for the store meant)"
+        bucket = urlparse(uri).netloc.rpartition("@")[2]
+        reason = f"no such bucket {bucket!r}{_endpoint(scheme, uri)}"
+        fix = ("check the bucket name (and AWS_ENDPOINT_URL / AWS_REGION for the store meant)" if scheme == "s3"
+               else "check the bucket name (and the endpoint: CLOUD_STORAGE_EMULATOR_ENDPOINT or ?endpoint_override=)"
+               if scheme in ("gs", "gcs") else "check the bucket name")
+    elif _NO_TOKEN in text:
+        cause = re.search(r"The underlying error message was: (.*?)(?: error_info=|\)?$)", text)
+        key = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        reason = (f"the credentials of GOOGLE_APPLICATION_CREDENTIALS={key} gave no access token"
+                  + (f" ({cause.group(1)[:200]})" if cause else "") if key
+                  else "no Google credentials were found (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud "
+                  "application-default file, no metadata server answered)")
+        fix = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account key file (or run `gcloud auth "
+               "application-default login`, or run where the metadata server gives credentials); a public "
+               "bucket or an emulator needs none: gs://anonymous@bucket/...")
     elif any(m in text for m in _UNREACHABLE):
-        reason = f"the store{_endpoint(scheme)} cannot be reached ({_short(text)})"
+        reason = f"the store{_endpoint(scheme, uri)} cannot be reached ({_short(text)})"
         fix = ("check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and the network" if scheme == "s3"
-               else "check the endpoint and the network")
+               else "check CLOUD_STORAGE_EMULATOR_ENDPOINT (or the URI's ?endpoint_override=) and the network"
+               if scheme in ("gs", "gcs") else "check the endpoint and the network")
     elif any(m in text for m in _DENIED):
         if scheme == "s3" and not _aws_credentials_found():
             reason = "access denied and no AWS credentials were found"
@@ -231,6 +305,7 @@ def rerun_whole(exc: MachineError) -> MachineError:
 def _short(text: str) -> str:
     """pyarrow's message without its request id and repeated detail."""
     text = re.sub(r"\s*\(Request ID: [^)]*\)", "", text).strip()
+    text = re.sub(r"\s*error_info=\{.*", "", text)  # GCS: the status's metadata, after its message
     return text.split("; Details:")[0][:300]
 
 
@@ -366,16 +441,18 @@ def _sort_key(path: str) -> tuple[str, ...]:
 def _info(location: Location, path: str, option: str) -> pafs.FileInfo:
     try:
         return location.filesystem.get_file_info(path)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, location.given, option=option) from None
 
 
 def _below(location: Location, base: str, option: str) -> list[pafs.FileInfo]:
     try:
-        return location.filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=False))
+        # nothing there is [] (said by the caller, naming what was given): GCS says a missing
+        # prefix with a bare OSError, not FileNotFoundError, unless allowed
+        return location.filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
     except FileNotFoundError:
-        return []  # nothing there: said by the caller, naming what was given
-    except OSError as exc:
+        return []
+    except STORE_ERRORS as exc:
         raise store_error(exc, location.given, option=option, what="cannot list") from None
 
 
@@ -455,7 +532,7 @@ def _check_bucket(location: Location, option: str) -> None:
     bucket = location.path.split("/", 1)[0]
     try:
         info = location.filesystem.get_file_info(bucket)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, location.given, option=option, what="cannot list") from None
     if info.type == pafs.FileType.NotFound:
         raise store_error(FileNotFoundError(f"NoSuchBucket: {bucket}"), location.given, option=option,
@@ -486,8 +563,8 @@ def open_dataset(target: str | Path | FileList, *, option: str = "--reuse"):
         try:
             fragment = fmt.make_fragment(path, listed.filesystem, partition_expression=expr)
             physical = fragment.physical_schema
-        except (pa.ArrowInvalid, OSError) as exc:
-            if isinstance(exc, OSError) and not isinstance(exc, pa.ArrowInvalid):
+        except STORE_ERRORS as exc:
+            if not isinstance(exc, pa.ArrowInvalid):
                 raise store_error(exc, listed.name(i), option=option) from None
             raise InputError(f"{_head(option, listed.name(i))}: not a readable Parquet file ({exc})") from None
         fragments.append(fragment)
@@ -507,7 +584,7 @@ def open_input_stream(location: Location, path: str, *, option: str = "INPUT"):
     """
     try:
         return location.filesystem.open_input_stream(path, compression=None)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, location.name(path), option=option) from None
 
 
@@ -519,7 +596,7 @@ def open_input_file(location: Location, path: str, *, option: str = "INPUT"):
     """
     try:
         return location.filesystem.open_input_file(path)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, location.name(path), option=option) from None
 
 
@@ -553,12 +630,12 @@ def upload_atomic(source: Path, uri: str, *, option: str = "-o", mid_run: bool =
             while chunk := fh.read(1 << 22):
                 out.write(chunk)
         fs.copy_file(tmp, location.path)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, uri, option=option, mid_run=mid_run, what="cannot write") from None
     finally:
         try:
             fs.delete_file(tmp)
-        except OSError:
+        except STORE_ERRORS:
             pass
 
 
@@ -567,13 +644,13 @@ def _remove_stale_uploads(location: Location) -> None:
     folder, _, name = location.path.rpartition("/")
     try:
         entries = location.filesystem.get_file_info(pafs.FileSelector(folder, recursive=False, allow_not_found=True))
-    except OSError:
+    except STORE_ERRORS:
         return
     for entry in entries:
         if entry.type == pafs.FileType.File and entry.base_name.startswith(f".{name}{UPLOAD_MARK}"):
             try:
                 location.filesystem.delete_file(entry.path)
-            except OSError:
+            except STORE_ERRORS:
                 pass
 
 
@@ -587,7 +664,7 @@ def remove_object(uri: str, *, option: str = "--errors") -> None:
     try:
         if location.filesystem.get_file_info(location.path).type == pafs.FileType.File:
             location.filesystem.delete_file(location.path)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, uri, option=option, mid_run=True, what="cannot remove") from None
 
 
@@ -606,7 +683,7 @@ def check_output_uri(uri: str, *, option: str = "-o") -> None:
     fs = location.filesystem
     try:
         info = fs.get_file_info(location.path)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, uri, option=option, what="cannot write") from None
     if info.type == pafs.FileType.Directory:
         raise InputError(f"{_head(option, uri)} is a prefix holding objects; give an object name, e.g. "
@@ -617,7 +694,7 @@ def check_output_uri(uri: str, *, option: str = "-o") -> None:
         with fs.open_output_stream(probe) as out:
             out.write(b"")
         fs.delete_file(probe)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc, uri, option=option, what="cannot write") from None
 
 
@@ -634,9 +711,11 @@ def canonical(target: str | Path) -> str:
 
 
 def sibling(target: str, name: str) -> str:
-    """The URI of ``name`` in the folder (prefix) of the URI ``target``."""
-    head, _, _ = str(target).rstrip("/").rpartition("/")
-    return f"{head}/{name}"
+    """The URI of ``name`` in the folder (prefix) of the URI ``target``, with ``target``'s query
+    of store settings (``gs://b/out/x.parquet?scheme=http`` -> ``gs://b/out/<name>?scheme=http``)."""
+    base, query = split_query(str(target))
+    head, _, _ = base.rstrip("/").rpartition("/")
+    return f"{head}/{name}{query}"
 
 
 @dataclass(frozen=True)
@@ -668,11 +747,11 @@ class StagedOutput:
 
     @property
     def output(self) -> Path:
-        return self.folder / PurePosixPath(self.output_uri).name
+        return self.folder / uri_name(self.output_uri)
 
     @property
     def errors(self) -> Path:
-        name = PurePosixPath(self.errors_uri).name
+        name = uri_name(self.errors_uri)
         return self.folder / (name if name != self.output.name else f"{name}.errors")
 
     def prepare(self) -> None:
