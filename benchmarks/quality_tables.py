@@ -6,12 +6,13 @@ when benchmarks/quality.md is not what it would write; tests/test_docs.py runs t
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
 import sys
 from pathlib import Path
+
+from generated_page import render_or_check  # benchmarks/ (the script's folder)
 
 HERE = Path(__file__).resolve().parent
 NOTES = HERE / "quality_notes.md"
@@ -206,19 +207,8 @@ def render() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when benchmarks/quality.md is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
-        if current != text:
-            print("benchmarks/quality.md is stale: run python benchmarks/quality_tables.py", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUTPUT}")
-    return 0
+    return render_or_check(render, OUTPUT, argv, description=__doc__.splitlines()[0],
+                           script="benchmarks/quality_tables.py")
 
 
 if __name__ == "__main__":
