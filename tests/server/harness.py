@@ -1,6 +1,7 @@
 """Serving helpers for the server tests in this folder: a server over a fake host on 127.0.0.1 (a
-free port), the check that nothing it started is left running, raw-socket requests, and running
-a replayed-fault script (``cases/``) against a server.
+free port), a ``--label-studio`` one with a fake trainer (``label_studio_server``), the check that
+nothing it started is left running, raw-socket requests, and running a replayed-fault script
+(``cases/``) against a server.
 
 ``TokenizingHost`` is ``tests/server/fakes.FakeHost`` whose labelers encode every text they decode
 as UTF-8, as a real tokenizer does (so a lone surrogate that reaches a decode call fails the whole
@@ -16,16 +17,20 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from pcd_cli.schema.load import load_schema
 from pcd_cli.server.app import AppConfig
+from pcd_cli.server.label_studio import LabelStudioConfig
 from pcd_cli.server.main import ServerThread
 from pcd_cli.job import LabelJob
 from pcd_cli.server.service import LabelService, ServiceConfig
 
+from ..helpers import FakeFit, retrained_labeler
 from .fakes import FakeHost, FakeLabeler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +107,25 @@ def serve(host=None, *, config: ServiceConfig = ServiceConfig(), app_config: App
     schemas = schemas or {"triage": (AIRLINE, LabelJob()), "sms": (SMS, LabelJob())}
     return ServerThread(LabelService(host, schemas, config=config), app_config, **kw)
 
+
+@contextmanager
+def label_studio_server(state: Path) -> Iterator[tuple[ServerThread, object, Path]]:
+    """A ``--label-studio`` server (``serve``) over a ``TokenizingHost``, its state in ``state``
+    (``LabelStudioConfig.state_dir``), the default gold floor; the trainer faked (``FakeFit``:
+    holdout accuracy 0.5 before, 0.75 after), a retrained labeler built on the same host
+    (``retrained_labeler``), and the project PATCH to Label Studio answered ``"ok"``. Yields
+    ``(server, its LabelStudioBackend, state)``; on leaving, waits for a retrain in flight (30 s)
+    and checks that no thread or child process it started is left (``check_nothing_left``)."""
+    before = {t.ident for t in threading.enumerate()}
+    host = TokenizingHost()
+    with serve(host, app_config=AppConfig(label_studio=LabelStudioConfig(state_dir=str(state)))) as srv:
+        backend = srv.server.config.app.state.label_studio
+        backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.75, "nll": 0.8})
+        backend.build = lambda schema, job, own: retrained_labeler(schema, job, host)
+        backend.patch_project = lambda *a: "ok"
+        yield srv, backend, state
+        backend.wait_training(30)
+    check_nothing_left(before)
 
 def port_of(srv: ServerThread) -> int:
     return int(srv.url.rsplit(":", 1)[1])

@@ -31,7 +31,7 @@ from pcd_cli.server.command import check_state_dir  # noqa: E402
 from pcd_cli.server.label_studio import LabelStudioConfig  # noqa: E402
 
 from ..helpers import FakeFit, retrained_labeler  # noqa: E402
-from .harness import CASES, ROOT, TokenizingHost, check_nothing_left, port_of, serve  # noqa: E402
+from .harness import CASES, ROOT, TokenizingHost, check_nothing_left, label_studio_server, port_of, serve  # noqa: E402
 
 PCD = Path(sys.executable).with_name("pcd")
 CONFIG = ('<View><Text name="text" value="$text"/><Choices name="sentiment" toName="text">'
@@ -40,17 +40,10 @@ CONFIG = ('<View><Text name="text" value="$text"/><Choices name="sentiment" toNa
 
 @pytest.fixture
 def ls(tmp_path):
-    before = {t.ident for t in threading.enumerate()}
-    host = TokenizingHost()
-    state = tmp_path / "state" / "label-studio"  # --state-dir tmp_path/state, as pcd serve lays it out
-    with serve(host, app_config=AppConfig(label_studio=LabelStudioConfig(state_dir=str(state)))) as srv:
-        backend = srv.server.config.app.state.label_studio
-        backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.75, "nll": 0.8})
-        backend.build = lambda schema, job, own: retrained_labeler(schema, job, host)
-        backend.patch_project = lambda *a: "ok"
-        yield srv, backend, state
-        backend.wait_training(30)
-    check_nothing_left(before)
+    """``label_studio_server`` with ``--state-dir tmp_path/state`` (its ``label-studio`` folder, as
+    pcd serve lays it out); yields ``(server, backend, state folder)``."""
+    with label_studio_server(tmp_path / "state" / "label-studio") as server:
+        yield server
 
 
 def post(srv, path, body):

@@ -25,7 +25,8 @@ from pcd_cli.server.app import AppConfig  # noqa: E402
 from pcd_cli.server.label_studio import LabelStudioConfig, MappingError, map_config  # noqa: E402
 
 from ..helpers import FakeFit, retrained_labeler  # noqa: E402
-from .harness import AIRLINE, CASES, ROOT, SMS, TokenizingHost, check_nothing_left, port_of, serve  # noqa: E402
+from .harness import (AIRLINE, CASES, ROOT, SMS, TokenizingHost, check_nothing_left, label_studio_server,  # noqa: E402
+                      port_of, serve)
 
 BODIES = json.loads((Path(__file__).parent / "cases" / "label_studio" / "bodies.json").read_text())
 CODE = {"NEGATIVE": "neg", "NEUTRAL": "neu", "POSITIVE": "pos"}
@@ -39,19 +40,10 @@ HAND_WRITTEN = ('<View><Text name="tweet" value="$content"/><Choices name="Mood"
 
 @pytest.fixture
 def ls(tmp_path):
-    """A ``--label-studio`` server over the fake host with a fake trainer (``FakeFit``) and the
-    default gold floor; yields ``(server, backend, state folder)``."""
-    before = {t.ident for t in threading.enumerate()}
-    host = TokenizingHost()
-    state = tmp_path / "state"
-    with serve(host, app_config=AppConfig(label_studio=LabelStudioConfig(state_dir=str(state)))) as srv:
-        backend = srv.server.config.app.state.label_studio
-        backend.fit = FakeFit({"accuracy": 0.5, "nll": 1.0}, {"accuracy": 0.75, "nll": 0.8})
-        backend.build = lambda schema, job, own: retrained_labeler(schema, job, host)
-        backend.patch_project = lambda *a: "ok"
-        yield srv, backend, state
-        backend.wait_training(30)
-    check_nothing_left(before)
+    """``label_studio_server`` (a fake trainer, the default gold floor) with its state in
+    ``tmp_path/state``; yields ``(server, backend, state folder)``."""
+    with label_studio_server(tmp_path / "state") as server:
+        yield server
 
 
 def post(srv, path, body):
