@@ -299,7 +299,8 @@ def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny,
     ``__input_sha256``), its errors file beside it equal to the local one; yesterday's object and
     a killed upload's temporary key are replaced, no temporary key or staged file is left. A store
     that refuses the upload is exit 5 saying to run again (Ray has no --resume), the object of the
-    run before left as it was; a missing bucket is exit 2 before any model loads."""
+    run before left as it was; past --max-errors only the errors file is uploaded (exit 1); a
+    missing bucket is exit 2 before any model loads."""
     import hashlib
 
     import pcd_cli.engines.ray_engine as ray_engine
@@ -342,6 +343,7 @@ def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny,
 
     monkeypatch.setattr(ray_engine, "publish_staged", revoked)
     failed = _label([*common, "-o", uri, "--engine", "ray", "--batch-size", 2])
+    monkeypatch.setattr(ray_engine, "publish_staged", real)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_store.env["AWS_SECRET_ACCESS_KEY"])
     assert failed.exit_code == 5, failed.output
     said = flat(failed.output)
@@ -349,6 +351,16 @@ def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny,
     assert "then run the command again" in said and "--resume" not in said
     assert s3_store.keys("rayout/out") == [f"rayout/out/{DATE}.errors.jsonl", f"rayout/out/{DATE}.parquet"]
     assert _read(s3_store, f"rayout/out/{DATE}.parquet") == data
+    assert [p.name for p in staging.iterdir()] == ["publish.json"]
+
+    # more failures than --max-errors: exit 1, the errors file uploaded (it says why), the output not
+    s3_store.filesystem().delete_file(f"{s3_store.bucket}/rayout/out/{DATE}.errors.jsonl")
+    stopped = _label([*common, "-o", uri, "--engine", "ray", "--max-errors", 0])
+    assert stopped.exit_code == 1, stopped.output
+    assert f"they are in s3://{s3_store.bucket}/rayout/out/{DATE}.errors.jsonl" in flat(stopped.output)
+    assert [orjson.loads(line) for line in _read(s3_store, f"rayout/out/{DATE}.errors.jsonl").splitlines()] == errors
+    assert _read(s3_store, f"rayout/out/{DATE}.parquet") == data
+    assert s3_store.keys("rayout/out") == [f"rayout/out/{DATE}.errors.jsonl", f"rayout/out/{DATE}.parquet"]
     assert [p.name for p in staging.iterdir()] == ["publish.json"]
 
     # a bucket that does not exist: exit 2 before Ray or a model (there is none at --model)
