@@ -53,6 +53,7 @@ class Progress:
     """What the committed parts hold. ``rows`` = input rows done = ``records + failures``;
     ``input_sha256``: the running hash of those rows' raw bytes (``RecordReader.digest``);
     ``reused``, ``deduplicated``: records copied rather than decoded (``pcd_cli.engines.reuse``);
+    ``partly_reused``: records whose unchanged fields were copied, the others decoded;
     ``redo``: the last rows done that a resumed run labels again and drops, so that the group of
     records decoded together across the commit is decoded whole (``ReusingLabeler.redo_for``)."""
 
@@ -65,6 +66,7 @@ class Progress:
     reused: int = 0
     deduplicated: int = 0
     redo: int = 0
+    partly_reused: int = 0
 
 
 def work_dir_for(output: str | Path) -> Path:
@@ -226,7 +228,8 @@ class WorkDir:
 
     # -- committing and reading back ---------------------------------------------------------
     def commit(self, table: pa.Table, errors: list[dict], traces: list[dict], *, truncated: int,
-               input_sha256: str = "", reused: int = 0, deduplicated: int = 0, redo: int = 0) -> None:
+               input_sha256: str = "", reused: int = 0, deduplicated: int = 0, redo: int = 0,
+               partly_reused: int = 0) -> None:
         """Make one batch durable: its labelled rows, failed rows and traces, then the manifest.
 
         ``table`` has the output columns; ``rows`` done grow by ``table.num_rows + len(errors)``;
@@ -249,7 +252,8 @@ class WorkDir:
         self.progress = Progress(parts=index + 1, rows=p.rows + table.num_rows + len(errors),
                                  records=p.records + table.num_rows, failures=p.failures + len(errors),
                                  truncated=p.truncated + truncated, input_sha256=input_sha256,
-                                 reused=p.reused + reused, deduplicated=p.deduplicated + deduplicated, redo=redo)
+                                 reused=p.reused + reused, deduplicated=p.deduplicated + deduplicated, redo=redo,
+                                 partly_reused=p.partly_reused + partly_reused)
         self._write_manifest()
 
     def tables(self) -> Iterator[pa.Table]:

@@ -28,8 +28,8 @@ from ..results import RecordFailure
 from ..schema.model import TRUNCATED_COLUMN, Schema
 from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling, uri_name
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
-from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, REUSED, Labelled, ReuseIndex, ReuseSource, ReusingLabeler,
-                    job_parts, keyed_metadata, keyed_schema, per_field_names, read_sources)
+from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, PARTLY_REUSED, REUSED, Labelled, ReuseIndex, ReuseSource,
+                    ReusingLabeler, job_parts, keyed_metadata, keyed_schema, per_field_names, read_sources)
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -413,6 +413,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                 replay -= table.num_rows
             stats.failures, stats.truncated = work.progress.failures, work.progress.truncated
             stats.reused, stats.deduplicated = work.progress.reused, work.progress.deduplicated
+            stats.partly_reused = work.progress.partly_reused
             if repeated is not None:
                 for rid in work.committed_ids():
                     repeated.add(rid)
@@ -428,7 +429,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             if pending.rows:
                 work.commit(pa.Table.from_pylist(pending.results, schema=arrow_schema), pending.errors,
                             pending.traces, truncated=pending.truncated, reused=pending.reused,
-                            deduplicated=pending.deduplicated, redo=rows.redo_for(work.progress.rows + pending.rows),
+                            deduplicated=pending.deduplicated, partly_reused=pending.partly_reused,
+                            redo=rows.redo_for(work.progress.rows + pending.rows),
                             input_sha256=reader.digest_after(work.progress.rows + pending.rows))
                 pending = _Pending()
                 emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
@@ -477,6 +479,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                         stats.add_rows([done.result], id_name)
                     stats.reused += done.kind == REUSED
                     stats.deduplicated += done.kind == DEDUPLICATED
+                    stats.partly_reused += done.kind == PARTLY_REUSED
                     if pending.rows >= batch_records:
                         commit()
                 bar.update(len(released) - dropped)
@@ -511,7 +514,7 @@ class _Pending:
         self.results: list[dict] = []
         self.errors: list[dict] = []
         self.traces: list[dict] = []
-        self.truncated = self.reused = self.deduplicated = 0
+        self.truncated = self.reused = self.deduplicated = self.partly_reused = 0
 
     @property
     def rows(self) -> int:
@@ -530,6 +533,7 @@ class _Pending:
         self.truncated += bool(res[TRUNCATED_COLUMN])
         self.reused += done.kind == REUSED
         self.deduplicated += done.kind == DEDUPLICATED
+        self.partly_reused += done.kind == PARTLY_REUSED
 
 
 @contextmanager

@@ -69,8 +69,8 @@ from ..io.readers import InputSpec, check_input, input_files, read_records, row_
 from ..io.storage import is_remote, local_path, publish_staged, rerun_whole
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
-from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, REUSED, Labelled, ReuseIndex, ReusingLabeler,
-                    JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, per_field_names,
+from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, PARTLY_REUSED, REUSED, Labelled, ReuseIndex,
+                    ReusingLabeler, JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, per_field_names,
                     read_sources)
 from .summary import RunStats
 
@@ -213,7 +213,8 @@ class LabelWorker:
         self.notes = json.dumps(run_notes(self.labeler, job))
         self.reuse_events: list = []
         self.index = ReuseIndex(reuse, job_parts(self.labeler), self.arrow_schema,
-                                on_event=lambda *event: self.reuse_events.append(event)) if reuse else None
+                                on_event=lambda *event: self.reuse_events.append(event),
+                                fields=per_field_names(self.labeler)) if reuse else None
         self.copies = copies or {}
 
     def _maybe_exit(self) -> None:
@@ -240,7 +241,7 @@ class LabelWorker:
             files.append(r["file"])
         before = self.labeler.forward_passes
         if self.index is not None:
-            self.index.copied = {}
+            self.index.copied, self.index.copied_fields = {}, {}
         # a copy of an earlier row whose text no earlier output holds waits for that row's values;
         # every other row goes through the ReusingLabeler (reused, or decoded in groups)
         waits = {k for k, i in enumerate(items) if isinstance(i, Record) and i.row in self.copies
@@ -262,7 +263,8 @@ class LabelWorker:
                          schema=self.arrow_schema)
         rows = [(e.item, f, e.result) for e, f in done + failed]
         kinds = [e.kind for e, _ in done + failed]
-        reuse_said = json.dumps({"events": self.reuse_events, "copied": self.index.copied}) \
+        reuse_said = json.dumps({"events": self.reuse_events, "copied": self.index.copied,
+                                 "copied_fields": self.index.copied_fields}) \
             if self.index is not None else None
         extras = {
             "__pcd_kind": kinds,
@@ -752,6 +754,7 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         counted = {k["values"]: k["counts"] for k in kinds}
         stats.reused += counted.get(REUSED, 0)
         stats.deduplicated += counted.get(DEDUPLICATED, 0)
+        stats.partly_reused += counted.get(PARTLY_REUSED, 0)
         for text in batch.column("__pcd_reuse").to_pylist():
             if text:
                 told = json.loads(text)

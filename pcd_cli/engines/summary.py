@@ -55,6 +55,9 @@ class RunStats:
     reused: int = 0
     #: rows that shared the decode of an identical text earlier in this run (``DedupCache``)
     deduplicated: int = 0
+    #: rows whose unchanged fields were copied from an earlier output, the others decoded
+    #: (``--reuse`` with ``isolate_fields``: ``pcd_cli.engines.reuse.FieldsReuse``)
+    partly_reused: int = 0
     forward_passes: int = 0
     seconds: float = 0.0
     fields: list[FieldStats] = field(default_factory=list)
@@ -175,11 +178,12 @@ class RunStats:
     def metadata(self, input_name: str) -> dict[str, str]:
         """The run's part of the output's key-value metadata: ``pcd.input`` (the input file's
         name, or ``<stdin>``) and the counts ``pcd.records_read|labelled|failed|truncated|reused|
-        deduplicated``."""
+        deduplicated|partly_reused``."""
         return {"pcd.input": input_name, "pcd.records_read": str(self.read),
                 "pcd.records_labelled": str(self.records), "pcd.records_failed": str(self.failures),
                 "pcd.records_truncated": str(self.truncated), "pcd.records_reused": str(self.reused),
-                "pcd.records_deduplicated": str(self.deduplicated)}
+                "pcd.records_deduplicated": str(self.deduplicated),
+                "pcd.records_partly_reused": str(self.partly_reused)}
 
     @property
     def records_per_second(self) -> float:
@@ -198,7 +202,7 @@ class RunStats:
         n = max(self.records, 1)
         return {
             "read": self.read, "labelled": self.records, "failed": self.failures, "truncated": self.truncated,
-            "reused": self.reused, "deduplicated": self.deduplicated,
+            "reused": self.reused, "deduplicated": self.deduplicated, "partly_reused": self.partly_reused,
             "seconds": round(self.seconds, 3), "records_per_second": round(self.records_per_second, 3),
             "forward_passes_per_record": round(self.passes_per_record, 3),
             "fields": {f.name: {"labels": dict(st.labels.most_common()), "mean_prob": st.prob_sum / n,
@@ -229,7 +233,8 @@ class RunStats:
         """Print the summary: totals, one row per field, the worst low-mass pairs."""
         n = max(self.records, 1)
         console.print(f"{self.read} rows read: [bold]{self.records}[/] records labelled, {self.failures} failed, "
-                      f"{self.truncated} truncated, {self.reused} reused, {self.deduplicated} deduplicated; "
+                      f"{self.truncated} truncated, {self.reused} reused, {self.deduplicated} deduplicated"
+                      f"{f', {self.partly_reused} partly reused' if self.partly_reused else ''}; "
                       f"{len(self.schema.fields)} field{'s' * (len(self.schema.fields) != 1)}, "
                       f"{self.records_per_second:.2f} records/s, {self.passes_per_record:.2f} forward passes per record")
         table = Table(title=f"schema {escape(self.schema.name)}", show_lines=False)

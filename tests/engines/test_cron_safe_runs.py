@@ -163,7 +163,7 @@ def test_stop_request_commits_and_resume_finishes_identically(backend, tmp_path)
     first_8_lines = b"".join(src.read_bytes().splitlines(keepends=True)[:8])
     assert manifest["progress"] == {"parts": 2, "rows": 8, "records": 7, "failures": 1, "truncated": 0,
                                     "input_sha256": hashlib.sha256(first_8_lines).hexdigest(),
-                                    "reused": 0, "deduplicated": 0, "redo": 0}
+                                    "reused": 0, "deduplicated": 0, "redo": 0, "partly_reused": 0}
     events = []
     stats = _run(backend, src, out, batch_records=4, chunk_records=4, resume=True,
                  on_event=lambda name, fields: events.append((name, fields.get("rows"))))

@@ -156,7 +156,9 @@ def test_a_schema_that_gained_a_field_decodes_only_that_field_on_unchanged_rows(
     assert sorted(spy.whole) == sorted([texts["t5"], texts["t16"]])
     assert sorted(t for t, _ in spy.part) == sorted(texts[f"t{i}"] for i in range(16) if i != 5)
     assert {names for _, names in spy.part} == {("action",)}
-    assert (stats.reused, stats.records) == (0, 17)
+    assert (stats.reused, stats.partly_reused, stats.records) == (0, 15, 17)
+    assert stats.to_dict()["partly_reused"] == 15
+    assert second.schema.metadata[b"pcd.records_partly_reused"] == b"15"
     # the copied columns are night 1's, bit for bit; every column within the bound of a fresh run
     by_id = {r["id"]: r for r in first.to_pylist()}
     copied = columns_of(first.schema, BEFORE)
