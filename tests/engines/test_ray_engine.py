@@ -286,6 +286,35 @@ def test_ray_reuse_and_dedup_same_values_and_counts_as_local(local_ray, files, t
     assert 0 < got["forward_passes_per_record"] < fresh["forward_passes_per_record"]
 
 
+def test_ray_reuses_per_field_as_the_local_engine(local_ray, files, tmp_path):
+    """Issue #43 items 4 and 6: with isolate_fields, a schema that gained a field reuses the other
+    fields per row on Ray as the local engine does: same rows, values (1e-5), counts
+    (``partly_reused``) and ``pcd.reused`` naming the fields lent."""
+    fields = dict(ORACLE_SCHEMA["fields"])
+    for name, keep in (("before", ["urgent", "deadline"]), ("after", ["urgent", "deadline", "refund"])):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"name": "iso", "isolate_fields": True,
+                                                           "fields": {k: fields[k] for k in keep}}))
+    texts = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:8]
+    night = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
+    (tmp_path / "night.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in night))
+    before = dict(files, schema=tmp_path / "before.json")
+    after = dict(files, schema=tmp_path / "after.json")
+    first = _local(before, tmp_path / "night.jsonl", tmp_path / "n1.parquet", ["--id-field", "id"])
+    extra = ["--id-field", "id", "--reuse", tmp_path / "n1.parquet", "--log-format", "json"]
+    _local(after, tmp_path / "night.jsonl", tmp_path / "local.parquet", extra)
+    ray_run = _ray(after, tmp_path / "night.jsonl", tmp_path / "ray.parquet", 2, extra)
+    done = [json.loads(line) for line in ray_run.stderr.splitlines() if '"done"' in line][0]
+    assert (done["partly_reused"], done["reused"], done["labelled"]) == (8, 0, 8)
+    assert any("only 'refund' decoded" in line for line in ray_run.stderr.splitlines())
+    local, remote = pq.read_table(tmp_path / "local.parquet"), pq.read_table(tmp_path / "ray.parquet")
+    assert_same(local, remote)  # pcd.reused (with the fields lent) and pcd.records_partly_reused included
+    assert json.loads(remote.schema.metadata[b"pcd.reused"])[0]["fields"] == ["urgent", "deadline"]
+    by_id = {r["id"]: r for r in first.to_pylist()}
+    for row in remote.to_pylist():
+        assert {k: v for k, v in row.items() if k.split("__")[0] in ("urgent", "deadline")} == \
+            {k: v for k, v in by_id[row["id"]].items() if k.split("__")[0] in ("urgent", "deadline")}
+
+
 def test_ray_s3_output_needs_a_parquet_key(files, tmp_path):
     """``-o`` in object storage on Ray is one Parquet object: a prefix, or a key without
     ``.parquet``, is refused before Ray starts or the store is asked (one line with the fix)."""
