@@ -176,23 +176,11 @@ def compare_nights(labeler, tmp: Path, night1: list[dict], night2: list[dict], m
 
 def s3_bookkeeping(earlier: Path, texts: list[str], labeler, tmp: Path) -> dict:
     """``bookkeeping`` with the earlier output read from a SeaweedFS S3 server started here."""
-    import os
-
     from tests import s3_server
 
-    store = s3_server.start(tmp / "seaweedfs")
-    saved = {k: os.environ.get(k) for k in store.env}
-    try:
-        os.environ.update(store.env)
+    with s3_server.serving(tmp / "seaweedfs") as store:
         uri = store.put("outputs/earlier.parquet", earlier.read_bytes())
         return {"uri": uri, **bookkeeping(uri, texts, labeler)}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        s3_server.stop(store)
 
 
 #: Per-field reuse: night 1's isolated schema, and night 2's with one field more.

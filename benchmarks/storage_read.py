@@ -22,7 +22,6 @@ machine's CPUs with the reader, so the S3 figures are a lower bound for a store 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -103,10 +102,7 @@ def storage_read(rows: int = 200_000, parts: int = 8, repeats: int = 3) -> dict:
         for rel, data in files:
             (local / rel).parent.mkdir(parents=True, exist_ok=True)
             (local / rel).write_bytes(data)
-        store = s3_server.start(Path(tmp) / "seaweedfs")
-        saved = {k: os.environ.get(k) for k in store.env}
-        try:
-            os.environ.update(store.env)
+        with s3_server.serving(Path(tmp) / "seaweedfs") as store:
             for rel, data in files:
                 store.put(f"bench/{rel}", data)
             targets = {"local": str(local / "exports" / f"date={DATE}"),
@@ -118,13 +114,6 @@ def storage_read(rows: int = 200_000, parts: int = 8, repeats: int = 3) -> dict:
                     seconds, n = _best(fn, target, repeats)
                     assert n == rows, (name, where, n, rows)
                     results[name][where] = {"seconds": round(seconds, 4), "rows_per_s": round(rows / seconds)}
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            s3_server.stop(store)
     return {"rows": rows, "parts": parts, "bytes": sum(len(d) for _, d in files), "results": results}
 
 

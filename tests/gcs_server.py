@@ -21,9 +21,7 @@ closed port on 127.0.0.1).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -32,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from tests.s3_server import free_ports, still_listening
+from tests.s3_server import free_ports, still_listening, stop_process_group
 
 #: The bucket made at start.
 BUCKET = "pcd-test"
@@ -164,16 +162,6 @@ def start(data_dir: Path, timeout: float = 30.0) -> GcsStore:
 
 
 def stop(store: GcsStore, grace: float = 3.0) -> None:
-    """Stop the server (its process group): SIGTERM, then SIGKILL after ``grace`` seconds; wait."""
-    process = store.process
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
+    """Stop the server (its process group: ``stop_process_group``)."""
+    stop_process_group(store.process, grace)
 

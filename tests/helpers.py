@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+#: the repository's root
+ROOT_DIR = Path(__file__).resolve().parents[1]
+
 #: The oracle-test schema of issue #2: a boolean first, shared prefixes, a label that is a
 #: prefix of another, labels colliding on their first token.
 ORACLE_SCHEMA = {
@@ -192,6 +195,18 @@ def copy_case(name: str, tmp_path, folder: str = "cases-round2"):
     listed = {json.loads(line)["id"] for line in (DATA / folder / "cases.jsonl").read_text().splitlines()}
     assert name in listed
     return Path(shutil.copytree(DATA / folder / name, tmp_path / name))
+
+
+def airline_texts(n: int) -> list[str]:
+    """The first ``n`` tweet texts of ``sample_data/airline_tweets.jsonl`` (120 there)."""
+    rows = [json.loads(line) for line in (ROOT_DIR / "sample_data" / "airline_tweets.jsonl").read_text().splitlines()]
+    return [r["text"] for r in rows[:n]]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as a JSONL file at ``path``; returns ``path``."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def jsonl_rows(path) -> list[dict]:

@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 #: The identity the server accepts (any other credentials are refused, no credentials too).
 ACCESS_KEY, SECRET_KEY = "pcdtestkey", "pcdtestsecret"
@@ -136,10 +138,9 @@ def start(data_dir: Path, timeout: float = 60.0) -> S3Store:
     raise RuntimeError(f"SeaweedFS did not start ({last}); its log ends:\n{tail}")
 
 
-def stop(store: S3Store, grace: float = 3.0) -> None:
-    """Stop the server and every process it started (its process group): SIGTERM, then SIGKILL
-    after ``grace`` seconds (its graceful shutdown takes 15 s; the test data need none); wait."""
-    process = store.process
+def stop_process_group(process: subprocess.Popen, grace: float = 3.0) -> None:
+    """Stop ``process`` (started with ``start_new_session=True``) and every process it started
+    (its process group): SIGTERM, then SIGKILL after ``grace`` seconds; wait."""
     if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGTERM)
@@ -150,6 +151,31 @@ def stop(store: S3Store, grace: float = 3.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
+
+
+@contextmanager
+def serving(data_dir: Path) -> Iterator[S3Store]:
+    """A store (``start``) whose ``env`` is set in ``os.environ`` while in the block (the earlier
+    values put back after), stopped at its end: for scripts (the benchmarks) that run pcd in
+    process against it."""
+    store = start(data_dir)
+    saved = {k: os.environ.get(k) for k in store.env}
+    try:
+        os.environ.update(store.env)
+        yield store
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        stop(store)
+
+
+def stop(store: S3Store, grace: float = 3.0) -> None:
+    """Stop the server and every process it started (``stop_process_group``: its graceful
+    shutdown takes 15 s; the test data need none), and the sockets it left in /tmp."""
+    stop_process_group(store.process, grace)
     for path in leftover_sockets(store.ports):  # the master's gRPC socket has no option: made in /tmp
         path.unlink(missing_ok=True)
 

@@ -23,9 +23,8 @@ from pcd_cli.errors import InputError, Interrupted
 from pcd_cli.io.readers import InputSpec
 from pcd_cli.schema.load import parse_schema
 
-from ..helpers import ORACLE_SCHEMA, flat, pcd, save_tiny_model, tiny_backend
+from ..helpers import ORACLE_SCHEMA, airline_texts, flat, pcd, save_tiny_model, tiny_backend, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = parse_schema(ORACLE_SCHEMA)
 SPEC = InputSpec(id_field="id")
 #: numeric columns compared against a fresh run (within the packing bound)
@@ -42,20 +41,10 @@ def labeler(backend):
     return Labeler(SCHEMA, backend=backend)
 
 
-def _texts(n: int) -> list[str]:
-    rows = [json.loads(line) for line in (ROOT / "sample_data" / "airline_tweets.jsonl").read_text().splitlines()]
-    return [r["text"] for r in rows[:n]]
-
-
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def _nights(tmp_path: Path):
     """The issue's example at a tenth of its size: night 1 has 24 tickets; night 2 edits 2, adds
     2 new ones and has 2 more rows repeating those 4 texts under other ids (28 rows)."""
-    texts = _texts(24)
+    texts = airline_texts(24)
     night1 = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
     night2 = [dict(r) for r in night1]
     night2[3]["text"] += " (edited: still waiting)"
@@ -64,7 +53,7 @@ def _nights(tmp_path: Path):
                {"id": "t25", "text": "New ticket: refund me for the cancelled flight"},
                {"id": "t26", "text": night2[3]["text"]},   # the edited text again, another id
                {"id": "t27", "text": "New ticket: my bag never arrived"}]
-    return _write(tmp_path / "night1.jsonl", night1), _write(tmp_path / "night2.jsonl", night2)
+    return write_jsonl(tmp_path / "night1.jsonl", night1), write_jsonl(tmp_path / "night2.jsonl", night2)
 
 
 class _Spy:
@@ -152,9 +141,9 @@ def test_a_differing_job_reuses_nothing_and_names_the_first_part_that_differs(la
 
 def test_repeated_texts_are_decoded_once_across_checkpoint_batches_within_the_cache_bound(labeler, tmp_path,
                                                                                         monkeypatch):
-    texts = _texts(6)
+    texts = airline_texts(6)
     order = [0, 1, 2, 0, 3, 1, 4, 0, 5, 2, 2]  # repeats far apart, across chunks (4) and batches (3)
-    src = _write(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": texts[k]} for i, k in enumerate(order)])
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": texts[k]} for i, k in enumerate(order)])
     spy = _Spy(labeler, monkeypatch)
     stats, table, _ = _run(labeler, src, tmp_path / "out.parquet", batch_records=3, chunk_records=4)
     assert sorted(spy.texts) == sorted(texts) and stats.deduplicated == 5 and stats.decoded == 11
@@ -170,9 +159,9 @@ def test_repeated_texts_are_decoded_once_across_checkpoint_batches_within_the_ca
 
 
 def test_a_resumed_run_with_dedup_writes_what_an_uninterrupted_one_does(labeler, tmp_path):
-    texts = _texts(8)
+    texts = airline_texts(8)
     order = [0, 1, 2, 3, 0, 4, 1, 5, 6, 2, 7, 3, 0, 1]
-    src = _write(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": texts[k]} for i, k in enumerate(order)])
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": texts[k]} for i, k in enumerate(order)])
     _, whole, _ = _run(labeler, src, tmp_path / "whole.parquet", batch_records=3, chunk_records=4)
     calls = iter(range(100))
     with pytest.raises(Interrupted):
@@ -221,12 +210,12 @@ def test_a_night_whose_few_changes_lie_far_apart_commits_every_batch(labeler, tm
     from pcd_cli.engines.reuse import ReuseIndex, ReusingLabeler, job_parts, keyed_schema
     from pcd_cli.results import Record
 
-    texts = _texts(90)
+    texts = airline_texts(90)
     night1 = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
     night2 = [dict(r) for r in night1]
     for i in (2, 45, 88):
         night2[i]["text"] += " (edited)"
-    src1, src2 = _write(tmp_path / "night1.jsonl", night1), _write(tmp_path / "night2.jsonl", night2)
+    src1, src2 = write_jsonl(tmp_path / "night1.jsonl", night1), write_jsonl(tmp_path / "night2.jsonl", night2)
     _, first, _ = _run(labeler, src1, tmp_path / "n1.parquet", batch_records=5)
     stats, second, events = _run(labeler, src2, tmp_path / "n2.parquet", batch_records=5,
                                  reuse=read_sources([str(tmp_path / "n1.parquet")]))

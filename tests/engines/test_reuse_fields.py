@@ -23,9 +23,8 @@ from pcd_cli.io.readers import InputSpec
 from pcd_cli.results import Record
 from pcd_cli.schema.load import parse_schema
 
-from ..helpers import ORACLE_SCHEMA, tiny_backend, tiny_llama_over
+from ..helpers import ORACLE_SCHEMA, airline_texts, tiny_backend, tiny_llama_over, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 SPEC = InputSpec(id_field="id")
 #: packed vs one-record passes differ by float32 rounding only (the decoder's packing bound)
 BOUND = 1e-5
@@ -43,16 +42,6 @@ def _schema(names, fields=FIELDS, **extra):
 @pytest.fixture(scope="module")
 def backend():
     return tiny_backend(chat_template=True, seed=5)
-
-
-def _texts(n: int) -> list[str]:
-    rows = [json.loads(line) for line in (ROOT / "sample_data" / "airline_tweets.jsonl").read_text().splitlines()]
-    return [r["text"] for r in rows[:n]]
-
-
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _run(labeler, src, out, **kw):
@@ -85,7 +74,7 @@ class _Spy:
 
 def test_label_fields_gives_the_fields_label_batch_gives_feeding_only_their_branches(backend):
     labeler = Labeler(_schema(AFTER), backend=backend)
-    records = [Record(f"r{i}", t) for i, t in enumerate(_texts(6))]
+    records = [Record(f"r{i}", t) for i, t in enumerate(airline_texts(6))]
     whole = labeler.label_batch(records)
     fed = labeler.decoder.tokens_fed
     part = labeler.label_fields(records, ["topics", "action"])
@@ -121,7 +110,7 @@ def test_label_fields_truncates_where_the_whole_row_would(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(converted_gguf_dir(embedded_gguf_path())))
     short = tiny_llama_over(tokenizer, seed=5, max_positions=8192)
     labeler = Labeler(_schema(AFTER), backend=short)
-    long_text = " ".join(_texts(40))
+    long_text = " ".join(airline_texts(40))
     need = labeler.decoder._slot(Record("x", long_text), long_text)[1]
     small = tiny_llama_over(tokenizer, seed=5, max_positions=need - 5)
     cut = Labeler(_schema(AFTER), backend=small)
@@ -134,12 +123,12 @@ def test_label_fields_truncates_where_the_whole_row_would(tmp_path):
 
 
 def _nights(tmp_path: Path):
-    texts = _texts(16)
+    texts = airline_texts(16)
     night1 = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
     night2 = [dict(r) for r in night1]
     night2[5]["text"] += " (edited: still waiting)"
     night2 += [{"id": "t16", "text": "New ticket: my bag never arrived"}]
-    return _write(tmp_path / "night1.jsonl", night1), _write(tmp_path / "night2.jsonl", night2)
+    return write_jsonl(tmp_path / "night1.jsonl", night1), write_jsonl(tmp_path / "night2.jsonl", night2)
 
 
 def test_a_schema_that_gained_a_field_decodes_only_that_field_on_unchanged_rows(backend, tmp_path, monkeypatch):
