@@ -245,7 +245,8 @@ class LabelWorker:
         # a copy of an earlier row whose text no earlier output holds waits for that row's values;
         # every other row goes through the ReusingLabeler (reused, or decoded in groups)
         waits = {k for k, i in enumerate(items) if isinstance(i, Record) and i.row in self.copies
-                 and (self.index is None or self.index.find(input_key(i.text)) is None)}
+                 and (self.index is None or (self.index.find(key := input_key(i.text)) is None
+                                             and not self.index.lends_whole(key)))}
         rows_labeller = ReusingLabeler(self.labeler, self.arrow_schema, self.index, dedup_keys=0)
         fed = [i for k, i in enumerate(items) if k not in waits]
         labelled_rows = iter(rows_labeller.feed(fed) + rows_labeller.flush())

@@ -407,8 +407,10 @@ class ReuseIndex:
             if option in said:
                 names, rows = said[option]
                 decode = [f for f in fields if f not in names]
-                emit("reuse", {"message": f"--reuse {option}: {why}: isolate_fields: {_quoted(names)} copied per "
-                               f"field, only {_quoted(decode)} decoded on the {rows} rows of texts it labelled",
+                what = (f"{_quoted(names)} copied per field, only {_quoted(decode)} decoded" if decode else
+                        "every field's own part is unchanged: rows copied whole")
+                emit("reuse", {"message": f"--reuse {option}: {why}: isolate_fields: {what} on the {rows} rows of "
+                               "texts it labelled",
                                "path": option, "reason": why, "rows": rows, "fields": list(names),
                                "decoded_fields": decode}, "info")
                 continue
@@ -447,7 +449,7 @@ class ReuseIndex:
 
         lent = set(reusable_fields(src.parts, parts))
         names = tuple(f for f in fields if f in lent)
-        if not names or len(names) == len(fields):
+        if not names:
             return None
         columns = columns_of(arrow_schema, names) + [TRUNCATED_COLUMN, INPUT_KEY_COLUMN]
         if any(c not in src.table.column_names or src.table.schema.field(c).type != arrow_schema.field(c).type
@@ -472,6 +474,11 @@ class ReuseIndex:
             if row is not None:
                 return g, row
         return None
+
+    def lends_whole(self, key: str) -> bool:
+        """Whether ``find_fields`` finds ``key`` in a group that lends every field (nothing to decode)."""
+        found = self.find_fields(key)
+        return found is not None and not self.fields_reuse[found[0]].decode
 
     def rows(self, indices: Sequence[int]) -> list[dict]:
         """The earlier rows at ``indices`` as Python values (every column but the id), counted
@@ -608,7 +615,7 @@ class ReusingLabeler:
             return
         for row in table.select(table.column_names[1:]).to_pylist():
             key = row[INPUT_KEY_COLUMN]
-            if self.index is None or self.index.find(key) is None:
+            if self.index is None or (self.index.find(key) is None and not self.index.lends_whole(key)):
                 self.cache.put(key, row)
 
     def redo_for(self, rows_done: int) -> int:
@@ -638,7 +645,7 @@ class ReusingLabeler:
     def _hand_out(self) -> list[Labelled]:
         """The rows released since the last call, the reused ones' values fetched at once."""
         out, self._released = self._released, []
-        reused = [e for e in out if e.kind == REUSED]
+        reused = [e for e in out if e.kind == REUSED and not isinstance(e.result, dict)]
         if reused:
             for entry, row in zip(reused, self.index.rows([e.result for e in reused])):
                 entry.result = {self._id: entry.item.id} | row
@@ -665,17 +672,29 @@ class ReusingLabeler:
             elif (cached := self.cache.get(key)) is not None:
                 entry.kind, entry.result = DEDUPLICATED, {self._id: item.id} | cached
             else:
-                entry.lent = self.index.find_fields(key) if self.index is not None else None
-                entry.kind = DECODED if entry.lent is None else PARTLY_REUSED
-                if not self._group:
-                    self._spans.append([self.next_row - 1, None])
-                self._group[key] = [entry]
-                self._slots += 1
-                if self._slots >= self.group_size:
-                    self._decode()
+                self._to_decode(entry, key)
         if self._group and self.next_row - self._spans[-1][0] >= self.max_span:
             self._decode()
         self._release()
+
+    def _to_decode(self, entry: Labelled, key: str) -> None:
+        """A row no earlier row of the same job nor this run's cache holds: into the open group
+        (decoded whole, or only the fields an earlier output does not lend), or, when an earlier
+        output lends every field (its job differs where no field's values do), copied at once."""
+        entry.lent = self.index.find_fields(key) if self.index is not None else None
+        entry.kind = DECODED if entry.lent is None else PARTLY_REUSED
+        if entry.lent is not None and not self.index.fields_reuse[entry.lent[0]].decode:
+            group, at = entry.lent
+            self.index.count_fields(group, [at])
+            entry.kind, entry.result = REUSED, {self._id: entry.item.id} | self.index.field_rows(group, [at])[0]
+            entry.lent = None
+            return
+        if not self._group:
+            self._spans.append([self.next_row - 1, None])
+        self._group[key] = [entry]
+        self._slots += 1
+        if self._slots >= self.group_size:
+            self._decode()
 
     def _decode(self) -> None:
         """Decode the first row of each key of the open group; its copies get its values (the

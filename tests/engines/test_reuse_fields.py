@@ -205,3 +205,22 @@ def test_nothing_is_reused_per_field_where_fields_are_not_decided_alone(backend,
     _, _, events = _run(labeler, night2, tmp_path / "n2.parquet", reuse=read_sources([str(tmp_path / "n1.parquet")]))
     assert spy.part == [] and len(spy.whole) == 17
     assert next(f["message"] for name, f in events if name == "reuse").endswith(": nothing reused")
+
+
+def test_a_schema_whose_fields_only_moved_copies_every_row_whole(backend, tmp_path, monkeypatch):
+    """Fields listed in another order (and another schema name): every field's own part is the
+    same, so every row is copied whole, nothing decoded, counted as reused."""
+    night1, night2 = _nights(tmp_path)
+    _, first, _ = _run(Labeler(_schema(BEFORE), backend=backend), night1, tmp_path / "n1.parquet")
+    moved = parse_schema({"name": "iso2", "isolate_fields": True, "fields": {n: FIELDS[n] for n in reversed(BEFORE)}})
+    labeler = Labeler(moved, backend=backend)
+    spy = _Spy(labeler, monkeypatch)
+    stats, second, events = _run(labeler, night1, tmp_path / "n2.parquet",
+                                 reuse=read_sources([str(tmp_path / "n1.parquet")]))
+    assert spy.whole == [] and spy.part == [] and stats.forward_passes == 0
+    assert (stats.reused, stats.partly_reused, stats.records) == (16, 0, 16)
+    by_id = {r["id"]: r for r in first.to_pylist()}
+    assert all(row == by_id[row["id"]] for row in second.to_pylist())
+    assert second.column_names[1] == "topics"  # the new schema's column order
+    assert "every field's own part is unchanged: rows copied whole" in \
+        next(f["message"] for name, f in events if name == "reuse")
