@@ -500,6 +500,9 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             raise stopped(NothingLabelled, f"no row could be labelled: all {stats.failures} failed; see "
                           f"{errors_path}")
         timed()
+        unmatched = index.unmatched(stats.decoded) if index is not None else None  # rows of this process
+        if unmatched and on_event is not None:
+            on_event("reuse", {"message": unmatched, "reason": "no text matched"}, "warning")
         metadata = labeler.metadata() | stats.metadata(_input_name(input_path)) \
             | keyed_metadata(parts, index.reused_metadata() if index is not None else ())
         work.finish(output, errors_path=errors_path, trace_path=trace_path, metadata=metadata)

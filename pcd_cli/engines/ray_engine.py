@@ -71,7 +71,7 @@ from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, PARTLY_REUSED, REUSED, Labelled, ReuseIndex,
                     ReusingLabeler, JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, per_field_names,
-                    read_sources)
+                    read_sources, unmatched_reuse)
 from .summary import RunStats
 
 INSTALL_HINT = "pip install 'pcd-cli[ray]'"
@@ -785,6 +785,11 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
                           f"{sorted(metas)[:2]}); install the same pcd, model files and options on every node")
     for event in reuse_said.values():
         emit(*event)
+    offered = sum(event[1].get("rows", 0) for event in reuse_said.values() if event[0] == "reuse")
+    unmatched = unmatched_reuse(offered, sum(copied.values()) + sum(n for _, n in copied_fields.values()),
+                                stats.records)
+    if unmatched:
+        emit("reuse", {"message": unmatched, "reason": "no text matched"}, "warning")
     run = RayRun(stats, startup, address, workers,
                  list(dict.fromkeys(w for text in sorted(said) for w in warnings_from_json(text))), list(noted))
     if max_errors is not None and stats.failures > max_errors:

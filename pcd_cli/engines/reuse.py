@@ -396,6 +396,9 @@ class ReuseIndex:
                     said[src.option] = (names, rows)
                     refused.setdefault(src.option, why)
                     continue
+                if FIELDS_PART in src.parts and FIELDS_PART in parts:  # name what rules out per-field reuse too
+                    why = first_difference(*({k: v for k, v in p.items() if k not in PER_FIELD}
+                                             for p in (src.parts, parts))) or why
                 refused.setdefault(src.option, why)
                 continue
             tables.append(src.table.select(self.columns).cast(wanted))
@@ -502,11 +505,30 @@ class ReuseIndex:
             path = part.paths[int(source)]
             self.copied_fields[path] = (part.fields, self.copied_fields.get(path, ((), 0))[1] + int(count))
 
+    def unmatched(self, records: int) -> str | None:
+        """``unmatched_reuse`` for this index once ``records`` rows were labelled."""
+        offered = len(self) + sum(part.table.num_rows for part in self.fields_reuse)
+        copied = sum(self.copied.values()) + sum(n for _, n in self.copied_fields.values())
+        return unmatched_reuse(offered, copied, records)
+
     def reused_metadata(self) -> list[dict]:
         """``pcd.reused``: each earlier output with the rows copied from it (only those used),
         and those whose fields it lent in part (``fields``: which)."""
         return ([{"path": p, "rows": n} for p, n in self.copied.items()]
                 + [{"path": p, "rows": n, "fields": list(names)} for p, (names, n) in self.copied_fields.items()])
+
+
+def unmatched_reuse(offered: int, copied: int, records: int) -> str | None:
+    """The warning for a run whose ``--reuse`` outputs offered ``offered`` rows of the same job
+    (whole or per field) while none of its ``records`` labelled rows matched one (``copied``
+    0): its texts differ from the earlier run's, typically by a ``--template`` value that changes
+    every night; ``None`` otherwise."""
+    if not offered or not records or copied:
+        return None
+    return (f"--reuse: {offered} earlier rows of the same job, but no text of this input is one of theirs: nothing "
+            "reused. The text the model reads differs from the earlier run's (another --template or --text-field, "
+            "or a value in it that changes every night, such as a {date} partition column): keep such values out "
+            "of the text to reuse rows (docs/labelling.md, Nightly runs)")
 
 
 def _quoted(names: Sequence[str]) -> str:

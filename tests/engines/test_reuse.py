@@ -233,3 +233,23 @@ def test_a_night_whose_few_changes_lie_far_apart_commits_every_batch(labeler, tm
     pipe = ReusingLabeler(labeler, arrow_schema, index, dedup_keys=0, max_span=10)
     released = [len(pipe.feed([Record(r["id"], r["text"])])) for r in night2[:20]]
     assert released[:2] == [1, 1] and released[2:11] == [0] * 9 and released[11] == 10
+
+
+def test_a_night_whose_texts_all_differ_says_why_nothing_was_reused(labeler, tmp_path):
+    """The same job, but every text differs from the earlier run's (a --template with a value that
+    changes every night, such as a {date} partition): a warning says so rather than a silent 0."""
+    texts = airline_texts(6)
+    night1 = write_jsonl(tmp_path / "n1.jsonl", [{"id": f"t{i}", "text": f"2026-12-04: {t}"} for i, t in enumerate(texts)])
+    night2 = write_jsonl(tmp_path / "n2.jsonl", [{"id": f"t{i}", "text": f"2026-12-05: {t}"} for i, t in enumerate(texts)])
+    _run(labeler, night1, tmp_path / "n1.parquet")
+    stats, _, events = _run(labeler, night2, tmp_path / "n2.parquet", reuse=read_sources([str(tmp_path / "n1.parquet")]))
+    assert stats.reused == 0
+    warned = [f["message"] for name, f in events if name == "reuse" and f.get("reason") == "no text matched"]
+    assert warned == ["--reuse: 6 earlier rows of the same job, but no text of this input is one of theirs: nothing "
+                      "reused. The text the model reads differs from the earlier run's (another --template or "
+                      "--text-field, or a value in it that changes every night, such as a {date} partition column): "
+                      "keep such values out of the text to reuse rows (docs/labelling.md, Nightly runs)"]
+    # one text the same: no such warning
+    write_jsonl(night2, [{"id": "t0", "text": f"2026-12-04: {texts[0]}"}])
+    _, _, events = _run(labeler, night2, tmp_path / "n3.parquet", reuse=read_sources([str(tmp_path / "n1.parquet")]))
+    assert not [f for name, f in events if name == "reuse" and f.get("reason") == "no text matched"]

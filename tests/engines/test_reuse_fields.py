@@ -204,7 +204,12 @@ def test_nothing_is_reused_per_field_where_fields_are_not_decided_alone(backend,
     spy = _Spy(labeler, monkeypatch)
     _, _, events = _run(labeler, night2, tmp_path / "n2.parquet", reuse=read_sources([str(tmp_path / "n1.parquet")]))
     assert spy.part == [] and len(spy.whole) == 17
-    assert next(f["message"] for name, f in events if name == "reuse").endswith(": nothing reused")
+    message = next(f["message"] for name, f in events if name == "reuse")
+    assert message.endswith(": nothing reused")
+    # the part that rules out reuse per field is named, not "another schema"
+    said = {"not isolated": "another schema", "rules": "another schema",
+            "another instruction": "another prompt"}[case]
+    assert f"labelled with {said} (" in message
 
 
 def test_a_schema_whose_fields_only_moved_copies_every_row_whole(backend, tmp_path, monkeypatch):
