@@ -314,9 +314,13 @@ def label(
     report = Reporter(log_format, quiet)
     if quiet or report.json:
         progress = False if progress is None or report.json else progress
-    output = output or (None if is_stdin(input) else default_output(input))
-    if not errors and output:  # beside the output (a URI beside a URI): the summary names it
-        errors = default_errors_uri(str(output)) if uri_scheme(output) else default_errors(output)
+    try:  # a typo'd URI (s3:/bucket/x) in INPUT or -o is refused here (storage.uri_scheme): exit 2
+        output = output or (None if is_stdin(input) else default_output(input))
+        if not errors and output:  # beside the output (a URI beside a URI): the summary names it
+            errors = default_errors_uri(str(output)) if uri_scheme(output) else default_errors(output)
+    except PcdError as exc:
+        report("error", {"message": str(exc)}, "error")
+        raise typer.Exit(exit_code(exc)) from None
     id_detected = False
     if id_field is None and not row_ids and not is_stdin(input) and _has_id_column(input, text_field, template,
                                                                                    csv_delimiter, fmt):

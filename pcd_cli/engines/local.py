@@ -221,39 +221,43 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                          f"{str(input_path)!r}: name the output with -o (a glob or an object-storage input has no "
                          "folder to put it beside)")
     output, errors_path, staged = stage_outputs(output, errors_path, trace_path)
-    job = replace(job, trace=trace_path is not None)
-    spec = replace(job.input_spec(limit=limit, csv_delimiter=csv_delimiter), encoding_errors=encoding_errors)
-    parsed = schema if isinstance(schema, Schema) else load_schema(schema)
-    for warning in schema_warnings(parsed):
-        warn(warning)
-    has_rows, created = check_job(parsed, input_path, spec, output=output, errors_path=errors_path,
-                                  trace_path=trace_path, all_probs=all_probs, fmt=fmt)
-    if staged is not None:
-        staged.prepare()  # the bucket, the credentials, the right to write: before the model
-    for folder in created if staged is None else ():  # writable, not locked by another run (a staging folder goes unsaid)
-        emit("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
-                                "folder": str(folder)}, "info")
-    if output.suffix.lower() not in (".parquet", ".pq"):
-        warn(JobWarning(OUTPUT_NOT_PARQUET, f"{output}: pcd writes Parquet whatever the extension"))
-    sources = read_sources(reuse or [])  # before the model: a file that is not a reusable output is exit 2
-    if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
-        run.stats = write_empty_output(parsed, input_path, job, output=output, errors_path=errors_path,
-                                       trace_path=trace_path, all_probs=all_probs)
-        publish_staged(output, errors=errors_path)
-        return run
-    labeler = build_labeler(parsed, job)
-    for warning in labeler.warnings:
-        warn(warning)
     try:
-        run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
-                               trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
-                               batch_records=batch_records, resume=resume, max_errors=max_errors,
-                               should_stop=should_stop, on_event=emit, reuse=sources, dedup_keys=dedup_keys)
-    except (TooManyErrors, NothingLabelled):
-        publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
-        raise
-    run.notes.extend(run_notes(labeler, job))
-    return run
+        job = replace(job, trace=trace_path is not None)
+        spec = replace(job.input_spec(limit=limit, csv_delimiter=csv_delimiter), encoding_errors=encoding_errors)
+        parsed = schema if isinstance(schema, Schema) else load_schema(schema)
+        for warning in schema_warnings(parsed):
+            warn(warning)
+        has_rows, created = check_job(parsed, input_path, spec, output=output, errors_path=errors_path,
+                                      trace_path=trace_path, all_probs=all_probs, fmt=fmt)
+        if staged is not None:
+            staged.prepare()  # the bucket, the credentials, the right to write: before the model
+        for folder in created if staged is None else ():  # writable, not locked by another run (a staging folder goes unsaid)
+            emit("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
+                                    "folder": str(folder)}, "info")
+        if output.suffix.lower() not in (".parquet", ".pq"):
+            warn(JobWarning(OUTPUT_NOT_PARQUET, f"{output}: pcd writes Parquet whatever the extension"))
+        sources = read_sources(reuse or [])  # before the model: a file that is not a reusable output is exit 2
+        if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
+            run.stats = write_empty_output(parsed, input_path, job, output=output, errors_path=errors_path,
+                                           trace_path=trace_path, all_probs=all_probs)
+            publish_staged(output, errors=errors_path)
+            return run
+        labeler = build_labeler(parsed, job)
+        for warning in labeler.warnings:
+            warn(warning)
+        try:
+            run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
+                                   trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
+                                   batch_records=batch_records, resume=resume, max_errors=max_errors,
+                                   should_stop=should_stop, on_event=emit, reuse=sources, dedup_keys=dedup_keys)
+        except (TooManyErrors, NothingLabelled):
+            publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
+            raise
+        run.notes.extend(run_notes(labeler, job))
+        return run
+    finally:  # uploaded, or refused before labelling: the staging folder goes; a run to resume keeps it
+        if staged is not None:
+            staged.clean()
 
 
 def stage_outputs(output: str | Path, errors_path: str | Path | None,

@@ -642,8 +642,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     ``<pcd cache>/outputs/<sha256 of the URI>/``, the store checked before Ray starts), the
     labelled rows streamed there by the driver into one Parquet file (``write_one_file``), then
     uploaded by the same ``storage.publish_staged``: the errors file first, the output last,
-    whole or never. The staged files are removed whether the upload worked or not (no
-    ``--resume`` here); a store failing mid-run says to run again (``storage.rerun_whole``).
+    whole or never. The staged files and their folder are removed whether the upload worked or
+    not (no ``--resume`` here); a store failing mid-run says to run again (``storage.rerun_whole``).
 
     Returns:
         ``pcd_cli.engines.local.JobRun`` (statistics and warnings).
@@ -683,10 +683,10 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         emit("warning", warning.to_dict(), "warning")
     # the columns here; inputs (files, folders, globs) and the output folder in label_files
     check_columns(parsed, id_column(spec), all_probs=all_probs)
-    if staged is not None:
-        staged.prepare()  # the bucket, the credentials, the right to write: before Ray and the model
-    sources = read_sources(reuse or [])  # before Ray and the model: a file that is not a reusable output is exit 2
-    try:
+    try:  # refused here or failed later, nothing staged is kept (finally)
+        if staged is not None:
+            staged.prepare()  # the bucket, the credentials, the right to write: before Ray and the model
+        sources = read_sources(reuse or [])  # before Ray and the model: a file that is not a reusable output is exit 2
         done = label_files(input_path, parsed, spec, job, output=output, errors_path=errors_path, fmt=fmt,
                            all_probs=all_probs, min_mass=min_mass, address=address, workers=workers,
                            worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
@@ -705,9 +705,10 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     except MachineError as exc:  # a store failing mid-run (reading a part, the upload): no --resume here
         raise rerun_whole(exc) from None
     finally:
-        if staged is not None:  # no --resume on Ray: nothing staged is kept
+        if staged is not None:  # no --resume on Ray: nothing staged is kept, the folder neither
             for path in (output, errors_path):
                 path.unlink(missing_ok=True)
+            staged.clean()
     for warning in done.warnings:
         run.warnings.append(warning)
         emit("warning", warning.to_dict(), "warning")

@@ -60,10 +60,36 @@ _MAGIC = re.compile(r"[*?\[]")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
+#: The schemes ``pyarrow.fs.FileSystem.from_uri`` opens (pyarrow 25: each checked with a URI of it;
+#: ``hdfs``/``viewfs`` need a JVM, ``abfs``/``abfss`` an account, but pyarrow knows them).
+KNOWN_SCHEMES = ("s3", "gs", "gcs", "file", "local", "mock", "hdfs", "viewfs", "abfs", "abfss", "hf")
+#: A known scheme followed by one slash (``s3:/bucket/key``): a typo of ``s3://bucket/key``, which
+#: would otherwise be read as a local relative path (a folder named ``s3:``).
+_ONE_SLASH = re.compile(r"^(" + "|".join(KNOWN_SCHEMES) + r"):/(?!/)", re.IGNORECASE)
+
+
 def uri_scheme(path: str | Path) -> str | None:
-    """The scheme of a URI (``s3``, ``gs``, ``file`` ...), lower-cased; ``None`` for a plain path."""
-    found = _URI.match(str(path))
-    return found.group(1).lower() if found else None
+    """The scheme of a URI (``s3``, ``gs``, ``file`` ...), lower-cased; ``None`` for a plain path.
+
+    Every input, ``--reuse`` and ``-o`` value is classified here (``is_remote``, ``local_path``,
+    ``open_location``, ``canonical`` all ask), so a typo'd URI is refused here for all of them.
+
+    Raises:
+        InputError: a known scheme with one slash (``s3:/bucket/x``, ``file:/tmp/x``), naming the
+            value and the URI meant (``s3://bucket/x``, ``file:///tmp/x``). A local folder really
+            named ``s3:`` is reached as ``./s3:/...``.
+    """
+    text = str(path)
+    found = _URI.match(text)
+    if found:
+        return found.group(1).lower()
+    typo = _ONE_SLASH.match(text)
+    if typo:
+        scheme = typo.group(1)
+        rest = text[len(scheme) + 1:]  # from the one slash on
+        meant = f"{scheme}://{rest if scheme.lower() in ('file', 'local') else rest[1:]}"
+        raise InputError(f"{text!r} looks like a URI with one slash after {scheme + ':'!r}: did you mean {meant!r}?")
+    return None
 
 
 def is_glob(path: str | Path) -> bool:
@@ -464,7 +490,9 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
         target: a file, a folder, or a glob; a local path or a URI.
         extensions: in a folder or glob, keep only files whose names end so (``.parquet``,
             ``.jsonl.gz``; case aside; ``None``: every file). A file named directly is always kept.
-        option: how messages name ``target``. what: the kinds of file expected, for messages.
+        option: how messages name ``target``: ``INPUT`` (the input: 'no such input file', an empty
+            folder's fix names ``--format``), or the option (``--reuse``: no ``--format`` advice).
+        what: the kinds of file expected, for messages.
 
     Returns:
         ``FileList`` (at least one file).
@@ -493,15 +521,17 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
                 _check_bucket(location, option)
                 raise InputError(f"{_head(option, given)}: no such object or prefix; check the path (list it with "
                                  "your store's client, e.g. aws s3 ls)")
-            raise InputError(f"{_head(option, given)}: no such input file, folder or glob")
+            raise InputError(f"{_head(option, given)}: no such {'input ' if option == 'INPUT' else ''}file, "
+                             "folder or glob")
         base = location.path.rstrip("/")
         files = [e.path for e in entries if e.type == pafs.FileType.File
                  and not _hidden(e.path[len(base) + 1:]) and wanted(e.path)]
         if not files:
             found = sum(1 for e in entries if e.type == pafs.FileType.File)
             held = f" (it holds {found} other file{'s' * (found != 1)})" if found else " (it is empty)"
-            raise InputError(f"{_head(option, given)}: the folder holds no {what} file{held}; "
-                             "give a folder of them, or pass --format")
+            fix = ("give a folder of them, or pass --format" if option == "INPUT"  # --format: the input's
+                   else f"give a {what} file, or a folder or glob of them")
+            raise InputError(f"{_head(option, given)}: the folder holds no {what} file{held}; {fix}")
     else:
         head = location.path[:magic.start()]
         base = head[:head.rfind("/")] if "/" in head else ("" if location.scheme is None else head)
@@ -727,7 +757,8 @@ class StagedOutput:
     output; ``publish_staged`` then uploads the errors file and, last, the output
     (``upload_atomic``: whole or never). So ``--resume`` on the same machine (same ``root``)
     continues a run stopped, killed or failed at the upload; the staging folder names its URIs
-    in ``publish.json``.
+    in ``publish.json``. ``clean`` removes the whole folder after the upload, or after a run
+    refused before labelling; it stays while a run there can be resumed.
 
     Attributes:
         output_uri, errors_uri: where the files go. folder: the staging folder.
@@ -772,6 +803,22 @@ class StagedOutput:
         write_atomic(self.folder / STAGED_TARGETS, json.dumps(
             {"output": self.output_uri, "errors": self.errors_uri,
              "files": {self.output.name: self.output_uri, self.errors.name: self.errors_uri}}).encode())
+
+    def clean(self) -> None:
+        """Remove the staging folder whole (``publish.json``, staged files, the folder itself)
+        unless it holds a run to resume: the checkpoint work folder (``.<name>.pcd-work``, the only
+        folder a run makes here; ``WorkDir`` removes it once uploaded, or when it holds no part).
+        Called at the end of every run: after an upload, or a run refused before labelling,
+        nothing is left (one URI per night would pile up folders); after a run stopped, killed
+        or failed mid-run (the store, ``--max-errors``) the folder stays for ``--resume``."""
+        import shutil
+
+        try:
+            if any(entry.is_dir() for entry in self.folder.iterdir()):
+                return
+        except FileNotFoundError:
+            return
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def staged_targets(output: Path) -> dict[str, str] | None:

@@ -61,6 +61,13 @@ def _table(data: bytes) -> pa.Table:
     return pq.read_table(pa.BufferReader(data))
 
 
+def _staging(uri: str) -> Path:
+    """The local engine's staging folder of an ``-o`` URI (``StagedOutput``, in the suite's cache)."""
+    import hashlib
+
+    return Path(os.environ["XDG_CACHE_HOME"]) / "pcd" / "outputs" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
 def test_an_s3_partition_labelled_into_s3_equals_the_local_run(tmp_path, monkeypatch, s3_store):
     for name, value in s3_store.env.items():
         monkeypatch.setenv(name, value)
@@ -72,6 +79,7 @@ def test_an_s3_partition_labelled_into_s3_equals_the_local_run(tmp_path, monkeyp
     uri = f"s3://{s3_store.bucket}/nightly/out/{DATE}.parquet"
     pcd("label", f"s3://{s3_store.bucket}/nightly/exports/date={DATE}/", *ARGS, "-o", uri)
     assert s3_store.keys("nightly/out") == [f"nightly/out/{DATE}.errors.jsonl", f"nightly/out/{DATE}.parquet"]
+    assert not _staging(uri).exists()  # uploaded: nothing of the run kept (one URI a night piles up no folders)
     remote, local = _table(_read(s3_store, f"nightly/out/{DATE}.parquet")), pq.read_table(local_out)
     assert remote.column_names == local.column_names and remote.num_rows == 4
     assert remote.to_pylist() == local.to_pylist()  # same values, bit for bit, in the same order
@@ -92,6 +100,7 @@ def test_an_s3_partition_labelled_into_s3_equals_the_local_run(tmp_path, monkeyp
     assert event["reused"] == 4, event
     assert _table(_read(s3_store, f"nightly/out/{DATE}.again.parquet")).select(local.column_names).to_pylist() \
         == local.to_pylist()
+    assert not _staging(again).exists()
 
 
 def test_store_problems_exit_2_naming_the_uri_before_a_model_loads(tmp_path, s3_store):
@@ -117,7 +126,13 @@ def test_store_problems_exit_2_naming_the_uri_before_a_model_loads(tmp_path, s3_
         ((good, "-o", f"s3://{bucket}/problems/out/x.parquet"), env | {"AWS_SECRET_ACCESS_KEY": "wrong"},
          ["access denied with the credentials given"]),
         ((f"s3://{bucket}/problems/exports/",), env, ["name the output with -o"]),
+        ((good, "-o", f"s3://{bucket}/problems/out/y.parquet", "--reuse", tmp_path / "empty"), env,
+         [f"--reuse '{tmp_path / 'empty'}': the folder holds no .parquet file (it is empty); give a .parquet "
+          "file, or a folder or glob of them"]),
+        ((good, "-o", f"s3://{bucket}/problems/out/y.parquet", "--reuse", tmp_path / "missing"), env,
+         [f"--reuse '{tmp_path / 'missing'}': no such file, folder or glob"]),
     ]
+    (tmp_path / "empty").mkdir()
     for args, case_env, words in cases:
         result = pcd("label", *args, "-s", AIRLINE, "--text-field", "body", "--model", tmp_path / "no-model-needed",
                      code=2, env=case_env)
@@ -125,7 +140,13 @@ def test_store_problems_exit_2_naming_the_uri_before_a_model_loads(tmp_path, s3_
         assert message.startswith("error:") and "Traceback" not in result.stderr, result.stderr
         for word in words:
             assert word in message, (args, message)
+        if "--reuse" in map(str, args):
+            assert "--format" not in message and "input" not in message, message
     assert s3_store.keys("problems/out") == []
+    # refused before labelling: no staging folder left behind (not even an empty one)
+    for uri in ("s3://no-such-bucket/out/x.parquet", f"s3://{bucket}/problems/out/x.parquet",
+                f"s3://{bucket}/problems/out/y.parquet"):
+        assert not _staging(uri).exists(), uri
 
 
 def _events(proc: subprocess.Popen, until: str, timeout: float = 300.0) -> list[dict]:
@@ -219,6 +240,8 @@ def test_a_killed_run_leaves_no_object_and_a_failed_upload_resumes(tmp_path, s3_
         proc.send_signal(signal.SIGKILL)
         proc.wait(60)
     assert s3_store.keys("killed") == []  # no object, no temporary key
+    work = _staging(uri) / ".today.parquet.pcd-work"
+    assert (_staging(uri) / "publish.json").is_file() and work.is_dir()  # kept: --resume continues from it
     resumed = subprocess.Popen(cmd + ["--resume"], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         _events(resumed, "resumed")
@@ -234,9 +257,11 @@ def test_a_killed_run_leaves_no_object_and_a_failed_upload_resumes(tmp_path, s3_
     assert "'s3://pcd-test/killed/labels/today." in message and "cannot be reached" in message, message
     assert "rerun with --resume" in message
     assert s3_store.keys("killed") == []
+    assert (_staging(uri) / "publish.json").is_file() and work.is_dir()  # the failed upload: kept for --resume
     done = pcd("label", *base, "-o", uri, "--resume", "--log-format", "json", env=s3_store.env)
     assert any(json.loads(line).get("event") == "resumed" for line in done.stderr.splitlines() if line.startswith("{"))
     assert s3_store.keys("killed") == ["killed/labels/today.parquet"]
+    assert not _staging(uri).exists()  # uploaded at last: the staging folder goes
     with fs.open_input_stream(f"{s3_store.bucket}/killed/labels/today.parquet") as fh:
         assert _table(fh.read()).to_pylist() == pq.read_table(reference).to_pylist()
 
@@ -331,7 +356,7 @@ def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny,
     errors = [orjson.loads(line) for line in _read(s3_store, f"rayout/out/{DATE}.errors.jsonl").splitlines()]
     assert errors == jsonl_rows(tmp_path / "local.errors.jsonl") and errors[0]["record"] == "t3"
     staging = suite_cache / "pcd" / "outputs" / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    assert [p.name for p in staging.iterdir()] == ["publish.json"]  # nothing staged kept: Ray has no --resume
+    assert not staging.exists()  # nothing staged kept, the folder neither: Ray has no --resume
 
     # the store refuses the upload (the driver's credentials revoked once the labelling is done:
     # a real refusal by the store): exit 5, run again, the run before's objects as they were

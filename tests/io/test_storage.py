@@ -75,6 +75,76 @@ def test_nothing_there_is_one_line_naming_the_path(tmp_path, monkeypatch):
         storage.open_location("nosuchscheme://bucket/x")
 
 
+def test_reuse_messages_name_reuse_not_the_input(tmp_path, monkeypatch):
+    """list_files' messages follow its option: --reuse is no input and has no --format."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    cases = {"missing": "--reuse 'missing': no such file, folder or glob",
+             "empty": "--reuse 'empty': the folder holds no .parquet file (it is empty); give a .parquet file, "
+                      "or a folder or glob of them"}
+    for target, message in cases.items():
+        with pytest.raises(InputError) as err:
+            storage.list_files(target, extensions=(".parquet",), option="--reuse", what=".parquet")
+        assert str(err.value) == message
+        assert "--format" not in str(err.value) and "input" not in str(err.value)
+    with pytest.raises(InputError) as err:  # the input's own wording stays
+        storage.list_files("empty", extensions=(".jsonl",))
+    assert str(err.value).endswith("(it is empty); give a folder of them, or pass --format")
+
+
+@pytest.mark.parametrize("typed, meant", [
+    ("s3:/pcd-test/exports/", "s3://pcd-test/exports/"), ("gs:/b/x.parquet", "gs://b/x.parquet"),
+    ("GCS:/b/x", "GCS://b/x"), ("hdfs:/host/x", "hdfs://host/x"), ("abfs:/c/x", "abfs://c/x"),
+    ("file:/tmp/exports", "file:///tmp/exports")])
+def test_a_uri_with_one_slash_is_refused_naming_the_uri_meant(typed, meant):
+    """Every value is classified by ``uri_scheme`` (inputs, --reuse, -o: is_remote, local_path,
+    list_files, canonical), which refuses a known scheme with one slash rather than read it as a
+    local folder named ``s3:`` (pyarrow's 'Expected a local filesystem path, got a URI')."""
+    message = f"{typed!r} looks like a URI with one slash after {typed.split('/')[0]!r}: did you mean {meant!r}?"
+    for classify in (storage.uri_scheme, storage.is_remote, storage.local_path, storage.canonical, storage.list_files):
+        with pytest.raises(InputError) as err:
+            classify(typed)
+        assert str(err.value) == message
+    # not a known scheme, a drive letter, a folder named 's3:' below another or reached as ./s3:
+    for path in ("C:/data/x.jsonl", "notascheme:/x", "exports/s3:/x", "./s3:/x"):
+        assert storage.uri_scheme(path) is None
+
+
+@pytest.mark.parametrize("option", ["INPUT", "-o", "--reuse"])
+def test_pcd_label_refuses_a_one_slash_uri_in_each_place_before_any_model(tmp_path, monkeypatch, option):
+    from tests.helpers import AIRLINE, flat, pcd
+
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "in.jsonl"
+    good.write_text('{"id": "a", "text": "fine"}\n')
+    typo = "s3:/pcd-test/exports/x.parquet"
+    args = {"INPUT": (typo, "-o", "out.parquet"), "-o": (good, "-o", typo),
+            "--reuse": (good, "-o", "out.parquet", "--reuse", typo)}[option]
+    result = pcd("label", *args, "-s", ROOT / AIRLINE, "--model", tmp_path / "no-model-needed", code=2)
+    assert flat(result.stderr) == (f"error: {typo!r} looks like a URI with one slash after 's3:': did you mean "
+                                   "'s3://pcd-test/exports/x.parquet'?")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no folder 's3:' made, nothing written
+
+
+def test_a_staging_folder_is_removed_unless_a_run_there_can_be_resumed(tmp_path):
+    staged = storage.StagedOutput.plan("s3://b/out/2026-12-05.parquet", "s3://b/out/2026-12-05.errors.jsonl",
+                                       tmp_path / "outputs")
+    staged.clean()  # never made (refused before check_paths): nothing to do
+    staged.folder.mkdir(parents=True)
+    (staged.folder / storage.STAGED_TARGETS).write_text("{}")
+    work = staged.folder / f".{staged.output.name}.pcd-work"  # a stopped, killed or failed run's checkpoints
+    work.mkdir()
+    (work / "part-00000.parquet").write_bytes(b"x")
+    staged.errors.write_text("{}\n")
+    staged.clean()
+    assert sorted(p.name for p in staged.folder.iterdir()) == [work.name, staged.errors.name, "publish.json"]
+    import shutil
+
+    shutil.rmtree(work)  # uploaded (WorkDir.finish) or nothing to resume (WorkDir.close)
+    staged.clean()
+    assert not staged.folder.exists() and (tmp_path / "outputs").is_dir()
+
+
 def test_an_s3_prefix_lists_and_reads_as_the_same_local_folder(tmp_path, monkeypatch, s3_store):
     for name, value in s3_store.env.items():
         monkeypatch.setenv(name, value)
