@@ -199,7 +199,7 @@ def test_cli_reuse_counts_in_the_done_event_and_refuses_what_is_not_a_pcd_output
     assert "before outputs recorded what --reuse needs" in flat(result.stderr)
     result = pcd("label", night2, "-s", schema, "--model", model, "-o", tmp_path / "x.parquet",
                  "--reuse", tmp_path / "missing.parquet", code=2)
-    assert "no such input file, folder or glob" in flat(result.stderr)
+    assert f"--reuse {str(tmp_path / 'missing.parquet')!r}: no such file, folder or glob" in flat(result.stderr)
 
 
 def test_a_night_whose_few_changes_lie_far_apart_commits_every_batch(labeler, tmp_path):
