@@ -834,6 +834,13 @@ def staged_targets(output: Path) -> dict[str, str] | None:
     return data if isinstance(data, dict) and data.get("files", {}).get(Path(output).name) else None
 
 
+def _in_staging_folder(output: Path) -> bool:
+    """Whether ``output`` lies in a staging folder (``StagedOutput.plan``: ``<root>/outputs/<16
+    hex digits>/``), whatever its ``publish.json`` says."""
+    folder = Path(output).parent
+    return folder.parent.name == "outputs" and re.fullmatch(r"[0-9a-f]{16}", folder.name) is not None
+
+
 def publish_staged(output: Path, *, errors: Path | None = None, output_too: bool = True) -> str | None:
     """Upload a staged run's files (``StagedOutput``): the errors file (or, when there is none,
     remove an earlier run's at its URI: it would mislead), then the output last, whole or never.
@@ -851,6 +858,9 @@ def publish_staged(output: Path, *, errors: Path | None = None, output_too: bool
     """
     targets = staged_targets(output)
     if targets is None:
+        if _in_staging_folder(output):  # staged, but its record is gone: never report an upload that did not happen
+            raise MachineError(f"-o: the staging record {Path(output).parent / STAGED_TARGETS} is gone (another pcd "
+                               "run for the same -o removed it?): nothing was uploaded; run the command again")
         return None
     errors = errors if errors is not None else Path(output).parent / next(
         (n for n, uri in targets["files"].items() if uri == targets["errors"]), "")

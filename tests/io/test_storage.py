@@ -244,3 +244,20 @@ def test_an_upload_appears_whole_or_never(tmp_path, s3_store):
     with fs.open_input_stream(f"{s3_store.bucket}/atomic/out.parquet") as fh:
         assert fh.read() == b"today"
     assert s3_store.keys("atomic") == ["atomic/out.parquet"]
+
+
+def test_a_staged_output_whose_record_vanished_is_not_reported_uploaded(tmp_path):
+    """Another run for the same -o, refused before labelling, cleans the staging folder while this
+    one labels: publishing must fail (exit 5) rather than return as if there were nothing to upload."""
+    from pcd_cli.errors import MachineError
+    from pcd_cli.io.storage import publish_staged
+
+    folder = tmp_path / "outputs" / "0123456789abcdef"
+    folder.mkdir(parents=True)
+    (folder / "x.parquet").write_bytes(b"PAR1")
+    with pytest.raises(MachineError, match="staging record .*publish.json is gone"):
+        publish_staged(folder / "x.parquet")
+    plain = tmp_path / "out" / "x.parquet"
+    plain.parent.mkdir()
+    plain.write_bytes(b"PAR1")
+    assert publish_staged(plain) is None  # a local output: nothing to upload
