@@ -306,3 +306,27 @@ class FakeFit:
         path = Path(out) / "calibration.json"
         path.write_text(json.dumps({"fit": len(self.calls), "after": self.after}))
         return Fitted(replace(job, seed=len(self.calls)), self.before, self.after, 4, path, own_model=False)
+
+
+#: A nightly export of the object-storage tests (S3 and GCS): its date partition, two Parquet
+#: parts (``export_part``) of tickets, one row without text, and the ``pcd label`` arguments.
+EXPORT_DATE = "2026-12-05"
+EXPORT_ROWS = [
+    [{"id": "t1", "body": "The crew were lovely and we landed early."},
+     {"id": "t2", "body": "Lost my bag again, third time this year."},
+     {"id": "t3", "body": None}],  # no text: a failed row, in the errors file beside the output
+    [{"id": "t4", "body": "Seat was fine, nothing special."},
+     {"id": "t5", "body": "Delayed four hours with no information at all."}],
+]
+EXPORT_ARGS = ("-s", AIRLINE, "--id-field", "id", "--template", "{date}: {body}", "-q")
+
+
+def export_part(rows: list[dict]) -> bytes:
+    """One part of ``EXPORT_ROWS`` as Parquet bytes (``id``, ``body`` strings)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": pa.array([r["id"] for r in rows]), "body": pa.array([r["body"] for r in rows],
+                                                                                       pa.string())}), sink)
+    return sink.getvalue().to_pybytes()

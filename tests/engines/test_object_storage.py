@@ -19,25 +19,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import AIRLINE, flat, jsonl_rows, pcd, trace_contexts
+from tests.helpers import (AIRLINE, EXPORT_ARGS, EXPORT_DATE, EXPORT_ROWS, export_part, flat, jsonl_rows, pcd,
+                           trace_contexts)
 
 ROOT = Path(__file__).resolve().parents[2]
-DATE = "2026-12-05"
-ROWS = [
-    [{"id": "t1", "body": "The crew were lovely and we landed early."},
-     {"id": "t2", "body": "Lost my bag again, third time this year."},
-     {"id": "t3", "body": None}],  # no text: a failed row, in the errors file beside the output
-    [{"id": "t4", "body": "Seat was fine, nothing special."},
-     {"id": "t5", "body": "Delayed four hours with no information at all."}],
-]
-ARGS = ("-s", AIRLINE, "--id-field", "id", "--template", "{date}: {body}", "-q")
-
-
-def _part(rows: list[dict]) -> bytes:
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({"id": pa.array([r["id"] for r in rows]), "body": pa.array([r["body"] for r in rows])}),
-                   sink)
-    return sink.getvalue().to_pybytes()
+DATE, ROWS, ARGS, _part = EXPORT_DATE, EXPORT_ROWS, EXPORT_ARGS, export_part  # tests/helpers.py
 
 
 def _export(root: Path | None, store, prefix: str) -> None:

@@ -21,7 +21,7 @@ import pytest
 from pcd_cli.errors import InputError
 from pcd_cli.io import storage
 from tests import gcs_server
-from tests.helpers import AIRLINE, flat, jsonl_rows, pcd
+from tests.helpers import AIRLINE, EXPORT_ARGS, EXPORT_DATE, EXPORT_ROWS, export_part, flat, jsonl_rows, pcd
 from tests.io.test_storage import EXPECTED_ORDER, _tree
 
 #: The standard variables a test may set; each test states the ones it uses.
@@ -148,22 +148,7 @@ def test_gcs_problems_are_one_line_naming_the_uri_and_the_fix(tmp_path, monkeypa
         "retry_time_limit"].seconds == 7
 
 
-DATE = "2026-12-05"
-ROWS = [
-    [{"id": "t1", "body": "The crew were lovely and we landed early."},
-     {"id": "t2", "body": "Lost my bag again, third time this year."},
-     {"id": "t3", "body": None}],  # no text: a failed row, in the errors file beside the output
-    [{"id": "t4", "body": "Seat was fine, nothing special."},
-     {"id": "t5", "body": "Delayed four hours with no information at all."}],
-]
-ARGS = ("-s", AIRLINE, "--id-field", "id", "--template", "{date}: {body}", "-q")
-
-
-def _part(rows: list[dict]) -> bytes:
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({"id": [r["id"] for r in rows], "body": pa.array([r["body"] for r in rows], pa.string())}),
-                   sink)
-    return sink.getvalue().to_pybytes()
+DATE, ROWS, ARGS, _part = EXPORT_DATE, EXPORT_ROWS, EXPORT_ARGS, export_part  # tests/helpers.py
 
 
 def test_a_gs_partition_labelled_into_gs_equals_the_local_run_and_is_reused(tmp_path, gcs_store):
