@@ -26,7 +26,8 @@ from ..io.output import ParquetSink, base_metadata, check_columns
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure
 from ..schema.model import TRUNCATED_COLUMN, Schema
-from ..io.storage import StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged, sibling, uri_name
+from ..io.storage import (STAGING_ROOT, StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged,
+                          sibling, uri_name)
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, PARTLY_REUSED, REUSED, Labelled, ReuseIndex, ReuseSource,
                     ReusingLabeler, job_parts, keyed_metadata, keyed_schema, per_field_names, read_sources)
@@ -284,7 +285,7 @@ def stage_outputs(output: str | Path, errors_path: str | Path | None,
     errors_uri = str(errors_path) if errors_path else default_errors_uri(str(output))
     if not is_remote(errors_uri):
         raise InputError(f"--errors {str(errors_path)!r} is local but -o is in object storage; keep them together")
-    staged = StagedOutput.plan(str(output), errors_uri, cache_dir() / "outputs")
+    staged = StagedOutput.plan(str(output), errors_uri, cache_dir() / STAGING_ROOT)
     return staged.output, staged.errors, staged
 
 

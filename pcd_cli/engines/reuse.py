@@ -392,11 +392,8 @@ class ReuseIndex:
                 if part is not None:
                     names, table = part
                     lent.setdefault(names, []).append((src, table))
-                    rows = said.get(src.option, (names, 0))[1] + table.num_rows
-                    said[src.option] = (names, rows)
-                    refused.setdefault(src.option, why)
-                    continue
-                if FIELDS_PART in src.parts and FIELDS_PART in parts:  # name what rules out per-field reuse too
+                    said[src.option] = (names, said.get(src.option, (names, 0))[1] + table.num_rows)
+                elif FIELDS_PART in src.parts and FIELDS_PART in parts:  # name what rules out per-field reuse too
                     why = first_difference(*({k: v for k, v in p.items() if k not in PER_FIELD}
                                              for p in (src.parts, parts))) or why
                 refused.setdefault(src.option, why)

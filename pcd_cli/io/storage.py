@@ -729,6 +729,10 @@ def check_output_uri(uri: str, *, option: str = "-o") -> None:
 
 
 # -- outputs in object storage: staged locally, uploaded whole ----------------------------------------
+#: The folder of the pcd cache that holds the staging folders (``StagedOutput``), and how many hex
+#: digits of the URI's SHA-256 name each.
+STAGING_ROOT = "outputs"
+STAGED_KEY_HEX = 16
 #: The file in a staging folder that says where its files go (read by ``publish_staged``).
 STAGED_TARGETS = "publish.json"
 
@@ -773,7 +777,7 @@ class StagedOutput:
         """Stage ``output_uri``'s files under ``root`` (nothing checked or made yet)."""
         import hashlib
 
-        key = hashlib.sha256(output_uri.encode()).hexdigest()[:16]
+        key = hashlib.sha256(output_uri.encode()).hexdigest()[:STAGED_KEY_HEX]
         return cls(output_uri, errors_uri, Path(root) / key)
 
     @property
@@ -835,10 +839,10 @@ def staged_targets(output: Path) -> dict[str, str] | None:
 
 
 def _in_staging_folder(output: Path) -> bool:
-    """Whether ``output`` lies in a staging folder (``StagedOutput.plan``: ``<root>/outputs/<16
-    hex digits>/``), whatever its ``publish.json`` says."""
+    """Whether ``output`` lies in a staging folder (``StagedOutput.plan``: ``<pcd cache>/
+    STAGING_ROOT/<STAGED_KEY_HEX hex digits>/``), whatever its ``publish.json`` says."""
     folder = Path(output).parent
-    return folder.parent.name == "outputs" and re.fullmatch(r"[0-9a-f]{16}", folder.name) is not None
+    return folder.parent.name == STAGING_ROOT and re.fullmatch(f"[0-9a-f]{{{STAGED_KEY_HEX}}}", folder.name) is not None
 
 
 def publish_staged(output: Path, *, errors: Path | None = None, output_too: bool = True) -> str | None:

@@ -17,10 +17,10 @@ import pytest
 
 from pcd_cli.engines.ray_engine import EXIT_ONCE_ENV
 
-from ..helpers import ORACLE_SCHEMA, pcd, tiny_backend
+from ..helpers import ORACLE_SCHEMA, airline_texts, pcd, tiny_backend
 
 
-TEXTS = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:10]
+TEXTS = airline_texts(10)
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_ray_reuse_and_dedup_same_values_and_counts_as_local(local_ray, files, t
     """Issue #43 item 6 on its example at small size: night 2 (2 edited, 2 new, 2 copies of those,
     a copy of an unchanged text) with ``--reuse`` night 1 gives on Ray (2 workers, 3-row batches:
     copies in other batches than their first) the local engine's rows, values and counts."""
-    texts = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:12]
+    texts = airline_texts(12)
     night1 = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
     night2 = [dict(r) for r in night1]
     night2[3]["text"] += " (edited: still waiting)"
@@ -294,7 +294,7 @@ def test_ray_reuses_per_field_as_the_local_engine(local_ray, files, tmp_path):
     for name, keep in (("before", ["urgent", "deadline"]), ("after", ["urgent", "deadline", "refund"])):
         (tmp_path / f"{name}.json").write_text(json.dumps({"name": "iso", "isolate_fields": True,
                                                            "fields": {k: fields[k] for k in keep}}))
-    texts = [json.loads(line)["text"] for line in open("sample_data/airline_tweets.jsonl", encoding="utf-8")][:8]
+    texts = airline_texts(8)
     night = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
     (tmp_path / "night.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in night))
     before = dict(files, schema=tmp_path / "before.json")
