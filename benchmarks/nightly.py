@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from pcd_cli.api import Labeler  # noqa: E402
 from pcd_cli.engines.local import label_file  # noqa: E402
 from pcd_cli.engines.reuse import (INPUT_KEY_COLUMN, REUSED, ReuseIndex, ReusingLabeler, input_key,  # noqa: E402
-                                   job_parts, keyed_metadata, keyed_schema, read_sources)
+                                   keyed_metadata, keyed_schema, read_sources)
 from pcd_cli.io.readers import InputSpec  # noqa: E402
 from pcd_cli.results import Record, RecordFailure  # noqa: E402
 from pcd_cli.schema.load import load_schema  # noqa: E402
@@ -274,7 +274,7 @@ def main() -> None:
                             else pa.array(np.zeros(n, bool)) if f.type == pa.bool_()
                             else pa.array(rng.random(n, dtype=np.float32)))
         cols[INPUT_KEY_COLUMN] = pa.array([input_key(t) for t in texts])
-        meta = labeler.metadata() | keyed_metadata(job_parts(labeler))
+        meta = labeler.metadata() | keyed_metadata(labeler.job_parts())
         pq.write_table(pa.table(cols, schema=schema).replace_schema_metadata(meta), earlier)
         new_texts = texts[: n * 95 // 100] + [f"edited {i}" for i in range(n - n * 95 // 100)]
         report["bookkeeping_local"] = bookkeeping(str(earlier), new_texts, labeler)

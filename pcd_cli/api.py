@@ -27,6 +27,7 @@ from .io.output import base_metadata
 from .io.readers import InputSpec, _row_to_record
 from .io.values import RepeatedIds
 from .job import LabelJob
+from .job_fingerprint import MODEL_PARTS_KEY
 from .job_warnings import (ADAPTER_MISMATCH, CALIBRATION_WORSE, DTYPE_MISMATCH, TUNE_MISMATCH,
                            TUNED_CALIBRATION_SKIPPED, WEAK_LABEL_SET, JobWarning)
 from .results import FieldResult, Record, RecordFailure, RecordResult
@@ -242,7 +243,11 @@ class Labeler:
         from .errors import CalibrationError
 
         try:
-            calibration = replace(_load_calibration(path), model=self.backend.model_id)
+            calibration = _load_calibration(path)
+            # it travels with the tuned weights it was fitted on (in memory, while tuning): their key is the run's
+            ours = {k: v for k, v in self.model_parts().items() if k in ("model", "adapter")}
+            calibration = replace(calibration, model=self.backend.model_id,
+                                  fitted_for={**calibration.fitted_for, **ours} if calibration.fitted_for else {})
             calibration.check(self.metadata())
         except CalibrationError as exc:
             self.warnings.append(JobWarning(TUNED_CALIBRATION_SKIPPED,
@@ -270,6 +275,7 @@ class Labeler:
         """
         return base_metadata(self.backend.model_id, self.schema) | {
             "pcd.prompt_head_sha256": self.compiled.prompt.head_sha256,
+            MODEL_PARTS_KEY: json.dumps(self.model_parts(), ensure_ascii=False),
             "pcd.scoring": self.compiled.scoring,
             "pcd.layout": self.compiled.layout.name,
             "pcd.chat_template": str(self.compiled.prompt.chat_template).lower(),
@@ -293,6 +299,28 @@ class Labeler:
              if self.tune_card is not None else {}) \
           | self._permutations_metadata() \
           | ({"pcd.isolate_fields": "true"} if self.isolate_fields else {})
+
+    def model_parts(self) -> dict[str, str]:
+        """What this labeler's model reads and how, by content (``pcd_cli.job_fingerprint.model_parts``):
+        weights, tokenizer and chat template, adapter, backend, dtype, schema, the rendered prompt,
+        scoring. A calibration file is checked against them (``Calibration.check``)."""
+        from .job_fingerprint import model_parts
+
+        return model_parts(self)
+
+    def job_parts(self) -> dict[str, str]:
+        """This job's fingerprint (``pcd_cli.job_fingerprint.job_parts``): every part that changes
+        a row's values; ``pcd label --reuse`` copies a row only from an output whose parts equal these."""
+        from .job_fingerprint import job_parts
+
+        return job_parts(self)
+
+    def per_field_names(self) -> tuple[str, ...]:
+        """The declared fields when each is decided alone (``pcd_cli.job_fingerprint.per_field_names``):
+        an earlier output may then lend fields one by one; ``()`` otherwise."""
+        from .job_fingerprint import per_field_names
+
+        return per_field_names(self)
 
     def output_schema(self, id_column: str, id_type, *, all_probs: bool):
         """The Arrow schema of this labeler's output (``pcd_cli.io.output.output_schema`` with its
@@ -680,6 +708,9 @@ def _with_adapter(backend, adapter, model: str | None = None):
 
     backend, said = apply_adapter(backend, adapter, model)
     backend.merged_adapter = (_folder_key(adapter), tuple(said))  # a Labeler over it does not merge it again
+    from .backends.torch_backend import model_content_key
+
+    backend.adapter_content_key = model_content_key(_folder_key(adapter))  # the job fingerprint's adapter part
     return backend, said
 
 

@@ -637,7 +637,7 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
         holdout rows (``--holdout 0`` keeps none) or every field was left out; notes say which
         fields were left out and why.
     """
-    from .quality.calibration import Calibration, fit_trusted, held_out_worse
+    from .quality.calibration import Calibration, fit_trusted, fitted_for, held_out_worse
     from .quality.decision import parse_objective
 
     wanted = parse_objective(objective)
@@ -660,7 +660,7 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
         return None, notes
     return Calibration(pcd_version=__version__, model=model, schema_sha256=metadata["pcd.schema_sha256"],
                        prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
-                       fields=fields, dtype=metadata.get("pcd.dtype", ""),
+                       fields=fields, dtype=metadata.get("pcd.dtype", ""), fitted_for=fitted_for(metadata),
                        objective=wanted.name if any(fc.rule is not None for fc in fields.values()) else "likelihood"), \
         notes
 

@@ -241,6 +241,33 @@ class MLXBackend:
     #: its ``--backend`` name (``pcd_cli.backends.select.KINDS``)
     kind = "mlx"
 
+    @property
+    def content_key(self) -> str:
+        """SHA-256 (hex) naming the weights this backend runs, as ``TorchBackend.content_key``:
+        ``model_content_key`` of the ``--model`` it was loaded from (``load_backend`` sets
+        ``content_source``), else the SHA-256 over its parameters' names, dtypes, shapes and
+        bytes. Taken once per backend (``pcd_cli.job_fingerprint``, the ``model`` part)."""
+        key = getattr(self, "_content_key", None)
+        if key is None:
+            from .torch_backend import model_content_key
+
+            source = getattr(self, "content_source", None)
+            key = model_content_key(source[0]) if source is not None else None
+            if key is None or key.startswith("id:"):
+                import hashlib
+
+                import numpy as np
+                from mlx.utils import tree_flatten
+
+                digest = hashlib.sha256()
+                for name, value in sorted(tree_flatten(self.model.parameters()), key=lambda kv: kv[0]):
+                    digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+                    digest.update(np.asarray(value.astype(mx.float32) if value.dtype == mx.bfloat16 else value)
+                                  .tobytes())
+                key = digest.hexdigest()
+            self._content_key = key
+        return key
+
     def __init__(self, model, tokenizer, model_id: str, *, device=None, eos_token_ids: Sequence[int] = (),
                  windows: Sequence[int | None] | None = None):
         model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "")
@@ -466,7 +493,10 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
         value = json.loads(config.read_text()).get("eos_token_id")
         eos |= set(value if isinstance(value, list) else [value] if value is not None else [])
     windows = [layout.window if t == "sliding_attention" else None for t in layout.layer_types]
-    return MLXBackend(lm, wrapper._tokenizer, model_id, device=mx_device, eos_token_ids=sorted(eos), windows=windows)
+    backend = MLXBackend(lm, wrapper._tokenizer, model_id, device=mx_device, eos_token_ids=sorted(eos),
+                         windows=windows)
+    backend.content_source = (model, None)  # for content_key
+    return backend
 
 
 def _layout(source: str):

@@ -59,6 +59,35 @@ class HFTokenizer:
         self.bos_text = bos if (bos and getattr(tokenizer, "add_bos_token", False)) else ""
         self._not_first: object = ...  # built on first use (``encode_text(at_start=False)``)
 
+    @property
+    def content_key(self) -> str:
+        """SHA-256 (hex) of everything this tokenizer does to a text: its full specification
+        (vocabulary, merges, normalizer, pre-tokenizer, added and special tokens: the fast
+        tokenizer's ``to_str()``; a slow one's vocabulary and added tokens), the chat template's
+        source, the template arguments pcd renders with, and the BOS text pcd writes. Read from the
+        loaded tokenizer, so a ``.gguf`` file, a folder, a hub model and either backend are keyed
+        alike (``pcd_cli.job_fingerprint``, the ``tokenizer`` part). Taken once."""
+        cached = getattr(self, "_content_key", None)
+        if cached is not None:
+            return cached
+        import hashlib
+
+        digest = hashlib.sha256()
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is not None:
+            digest.update(backend.to_str().encode("utf-8", "surrogatepass"))
+        else:
+            digest.update(json.dumps(sorted(self._tok.get_vocab().items()), ensure_ascii=False).encode())
+        added = sorted((i, t.content, bool(t.special), bool(getattr(t, "lstrip", False)),
+                        bool(getattr(t, "rstrip", False)), bool(getattr(t, "normalized", False)))
+                       for i, t in self._tok.added_tokens_decoder.items())
+        for part in (json.dumps(added, ensure_ascii=False), self.chat_template or "",
+                     json.dumps(CHAT_TEMPLATE_ARGS, sort_keys=True), self.bos_text,
+                     json.dumps({k: str(v) for k, v in sorted(getattr(self._tok, "special_tokens_map", {}).items())})):
+            digest.update(b"\0" + part.encode("utf-8", "surrogatepass"))
+        self._content_key = digest.hexdigest()
+        return self._content_key
+
     def encode(self, text: str) -> list[int]:
         return self._tok(text, add_special_tokens=False)["input_ids"]
 

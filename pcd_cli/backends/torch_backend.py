@@ -198,8 +198,8 @@ def model_content_key(spec: str | None) -> str:
     """A content key (SHA-256 hex) of the weights ``--model`` names, for provenance cards.
 
     The embedded model or a ``.gguf`` file: ``gguf_content_key``; a local folder: the
-    SHA-256 over its ``config.json`` and weight files (``*.safetensors``, ``*.bin``) in name
-    order; a hub id (not on disk): ``"id:" + the id``.
+    SHA-256 over its ``config.json`` (or an adapter's ``adapter_config.json``) and weight files
+    (``*.safetensors``, ``*.bin``) in name order; a hub id (not on disk): ``"id:" + the id``.
     """
     if spec in (None, "", "default", DEFAULT_MODEL):
         return gguf_content_key(embedded_gguf_path())
@@ -209,7 +209,10 @@ def model_content_key(spec: str | None) -> str:
     if not folder.is_dir():
         return f"id:{spec}"
     digest = hashlib.sha256()
-    for path in sorted([folder / "config.json", *folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+    # config.json (the architecture) or adapter_config.json (a LoRA adapter's rank, alpha, targets)
+    # and the weights; the tokenizer's files are keyed apart (``HFTokenizer.content_key``)
+    for path in sorted([folder / "config.json", folder / "adapter_config.json", *folder.glob("*.safetensors"),
+                        *folder.glob("*.bin")]):
         if path.is_file():
             digest.update(path.name.encode() + b"\0")
             with path.open("rb") as fh:

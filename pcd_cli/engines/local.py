@@ -30,7 +30,7 @@ from ..io.storage import (STAGING_ROOT, StagedOutput, canonical, is_glob, is_rem
                           sibling, uri_name)
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, PARTLY_REUSED, REUSED, Labelled, ReuseIndex, ReuseSource,
-                    ReusingLabeler, job_parts, keyed_metadata, keyed_schema, per_field_names, read_sources)
+                    ReusingLabeler, keyed_metadata, keyed_schema, read_sources)
 from .summary import RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
@@ -304,7 +304,7 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
                     all_probs: bool, trace: bool, reuse: list[str] | None = None,
                     dedup_keys: int = DEFAULT_DEDUP_KEYS) -> dict:
     """Everything that decides a run's output; a resumed run must match it exactly: the job's
-    value-deciding parts (``pcd_cli.engines.reuse.job_parts``, the fingerprint ``--reuse``
+    value-deciding parts (``pcd_cli.job_fingerprint.job_parts``, the fingerprint ``--reuse``
     compares: model weights, dtype, device, library versions, schema, prompt, calibration, ...),
     then what names the input and the run.
 
@@ -315,7 +315,7 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
     packed together (bit-identical on resume); the batch sizes do not.
     """
     return {
-        **job_parts(labeler),
+        **labeler.job_parts(),
         "input": STDIN_NAME if is_stdin(input_path) else canonical(input_path),
         "format": fmt, "text_field": spec.text_field, "template": spec.template, "id_field": spec.id_field,
         "limit": spec.limit, "csv_delimiter": spec.csv_delimiter,
@@ -389,8 +389,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
                                   trace=trace_path is not None, reuse=[s.path for s in reuse or ()],
                                   dedup_keys=dedup_keys)
-    parts = job_parts(labeler)
-    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event, fields=per_field_names(labeler)) if reuse else None
+    parts = labeler.job_parts()
+    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event, fields=labeler.per_field_names()) if reuse else None
     rows = ReusingLabeler(labeler, arrow_schema, index, dedup_keys, group_size=chunk_records)
     stats = RunStats(labeler.schema, min_mass=min_mass)
     id_name = arrow_schema.names[0]

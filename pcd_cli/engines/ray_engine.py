@@ -70,7 +70,7 @@ from ..io.storage import is_remote, local_path, publish_staged, rerun_whole
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, PARTLY_REUSED, REUSED, Labelled, ReuseIndex,
-                    ReusingLabeler, JOB_PARTS_KEY, input_key, job_parts, keyed_metadata, keyed_schema, per_field_names,
+                    ReusingLabeler, JOB_PARTS_KEY, input_key, keyed_metadata, keyed_schema,
                     read_sources, unmatched_reuse)
 from .summary import RunStats
 
@@ -204,7 +204,7 @@ class LabelWorker:
                                                        pa.string() if job.id_field else pa.int64(),
                                                        all_probs=all_probs)
         self.arrow_schema = keyed_schema(self.value_schema)  # the content key last (pcd_cli.engines.reuse)
-        meta = self.labeler.metadata() | keyed_metadata(job_parts(self.labeler))
+        meta = self.labeler.metadata() | keyed_metadata(self.labeler.job_parts())
         meta.pop("pcd.created_utc", None)  # the driver stamps the run's own time
         self.meta = json.dumps(meta, sort_keys=True)
         self.warnings = warnings_json(self.labeler.warnings)
@@ -212,9 +212,9 @@ class LabelWorker:
 
         self.notes = json.dumps(run_notes(self.labeler, job))
         self.reuse_events: list = []
-        self.index = ReuseIndex(reuse, job_parts(self.labeler), self.arrow_schema,
+        self.index = ReuseIndex(reuse, self.labeler.job_parts(), self.arrow_schema,
                                 on_event=lambda *event: self.reuse_events.append(event),
-                                fields=per_field_names(self.labeler)) if reuse else None
+                                fields=self.labeler.per_field_names()) if reuse else None
         self.copies = copies or {}
 
     def _maybe_exit(self) -> None:

@@ -10,13 +10,14 @@ it. So every output pcd writes records both:
   and of the job's model and ``--truncate``, both in the fingerprint, so equal keys under an
   equal job mean byte-identical model input);
 - in its Parquet metadata, ``pcd.job_parts`` (``JOB_PARTS_KEY``): the job fingerprint, one
-  entry per thing that changes a value (``job_parts``: model weights, adapter, backend, dtype,
-  device, torch/transformers versions, schema, prompt head, few-shot examples, scoring,
+  entry per thing that changes a value (``pcd_cli.job_fingerprint.job_parts``, defined beside
+  the job: model weights, tokenizer and chat template, adapter, backend, dtype, device, library
+  versions, schema, the whole rendered prompt around the record, few-shot examples, scoring,
   truncation, permutations, isolate_fields, calibration, prior correction, abstaining, pcd's
   version), and ``pcd.reused`` (``REUSED_KEY``): which outputs this run copied rows from.
 
 The local engine's resume fingerprint (``pcd_cli.engines.local.job_fingerprint``) is these parts
-plus what names the input and the run; they are defined once, here.
+plus what names the input and the run.
 
 A row is then labelled in one of three ways (``ReusingLabeler``):
 
@@ -43,10 +44,9 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
-from ..backends.select import library_versions
 from ..errors import InputError
+from ..job_fingerprint import FIELDS_PART, PER_FIELD, first_difference, reusable_fields
 from ..results import Record, RecordFailure, RecordResult
-from ..version import __version__
 
 #: The per-row content key column (SHA-256 hex of the record text, ``input_key``), last column.
 INPUT_KEY_COLUMN = "__input_sha256"
@@ -66,132 +66,9 @@ DEFAULT_DEDUP_KEYS = 20_000
 #: does down to 16 in 4,096 (0.4 %) changed.
 MAX_GROUP_SPAN = 4096
 
-#: The fingerprint's parts in the order they are compared (the first that differs is named),
-#: each with how a message names it.
-PARTS = (
-    ("pcd_version", "another pcd version"),
-    ("model", "another model (weights)"),
-    ("adapter", "another adapter"),
-    ("backend", "another backend"),
-    ("dtype", "another dtype"),
-    ("device", "another device kind"),
-    ("libraries", "other versions of the backend's libraries (backends.select.KINDS)"),
-    ("schema", "another schema"),
-    # the options that change the prompt come before it, so that the message names the option
-    ("examples", "other few-shot examples"),
-    ("scoring", "another --scoring"),
-    ("truncate", "another --truncate"),
-    ("permutations", "another --permutations"),
-    ("isolate_fields", "another isolate_fields"),
-    ("prompt", "another prompt"),
-    ("calibration", "another calibration"),
-    ("prior_correction", "another --prior-correction"),
-    ("abstaining", "another abstention (--abstain-below, --abstain-unless-single)"),
-)
-
-
-#: ``job_parts``' entry for a job that decides each field alone (``per_field``): JSON of
-#: ``field_parts``. Not in ``PARTS``: the ``schema`` part already tells two jobs' fields apart.
-FIELDS_PART = "fields"
-#: The parts a per-field job compares field by field instead (``reusable_fields``).
-PER_FIELD = ("schema", "calibration", "abstaining")
-
-
 def input_key(text: str) -> str:
     """The content key of a record text: SHA-256 (hex) of its UTF-8 bytes (surrogates escaped)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _sha(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr, ensure_ascii=False).encode()).hexdigest()
-
-
-def job_parts(labeler) -> dict[str, str]:
-    """The job fingerprint of ``labeler``: everything that changes a row's values, as ``PARTS``
-    names them (strings; hashes are SHA-256 hex). The device is its kind (``cpu``, ``cuda``,
-    ``mps``); the model is named by its weights (``backend.content_key``: the GGUF or weight
-    files' SHA-256, or the parameters'), not by its name; the token budget per pass and batch
-    sizes are left out (they change how records are packed, which moves values only within
-    the packing bound, 1e-5)."""
-    backend = labeler.backend
-    merged = getattr(backend, "merged_adapter", None)
-    adapter = "none"
-    if merged is not None:
-        from ..backends.torch_backend import model_content_key
-
-        adapter = model_content_key(merged[0])
-    calibration = labeler.calibration
-    return {
-        "pcd_version": __version__,
-        "model": str(getattr(backend, "content_key", None) or f"id:{backend.model_id}"),
-        "adapter": adapter,
-        "backend": type(backend).__name__,
-        "dtype": str(getattr(backend, "dtype_name", "")),
-        "device": str(getattr(backend, "device", "cpu")).split(":")[0],
-        "libraries": ", ".join(f"{name} {version}" for name, version in library_versions(backend).items()),
-        "schema": labeler.schema.source_sha256,
-        "prompt": labeler.compiled.prompt.head_sha256,
-        "examples": _sha([repr(e) for e in labeler.examples]),
-        "scoring": labeler.compiled.scoring,
-        "truncate": labeler.decoder.truncate,
-        "permutations": str(labeler.permutations),
-        "isolate_fields": str(bool(labeler.isolate_fields)).lower(),
-        "calibration": calibration.sha256 if calibration is not None else "none",
-        "prior_correction": "on" if labeler.priors is not None else "off",
-        "abstaining": _sha([labeler.abstain_thresholds, bool(labeler.abstain_unless_single)]),
-    } | ({FIELDS_PART: json.dumps(field_parts(labeler), sort_keys=True)} if per_field(labeler) else {})
-
-
-def per_field(labeler) -> bool:
-    """Whether ``labeler``'s fields are each decided alone (``isolate_fields`` and no rules
-    between fields: a field's values then depend on the record, the instructions, that field and
-    its own calibration and abstention only), so that an earlier output of a job that differs
-    in other fields can lend the fields that did not change (``reusable_fields``)."""
-    return bool(labeler.isolate_fields) and getattr(labeler, "rules", None) is None
-
-
-def per_field_names(labeler) -> tuple[str, ...]:
-    """``labeler``'s declared field names when its fields are decided alone (``per_field``), for
-    ``ReuseIndex(fields=...)``; ``()`` otherwise."""
-    return tuple(f.name for f in labeler.schema.declared) if per_field(labeler) else ()
-
-
-def field_parts(labeler) -> dict[str, str]:
-    """Per declared field of an isolated job (``per_field``): SHA-256 (hex) of what its values
-    depend on beyond the parts shared by every field (``PARTS`` but ``PER_FIELD``): the
-    instructions, the key its branch writes, the field and its decisions as declared, each
-    decision's calibration (without its held-out figures) and abstention threshold, and whether
-    it abstains unless its label set is single."""
-    schema, calibration = labeler.schema, labeler.calibration
-    sets = set(getattr(labeler, "set_fields", ()) or ())
-    out = {}
-    for declared, part in schema.declared_parts():
-        decisions = [schema.fields[i] for i in part]
-        calibrations = []
-        for d in decisions:
-            fc = calibration.fields.get(d.name) if calibration is not None else None
-            calibrations.append(None if fc is None else [list(fc.labels), fc.temperature, list(fc.biases),
-                                                         None if fc.conformal is None else fc.conformal.to_dict(),
-                                                         None if fc.rule is None else
-                                                         {k: v for k, v in fc.rule.to_dict().items() if k != "cv"}])
-        out[declared.name] = _sha([schema.instructions, schema.isolated_key, repr(declared),
-                                   [repr(d) for d in decisions], calibrations,
-                                   [labeler.abstain_thresholds.get(d.name) for d in decisions],
-                                   bool(labeler.abstain_unless_single) and any(d.name in sets for d in decisions)])
-    return out
-
-
-def reusable_fields(theirs: dict, ours: dict) -> list[str]:
-    """The declared fields (this run's, sorted by name) whose values an earlier output of job
-    ``theirs`` holds as this run's job ``ours`` would write them: both jobs decide each field
-    alone (``per_field``), every part but ``PER_FIELD`` is the same, and the field's own part
-    (``field_parts``) too. Empty when nothing can be reused per field."""
-    if FIELDS_PART not in theirs or FIELDS_PART not in ours:
-        return []
-    if any(theirs.get(name) != ours.get(name) for name, _ in PARTS if name not in PER_FIELD):
-        return []
-    before, now = json.loads(theirs[FIELDS_PART]), json.loads(ours[FIELDS_PART])
-    return [name for name, sha in now.items() if before.get(name) == sha]
 
 
 def columns_of(arrow_schema: pa.Schema, names: Sequence[str]) -> list[str]:
@@ -202,32 +79,6 @@ def columns_of(arrow_schema: pa.Schema, names: Sequence[str]) -> list[str]:
     wanted = set(names)
     return [c for c in arrow_schema.names
             if c in wanted or any(c.endswith(x) and c[: -len(x)] in wanted for x in OUTPUT_SUFFIXES)]
-
-
-def first_difference(theirs: dict, ours: dict) -> str | None:
-    """How the earlier output's job ``theirs`` differs from this run's ``ours`` (both
-    ``job_parts``), as a message naming the first differing part in ``PARTS`` order and both
-    values (hashes shortened: ``sha256 ab12cd34... vs 9f3e0a1b...``, the earlier output's first);
-    ``None`` when they are the same job."""
-    for name, said in PARTS:
-        a, b = theirs.get(name), ours.get(name)
-        if a == b:
-            continue
-        if a is None:
-            return f"labelled without a record of its {name.replace('_', ' ')} (an older pcd)"
-        if _is_sha256(a) and _is_sha256(b):
-            return f"labelled with {said} (sha256 {a[:8]}... vs {b[:8]}...)"
-        return f"labelled with {said} ({_short(a)} vs {_short(b)})"
-    return None
-
-
-def _is_sha256(value) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
-
-
-def _short(value) -> str:
-    """A sha256 as ``sha256`` and its first 8 hex digits; anything else (``none``) as it is."""
-    return f"sha256 {value[:8]}..." if _is_sha256(value) else str(value)
 
 
 def keyed_schema(arrow_schema: pa.Schema) -> pa.Schema:

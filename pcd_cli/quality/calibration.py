@@ -22,6 +22,7 @@ calibrated probabilities (``FieldCalibration.decide``).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass, replace
 from dataclasses import field as dc_field
@@ -33,6 +34,7 @@ import pandas as pd
 
 from ..errors import CalibrationError, InputError
 from ..io.files import check_writable, write_atomic
+from ..job_fingerprint import CALIBRATION_PART_FIXES, CALIBRATION_PARTS, MODEL_PARTS_KEY, short
 from ..schema.model import Schema
 from ..version import __version__
 from . import metrics as M
@@ -46,7 +48,10 @@ DEFAULT_L2 = 1e-3
 CHECKED_KEYS = {"model": "pcd.model", "schema_sha256": "pcd.schema_sha256",
                 "prompt_head_sha256": "pcd.prompt_head_sha256", "scoring": "pcd.scoring"}
 FILE_FORMAT = "pcd-calibration"
-FILE_FORMAT_VERSION = 1
+#: The version this pcd writes: 2 records ``fitted_for`` (the model's parts by content); 1 (no
+#: ``fitted_for``: checked by the names of ``CHECKED_KEYS``) still loads.
+FILE_FORMAT_VERSION = 2
+READ_FORMAT_VERSIONS = (1, 2)
 #: Bounds of the temperature the fit may choose.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
 
@@ -87,6 +92,14 @@ class FieldCalibration:
     conformal: ConformalSet | None = None
     rule: DecisionRule | None = None
 
+    def fingerprint(self) -> list:
+        """What this field's values depend on in the file, without its held-out figures (``cv``,
+        the rule's ``cv``): labels, temperature, biases, label-set threshold, rule (a field's part
+        of the per-field reuse key, ``pcd_cli.job_fingerprint.field_parts``)."""
+        return [list(self.labels), self.temperature, list(self.biases),
+                None if self.conformal is None else self.conformal.to_dict(),
+                None if self.rule is None else {k: v for k, v in self.rule.to_dict().items() if k != "cv"}]
+
     def decide(self, probs: np.ndarray) -> int:
         """The label index written for (k,) calibrated probabilities (``apply``'s output): the
         rule's choice, or the argmax without a rule. The one definition every front-end applies
@@ -124,6 +137,10 @@ class Calibration:
         objective: what the labels written are chosen for (``pcd calibrate --objective``):
             ``likelihood`` (the argmax; files before issue #44) or the objective of the fields'
             decision rules (``FieldCalibration.rule``).
+        fitted_for: the model parts it was fitted for, by content (``CALIBRATION_PARTS`` of
+            ``pcd_cli.job_fingerprint.model_parts``: weights, tokenizer and chat template, adapter,
+            schema, the rendered prompt, scoring), checked on load against the run's; empty in
+            files of format 1 (checked by name then).
     """
 
     pcd_version: str
@@ -135,6 +152,7 @@ class Calibration:
     sha256: str = ""
     dtype: str = ""
     objective: str = "likelihood"
+    fitted_for: dict = dc_field(default_factory=dict)
 
     def rules(self) -> dict[str, dict]:
         """Field -> its decision rule's ``to_dict()`` without the held-out figures (the output
@@ -159,6 +177,7 @@ class Calibration:
             "model": self.model, "schema_sha256": self.schema_sha256,
             "prompt_head_sha256": self.prompt_head_sha256, "scoring": self.scoring,
             **({"dtype": self.dtype} if self.dtype else {}), "objective": self.objective,
+            **({"fitted_for": dict(self.fitted_for)} if self.fitted_for else {}),
             "fields": {name: {"labels": list(fc.labels), "temperature": fc.temperature,
                               "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n, "cv": fc.cv}
                        | ({"conformal": fc.conformal.to_dict()} if fc.conformal is not None else {})
@@ -199,9 +218,9 @@ class Calibration:
         if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
             raise CalibrationError(f"{where}: not a calibration file (no \"format\": \"{FILE_FORMAT}\"); "
                                    "make one with pcd calibrate")
-        if doc.get("format_version") != FILE_FORMAT_VERSION:
+        if doc.get("format_version") not in READ_FORMAT_VERSIONS:
             raise CalibrationError(f"{where}: format_version {doc.get('format_version')!r}; this pcd reads "
-                                   f"{FILE_FORMAT_VERSION}")
+                                   f"{' and '.join(map(str, READ_FORMAT_VERSIONS))}")
         top = {}
         for key in ("pcd_version", *CHECKED_KEYS):
             if not isinstance(doc.get(key), str):
@@ -217,24 +236,53 @@ class Calibration:
         objective = doc.get("objective", "likelihood")
         if not isinstance(objective, str):
             raise CalibrationError(f"{where}: key 'objective' must be a string")
-        return cls(**top, fields=fields, sha256=hashlib.sha256(data).hexdigest(), dtype=dtype, objective=objective)
+        fitted_for = doc.get("fitted_for", {})
+        if not isinstance(fitted_for, dict) or not all(isinstance(v, str) for v in fitted_for.values()):
+            raise CalibrationError(f"{where}: key 'fitted_for' must map parts to strings")
+        return cls(**top, fields=fields, sha256=hashlib.sha256(data).hexdigest(), dtype=dtype, objective=objective,
+                   fitted_for=dict(fitted_for))
 
     def check(self, metadata: dict[str, str]) -> None:
-        """Refuse to apply this calibration to outputs of another model, schema, prompt head or
-        scoring mode.
+        """Refuse to apply this calibration to outputs of another model, tokenizer, adapter,
+        schema, prompt or scoring mode.
+
+        A file that records ``fitted_for`` (format 2) is compared by content with the run's model
+        parts (``metadata["pcd.model_parts"]``): weights, tokenizer and chat template, adapter,
+        schema, the whole rendered prompt, scoring; a model folder that was renamed still matches,
+        one whose chat template was edited does not. A file of format 1, or metadata without
+        model parts (an output of an older pcd), is compared by the names of ``CHECKED_KEYS``.
 
         Args:
             metadata: ``Labeler.metadata()`` or a Parquet output's key-value metadata.
 
         Raises:
-            CalibrationError: names every key that differs, with both values.
+            CalibrationError: names every part that differs ("fitted on another prompt: refit"),
+                with both values.
         """
+        run_parts = json.loads(metadata.get(MODEL_PARTS_KEY) or "{}")
+        if self.fitted_for and run_parts:
+            diffs = [f"{CALIBRATION_PART_FIXES[part]} ({short(self.fitted_for[part])} vs this run's "
+                     f"{short(run_parts.get(part, '(missing)'))})"
+                     for part in CALIBRATION_PARTS if part in self.fitted_for and
+                     self.fitted_for[part] != run_parts.get(part)]
+            if diffs:
+                raise CalibrationError("the calibration file was " + "; ".join(diffs) + ": refit it with pcd "
+                                       "calibrate on outputs of this model and prompt")
+            return
         diffs = [f"{key}: calibration has {getattr(self, attr)!r}, this run has "
                  f"{metadata.get(key, '(missing)')!r}"
                  for attr, key in CHECKED_KEYS.items() if metadata.get(key) != getattr(self, attr)]
         if diffs:
             raise CalibrationError("the calibration file was fitted for another setup (" + "; ".join(diffs) +
                                    "); fit a new one with pcd calibrate")
+
+
+def fitted_for(metadata: dict[str, str]) -> dict[str, str]:
+    """The ``Calibration.fitted_for`` of a calibration fitted on outputs with key-value
+    ``metadata``: their model parts (``pcd.model_parts``) that ``CALIBRATION_PARTS`` names; empty
+    for outputs of an older pcd that recorded none (the file is then checked by name)."""
+    parts = json.loads(metadata.get(MODEL_PARTS_KEY) or "{}")
+    return {name: parts[name] for name in CALIBRATION_PARTS if name in parts}
 
 
 def _load_field(where: str, name: str, raw) -> FieldCalibration:
@@ -642,7 +690,8 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     calibration = Calibration(pcd_version=__version__, model=metadata["pcd.model"],
                               schema_sha256=metadata["pcd.schema_sha256"],
                               prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
-                              fields=fitted, dtype=metadata.get("pcd.dtype", ""), objective=objective.name)
+                              fields=fitted, dtype=metadata.get("pcd.dtype", ""), objective=objective.name,
+                              fitted_for=fitted_for(metadata))
     report = CalibrationReport(fields=tuple(reports), fields_without_gold=joined.fields_without_gold,
                                gold_rows=joined.gold_rows, matched=joined.matched,
                                gold_without_prediction=joined.gold_without_prediction,

@@ -207,7 +207,7 @@ def test_a_night_whose_few_changes_lie_far_apart_commits_every_batch(labeler, tm
     the output lags the reader by the group's whole span: each checkpoint still names the input's
     digest where it ends (benchmarks/nightly.py at 5,000 records failed with 'no digest kept after
     row 5376'), and a group closes once it spans ``max_span`` input rows."""
-    from pcd_cli.engines.reuse import ReuseIndex, ReusingLabeler, job_parts, keyed_schema
+    from pcd_cli.engines.reuse import ReuseIndex, ReusingLabeler, keyed_schema
     from pcd_cli.results import Record
 
     texts = airline_texts(90)
@@ -229,7 +229,7 @@ def test_a_night_whose_few_changes_lie_far_apart_commits_every_batch(labeler, tm
 
     # max_span: the group opened by row 2 is decoded once it spans 10 rows, not at the next change
     arrow_schema = keyed_schema(labeler.output_schema("id", pa.string(), all_probs=False))
-    index = ReuseIndex(read_sources([str(tmp_path / "n1.parquet")]), job_parts(labeler), arrow_schema)
+    index = ReuseIndex(read_sources([str(tmp_path / "n1.parquet")]), labeler.job_parts(), arrow_schema)
     pipe = ReusingLabeler(labeler, arrow_schema, index, dedup_keys=0, max_span=10)
     released = [len(pipe.feed([Record(r["id"], r["text"])])) for r in night2[:20]]
     assert released[:2] == [1, 1] and released[2:11] == [0] * 9 and released[11] == 10
