@@ -83,7 +83,7 @@ def test_a_calibration_for_another_head_is_refused_before_any_row(files):
         pytest.skip("needs the calibration of the test above")
     result = pcd("label", held, "-s", AIRLINE, "--id-field", "id", "--calibration", cal, "-o", tmp / "x.parquet",
                  code=2)
-    assert "prompt_head_sha256" in result.stderr or "prompt head" in result.stderr
+    assert "fitted on another prompt" in result.stderr and "refit" in result.stderr
     assert not (tmp / "x.parquet").exists()
 
 
