@@ -372,7 +372,7 @@ def test_fit_refuses_unusable_predictions():
 @pytest.mark.parametrize("content,message", [
     (b"not json", "not JSON"),
     (b"{}", "not a calibration file"),
-    (b'{"format": "pcd-calibration", "format_version": 2}', "format_version 2"),
+    (b'{"format": "pcd-calibration", "format_version": 3}', "format_version 3"),
     (b'{"format": "pcd-calibration", "format_version": 1, "pcd_version": "x", "model": "m", "schema_sha256": "s",'
      b' "prompt_head_sha256": "h"}', "key 'scoring' is missing"),
     (b'{"format": "pcd-calibration", "format_version": 1, "pcd_version": "x", "model": "m", "schema_sha256": "s",'
