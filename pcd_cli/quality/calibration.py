@@ -107,9 +107,15 @@ class FieldCalibration:
         """The label index written for (k,) calibrated probabilities (``apply``'s output): the
         rule's choice, or the argmax without a rule. The one definition every front-end applies
         (``pcd_cli.api.Labeler``)."""
-        if self.rule is None:
+        if not self.by_rule:
             return int(np.argmax(probs))
         return int(self.rule.decide(np.asarray(probs, dtype=np.float64)))
+
+    @property
+    def by_rule(self) -> bool:
+        """Whether a decision rule chooses the label: a rule that is not argmax kept in its place
+        (``DecisionRule.kept_argmax``: the field is decided as without a rule)."""
+        return self.rule is not None and not self.rule.kept_argmax
 
     def apply(self, probs: np.ndarray) -> np.ndarray:
         """Calibrated probabilities: (k,) or (n, k) in, same shape out (float64, rows sum to 1).
@@ -159,9 +165,10 @@ class Calibration:
 
     def rules(self) -> dict[str, dict]:
         """Field -> its decision rule's ``to_dict()`` without the held-out figures (the output
-        metadata ``pcd.decision_rules``); empty without rules."""
+        metadata ``pcd.decision_rules``); empty without rules. A field that kept argmax
+        (``FieldCalibration.by_rule`` false) is not listed: no rule decides it."""
         return {name: {k: v for k, v in fc.rule.to_dict().items() if k != "cv"}
-                for name, fc in self.fields.items() if fc.rule is not None}
+                for name, fc in self.fields.items() if fc.by_rule}
 
     def dtype_warnings(self, metadata: dict[str, str]) -> list[str]:
         """One line when this calibration was fitted on predictions of another dtype than the

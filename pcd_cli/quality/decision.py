@@ -420,6 +420,14 @@ class DecisionRule:
         """Whether this is argmax kept in place of a rule that showed no held-out gain (``fit_rule``)."""
         return self.cv.get("kept") == "argmax"
 
+    def fitted(self) -> "DecisionRule":
+        """The rule that was fitted: itself, or where argmax was kept (``kept_argmax``) the rule
+        its ``cv["fitted"]`` records (its threshold or offsets)."""
+        if not self.kept_argmax:
+            return self
+        return DecisionRule.from_dict({"objective": self.objective, **self.cv["fitted"]}, self.labels,
+                                      "the fitted rule")
+
     def decide(self, probs: np.ndarray) -> np.ndarray:
         """Label indices: (n, k) calibrated probabilities -> (n,) int; (k,) -> a 0-d array."""
         probs = np.asarray(probs, dtype=np.float64)

@@ -506,7 +506,7 @@ def _rule_comparisons(data: list, metadata: dict, calibration, warnings: list[st
     for d in data:
         name = d.spec.name
         fc = calibration.fields.get(name) if calibration is not None and not labelled_calibrated else None
-        if name not in written and (fc is None or fc.rule is None):
+        if name not in written and (fc is None or not fc.by_rule):
             continue
         if d.probs is None or not len(d.gold):
             warnings.append(f"field {name!r}: no {name}__probs column: label with --all-probs to compare argmax with "

@@ -283,7 +283,14 @@ def render_rule(name: str, rule, console: Console) -> None:
         for label, key in rows:
             if cv["metric"] != label:
                 table.add_row(label, _f(a.get(key)), _f(r.get(key)))
+        if "gain" in cv:  # the rule's gain over argmax, paired on the same resamples (decision.gain_figures)
+            g = cv["gain"]
+            table.add_row(f"gain in {escape(g['metric'])}", "", f"{g['value']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]")
         console.print(table)
+    if rule.kept_argmax:
+        console.print(f"{escape(name)}: argmax kept for {escape(rule.objective)}: the rule fitted "
+                      f"({escape(rule.fitted().describe())}) showed no held-out gain", highlight=False)
+        return
     console.print(f"{escape(name)}: rule for {escape(rule.objective)}: {escape(rule.describe())} (fitted on all "
                   "rows' cross-validated calibrated probabilities)", highlight=False)
 
