@@ -688,13 +688,14 @@ def kept_argmax(fitted: DecisionRule, cv: dict) -> DecisionRule:
 
 
 def compare_rule(objective: str, name: str, gold: np.ndarray, probs: np.ndarray, written: np.ndarray,
-                 labels: tuple[str, ...]) -> dict:
+                 labels: tuple[str, ...], groups: np.ndarray | None = None) -> dict:
     """``pcd eval``'s figures at argmax and at the decision rule, side by side, on the same gold rows.
 
     Args:
         objective: the rule's objective (``DecisionRule.objective``); a ``cost:`` objective is
             scored by macro-F1 here (the cost file is not at hand). probs: (n, k) calibrated
             probabilities (argmax is taken of them). written: (n,) the labels the rule wrote.
+        groups: (n,) the rows' groups by model input (``folds.group_index``) for the bootstrap.
 
     Returns:
         ``{"objective", "metric", "argmax": {...}, "rule": {...}}`` (``held_out_figures``).
@@ -702,8 +703,8 @@ def compare_rule(objective: str, name: str, gold: np.ndarray, probs: np.ndarray,
     parsed = Objective("macro-f1", objective) if objective.startswith("cost:") else parse_objective(objective)
     argmax = np.argmax(probs, axis=1)
     return {"objective": objective, "metric": metric_name(parsed),
-            "argmax": held_out_figures(parsed, name, gold, argmax, labels),
-            "rule": held_out_figures(parsed, name, gold, np.asarray(written, dtype=np.int64), labels)}
+            "argmax": held_out_figures(parsed, name, gold, argmax, labels, groups=groups),
+            "rule": held_out_figures(parsed, name, gold, np.asarray(written, dtype=np.int64), labels, groups=groups)}
 
 
 def _gain_phrase(cv: dict) -> str:

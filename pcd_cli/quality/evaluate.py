@@ -513,10 +513,12 @@ def _rule_comparisons(data: list, metadata: dict, calibration, warnings: list[st
                             "the decision rule")
             continue
         if name in written:  # the output holds the calibrated probabilities and the rule's labels
-            out[name] = compare_rule(written[name]["objective"], name, d.gold, d.probs, d.pred, d.spec.labels)
+            out[name] = compare_rule(written[name]["objective"], name, d.gold, d.probs, d.pred, d.spec.labels,
+                                     d.groups())
         else:
             probs = fc.apply(d.probs)
-            out[name] = compare_rule(fc.rule.objective, name, d.gold, probs, fc.rule.decide(probs), d.spec.labels)
+            out[name] = compare_rule(fc.rule.objective, name, d.gold, probs, fc.rule.decide(probs), d.spec.labels,
+                                     d.groups())
     return out
 
 

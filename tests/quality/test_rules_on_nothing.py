@@ -251,3 +251,19 @@ def test_force_rule_is_named_in_the_help_of_calibrate_and_tune():
     for command in ("calibrate", "tune"):
         result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert "--force-rule" in result.output, command
+
+
+def test_tune_holdout_and_cross_fit_folds_keep_copies_of_a_text_on_one_side():
+    from pcd_cli.tune import cross_fit_folds, stratified_holdout
+
+    labels = [i % 2 for i in range(60)]
+    groups = group_index([f"t{i % 20}" for i in range(60)])  # 20 texts, each three times (same label)
+    held = stratified_holdout(labels, 0.2, seed=4, groups=groups)
+    inside = set(groups[held].tolist())
+    assert len(inside) == 4 and len(held) == 12  # 20 % of the texts, each with its three copies
+    assert inside.isdisjoint(np.delete(groups, held).tolist())
+    folds = cross_fit_folds(labels, 5, seed=4, groups=groups)
+    assert all(len(set(folds[groups == g].tolist())) == 1 for g in range(20))
+    # every row its own group: the ungrouped split, exactly
+    assert np.array_equal(stratified_holdout(labels, 0.2, 4, group_index(None, 60)), stratified_holdout(labels, 0.2, 4))
+    assert np.array_equal(cross_fit_folds(labels, 5, 4, group_index(None, 60)), cross_fit_folds(labels, 5, 4))
