@@ -632,8 +632,8 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
 
     For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds, copies
     of one model input always in one fold (``folds.grouped_folds``, by the predictions'
-    ``__input_sha256``); each fold is scored by a fit on the other folds, and the pooled held-out scores are compared
-    with the uncalibrated ones. The saved T and biases come from a final fit on all rows.
+    ``__input_sha256``); each fold is scored by a fit on the other folds, and the pooled
+    held-out scores are compared with the uncalibrated ones. The saved T and biases come from a final fit on all rows.
     Ordinal and integer fields are fitted like enums (one bias per label). A multi-select
     field is fitted per option: each option decision ``<field>.<option>`` is a boolean whose
     probabilities are P(yes)/P(no) from ``<f>__probs`` and whose gold is "the option is in
