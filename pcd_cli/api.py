@@ -466,7 +466,7 @@ class Labeler:
             probs = np.asarray(cal.apply(stored), dtype=np.float64)
             label_set = cal.conformal.label_set(probs) if cal.conformal is not None else None
             fields.append(_reweighted(f, res, probs, label_set=label_set, label=cal.decide(probs),
-                                      by_rule=cal.rule is not None))
+                                      by_rule=cal.by_rule))
         return replace(result, fields=tuple(fields))
 
     def label_frame(self, df, *, text_field: str = "text", template: str | None = None,

@@ -478,6 +478,9 @@ OBJECTIVE_OPT = typer.Option("likelihood", "--objective", help="What the labels 
                              "precision:LABEL>=P, recall:LABEL>=R or cost:FILE (docs/quality.md). Any but likelihood "
                              "fits a decision rule per field (a threshold, per-label offsets) on the gold rows by "
                              "cross-validation; needs 10 gold rows of each label in play.")
+FORCE_RULE_OPT = typer.Option(False, "--force-rule", help="Write each field's decision rule even where its gain "
+                              "over argmax on held-out folds has a 95 % interval holding zero (by default such a "
+                              "field keeps argmax, with a note naming the gain and its interval).")
 GOLD_ID_OPT = typer.Option("id", "--id-field", help="Id column of the gold file (and of the predictions, "
                            "else their 'row' column); ids are matched as strings.")
 
@@ -578,6 +581,7 @@ def calibrate(
     seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
                              "pcd label the same --seed to draw the same examples)."),
     objective: str = OBJECTIVE_OPT,
+    force_rule: bool = FORCE_RULE_OPT,
     id_field: str = GOLD_ID_OPT,
     plot: Optional[Path] = PLOT_OPT,
     model: Optional[str] = MODEL_OPT,
@@ -606,7 +610,7 @@ def calibrate(
         job = _label_job(locals(), besides=("id_field",))  # the gold file's id column: calibrate_on_gold's
         run = calibrate_on_gold(gold, schema, job, output=output, predictions=predictions, folds=folds, seed=seed,
                                 coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter,
-                                objective=objective)
+                                objective=objective, force_rule=force_rule)
         for line in run.notes:
             out.print(escape(line), highlight=False)
         for line in run.row_warnings:
@@ -668,6 +672,7 @@ def tune(
                                   "decision rule per field on the holdout's calibrated probabilities, written in "
                                   "the folder's pcd-calibration.json (a field below 10 holdout rows per label "
                                   "keeps argmax, said)."),
+    force_rule: bool = FORCE_RULE_OPT,
     max_tokens_per_pass: int = BUDGET_OPT,
     adapter_only: bool = typer.Option(False, "--adapter-only", help="Write only the LoRA adapter (apply it with "
                                       "pcd label --adapter DIR on its base --model)."),
@@ -703,7 +708,8 @@ def tune(
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations, cross_fit=cross_fit,
                             patience=DEFAULT_PATIENCE if patience is None else patience,
-                            objective=parse_objective(objective).name and objective)  # checked before training
+                            objective=parse_objective(objective).name and objective,  # checked before training
+                            force_rule=force_rule)
         try:
             run = tune_on_gold(gold, schema, job, output, config, id_field=id_field, csv_delimiter=csv_delimiter,
                                adapter_only=adapter_only, on_step=bar.step, on_epoch=bar.epoch, on_fold=bar.fold,

@@ -41,7 +41,7 @@ class CalibrateRun:
 def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | Path,
                       predictions: str | Path | None = None, folds: int = 5, seed: int = 0,
                       coverage: float | None = None, id_field: str = "id", csv_delimiter: str = ",",
-                      objective=None) -> CalibrateRun:
+                      objective=None, force_rule: bool = False) -> CalibrateRun:
     """Fit a per-field calibration (temperature and label biases; conformal label sets with
     ``coverage``) on ``gold`` rows, from ``predictions`` (a ``pcd label --all-probs`` output of
     them) or by labelling them with ``job``'s model first (its tuned folder's own calibration left
@@ -57,7 +57,11 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
         folds, seed: the cross-validation of the before/after figures
             (``pcd_cli.quality.calibration.fit_calibration``).
         objective: ``--objective`` (text or ``pcd_cli.quality.decision.Objective``; ``None``:
-            likelihood): the decision rule fitted per field (``fit_calibration``).
+            likelihood): the decision rule fitted per field (``fit_calibration``); refused
+            before the model loads where the gold cannot support it
+            (``calibration.check_objective_gold``).
+        force_rule: ``--force-rule``: write each rule even where it shows no held-out gain over
+            argmax (``fit_calibration``).
 
     Returns:
         ``CalibrateRun``.
@@ -70,10 +74,11 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     from .schema.load import load_schema
     from .schema.model import Schema
     from .quality import fit_calibration, read_gold, read_predictions
-    from .quality.calibration import (check_coverage_rows, check_output_path, rule_fit_warnings,
-                                      worse_calibration_warnings)
+    from .quality.calibration import (check_coverage_rows, check_objective_gold, check_output_path,
+                                      rule_fit_warnings, worse_calibration_warnings)
     from .quality.decision import check_objective_labels, parse_objective
-    from .quality.data import drop_example_rows
+    from .quality.data import drop_example_rows, input_keys
+    from .results import INPUT_KEY_COLUMN
 
     if predictions is not None and job.examples is not None:
         raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
@@ -86,6 +91,7 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
         check_objective_labels(objective, parsed.fields)  # a label no field has: before the model loads
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
     check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
+    check_objective_gold(gold_frame, parsed, objective, id_field=id_field)  # before the model loads
     notes: list[str] = []
     row_warnings: list[str] = []
     if predictions is not None:
@@ -103,11 +109,13 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
                                     all_probs=True)
         metadata = frame.attrs.get("metadata") or labeler.metadata()
         failed = frame.attrs.get("errors") or []
+        lost = {e["row"] for e in failed}  # the frame holds the other rows, in order: their model input keys
+        frame[INPUT_KEY_COLUMN] = [key for i, key in enumerate(input_keys(gold_frame, spec)) if i not in lost]
         if failed:
             row_warnings.append(f"{len(failed)} gold rows could not be labelled (e.g. {failed[0]['error']}); "
                                 "they are not used")
     calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
-                                          seed=seed, coverage=coverage, objective=objective)
+                                          seed=seed, coverage=coverage, objective=objective, force_rule=force_rule)
     return CalibrateRun(calibration, report, notes, row_warnings,
                         worse_calibration_warnings(calibration, "this calibration", bound=False) +
                         rule_fit_warnings(calibration))
@@ -191,6 +199,11 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
     spec = job.input_spec(csv_delimiter=csv_delimiter)
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
     check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
+    if config.objective:  # a label no gold row has: refused before training (the floor is the holdout's)
+        from .quality.calibration import check_objective_gold
+        from .quality.decision import parse_objective
+
+        check_objective_gold(gold_frame, parsed, parse_objective(config.objective), id_field=id_field, floor=False)
     labeler = build_labeler(parsed, job)
     gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
     notes = [f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; left out "
@@ -205,7 +218,8 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
     # the pcd.model that pcd label records for the result: a folder's name, or the adapter's base
     label_model = labeler.backend.model_id if adapter_only else Path(output).expanduser().name
     calibration, calibration_notes = fit_tune_calibration(result, parsed, labeler.metadata(), model=label_model,
-                                                          seed=config.seed, objective=config.objective)
+                                                          seed=config.seed, objective=config.objective,
+                                                          force_rule=config.force_rule)
     card = make_card(base_model=labeler.backend.model_id, base_key=model_content_key(job.model),
                      metadata=labeler.metadata(), gold_path=gold, records=records, result=result, config=config,
                      adapter_only=adapter_only,

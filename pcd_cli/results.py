@@ -7,7 +7,19 @@ writers, server and quality tools read them, without importing one another.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+
+#: The per-row content key column of an output (SHA-256 hex of the record text, ``input_key``),
+#: its last column: what ``--reuse`` matches rows by, and what ``pcd calibrate`` groups copies of
+#: one text by (``pcd_cli.quality.folds``).
+INPUT_KEY_COLUMN = "__input_sha256"
+
+
+def input_key(text: str) -> str:
+    """The content key of a record text (the text the model reads, after ``--template``):
+    SHA-256 (hex) of its UTF-8 bytes (surrogates escaped)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
 from .errors import InputError, TuneInterrupted
 from .io.readers import InputSpec, row_to_record
 from .quality import metrics as M
+from .quality.folds import first_rows, group_index
 from .quality.data import (
     FieldSpec,
     _is_present,
@@ -49,7 +50,7 @@ from .quality.data import (
     gold_label_index,
     gold_options,
 )
-from .results import Record, RecordFailure
+from .results import Record, RecordFailure, input_key
 from .schema.model import Schema
 from .version import __version__
 
@@ -100,6 +101,8 @@ class TuneConfig:
             the best holdout NLL (0: every epoch runs). Without holdout rows it never stops early.
         objective: ``pcd tune --objective`` (``quality.decision``): the decision rule fitted with the
             calibration on the holdout (``fit_tune_calibration``); ``likelihood``: none.
+        force_rule: ``pcd tune --force-rule``: write each rule even where it shows no held-out
+            gain over argmax (``quality.decision.fit_rule``).
     """
 
     epochs: int = 3
@@ -114,6 +117,7 @@ class TuneConfig:
     cross_fit: int = 0
     patience: int = 0
     objective: str = "likelihood"
+    force_rule: bool = False
 
 
 #: A holdout with fewer rows (for the field with the most) is too small to choose an epoch: the
@@ -185,6 +189,9 @@ class TuneResult:
     #: the same rows' predictions (and masses) before training (epoch 0)
     base_predictions: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     base_masses: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    #: field index -> (n,) model input keys of the holdout rows (``results.input_key``): copies of
+    #: one text are one group in the calibration's folds (``quality.folds``)
+    holdout_inputs: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     #: ``--cross-fit``: folds, each fold's kept epoch, the final run's epochs, per-fold logs
     cross_fit: dict | None = None
     #: the epoch after which ``patience`` stopped training (``None``: every epoch ran)
@@ -236,15 +243,23 @@ def gold_records(gold, schema: Schema, spec: InputSpec) -> tuple[list[Record], l
     return records, labels, skipped
 
 
-def stratified_holdout(labels: Sequence[int | None], fraction: float, seed: int) -> np.ndarray:
+def stratified_holdout(labels: Sequence[int | None], fraction: float, seed: int,
+                       groups: np.ndarray | None = None) -> np.ndarray:
     """Indices of a seeded holdout: ``round(fraction * n)`` of each gold label's rows (at least
     one of a label with two or more rows), rows without a label counted as one more stratum.
+    With ``groups`` (``quality.folds.group_index`` of the rows' model inputs) whole groups are
+    held, each counted once, stratified on its first row's label: copies of one text are never
+    on both sides.
 
     Returns:
         int64 sorted indices into ``labels``.
     """
     if fraction <= 0:
         return np.zeros(0, dtype=np.int64)
+    if groups is not None:
+        groups = np.asarray(groups, dtype=np.int64)
+        held_groups = stratified_holdout([labels[i] for i in first_rows(groups)], fraction, seed)
+        return np.flatnonzero(np.isin(groups, held_groups)).astype(np.int64)
     rng = np.random.default_rng(seed)
     strata: dict[object, list[int]] = {}
     for i, label in enumerate(labels):
@@ -261,18 +276,21 @@ def stratified_holdout(labels: Sequence[int | None], fraction: float, seed: int)
 
 
 def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence[Sequence[int | None]],
-                   schema: Schema, predictions: dict | None = None, masses: dict | None = None
-                   ) -> dict[str, FieldScores]:
+                   schema: Schema, predictions: dict | None = None, masses: dict | None = None,
+                   inputs: dict | None = None) -> dict[str, FieldScores]:
     """Label ``records`` with ``decoder`` and score each field against ``labels``.
 
     ``predictions``, if given, is filled with field index -> ``((n, k) probabilities, (n,)
     gold indices)`` of the rows that have a gold label for that field (for the calibration);
-    ``masses`` with field index -> (n,) candidate masses of the same rows.
+    ``masses`` with field index -> (n,) candidate masses of the same rows, ``inputs`` with their
+    model input keys (``results.input_key`` of the record text).
     """
     results = decoder.decode(records)
     out = {}
     for fi, f in enumerate(schema.fields):
-        rows = [(r, lab[fi]) for r, lab in zip(results, labels) if lab[fi] is not None and not isinstance(r, RecordFailure)]
+        kept = [i for i, (r, lab) in enumerate(zip(results, labels))
+                if lab[fi] is not None and not isinstance(r, RecordFailure)]
+        rows = [(results[i], labels[i][fi]) for i in kept]
         if not rows:
             out[f.name] = FieldScores(0, None, None, None, None)
             continue
@@ -283,6 +301,8 @@ def holdout_scores(decoder: Decoder, records: Sequence[Record], labels: Sequence
             predictions[fi] = (probs, gold)
         if masses is not None:
             masses[fi] = mass
+        if inputs is not None:
+            inputs[fi] = np.array([input_key(records[i].text) for i in kept], dtype=object)
         out[f.name] = _field_scores(probs, gold, mass, f.labels)
     return out
 
@@ -383,7 +403,8 @@ def tune(backend, schema: Schema, records: list[Record], labels: list[list[int |
     if config.cross_fit >= 2:
         return _cross_fit(run, on_fold), run.trainer
     first = [lab[0] for lab in labels]
-    held = set(stratified_holdout(first, config.holdout, config.seed).tolist())
+    groups = group_index([input_key(r.text) for r in records])  # copies of one text: one side
+    held = set(stratified_holdout(first, config.holdout, config.seed, groups).tolist())
     train = [i for i in range(len(records)) if i not in held]
     if not train:
         raise InputError(f"no gold rows left to train on ({len(records)} rows, holdout {config.holdout})")
@@ -426,13 +447,14 @@ class _Runner:
         rng = np.random.default_rng(seed)
         predictions: dict = {}
         masses: dict = {}
+        inputs: dict = {}  # the same rows every epoch
 
         def evaluate() -> dict[str, FieldScores]:
             predictions.clear()
             masses.clear()
             if not hold_records:
                 return {}
-            return holdout_scores(self.decoder(), hold_records, hold_labels, schema, predictions, masses)
+            return holdout_scores(self.decoder(), hold_records, hold_labels, schema, predictions, masses, inputs)
 
         t0 = time.perf_counter()
         log = [EpochLog(0, None, evaluate(), time.perf_counter() - t0)]
@@ -442,7 +464,7 @@ class _Runner:
         result = TuneResult(epochs=log, best_epoch=0, train_rows=len(train), holdout_rows=len(hold_records),
                             trainable_parameters=trainer.trainable_parameters, holdout_predictions=dict(predictions),
                             holdout_masses=dict(masses), base_predictions=dict(predictions),
-                            base_masses=dict(masses))
+                            base_masses=dict(masses), holdout_inputs=dict(inputs))
         most = max((s.n for s in log[0].holdout.values()), default=0)
         if not hold_records:
             if not config.cross_fit:
@@ -510,10 +532,13 @@ class _Runner:
         return result
 
 
-def cross_fit_folds(labels: Sequence[int | None], folds: int, seed: int) -> np.ndarray:
+def cross_fit_folds(labels: Sequence[int | None], folds: int, seed: int,
+                    groups: np.ndarray | None = None) -> np.ndarray:
     """Each row's fold (``0 .. folds-1``): stratified on ``labels`` (the first field's gold,
     ``None`` a stratum of its own) by scikit-learn's ``StratifiedKFold(shuffle=True,
-    random_state=seed)``; a label with fewer rows than folds is spread as far as it goes.
+    random_state=seed)``; a label with fewer rows than folds is spread as far as it goes. With
+    ``groups`` (``quality.folds.group_index`` of the rows' model inputs) the groups are folded,
+    each by its first row's label, and every row goes to its group's fold.
 
     Returns:
         (n,) int64 fold indices.
@@ -525,6 +550,13 @@ def cross_fit_folds(labels: Sequence[int | None], folds: int, seed: int) -> np.n
 
     from sklearn.model_selection import StratifiedKFold
 
+    if groups is not None:
+        groups = np.asarray(groups, dtype=np.int64)
+        first = first_rows(groups)
+        if len(first) < folds:
+            raise InputError(f"--cross-fit {folds}: {len(labels)} gold rows hold {len(first)} distinct texts, fewer "
+                             "than the folds")
+        return cross_fit_folds([labels[i] for i in first], folds, seed)[groups]
     n = len(labels)
     if n < folds:
         raise InputError(f"--cross-fit {folds}: {n} gold rows, fewer than the folds")
@@ -550,7 +582,8 @@ def _pool(parts: Sequence[dict], masses: Sequence[dict]) -> tuple[dict, dict]:
 def _cross_fit(run: _Runner, on_fold) -> TuneResult:
     config, schema = run.config, run.schema
     k = config.cross_fit
-    fold_of = cross_fit_folds([lab[0] for lab in run.labels], k, config.seed)
+    fold_of = cross_fit_folds([lab[0] for lab in run.labels], k, config.seed,
+                              group_index([input_key(r.text) for r in run.records]))
     runs, per_fold = [], []
     for fold in range(k):
         held = np.flatnonzero(fold_of == fold).tolist()
@@ -575,11 +608,12 @@ def _cross_fit(run: _Runner, on_fold) -> TuneResult:
     final = run.train(everything, [], final_epochs, seed=config.seed)
     base, base_mass = _pool([r.base_predictions for r in runs], [r.base_masses for r in runs])
     oof, oof_mass = _pool([r.holdout_predictions for r in runs], [r.holdout_masses for r in runs])
+    _, oof_inputs = _pool([r.holdout_predictions for r in runs], [r.holdout_inputs for r in runs])
     before, after = pooled_scores(base, base_mass, schema), pooled_scores(oof, oof_mass, schema)
     final.epochs[0] = EpochLog(0, None, before, final.epochs[0].seconds)
     final.epochs[-1] = EpochLog(final.epochs[-1].epoch, final.epochs[-1].train_loss, after, final.epochs[-1].seconds)
     final.best_epoch = final_epochs
-    final.holdout_predictions, final.holdout_masses = oof, oof_mass
+    final.holdout_predictions, final.holdout_masses, final.holdout_inputs = oof, oof_mass, oof_inputs
     final.base_predictions, final.base_masses = base, base_mass
     final.holdout_rows = len(everything)
     final.train_seconds += sum(r.train_seconds for r in runs)
@@ -612,7 +646,7 @@ MIN_CALIBRATION_ROWS = 10
 
 
 def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str, str], *, model: str,
-                         seed: int = 0, objective: str = "likelihood"):
+                         seed: int = 0, objective: str = "likelihood", force_rule: bool = False):
     """The calibration a tune can trust, fitted on the kept epoch's holdout predictions (rows
     the adapter never trained on; they only chose the epoch), per field by
     ``pcd_cli.quality.calibration.fit_trusted``: a temperature alone when rows are few
@@ -630,7 +664,8 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
 
     objective: ``pcd tune --objective``: each field's decision rule is fitted on the holdout's
     cross-validated calibrated probabilities (``fit_trusted``); a field below the floor keeps
-    argmax, said in the notes. The calibration names the objective when a rule was fitted.
+    argmax, said in the notes, and so does a field whose rule shows no held-out gain over argmax
+    unless ``force_rule``. The calibration names the objective when a rule was fitted.
 
     Returns:
         ``(Calibration or None, notes)``: ``None`` when no field has ``MIN_CALIBRATION_ROWS``
@@ -648,7 +683,8 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
         if len(gold) < MIN_CALIBRATION_ROWS:
             notes.append(f"field {f.name!r}: {len(gold)} holdout rows, fewer than {MIN_CALIBRATION_ROWS}: not calibrated")
             continue
-        fitted = fit_trusted(f.name, f.labels, probs, gold, seed=seed, objective=wanted, notes=notes)
+        fitted = fit_trusted(f.name, f.labels, probs, gold, seed=seed, objective=wanted, notes=notes,
+                             inputs=result.holdout_inputs.get(fi), force_rule=force_rule)
         worse = held_out_worse(fitted.cv)
         if worse:  # a calibration its own cross-validation says is worse is not written, nor applied
             notes.append(f"field {f.name!r}: calibrating made the holdout worse on rows its fit did not see "

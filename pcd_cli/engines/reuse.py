@@ -33,7 +33,6 @@ Every copy keeps its own id and place. Traces (``--trace``) are written for deco
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -46,10 +45,8 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..job_fingerprint import FIELDS_PART, PER_FIELD, first_difference, reusable_fields
-from ..results import Record, RecordFailure, RecordResult
+from ..results import INPUT_KEY_COLUMN, Record, RecordFailure, RecordResult, input_key  # noqa: F401 (re-exported)
 
-#: The per-row content key column (SHA-256 hex of the record text, ``input_key``), last column.
-INPUT_KEY_COLUMN = "__input_sha256"
 #: Output metadata: the job fingerprint (``job_parts``), a JSON object in ``PARTS`` order.
 JOB_PARTS_KEY = "pcd.job_parts"
 #: Output metadata: the outputs rows were copied from, a JSON list of ``{"path", "rows"}``.
@@ -65,10 +62,6 @@ DEFAULT_DEDUP_KEYS = 20_000
 #: the output (``RecordReader(keep_digests=...)``). Packs changed rows as densely as a fresh run
 #: does down to 16 in 4,096 (0.4 %) changed.
 MAX_GROUP_SPAN = 4096
-
-def input_key(text: str) -> str:
-    """The content key of a record text: SHA-256 (hex) of its UTF-8 bytes (surrogates escaped)."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def columns_of(arrow_schema: pa.Schema, names: Sequence[str]) -> list[str]:

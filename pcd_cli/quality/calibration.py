@@ -39,8 +39,11 @@ from ..schema.model import Schema
 from ..version import __version__
 from . import metrics as M
 from .conformal import CONFORMAL_SHARE, ConformalSet, conformal_split, fit_conformal, too_few_rows
-from .data import FieldData, MultiFieldData, field_specs, join
-from .decision import DecisionRule, Objective, applies_to, fit_rule, parse_objective, rule_warnings
+from .data import (FieldData, FieldSpec, MultiFieldData, field_specs, gold_label_index, gold_options, join,
+                   resolve_gold_columns)
+from .decision import (DecisionRule, Objective, applies_to, constant_problem, fit_problem, fit_rule, parse_objective,
+                       rule_warnings)
+from .folds import group_index, grouped_folds
 
 #: Default L2 penalty on the biases (added to the mean NLL).
 DEFAULT_L2 = 1e-3
@@ -104,9 +107,15 @@ class FieldCalibration:
         """The label index written for (k,) calibrated probabilities (``apply``'s output): the
         rule's choice, or the argmax without a rule. The one definition every front-end applies
         (``pcd_cli.api.Labeler``)."""
-        if self.rule is None:
+        if not self.by_rule:
             return int(np.argmax(probs))
         return int(self.rule.decide(np.asarray(probs, dtype=np.float64)))
+
+    @property
+    def by_rule(self) -> bool:
+        """Whether a decision rule chooses the label: a rule that is not argmax kept in its place
+        (``DecisionRule.kept_argmax``: the field is decided as without a rule)."""
+        return self.rule is not None and not self.rule.kept_argmax
 
     def apply(self, probs: np.ndarray) -> np.ndarray:
         """Calibrated probabilities: (k,) or (n, k) in, same shape out (float64, rows sum to 1).
@@ -156,9 +165,10 @@ class Calibration:
 
     def rules(self) -> dict[str, dict]:
         """Field -> its decision rule's ``to_dict()`` without the held-out figures (the output
-        metadata ``pcd.decision_rules``); empty without rules."""
+        metadata ``pcd.decision_rules``); empty without rules. A field that kept argmax
+        (``FieldCalibration.by_rule`` false) is not listed: no rule decides it."""
         return {name: {k: v for k, v in fc.rule.to_dict().items() if k != "cv"}
-                for name, fc in self.fields.items() if fc.rule is not None}
+                for name, fc in self.fields.items() if fc.by_rule}
 
     def dtype_warnings(self, metadata: dict[str, str]) -> list[str]:
         """One line when this calibration was fitted on predictions of another dtype than the
@@ -404,21 +414,25 @@ BIAS_ROWS_PER_LABEL = 10
 
 def fit_trusted(name: str, labels: tuple[str, ...], probs: np.ndarray, gold: np.ndarray, *, folds: int = 5,
                 seed: int = 0, l2: float = DEFAULT_L2, objective: Objective | None = None,
-                notes: list[str] | None = None) -> FieldCalibration:
+                notes: list[str] | None = None, inputs=None, force_rule: bool = False) -> FieldCalibration:
     """The calibration the rows can support, for one field: temperature alone, or temperature
     and per-label biases when there are at least ``BIAS_ROWS_PER_LABEL`` rows per label and
     their cross-validated NLL is lower (``pcd tune`` fits it on its holdout's predictions).
 
     Both candidates are scored by ``folds``-fold cross-validation on the rows (each row's
     calibrated probabilities come from a fit that did not see it; fewer folds when rows are
-    few, at least 2); the saved fit is the chosen candidate refitted on all rows.
+    few, at least 2; copies of one model input in one fold, ``folds.grouped_folds``); the saved
+    fit is the chosen candidate refitted on all rows.
 
     Args:
         probs: (n, k) uncalibrated probabilities (rows sum to 1). gold: (n,) label indices.
         objective: ``pcd tune --objective``: also fit the field's decision rule on the chosen
             method's cross-validated probabilities (``decision.fit_rule``, the same folds); below
             the floor, or a precision/recall floor no rule meets, no rule and a line in ``notes``
-            (a tune is not refused for it).
+            (a tune is not refused for it); a rule with no held-out gain keeps argmax
+            (``decision.fit_rule``) unless ``force_rule``.
+        inputs: (n,) the rows' model input keys (``pcd_cli.results.input_key``); ``None``:
+            every row its own group.
 
     Returns:
         a ``FieldCalibration`` whose ``cv`` holds ``method`` (``"temperature"`` or
@@ -432,14 +446,16 @@ def fit_trusted(name: str, labels: tuple[str, ...], probs: np.ndarray, gold: np.
     n, k = probs.shape
     if n < 2:
         raise CalibrationError(f"field {name!r}: {n} rows, too few to fit a calibration")
-    folds = max(2, min(folds, n))
-    order = np.random.default_rng(seed).permutation(n)
+    groups = group_index(inputs, n)
+    folds = max(2, min(folds, int(groups.max()) + 1))
+    parts = grouped_folds(groups, folds, seed, name=name)
+    order = np.concatenate(parts)
     minimum = BIAS_ROWS_PER_LABEL * k
     methods = {"temperature": False} | ({"temperature+biases": True} if n >= minimum else {})
     held: dict[str, np.ndarray] = {}
     for method, with_biases in methods.items():
         out = np.zeros_like(probs, dtype=np.float64)
-        for part in np.array_split(order, folds):
+        for part in parts:
             train = np.setdiff1d(order, part, assume_unique=True)
             t, b = fit_temperature_biases(probs[train], gold[train], l2=l2, biases=with_biases)
             out[part] = softmax(calibrate_logits(probs[part], t, b))
@@ -463,12 +479,14 @@ def fit_trusted(name: str, labels: tuple[str, ...], probs: np.ndarray, gold: np.
         why = applies_to(objective, name, tuple(labels))
         try:
             if why is None:
-                rule = fit_rule(objective, name, held[method], gold, tuple(labels),
-                                np.array_split(order, folds), seed=seed)
+                rule = fit_rule(objective, name, held[method], gold, tuple(labels), parts, seed=seed,
+                                groups=groups, force=force_rule)
         except CalibrationError as exc:
             why = f"no decision rule: {exc}"
         if why is not None and notes is not None:
             notes.append(why)
+        if rule is not None and notes is not None:  # argmax kept for want of a gain, a forced rule ...
+            notes.extend(rule_warnings(name, rule))
     return FieldCalibration(name, tuple(labels), t, tuple(float(x) for x in b), n, cv, rule=rule)
 
 
@@ -608,12 +626,14 @@ def scores(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> tupl
 def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None,
                     metadata: dict[str, str], *, id_field: str = "id", folds: int = 5, seed: int = 0,
                     l2: float = DEFAULT_L2, coverage: float | None = None,
-                    objective: Objective | str | None = None) -> tuple[Calibration, CalibrationReport]:
+                    objective: Objective | str | None = None,
+                    force_rule: bool = False) -> tuple[Calibration, CalibrationReport]:
     """Fit a ``Calibration`` on labelled rows, measuring its effect by k-fold cross-validation.
 
-    For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds; each
-    fold is scored by a fit on the other folds, and the pooled held-out scores are compared
-    with the uncalibrated ones. The saved T and biases come from a final fit on all rows.
+    For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds, copies
+    of one model input always in one fold (``folds.grouped_folds``, by the predictions'
+    ``__input_sha256``); each fold is scored by a fit on the other folds, and the pooled
+    held-out scores are compared with the uncalibrated ones. The saved T and biases come from a final fit on all rows.
     Ordinal and integer fields are fitted like enums (one bias per label). A multi-select
     field is fitted per option: each option decision ``<field>.<option>`` is a boolean whose
     probabilities are P(yes)/P(no) from ``<f>__probs`` and whose gold is "the option is in
@@ -637,7 +657,10 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
             ``likelihood``): fit each field's decision rule on its cross-validated calibrated
             probabilities (``decision.fit_rule``, the same folds), its held-out figures beside
             argmax in the rule's ``cv``. A field the objective does not name (a label it lacks,
-            absent from the cost file) keeps the argmax, with a note.
+            absent from the cost file) keeps the argmax, with a note. A rule whose held-out gain
+            over argmax has a 95 % interval holding zero is not used: argmax is kept
+            (``decision.kept_argmax``, said by ``rule_fit_warnings``).
+        force_rule: ``--force-rule``: write each fitted rule even where it shows no held-out gain.
 
     Raises:
         CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
@@ -645,7 +668,8 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
             with another schema than ``schema``, fewer rows than folds for a field; with
             ``coverage``, a field whose held rows are too few for it (``conformal.too_few_rows``:
             no finite threshold, every set would hold every label); with ``objective``, a field
-            below the floor (``decision.floor_problem``), a precision/recall floor no rule meets,
+            below the floor or whose objective's figure is the same whatever label is written
+            (``decision.fit_problem``), a precision/recall floor no rule meets,
             an objective that applies to no field.
         InputError: see ``evaluate``; an unknown objective.
     """
@@ -676,12 +700,13 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                 notes.append(f"field {data.spec.name!r} is multi-select: calibrated per option, without label sets "
                              "(--coverage applies to single-label fields only)")
             for option in data.option_data():
-                fc, report = _fit_field(option, folds=folds, seed=seed, l2=l2, objective=objective, notes=notes)
+                fc, report = _fit_field(option, folds=folds, seed=seed, l2=l2, objective=objective, notes=notes,
+                                        force_rule=force_rule)
                 fitted[option.spec.name] = fc
                 reports.append(report)
             continue
         fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2, coverage=coverage, objective=objective,
-                                notes=notes)
+                                notes=notes, force_rule=force_rule)
         fitted[data.spec.name] = fc
         reports.append(report)
     if objective.fits_rule and fitted and not any(fc.rule is not None for fc in fitted.values()):
@@ -698,6 +723,46 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                                skipped={d.spec.name: {"gold_null": d.gold_null, "gold_invalid": d.gold_invalid}
                                         for d in joined.fields}, notes=tuple(notes), objective=objective.name)
     return calibration, report
+
+
+def check_objective_gold(gold: pd.DataFrame, schema: Schema, objective: Objective | None, *,
+                         id_field: str = "id", floor: bool = True) -> None:
+    """Before any model loads: refuse an objective no rule can be fitted for on a decision's
+    gold cells (every gold row, as read): ``decision.fit_problem`` (the floor and a figure that
+    is the same whatever label is written), or with ``floor=False`` (``pcd tune``, whose rules
+    are fitted on its holdout, a part of the rows) ``decision.constant_problem`` alone. A
+    multi-select field is checked per option (``<field>.<option>``, a boolean). The fit checks
+    again on the rows it joins (``fit_calibration``).
+
+    Raises:
+        CalibrationError: naming each such field (or option), its label and its gold counts.
+    """
+    if objective is None or not objective.fits_rule:
+        return
+    specs = [FieldSpec.of(f) for f in schema.declared]
+    frame = resolve_gold_columns(gold, specs, id_field)
+    problems = []
+    for spec in specs:
+        if spec.name not in frame.columns:
+            continue
+        cells = frame[spec.name].tolist()
+        if spec.is_multi:
+            chosen = [c for c in (gold_options(v, spec) for v in cells) if c is not None]
+            decisions = [(f"{spec.name}.{option}", ("true", "false"), [0 if row[j] else 1 for row in chosen])
+                         for j, option in enumerate(spec.labels)]
+        else:
+            decisions = [(spec.name, spec.labels, [i for i in (gold_label_index(v, spec) for v in cells)
+                                                   if i is not None])]
+        for name, labels, rows in decisions:
+            if not rows or applies_to(objective, name, tuple(labels)) is not None:
+                continue
+            gold_idx = np.asarray(rows, dtype=np.int64)
+            problem = fit_problem(objective, name, gold_idx, tuple(labels)) if floor else \
+                constant_problem(objective, name, gold_idx, tuple(labels))
+            if problem is not None:
+                problems.append(problem if floor else f"--objective {objective.name}: {problem}")
+    if problems:
+        raise CalibrationError(" | ".join(problems))
 
 
 def check_coverage_rows(gold: pd.DataFrame, schema: Schema, coverage: float | None) -> None:
@@ -724,8 +789,8 @@ def check_coverage_rows(gold: pd.DataFrame, schema: Schema, coverage: float | No
 
 
 def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float, coverage: float | None = None,
-               objective: Objective | None = None,
-               notes: list[str] | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
+               objective: Objective | None = None, notes: list[str] | None = None,
+               force_rule: bool = False) -> tuple[FieldCalibration, FieldCalibrationReport]:
     name = data.spec.name
     if data.probs is None:
         raise CalibrationError(f"field {name!r}: the predictions have no {name}__probs column; label with "
@@ -736,37 +801,39 @@ def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float, coverage: f
             (notes if notes is not None else []).append(why)
             objective = None
     if coverage is None:
-        return _fit_temperature_field(data, folds=folds, seed=seed, l2=l2, objective=objective)
-    fit_rows, held_rows = conformal_split(len(data.gold), seed)
+        return _fit_temperature_field(data, folds=folds, seed=seed, l2=l2, objective=objective,
+                                      force_rule=force_rule)
+    fit_rows, held_rows = conformal_split(len(data.gold), seed, groups=data.groups())
     problem = too_few_rows(name, len(held_rows), coverage)
     if problem:  # no finite threshold: every set would hold every label (--abstain-unless-single: every row)
         raise CalibrationError(problem)
-    fc, report = _fit_temperature_field(_rows(data, fit_rows), folds=folds, seed=seed, l2=l2, objective=objective)
+    fc, report = _fit_temperature_field(_rows(data, fit_rows), folds=folds, seed=seed, l2=l2, objective=objective,
+                                        force_rule=force_rule)
     conformal = fit_conformal(fc.apply(data.probs[held_rows]), data.gold[held_rows], coverage)
     return replace(fc, conformal=conformal), replace(report, conformal=conformal)
 
 
 def _rows(data: FieldData, rows: np.ndarray) -> FieldData:
     return replace(data, ids=data.ids[rows], gold=data.gold[rows], pred=data.pred[rows], prob=data.prob[rows],
-                   mass=data.mass[rows], probs=None if data.probs is None else data.probs[rows])
+                   mass=data.mass[rows], probs=None if data.probs is None else data.probs[rows],
+                   inputs=None if data.inputs is None else data.inputs[rows])
 
 
 def _fit_temperature_field(data: FieldData, *, folds: int, seed: int, l2: float,
-                           objective: Objective | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
+                           objective: Objective | None = None,
+                           force_rule: bool = False) -> tuple[FieldCalibration, FieldCalibrationReport]:
     name, labels, n = data.spec.name, data.spec.labels, len(data.gold)
     if objective is not None and objective.fits_rule:  # before the fit: the refusal names the counts
-        from .decision import floor_problem
-
-        problem = floor_problem(name, data.gold, labels)
+        problem = fit_problem(objective, name, data.gold, labels)
         if problem is not None:
-            raise CalibrationError(f"--objective {objective.name}: {problem}; add gold rows or use --objective "
-                                   "likelihood")
+            raise CalibrationError(problem)
     if n < folds:
         raise CalibrationError(f"field {name!r}: {n} rows with gold labels, fewer than --folds {folds}; add gold "
                                "rows or lower --folds")
-    order = np.random.default_rng(seed).permutation(n)
+    groups = data.groups()
+    parts = grouped_folds(groups, folds, seed, name=name)  # copies of one text in one fold
     held_out = np.zeros_like(data.probs)
-    parts = np.array_split(order, folds)
+    order = np.concatenate(parts)  # the seeded order (distinct texts: default_rng(seed).permutation(n))
     for part in parts:
         train = np.setdiff1d(order, part, assume_unique=True)
         t, b = fit_temperature_biases(data.probs[train], data.gold[train], l2=l2)
@@ -776,9 +843,13 @@ def _fit_temperature_field(data: FieldData, *, folds: int, seed: int, l2: float,
     after, after_bins = scores(held_out, data.gold, labels)
     t, b = fit_temperature_biases(data.probs, data.gold, l2=l2)
     cv = {"folds": folds, "seed": seed, "n": n, "before": asdict(before), "after": asdict(after)}
+    texts = int(groups.max()) + 1 if n else 0
+    if texts != n:
+        cv["texts"] = texts
     rule = None
     if objective is not None and objective.fits_rule:  # on the held-out calibrated probabilities, the same folds
-        rule = fit_rule(objective, name, held_out, data.gold, labels, parts, seed=seed)
+        rule = fit_rule(objective, name, held_out, data.gold, labels, parts, seed=seed, groups=groups,
+                        force=force_rule)
     fc = FieldCalibration(name, labels, t, tuple(float(x) for x in b), n, cv, rule=rule)
     return fc, FieldCalibrationReport(name, labels, n, folds, before, after, tuple(before_bins), tuple(after_bins), t,
                                       tuple(float(x) for x in b), rule=rule)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .folds import group_index, grouped_split
+
 #: Share of each field's gold rows held out of the calibration fit for the conformal threshold.
 CONFORMAL_SHARE = 0.5
 #: Slack on the threshold when a set is built: a score within it of ``q`` counts as ``<= q``.
@@ -150,13 +152,13 @@ def fit_conformal(probs: np.ndarray, gold: np.ndarray, coverage: float) -> Confo
     return ConformalSet(coverage, float(scores[rank - 1]), n)
 
 
-def conformal_split(n: int, seed: int, share: float = CONFORMAL_SHARE) -> tuple[np.ndarray, np.ndarray]:
+def conformal_split(n: int, seed: int, share: float = CONFORMAL_SHARE,
+                    groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Seeded split of ``n`` rows into (fit rows, held rows): ``round(share * n)`` rows held
-    for the conformal threshold, the rest for the calibration fit."""
-    order = np.random.default_rng(seed + 7919).permutation(n)
-    held = int(round(share * n))
-    return np.sort(order[held:]), np.sort(order[:held])
-
+    for the conformal threshold, the rest for the calibration fit; copies of one model input
+    (``groups``, ``folds.group_index``; ``None``: every row its own) on one side
+    (``folds.grouped_split``)."""
+    return grouped_split(group_index(groups, n) if groups is None else groups, share, seed + 7919)
 
 
 def weak_set_warnings(fields: dict) -> list[str]:

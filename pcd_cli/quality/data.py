@@ -27,9 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from ..results import INPUT_KEY_COLUMN, input_key
 from ..io.readers import InputSpec, ReplacedRow, ReplacedRows, detect_format, read_table_rows, row_to_record
 from ..io.values import occurrence_keys
 from ..schema.model import NULL_LABEL, Field, FieldKind, Schema, whole_number
+from .folds import group_index
 
 #: ``DataFrame.attrs`` key under which ``read_predictions`` keeps the Parquet key-value metadata.
 METADATA_ATTR = "metadata"
@@ -102,6 +104,10 @@ class FieldData:
             --abstain-unless-single``): not in ``gold``/``pred``, counted here.
         set_gold, sets: with a ``<f>__set`` column, the gold label and the label set of every
             matched row with a gold label (abstained ones included); ``None`` otherwise.
+        inputs: (n,) each row's model input key (the predictions' ``__input_sha256``:
+            ``pcd_cli.results.input_key`` of the text the model read), ``None`` per row without
+            one; ``None`` when the predictions have no such column. Copies of one text are one
+            group in every fold and bootstrap (``pcd_cli.quality.folds``).
     """
 
     spec: FieldSpec
@@ -117,6 +123,12 @@ class FieldData:
     abstained: int = 0
     set_gold: tuple[str, ...] | None = None
     sets: tuple[tuple[str, ...], ...] | None = None
+    inputs: np.ndarray | None = None
+
+    def groups(self) -> np.ndarray:
+        """(n,) group numbers of the rows by model input (``folds.group_index`` of ``inputs``;
+        every row its own group without them)."""
+        return group_index(self.inputs, len(self.gold))
 
 
 @dataclass(frozen=True)
@@ -130,7 +142,7 @@ class MultiFieldData:
         gold, pred: (n, k) bool: option in the gold list / in the predicted ``<f>`` list.
         p_yes: (n, k) float64 P(yes) per option, from ``<f>__probs``.
         prob: (n,) ``<f>__prob`` (the probability of the whole choice); mass: (n,) ``<f>__mass``.
-        gold_null, gold_invalid, invalid_values, abstained: as ``FieldData``.
+        gold_null, gold_invalid, invalid_values, abstained, inputs: as ``FieldData``.
     """
 
     spec: FieldSpec
@@ -144,6 +156,7 @@ class MultiFieldData:
     gold_invalid: int
     invalid_values: tuple[tuple[str, int], ...]
     abstained: int = 0
+    inputs: np.ndarray | None = None
 
     def option_data(self) -> list[FieldData]:
         """One boolean ``FieldData`` per option, named ``<field>.<option>`` as the schema's
@@ -156,7 +169,8 @@ class MultiFieldData:
             out.append(FieldData(spec=FieldSpec(f"{self.spec.name}.{option}", ("true", "false"), True),
                                  ids=self.ids, gold=gold, pred=pred, prob=probs[np.arange(len(pred)), pred],
                                  mass=self.mass, probs=probs, gold_null=self.gold_null,
-                                 gold_invalid=self.gold_invalid, invalid_values=self.invalid_values))
+                                 gold_invalid=self.gold_invalid, invalid_values=self.invalid_values,
+                                 inputs=self.inputs))
         return out
 
 
@@ -297,6 +311,15 @@ def drop_example_rows(gold: pd.DataFrame, examples, spec: InputSpec) -> tuple[pd
     records = gold.astype(object).where(gold.notna(), None).to_dict("records")
     keep = [getattr(row_to_record(r, i, None, spec), "text", None) not in texts for i, r in enumerate(records)]
     return gold[keep], len(keep) - sum(keep)
+
+
+def input_keys(gold: pd.DataFrame, spec: InputSpec) -> list[str | None]:
+    """Each row's model input key: ``pcd_cli.results.input_key`` of its record text as ``spec``
+    builds it (``--text-field`` or ``--template``), the key ``pcd label`` writes in
+    ``__input_sha256``; ``None`` for a row that makes no record (a failure)."""
+    records = gold.astype(object).where(gold.notna(), None).to_dict("records")
+    texts = [getattr(row_to_record(r, i, None, spec), "text", None) for i, r in enumerate(records)]
+    return [input_key(t) if isinstance(t, str) else None for t in texts]
 
 
 def field_specs(predictions: pd.DataFrame, schema: Schema | None) -> list[FieldSpec]:
@@ -652,7 +675,7 @@ def _field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, 
                      gold=np.array(gold_idx, dtype=np.int64), pred=np.array(pred_idx, dtype=np.int64),
                      prob=prob, mass=mass, probs=probs, gold_null=null, gold_invalid=sum(invalid.values()),
                      invalid_values=tuple(invalid.most_common(MAX_INVALID_EXAMPLES)), abstained=abstained,
-                     set_gold=set_gold, sets=sets)
+                     set_gold=set_gold, sets=sets, inputs=_inputs(predictions, rows))
 
 
 def _multi_field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataFrame, matched_pred: np.ndarray,
@@ -694,7 +717,15 @@ def _multi_field_data(spec: FieldSpec, predictions: pd.DataFrame, gold: pd.DataF
                           pred=pred, p_yes=np.minimum(p_yes, 1.0), prob=_float_column(predictions, f"{spec.name}__prob", rows),
                           mass=mass, gold_null=null, gold_invalid=sum(invalid.values()),
                           invalid_values=tuple(invalid.most_common(MAX_INVALID_EXAMPLES)),
-                          abstained=len(all_rows) - len(decided))
+                          abstained=len(all_rows) - len(decided), inputs=_inputs(predictions, rows))
+
+
+def _inputs(predictions: pd.DataFrame, rows: np.ndarray) -> np.ndarray | None:
+    """The model input keys (``INPUT_KEY_COLUMN``) of prediction ``rows``; ``None`` without the column."""
+    if INPUT_KEY_COLUMN not in predictions.columns:
+        return None
+    cells = predictions[INPUT_KEY_COLUMN].to_numpy(dtype=object)[rows] if len(rows) else []
+    return np.array([c if isinstance(c, str) and c else None for c in cells], dtype=object)
 
 
 def _present_gold(value) -> bool:

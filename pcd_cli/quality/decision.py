@@ -23,6 +23,15 @@ whose precision is at least P; refused, naming the best precision reached, when 
 A rule is fitted only on enough gold rows: ``floor_problem`` (at least ``MIN_GOLD_PER_LABEL``
 gold rows of each label in play, two labels or more); the same floor decides whether an
 error budget (``pcd eval/review --error-budget``) can be fitted (``budget_floor_problem``).
+Nor is it fitted on gold that cannot tell rules apart (``constant_problem``: the objective's
+figure is the same whatever label is written, e.g. ``f1:POSITIVE`` with no POSITIVE gold row);
+``fit_problem`` is both checks, refused with exit 2 before anything is fitted.
+
+A rule is kept only where it shows a gain: ``fit_rule`` measures the rule's gain over argmax
+on held-out folds with a 95 % cluster-bootstrap interval (``gain_figures``); where the interval
+holds zero, the field keeps argmax (``kept_argmax``) unless the user forces the rule
+(``--force-rule``). Folds and resamples are drawn by model input (``pcd_cli.quality.folds``):
+copies of one text are one group.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import numpy as np
 
 from ..errors import CalibrationError, InputError
 from . import metrics as M
+from .folds import bootstrap_weights, group_index
 
 #: The floor: a rule (or an error budget) is fitted only on at least this many gold rows of
 #: each label in play (a label with at least one gold row), and on two labels or more.
@@ -244,6 +254,54 @@ def budget_floor_problem(name: str, gold: np.ndarray, labels: tuple[str, ...], b
     return problem
 
 
+def constant_problem(objective: Objective, name: str, gold: np.ndarray, labels: tuple[str, ...]) -> str | None:
+    """Why ``objective``'s figure cannot tell rules apart on field ``name``'s gold rows, or ``None``.
+
+    The figure (``figure``: F1, precision or recall of the label, macro-F1, balanced accuracy,
+    mean cost) is computed for the perfect labels and for every way of writing all gold rows of
+    one label as another (``1 + m (k - 1)`` labelings, ``m`` labels in play); when it is the
+    same for all of them no rule can be chosen for it: ``f1:L``, ``precision:L>=P`` or
+    ``recall:L>=R`` with no gold row of ``L`` (always 0), a cost file giving each gold label
+    one cost whatever is written. For a figure that sums over rows (a cost) these labelings
+    span every change, so "the same for all" is "constant"; for the others a figure that moves
+    on the perfect labels is not constant. One check for every objective kind.
+    """
+    if not objective.fits_rule:
+        return None
+    k = len(labels)
+    counts = np.bincount(np.asarray(gold, dtype=np.int64), minlength=k)
+    perfect = np.diag(counts)
+    probes = [perfect]
+    for g in np.flatnonzero(counts):
+        for w in range(k):
+            if w != g:
+                cm = perfect.copy()
+                cm[g, g], cm[g, w] = 0, counts[g]
+                probes.append(cm)
+    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    values = figure(objective, np.stack(probes), labels, costs)
+    if float(values.max() - values.min()) > 1e-12:
+        return None
+    shown = ", ".join(f"{label!r} {c}" for label, c in label_counts(gold, labels).items())
+    metric = metric_name(objective)
+    if objective.label is not None and objective.label in labels and not counts[labels.index(objective.label)]:
+        return (f"field {name!r}: no gold row has the label {objective.label!r} (gold counts: {shown}), so its "
+                f"{metric} is {values[0]:.3f} whatever label is written: no rule can be chosen for it; add gold rows "
+                f"of {objective.label!r} or choose another objective")
+    return (f"field {name!r}: the {metric} is {values[0]:.3f} whatever label is written on these {len(gold)} gold "
+            f"rows (gold counts: {shown}): no rule can be chosen for it; choose another objective")
+
+
+def fit_problem(objective: Objective, name: str, gold: np.ndarray, labels: tuple[str, ...]) -> str | None:
+    """Why no rule for ``objective`` can be fitted on field ``name``'s gold rows (``floor_problem``,
+    then ``constant_problem``), as the whole refusal message; ``None`` when one can."""
+    floor = floor_problem(name, gold, labels)
+    if floor is not None:
+        return f"--objective {objective.name}: {floor}; add gold rows or use --objective likelihood"
+    constant = constant_problem(objective, name, gold, labels)
+    return None if constant is None else f"--objective {objective.name}: {constant}"
+
+
 # --- scoring -----------------------------------------------------------------------------------
 
 
@@ -309,6 +367,19 @@ def scores(objective: Objective, cms: np.ndarray, labels: tuple[str, ...],
     return feasible, value, accuracy
 
 
+def figure(objective: Objective, cms: np.ndarray, labels: tuple[str, ...],
+           costs: np.ndarray | None = None) -> np.ndarray:
+    """The figure ``objective`` reports (``metric_name``) of each (C, k, k) confusion matrix:
+    the value of ``scores``, except precision (``precision:``) or recall (``recall:``) of the
+    label whatever the ranking, and the mean cost (``cost:``, lower is better)."""
+    _, value, _ = scores(objective, cms, labels, costs)
+    if objective.kind in ("precision", "recall"):
+        p, r, _, _, _ = _per_label(cms)
+        j = labels.index(objective.label)
+        return p[:, j] if objective.kind == "precision" else r[:, j]
+    return -value if objective.kind == "cost" else value
+
+
 def _best(feasible: np.ndarray, value: np.ndarray, accuracy: np.ndarray, closeness: np.ndarray) -> int:
     """Index of the lexicographic maximum of (feasible, value, accuracy, closeness); values within
     1e-12 count as equal."""
@@ -344,6 +415,19 @@ class DecisionRule:
     offsets: tuple[float, ...] | None = None
     cv: dict = field(default_factory=dict, compare=False, hash=False)
 
+    @property
+    def kept_argmax(self) -> bool:
+        """Whether this is argmax kept in place of a rule that showed no held-out gain (``fit_rule``)."""
+        return self.cv.get("kept") == "argmax"
+
+    def fitted(self) -> "DecisionRule":
+        """The rule that was fitted: itself, or where argmax was kept (``kept_argmax``) the rule
+        its ``cv["fitted"]`` records (its threshold or offsets)."""
+        if not self.kept_argmax:
+            return self
+        return DecisionRule.from_dict({"objective": self.objective, **self.cv["fitted"]}, self.labels,
+                                      "the fitted rule")
+
     def decide(self, probs: np.ndarray) -> np.ndarray:
         """Label indices: (n, k) calibrated probabilities -> (n,) int; (k,) -> a 0-d array."""
         probs = np.asarray(probs, dtype=np.float64)
@@ -354,6 +438,8 @@ class DecisionRule:
 
     def describe(self) -> str:
         """One line, e.g. ``"true when P(true) >= 0.8312"`` or ``"offsets ham +0.00, spam +1.20"``."""
+        if self.kept_argmax:
+            return "argmax (the rule fitted showed no held-out gain)"
         if self.threshold is not None:
             return f"true when P(true) >= {self.threshold:.4f}"
         return "log-prob offsets " + ", ".join(f"{label} {o:+.3f}" for label, o in zip(self.labels, self.offsets))
@@ -460,28 +546,34 @@ def applies_to(objective: Objective, name: str, labels: tuple[str, ...]) -> str 
     return None
 
 
+def _boot_confusions(gold: np.ndarray, preds: np.ndarray, k: int, weights: np.ndarray) -> np.ndarray:
+    """(P, B, k, k) confusion matrices of (P, n) predictions against (n,) gold under (B, n) row
+    weights (``folds.bootstrap_weights``)."""
+    b, n = weights.shape
+    out = []
+    for pred in preds:
+        flat = (np.arange(b)[:, None] * k * k + gold[None, :] * k + pred[None, :]).ravel()
+        out.append(np.bincount(flat, weights=weights.ravel(), minlength=b * k * k).reshape(b, k, k))
+    return np.stack(out)
+
+
 def held_out_figures(objective: Objective, name: str, gold: np.ndarray, pred: np.ndarray,
-                     labels: tuple[str, ...], *, seed: int = 0) -> dict:
-    """The figures of predictions ``pred`` against ``gold``: the objective's value with a 95 %
-    bootstrap interval (``BOOTSTRAP`` resamples of the rows, percentile), accuracy and macro-F1
-    (as ``pcd eval``), and for a label objective the label's precision and recall."""
+                     labels: tuple[str, ...], *, seed: int = 0, groups: np.ndarray | None = None) -> dict:
+    """The figures of predictions ``pred`` against ``gold``: the objective's value (``figure``)
+    with a 95 % bootstrap interval (``BOOTSTRAP`` resamples, percentile; the rows' groups by
+    model input are resampled, ``folds.bootstrap_weights``: copies of one text move together),
+    accuracy and macro-F1 (as ``pcd eval``), and for a label objective the label's precision
+    and recall.
+
+    Args:
+        groups: (n,) group numbers (``folds.group_index``); ``None``: every row its own group."""
     k = len(labels)
     costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
-    rng = np.random.default_rng(seed)
-    n = len(gold)
-    rows = rng.integers(0, n, size=(BOOTSTRAP, n))
+    weights = bootstrap_weights(group_index(None, len(gold)) if groups is None else groups, BOOTSTRAP, seed)
     cms = _confusions(gold, pred[None], k)
-    flat = (np.arange(BOOTSTRAP)[:, None] * k * k + gold[rows] * k + pred[rows]).ravel()
-    boot = np.bincount(flat, minlength=BOOTSTRAP * k * k).reshape(BOOTSTRAP, k, k)
-    _, value, accuracy = scores(objective, cms, labels, costs)
-    _, values, _ = scores(objective, boot, labels, costs)
-    if objective.kind in ("precision", "recall"):  # the figure is the floor's metric, whatever the ranking
-        p, r, _, _, _ = _per_label(np.concatenate([cms, boot]))
-        j = labels.index(objective.label)
-        metric = p[:, j] if objective.kind == "precision" else r[:, j]
-        value, values = metric[:1], metric[1:]
-    if objective.kind == "cost":
-        value, values = -value, -values
+    boot = _boot_confusions(gold, pred[None], k, weights)[0]
+    value, values = figure(objective, cms, labels, costs), figure(objective, boot, labels, costs)
+    _, _, accuracy = scores(objective, cms, labels, costs)
     out = {"value": float(value[0]), "low": float(np.quantile(values, 0.025)),
            "high": float(np.quantile(values, 0.975)), "accuracy": float(accuracy[0]),
            "macro_f1": M.macro_f1(M.label_scores(gold, pred, labels))}
@@ -492,6 +584,35 @@ def held_out_figures(objective: Objective, name: str, gold: np.ndarray, pred: np
     return out
 
 
+def gain_figures(objective: Objective, name: str, gold: np.ndarray, rule_pred: np.ndarray, argmax: np.ndarray,
+                 labels: tuple[str, ...], *, seed: int = 0, groups: np.ndarray | None = None) -> dict:
+    """The rule's gain over argmax on held-out predictions, with a paired 95 % cluster-bootstrap
+    interval (both scored on the same ``BOOTSTRAP`` resamples of the groups): ``{"metric",
+    "value", "low", "high"}``, positive when the rule does better.
+
+    The gain is in the objective's figure (``figure``; a cost: argmax's mean cost minus the
+    rule's); a ``precision:L>=P`` (``recall:L>=R``) objective is measured in the precision
+    (recall) of L where argmax misses the floor held out, else in the recall (precision) the
+    rule trades for it."""
+    k = len(labels)
+    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    measured, metric = objective, metric_name(objective)
+    if objective.kind in ("precision", "recall"):
+        base = figure(objective, _confusions(gold, argmax[None], k), labels)[0]
+        if base >= objective.floor - 1e-12:
+            other = "recall" if objective.kind == "precision" else "precision"
+            measured = Objective(other, f"{other}:{objective.label}>=1", label=objective.label, floor=1.0)
+            metric = metric_name(measured)
+    sign = -1.0 if objective.kind == "cost" else 1.0
+    preds = np.stack([rule_pred, argmax])
+    weights = bootstrap_weights(group_index(None, len(gold)) if groups is None else groups, BOOTSTRAP, seed)
+    point = figure(measured, np.stack([_confusions(gold, p[None], k)[0] for p in preds]), labels, costs)
+    boot = _boot_confusions(gold, preds, k, weights)
+    diffs = sign * (figure(measured, boot[0], labels, costs) - figure(measured, boot[1], labels, costs))
+    return {"metric": metric, "value": float(sign * (point[0] - point[1])),
+            "low": float(np.quantile(diffs, 0.025)), "high": float(np.quantile(diffs, 0.975))}
+
+
 def metric_name(objective: Objective) -> str:
     """The figure the objective reports: ``macro-F1``, ``precision of 'spam'``, ``mean cost`` ..."""
     return {"macro-f1": "macro-F1", "balanced-accuracy": "balanced accuracy", "likelihood": "accuracy",
@@ -500,28 +621,38 @@ def metric_name(objective: Objective) -> str:
 
 
 def fit_rule(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...],
-             parts: list[np.ndarray], *, seed: int = 0) -> DecisionRule:
+             parts: list[np.ndarray], *, seed: int = 0, groups: np.ndarray | None = None,
+             force: bool = False) -> DecisionRule:
     """Fit field ``name``'s rule on ``probs`` (n, k), cross-validated calibrated probabilities of
     its gold rows (each row's from a calibration fit that did not see it), and measure it by the
     same folds: each part's rule is fitted on the other parts' rows and applied to it; the pooled
-    held-out figures under the rule and at argmax (``held_out_figures``) go in ``rule.cv``.
+    held-out figures under the rule and at argmax (``held_out_figures``) and the rule's gain
+    over argmax (``gain_figures``) go in ``rule.cv``.
+
+    Where the gain's 95 % interval holds zero (or lies below it) the rule is not used: the rule
+    returned is ``kept_argmax`` (zero offsets: the argmax), its ``cv`` holding ``kept: argmax``,
+    the figures and the rule fitted (``fitted``), unless ``force`` (``--force-rule``: the rule
+    is written, ``cv["forced"]`` set).
 
     Args:
-        gold: (n,) label indices. parts: the folds (row indices), as the calibration's.
+        gold: (n,) label indices. parts: the folds (row indices), as the calibration's
+            (``folds.grouped_folds``). groups: (n,) group numbers by model input
+            (``folds.group_index``) for the bootstrap; ``None``: every row its own.
+        force: write the rule even where it shows no held-out gain.
 
     Raises:
-        CalibrationError: the gold rows are below the floor (``floor_problem``); a
-            ``precision``/``recall`` floor no rule meets on all rows (names the best precision
-            or recall reached and the recall or precision there); a cost file naming a label
-            the field does not have.
+        CalibrationError: ``fit_problem`` (the gold rows are below the floor, or the
+            objective's figure is the same whatever is written); a ``precision``/``recall``
+            floor no rule meets on all rows (names the best precision or recall reached and the
+            recall or precision there); a cost file naming a label the field does not have.
     """
-    problem = floor_problem(name, gold, labels)
+    problem = fit_problem(objective, name, gold, labels)
     if problem is not None:
-        raise CalibrationError(f"--objective {objective.name}: {problem}; add gold rows or use --objective likelihood")
+        raise CalibrationError(problem)
     rule, feasible = fit_once(objective, name, probs, gold, labels)
     if not feasible:
         pred = rule.decide(probs)
-        figures = held_out_figures(objective, name, gold, pred, labels, seed=seed)
+        figures = held_out_figures(objective, name, gold, pred, labels, seed=seed, groups=groups)
         other = "recall" if objective.kind == "precision" else "precision"
         raise CalibrationError(
             f"--objective {objective.name}: field {name!r}: no decision rule reaches {objective.kind} >= "
@@ -534,20 +665,37 @@ def fit_rule(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarra
         fold_rule, _ = fit_once(objective, name, probs[train], gold[train], labels)
         held[part] = fold_rule.decide(probs[part])
     argmax = np.argmax(probs, axis=1)
-    cv = {"folds": len(parts), "n": len(gold), "metric": metric_name(objective),
-          "argmax": held_out_figures(objective, name, gold, argmax, labels, seed=seed),
-          "rule": held_out_figures(objective, name, gold, held, labels, seed=seed)}
-    return DecisionRule(rule.objective, rule.labels, rule.threshold, rule.offsets, cv)
+    texts = len(np.unique(groups)) if groups is not None else len(gold)
+    cv = {"folds": len(parts), "n": len(gold), **({"texts": texts} if texts != len(gold) else {}),
+          "metric": metric_name(objective),
+          "argmax": held_out_figures(objective, name, gold, argmax, labels, seed=seed, groups=groups),
+          "rule": held_out_figures(objective, name, gold, held, labels, seed=seed, groups=groups),
+          "gain": gain_figures(objective, name, gold, held, argmax, labels, seed=seed, groups=groups)}
+    if cv["gain"]["low"] > 0:
+        return DecisionRule(rule.objective, rule.labels, rule.threshold, rule.offsets, cv)
+    if force:
+        return DecisionRule(rule.objective, rule.labels, rule.threshold, rule.offsets, cv | {"forced": True})
+    return kept_argmax(rule, cv)
+
+
+def kept_argmax(fitted: DecisionRule, cv: dict) -> DecisionRule:
+    """The rule written where ``fitted`` shows no held-out gain: zero offsets on every label
+    (``argmax_j log p_j``: the argmax exactly), its ``cv`` with ``kept: "argmax"`` and the
+    fitted rule (``fitted``: its threshold or offsets), so the file says what was measured."""
+    shown = {k: v for k, v in fitted.to_dict().items() if k not in ("objective", "cv")}
+    return DecisionRule(fitted.objective, fitted.labels, offsets=(0.0,) * len(fitted.labels),
+                        cv=cv | {"kept": "argmax", "fitted": shown})
 
 
 def compare_rule(objective: str, name: str, gold: np.ndarray, probs: np.ndarray, written: np.ndarray,
-                 labels: tuple[str, ...]) -> dict:
+                 labels: tuple[str, ...], groups: np.ndarray | None = None) -> dict:
     """``pcd eval``'s figures at argmax and at the decision rule, side by side, on the same gold rows.
 
     Args:
         objective: the rule's objective (``DecisionRule.objective``); a ``cost:`` objective is
             scored by macro-F1 here (the cost file is not at hand). probs: (n, k) calibrated
             probabilities (argmax is taken of them). written: (n,) the labels the rule wrote.
+        groups: (n,) the rows' groups by model input (``folds.group_index``) for the bootstrap.
 
     Returns:
         ``{"objective", "metric", "argmax": {...}, "rule": {...}}`` (``held_out_figures``).
@@ -555,17 +703,32 @@ def compare_rule(objective: str, name: str, gold: np.ndarray, probs: np.ndarray,
     parsed = Objective("macro-f1", objective) if objective.startswith("cost:") else parse_objective(objective)
     argmax = np.argmax(probs, axis=1)
     return {"objective": objective, "metric": metric_name(parsed),
-            "argmax": held_out_figures(parsed, name, gold, argmax, labels),
-            "rule": held_out_figures(parsed, name, gold, np.asarray(written, dtype=np.int64), labels)}
+            "argmax": held_out_figures(parsed, name, gold, argmax, labels, groups=groups),
+            "rule": held_out_figures(parsed, name, gold, np.asarray(written, dtype=np.int64), labels, groups=groups)}
+
+
+def _gain_phrase(cv: dict) -> str:
+    gain = cv["gain"]
+    texts = f", {cv['texts']} distinct texts" if "texts" in cv else ""
+    return (f"gain in {gain['metric']} {gain['value']:+.3f}, 95 % interval [{gain['low']:+.3f}, {gain['high']:+.3f}] "
+            f"({cv['folds']} folds, {cv['n']} gold rows{texts})")
 
 
 def rule_warnings(name: str, rule: DecisionRule) -> list[str]:
-    """A line when the rule, held out, misses its floor or scores below argmax on its own metric."""
+    """Lines about field ``name``'s rule on held-out folds: argmax kept for want of a gain
+    (``kept_argmax``: the figures), a rule forced although it showed none, a rule that misses
+    its floor or scores below argmax on its own metric."""
     cv = rule.cv
     if not cv:
         return []
+    if rule.kept_argmax:
+        return [f"field {name!r}: the decision rule is no better than argmax on held-out folds ({_gain_phrase(cv)}): "
+                "argmax kept; add gold rows, or pass --force-rule to write the rule anyway"]
     held, base = cv["rule"], cv["argmax"]
     lines = []
+    if cv.get("forced"):
+        lines.append(f"field {name!r}: the decision rule is no better than argmax on held-out folds "
+                     f"({_gain_phrase(cv)}); written as --force-rule asks")
     if rule.objective.startswith(("precision:", "recall:")):
         kind = rule.objective.split(":")[0]
         floor = float(rule.objective.rpartition(">=")[2])
@@ -573,8 +736,8 @@ def rule_warnings(name: str, rule: DecisionRule) -> list[str]:
             lines.append(f"field {name!r}: on held-out folds the rule reached {kind} {held[kind]:.3f} "
                          f"[{held['low']:.3f}, {held['high']:.3f}], below {floor:g}: the floor is met on the gold "
                          "rows the rule saw, not surely on new rows; add gold rows")
-    elif (held["value"] > base["value"] + 1e-9 if rule.objective.startswith("cost:")
-          else held["value"] < base["value"] - 1e-9):
+    elif not cv.get("forced") and (held["value"] > base["value"] + 1e-9 if rule.objective.startswith("cost:")
+                                   else held["value"] < base["value"] - 1e-9):
         lines.append(f"field {name!r}: on held-out folds the rule scores {cv['metric']} {held['value']:.3f}, "
                      f"argmax {base['value']:.3f}: it does not help on rows it did not see")
     return lines

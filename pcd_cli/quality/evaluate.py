@@ -506,17 +506,19 @@ def _rule_comparisons(data: list, metadata: dict, calibration, warnings: list[st
     for d in data:
         name = d.spec.name
         fc = calibration.fields.get(name) if calibration is not None and not labelled_calibrated else None
-        if name not in written and (fc is None or fc.rule is None):
+        if name not in written and (fc is None or not fc.by_rule):
             continue
         if d.probs is None or not len(d.gold):
             warnings.append(f"field {name!r}: no {name}__probs column: label with --all-probs to compare argmax with "
                             "the decision rule")
             continue
         if name in written:  # the output holds the calibrated probabilities and the rule's labels
-            out[name] = compare_rule(written[name]["objective"], name, d.gold, d.probs, d.pred, d.spec.labels)
+            out[name] = compare_rule(written[name]["objective"], name, d.gold, d.probs, d.pred, d.spec.labels,
+                                     d.groups())
         else:
             probs = fc.apply(d.probs)
-            out[name] = compare_rule(fc.rule.objective, name, d.gold, probs, fc.rule.decide(probs), d.spec.labels)
+            out[name] = compare_rule(fc.rule.objective, name, d.gold, probs, fc.rule.decide(probs), d.spec.labels,
+                                     d.groups())
     return out
 
 

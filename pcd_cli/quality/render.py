@@ -266,13 +266,18 @@ def _rule_table(name: str, compared: dict, console: Console) -> None:
     console.print(table)
 
 
+def _texts(cv: dict) -> str:
+    """``", 40 distinct texts"`` when the rows hold copies of one model input (``cv["texts"]``)."""
+    return f", {cv['texts']} distinct texts" if "texts" in cv else ""
+
+
 def render_rule(name: str, rule, console: Console) -> None:
     """A decision rule's held-out figures beside argmax (``DecisionRule.cv``: each fold's rule
     fitted on the other folds' cross-validated calibrated probabilities), then the rule itself."""
     cv = rule.cv
     if cv:
         table = _table(f"{escape(name)}: decision rule for {escape(rule.objective)} (held-out folds, "
-                       f"{cv['n']} rows, 95% bootstrap intervals)")
+                       f"{cv['n']} rows{_texts(cv)}, 95% bootstrap intervals)")
         for col in ("metric", "argmax", "rule"):
             table.add_column(col, justify="left" if col == "metric" else "right")
         a, r = cv["argmax"], cv["rule"]
@@ -283,7 +288,14 @@ def render_rule(name: str, rule, console: Console) -> None:
         for label, key in rows:
             if cv["metric"] != label:
                 table.add_row(label, _f(a.get(key)), _f(r.get(key)))
+        if "gain" in cv:  # the rule's gain over argmax, paired on the same resamples (decision.gain_figures)
+            g = cv["gain"]
+            table.add_row(f"gain in {escape(g['metric'])}", "", f"{g['value']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]")
         console.print(table)
+    if rule.kept_argmax:
+        console.print(f"{escape(name)}: argmax kept for {escape(rule.objective)}: the rule fitted "
+                      f"({escape(rule.fitted().describe())}) showed no held-out gain", highlight=False)
+        return
     console.print(f"{escape(name)}: rule for {escape(rule.objective)}: {escape(rule.describe())} (fitted on all "
                   "rows' cross-validated calibrated probabilities)", highlight=False)
 

@@ -166,12 +166,12 @@ def test_objectives_parse_or_are_refused_naming_the_forms(tmp_path):
         parse_objective(f"cost:{tmp_path / 'c.yaml'}")
 
 
-def fitted(objective, n=300, seed=0, gold_idx=None):
+def fitted(objective, n=300, seed=0, gold_idx=None, force_rule=False):
     probs, gold_idx0 = synthetic(n, 2.5, np.array([1.5, -0.3, -1.2]), seed=seed)
     gold_idx = gold_idx0 if gold_idx is None else gold_idx
     df = frame(range(n), f_probs=probs, flag=[True] * n, flag_prob=np.full(n, 0.7))
     gold = pd.DataFrame({"id": [str(i) for i in range(n)], "f": [LABELS[g] for g in gold_idx]})
-    return fit_calibration(df, gold, SCHEMA, metadata(), folds=5, objective=objective)
+    return fit_calibration(df, gold, SCHEMA, metadata(), folds=5, objective=objective, force_rule=force_rule)
 
 
 def test_fit_calibration_stores_the_rule_with_held_out_figures_and_the_file_names_the_objective(tmp_path):
@@ -260,7 +260,8 @@ def test_pcd_eval_shows_argmax_and_the_rule_side_by_side(tmp_path):
     preds = write_predictions(tmp_path / "p.parquet", df, metadata())
     gold = tmp_path / "gold.jsonl"
     gold.write_text("".join(json.dumps({"id": str(i), "f": LABELS[g]}) + "\n" for i, g in enumerate(gold_idx)))
-    calibration, _ = fitted("macro-f1", seed=3)
+    calibration, _ = fitted("macro-f1", seed=3, force_rule=True)  # its held-out gain's interval holds 0
+    assert calibration.fields["f"].rule.cv["forced"] and calibration.fields["f"].rule.cv["gain"]["low"] < 0
     calibration.save(tmp_path / "cal.json")
     result = pcd("eval", preds, gold, "--calibration", tmp_path / "cal.json", "--json", tmp_path / "e.json")
     fc = calibration.fields["f"]
@@ -280,11 +281,24 @@ def test_pcd_eval_shows_argmax_and_the_rule_side_by_side(tmp_path):
 def test_a_tune_holdout_fits_the_rule_or_says_why_not():
     from pcd_cli.quality.calibration import fit_trusted
 
-    probs, gold = boolean_rows(n=200, seed=7)
+    probs, gold = boolean_rows(n=400, seed=7)
     notes = []
     fc = fit_trusted("is_spam", BOOL, probs, gold, objective=parse_objective("macro-f1"), notes=notes)
     assert fc.rule is not None and fc.rule.threshold is not None and notes == []
-    assert fc.rule.cv["rule"]["value"] > fc.rule.cv["argmax"]["value"]
+    assert fc.rule.cv["rule"]["value"] > fc.rule.cv["argmax"]["value"] and fc.rule.cv["gain"]["low"] > 0
+    # on 200 rows the gain's interval holds zero: argmax is kept and said, unless the rule is forced
+    probs, gold = boolean_rows(n=200, seed=7)
+    fc = fit_trusted("is_spam", BOOL, probs, gold, objective=parse_objective("macro-f1"), notes=notes)
+    gain = fc.rule.cv["gain"]
+    assert fc.rule.kept_argmax and gain["low"] <= 0 < gain["high"] and "threshold" in fc.rule.cv["fitted"]
+    assert np.array_equal(fc.rule.decide(probs), probs.argmax(axis=1))
+    assert notes == [f"field 'is_spam': the decision rule is no better than argmax on held-out folds (gain in "
+                     f"macro-F1 {gain['value']:+.3f}, 95 % interval [{gain['low']:+.3f}, {gain['high']:+.3f}] (5 "
+                     "folds, 200 gold rows)): argmax kept; add gold rows, or pass --force-rule to write the rule "
+                     "anyway"]
+    notes.clear()
+    forced = fit_trusted("is_spam", BOOL, probs, gold, objective=parse_objective("macro-f1"), force_rule=True)
+    assert forced.rule.threshold == fc.rule.cv["fitted"]["threshold"] and forced.rule.cv["forced"]
     few = np.array([0] * 4 + [1] * 36)
     fc = fit_trusted("is_spam", BOOL, probs[:40], few, objective=parse_objective("macro-f1"), notes=notes)
     assert fc.rule is None and notes == [
