@@ -92,7 +92,7 @@ class QuestionError(InputError):
     """A decision request pcd cannot answer: a malformed question, state or flag, or more
     questions, options or levels than allowed. The message names the question (``q.where``) and
     the problem; ``code`` says which (``invalid_state``, ``too_few_options``,
-    ``too_many_questions``, ...). The server answers it by its code (``server.errors.STATUS_BY_CODE``:
+    ``too_many_questions``, ...). The server answers it by its code (``server.errors.ANSWERS``:
     413 for a limit, 422 otherwise); this module knows nothing of HTTP."""
 
     def __init__(self, message: str, code: str = "invalid_request"):

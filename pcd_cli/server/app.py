@@ -4,13 +4,14 @@ No globals: everything a route needs hangs on the ``wire.Server`` its format was
 on ``app.state``: ``service``, ``config``, ``metrics``, ``label_studio``, ``paths``), so a Ray Serve
 deployment can build one app per replica.
 
-The house: each wire format is one module of ``formats/`` (``FORMATS``, mounted in that order),
-each a ``routes(server)`` whose handlers take a ``wire.Call`` (one submit, one deadline counted
-from arrival); the probes (``/health``, ``/ready``, ``/metrics``) are the app's own; the error
+The house: each wire format is one module of ``formats/`` declaring its ``FORMAT`` (a
+``wire.WireFormat``: ``routes(server)``, whose handlers take a ``wire.Call`` (one submit, one
+deadline counted from arrival), and the headers its clients read and send); ``FORMATS`` mounts them
+in that order; the probes (``/health``, ``/ready``, ``/metrics``) are the app's own; the error
 envelope, the status of each error kind and the handlers are ``errors.py``'s; the middleware
 (request ids, access log, metrics, receive deadline, CORS, Host, API key, Content-Type) is
-``middleware.py``'s; the limits' defaults are ``limits.py``'s. A new format is one module and one
-line of ``FORMATS``.
+``middleware.py``'s, given the formats' headers from their declarations; the limits' defaults are
+``limits.py``'s. A new format is one module and one line of ``FORMATS``.
 
 Every route but ``/health`` and ``/ready`` needs an API key when ``config.api_keys`` is set. Every
 error, routing ones (404, 405) included, is the ``{"error": {type, code, message}}`` envelope.
@@ -18,7 +19,7 @@ error, routing ones (404, 405) included, is the ``{"error": {type, code, message
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -27,17 +28,17 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .config import AppConfig
-from .errors import HANDLERS, ApiError, json_response
+from .errors import EXPOSED_HEADERS, HANDLERS, json_response
 from .formats import decisions, jev, label_studio, pcd
 from .label_studio import LabelStudioBackend
 from .middleware import REQUEST_ID_HEADER, Cors, Metrics, RequestContext, RequestGuard, allowed_hosts
 from .service import LabelService
-from .wire import Server
+from .service_errors import Draining, NotReady, StartupFailed
+from .wire import Server, WireFormat
 
-#: The wire formats, in the order their routes are mounted: one module each (``formats/``), each
-#: ``routes(server) -> list[Route]``, and ``REQUEST_ID_HEADER`` when its clients read the request
-#: id under another header.
-FORMATS = (pcd, jev, decisions, label_studio)
+#: The wire formats, in the order their routes are mounted: each module's one declaration
+#: (``wire.WireFormat``: its routes, its request-id headers, its clients' request headers).
+FORMATS: tuple[WireFormat, ...] = (pcd.FORMAT, jev.FORMAT, decisions.FORMAT, label_studio.FORMAT)
 
 
 # -- the probes ----------------------------------------------------------------------------------
@@ -51,13 +52,11 @@ async def ready(request: Request) -> Response:
     503 before, after a failed start, and while draining."""
     service: LabelService = request.app.state.service
     if service.draining:
-        raise ApiError(503, "server_error", "draining", "the server is draining (SIGTERM); it takes no new work",
-                       {"Retry-After": "1"})
+        raise Draining("the server is draining (SIGTERM); it takes no new work")
     if service.startup_error is not None:
-        raise ApiError(503, "server_error", "startup_failed", f"the server could not start: {service.startup_error}")
+        raise StartupFailed(f"the server could not start: {service.startup_error}")
     if not service.ready.is_set():
-        raise ApiError(503, "server_error", "not_ready", "the model and schemas are still loading",
-                       {"Retry-After": "1"})
+        raise NotReady("the model and schemas are still loading")
     return json_response({"status": "ready", "model": service.model_id})
 
 
@@ -73,25 +72,27 @@ PROBES = (Route("/health", health, methods=["GET"]), Route("/ready", ready, meth
 
 
 def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
-               extra_routes: Iterable[BaseRoute] = (), listen_host: str | None = None) -> Starlette:
+               extra_routes: Iterable[BaseRoute] = (), listen_host: str | None = None,
+               formats: Sequence[WireFormat] = FORMATS) -> Starlette:
     """The Starlette app over ``service``.
 
     Args:
         service: the ``LabelService`` (started by the caller).
         config: limits, keys, CORS, hosts; ``config.label_studio`` adds the Label Studio backend.
         extra_routes: more routes (added after the formats' and the probes).
+        formats: the wire formats mounted, in order (``FORMATS``); their declarations give the
+            middleware each route's request-id headers and the CORS headers.
         listen_host: the address the server listens on: on loopback, only loopback ``Host``
             names (and ``config.allowed_hosts``) are answered (``allowed_hosts``).
     """
     backend = LabelStudioBackend(service, config.label_studio) if config.label_studio is not None else None
     server = Server(service, config, backend)
     routes: list[BaseRoute] = []
-    id_headers: dict[str, str] = {}  # path -> the format's own request-id header, on errors too
-    for fmt in FORMATS:
+    id_headers: dict[str, tuple[str, ...]] = {}  # path -> the format's own request-id headers, on errors too
+    for fmt in formats:
         added = fmt.routes(server)
-        header = getattr(fmt, "REQUEST_ID_HEADER", REQUEST_ID_HEADER)
-        if header != REQUEST_ID_HEADER:
-            id_headers.update({r.path: header for r in added})
+        if fmt.request_id_headers:
+            id_headers.update({r.path: fmt.request_id_headers for r in added})
         routes.extend(added)
     routes.extend(PROBES)
     served = [r.path for r in routes]  # what the 404 names
@@ -101,9 +102,13 @@ def create_app(service: LabelService, config: AppConfig = AppConfig(), *,
     middleware = [Middleware(RequestContext, metrics=metrics_, known_paths=paths, id_headers=id_headers,
                              receive_timeout_s=config.receive_timeout_s)]
     if config.cors_origins:
+        exposed = [REQUEST_ID_HEADER, *(h for fmt in formats for h in fmt.request_id_headers), *EXPOSED_HEADERS]
         middleware.append(Middleware(Cors, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                                      allow_headers=["*"],  # mirrored once Cors has checked them
-                                     expose_headers=["x-request-id", "x-typesafe-request-id", "retry-after"]))
+                                     expose_headers=list(dict.fromkeys(exposed)),
+                                     client_headers=frozenset(h for fmt in formats for h in fmt.client_headers),
+                                     client_header_prefixes=tuple(p for fmt in formats
+                                                                  for p in fmt.client_header_prefixes)))
     middleware.append(Middleware(RequestGuard, api_keys=tuple(config.api_keys), metrics=metrics_,
                                  hosts=allowed_hosts(config, listen_host), cors_origins=tuple(config.cors_origins)))
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=HANDLERS)

@@ -1,19 +1,24 @@
 """The server's one error path: the error type (``ApiError``: an HTTP status and the
-``{"error": {type, code, message}}`` envelope), the status of each of pcd's own input-error codes
-(``STATUS_BY_CODE``), the one ``error_response``, and the exception handlers every route shares
-(``HANDLERS``, registered once by ``app.create_app``); plus the two helpers that keep an error from
-leaking or crashing on the text it carries (``printable``, ``log_crash``).
+``{"error": {type, code, message}}`` envelope), the one table of how each of pcd's own errors is
+answered (``ANSWERS``: its ``code`` -> status and error type; its ``retry_after`` -> ``Retry-After``),
+the one ``error_response``, and the exception handlers every route shares (``HANDLERS``, registered
+once by ``app.create_app``); plus the two helpers that keep an error from leaking or crashing on the
+text it carries (``printable``, ``log_crash``).
 
-A route never renders its own error: it raises (``ApiError``, or a domain error such as
-``pcd_cli.questions.QuestionError`` whose ``code`` this table maps to a status), and the handler
-renders it. A crash is turned into 500 ``internal_error`` by ``wire.route`` (Starlette re-raises an
-unhandled exception to the server, whose log would quote its message).
+A route never renders its own error: it raises, and the handler renders it. The service, the Label
+Studio backend and the decision domain raise pcd's own errors, which carry a ``code`` and no HTTP
+status (``service_errors``' kinds, ``pcd_cli.questions.QuestionError``): ``ANSWERS`` maps them here,
+once (as vLLM's engine errors, ``v1/engine/exceptions.py``, are mapped by its API server). Only the
+HTTP edge (middleware, body reading, a format's own parsing) raises ``ApiError`` itself. A crash is
+turned into 500 ``internal_error`` by ``wire.route`` (Starlette re-raises an unhandled exception to
+the server, whose log would quote its message).
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
+from dataclasses import dataclass
 from typing import Iterable
 
 import orjson
@@ -22,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..errors import InputError
+from .service_errors import ServiceError
 
 log = logging.getLogger("pcd.server")
 
@@ -61,28 +67,75 @@ class ClientDisconnected(Exception):
     nobody reads)."""
 
 
-#: Status of pcd's own input errors that carry a ``code`` (``pcd_cli.questions.QuestionError``):
-#: more than a limit allows is 413, anything else 422 (well-formed but invalid).
-STATUS_BY_CODE: dict[str, int] = {"too_large": 413, "too_many_questions": 413, "too_many_options": 413}
+INVALID, SERVER = "invalid_request_error", "server_error"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How one kind of pcd's own errors is answered.
+
+    Attributes:
+        status: the HTTP status.
+        type: the envelope's ``error.type`` (``invalid_request_error``, ``rate_limit_error``,
+            ``server_error``).
+        expected: a 5xx that is the server working as meant (draining, loading, past a deadline):
+            logged by the access line only; any other 5xx is also logged at ERROR.
+    """
+
+    status: int
+    type: str = INVALID
+    expected: bool = False
+
+
+#: The one table: the ``code`` of one of pcd's own errors -> how it is answered. The error carries
+#: no status; its ``retry_after`` (seconds), where it has one, is sent as ``Retry-After``. A code
+#: not listed is 422 ``invalid_request_error`` for an input error (``InputError``: a bad question,
+#: field or record), 500 ``server_error`` for any other.
+ANSWERS: dict[str, Answer] = {
+    # more than a limit allows: 413
+    "too_large": Answer(413), "too_many_questions": Answer(413), "too_many_options": Answer(413),
+    "too_costly": Answer(413),
+    # well-formed but invalid: 422 (the default of an input error; the service's kinds listed)
+    "invalid_text": Answer(422), "invalid_option": Answer(422), "schema_not_compilable": Answer(422),
+    "record_failed": Answer(422), "unknown_project": Answer(422), "label_config_not_mapped": Answer(422),
+    # load, state and time: retry later
+    "queue_full": Answer(429, "rate_limit_error"),
+    "draining": Answer(503, SERVER, expected=True), "not_ready": Answer(503, SERVER, expected=True),
+    "shutting_down": Answer(503, SERVER, expected=True), "deadline_exceeded": Answer(503, SERVER, expected=True),
+    "startup_failed": Answer(503, SERVER), "journal_unwritable": Answer(503, SERVER),
+    # the server's own failures (the log has the details under the request id)
+    "compile_failed": Answer(500, SERVER), "decode_failed": Answer(500, SERVER),
+}
+_INPUT_ERROR = Answer(422)
+_OTHER_ERROR = Answer(500, SERVER)
 #: ``code`` of the routing errors (``HTTPException`` raised by Starlette's router).
 ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
 #: Codes of 5xx answers that are the server working as meant (logged by the access line only).
-_EXPECTED_5XX = frozenset({"draining", "not_ready", "deadline_exceeded", "shutting_down"})
+_EXPECTED_5XX = frozenset(code for code, answer in ANSWERS.items() if answer.expected)
+#: Response headers of error answers that a browser's script may read (CORS ``expose_headers``).
+EXPOSED_HEADERS = ("retry-after",)
 
 
-def status_of(exc: InputError) -> int:
-    """The HTTP status of one of pcd's own input errors: ``STATUS_BY_CODE`` by its ``code``, 422
-    when it has none or another."""
-    return STATUS_BY_CODE.get(getattr(exc, "code", ""), 422)
+def answer_of(exc: BaseException) -> Answer:
+    """How one of pcd's own errors is answered: ``ANSWERS`` by its ``code``; 422 for an input
+    error whose code is not listed (or that has none), 500 ``server_error`` for any other."""
+    answer = ANSWERS.get(getattr(exc, "code", None) or "")
+    if answer is not None:
+        return answer
+    return _INPUT_ERROR if isinstance(exc, InputError) else _OTHER_ERROR
 
 
 def api_error(exc: BaseException) -> ApiError:
-    """``exc`` as the ``ApiError`` the client is answered with: itself when it is one; a pcd input
-    error (``InputError``, ``SchemaError`` ...) as ``invalid_request_error`` with its ``code``
-    (``invalid_request`` when it has none) and ``status_of`` its code."""
+    """``exc`` as the ``ApiError`` the client is answered with: itself when it is one; one of
+    pcd's own errors (``InputError``, ``SchemaError``, ``service_errors.ServiceError``, ...) as
+    ``answer_of`` it says, with its ``code`` (``invalid_request`` when it has none), its message
+    and ``Retry-After`` from its ``retry_after``."""
     if isinstance(exc, ApiError):
         return exc
-    return ApiError(status_of(exc), "invalid_request_error", getattr(exc, "code", None) or "invalid_request", str(exc))
+    answer = answer_of(exc)
+    retry_after = getattr(exc, "retry_after", None)
+    return ApiError(answer.status, answer.type, getattr(exc, "code", None) or "invalid_request", str(exc),
+                    {"Retry-After": str(retry_after)} if retry_after is not None else None)
 
 
 def internal_error() -> ApiError:
@@ -147,8 +200,11 @@ def _listed(paths: Iterable[str]) -> str:
 
 #: The exception handlers of every route (``Starlette(exception_handlers=HANDLERS)``): the error
 #: kinds and how each is answered, in one table.
-HANDLERS = {ApiError: _on_error, InputError: _on_error, ClientDisconnected: _on_disconnect,
+HANDLERS = {ApiError: _on_error, InputError: _on_error, ServiceError: _on_error, ClientDisconnected: _on_disconnect,
             ClientDisconnect: _on_disconnect, HTTPException: _on_routing}
+#: What a route may raise for ``HANDLERS`` to answer (``wire.route`` lets these through; anything
+#: else is a crash, answered 500 ``internal_error``).
+ANSWERED = (ApiError, InputError, ServiceError, ClientDisconnected, ClientDisconnect)
 
 
 def printable(text: str) -> str:

@@ -71,7 +71,7 @@ from ..io.files import machine_error
 from ..io.annotations import label_studio_rows
 from ..tune import MIN_CALIBRATION_ROWS
 from ..backends.memory import release_memory
-from .errors import ApiError
+from .service_errors import BadRequest, JournalUnwritable, NotReady, UnknownProject
 
 log = logging.getLogger("pcd.server")
 
@@ -181,11 +181,10 @@ class ConfigMapping:
         return back.get(written, written) if isinstance(written, str) else written
 
 
-class MappingError(ApiError):
-    """A config that cannot be mapped to a served schema (422, naming what does not map)."""
+class MappingError(BadRequest):
+    """A config that cannot be mapped to a served schema (the message names what does not map)."""
 
-    def __init__(self, message: str):
-        super().__init__(422, "invalid_request_error", "label_config_not_mapped", message)
+    code = "label_config_not_mapped"
 
 
 def parse_config(xml: str) -> tuple[list[Control], dict[str, TextObject]]:
@@ -400,12 +399,13 @@ class LabelStudioBackend:
         saved when it changed); returns the schema's current version.
 
         Raises:
-            ApiError: 503 ``not_ready`` while the model loads or the versions served before the
-                last stop are restored (the version answered would not be the one served).
+            NotReady: while the model loads or the versions served before the last stop are
+                restored (the version answered would not be the one served).
+            JournalUnwritable: the project's link cannot be saved.
         """
         if not self.service.ready.is_set():
-            raise ApiError(503, "server_error", "not_ready", "the model is still loading (or its last served "
-                           "version being restored); retry when GET /ready answers 200", {"Retry-After": "1"})
+            raise NotReady("the model is still loading (or its last served version being restored); retry when "
+                           "GET /ready answers 200")
         link = ProjectLink(project, mapping, hostname, token)
         with self._lock:
             changed = project not in self.links or self.links[project].mapping != mapping
@@ -431,14 +431,12 @@ class LabelStudioBackend:
         config XML a body carries).
 
         Raises:
-            ApiError: 422 ``unknown_project`` when neither is there; ``MappingError`` when the
-                config does not map.
+            UnknownProject: when neither is there; MappingError: when the config does not map.
         """
         link = self.links.get(project) if project is not None else None
         if link is None:
             if not isinstance(label_config, str):
-                raise ApiError(422, "invalid_request_error", "unknown_project",
-                               f"project {project!r} has not called /setup and the body carries no label_config")
+                raise UnknownProject(f"project {project!r} has not called /setup and the body carries no label_config")
             link = ProjectLink(project or "?", map_config(label_config, {n: e.schema for n, e in self.service.named.items()}))
             if project is not None:
                 self.links[project] = link
@@ -468,8 +466,8 @@ class LabelStudioBackend:
             beside it), so the answer says so rather than dropping it silently.
 
         Raises:
-            ApiError: 503 ``journal_unwritable`` (``state_unwritable``) when the journal cannot be
-                written: the event is not kept and the answer says where and why.
+            JournalUnwritable: (``state_unwritable``) when the journal cannot be written: the event
+                is not kept and the answer says where and why.
         """
         try:
             return self._journal_event(project, action, body)
@@ -516,7 +514,7 @@ class LabelStudioBackend:
         """Append every annotation of ``tasks`` (``/train``'s body) to the project's journal.
 
         Raises:
-            ApiError: 503 ``journal_unwritable`` when the journal cannot be written.
+            JournalUnwritable: when the journal cannot be written.
         """
         journal = self.journal(project)
         n = 0
@@ -866,8 +864,8 @@ def _is_label(value: object, labels: set[str], multi: bool) -> bool:
     return isinstance(value, str) and value in labels
 
 
-def state_unwritable(problem: str, *, kept: int | None = None) -> ApiError:
-    """The 503 answer (``journal_unwritable``) for an event pcd could not keep on disk: ``problem``
+def state_unwritable(problem: str, *, kept: int | None = None) -> JournalUnwritable:
+    """The error (``journal_unwritable``, retry after 60 s) for an event pcd could not keep on disk: ``problem``
     names the file and the system's reason; the answer says the event was not kept, so that
     the sender sees it (Label Studio shows a webhook's failed answer; the annotation itself stays
     in Label Studio and is journalled when sent again: saved anew, or through ``/train``). The
@@ -876,7 +874,7 @@ def state_unwritable(problem: str, *, kept: int | None = None) -> ApiError:
     message = (f"{problem}; this event was not kept in pcd's gold{done}: make the --state-dir folder "
                "writable, then send it again (save the annotation again, or train with /train)")
     log.warning("label studio: %s", message)
-    return ApiError(503, "server_error", "journal_unwritable", message, {"Retry-After": "60"})
+    return JournalUnwritable(message)
 
 
 def project_id(value) -> str | None:

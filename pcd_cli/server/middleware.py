@@ -38,13 +38,10 @@ REQUEST_ID_HEADER = "x-request-id"
 _GOOD_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 #: Host names a server listening on loopback answers for (plus ``--allowed-host`` names).
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
-#: Request headers a browser may preflight for the routes (``--cors-origin``): pcd's own, the
-#: ``openai`` SDK's and ``typesafe-sdk``'s; ``CORS_HEADER_PREFIXES`` covers the SDKs' families
-#: (``x-stainless-os``, ``x-stainless-retry-count``, ``X-TypeSafe-SDK``, ...).
-CORS_HEADERS = frozenset({"authorization", "content-type", "content-encoding", "accept", "x-api-key", "x-request-id",
-                          "x-typesafe-request-id", "idempotency-key", "openai-organization", "openai-project",
-                          "openai-beta"})
-CORS_HEADER_PREFIXES = ("x-stainless-", "x-typesafe-")
+#: Request headers a browser may preflight for any route (``--cors-origin``): pcd's own; each wire
+#: format adds its clients' (``wire.WireFormat.client_headers`` and ``client_header_prefixes``:
+#: the ``openai`` SDK's ``x-stainless-*``, ``typesafe-sdk``'s ``x-typesafe-*``, ...).
+CORS_HEADERS = frozenset({"authorization", "content-type", "content-encoding", "accept", "x-api-key", "x-request-id"})
 #: Methods whose body must be JSON (415 otherwise).
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -112,9 +109,10 @@ class RequestContext:
     """ASGI middleware, outermost: request ids, the access log line, request metrics, and the
     receive deadline of the body.
 
-    Every response carries ``x-request-id``; a protocol route whose module names another
-    request-id header (``id_headers``: path -> header, e.g. the Jev routes' ``x-typesafe-request-id``)
-    carries that one too, the middleware's own answers (401) included. ``request.state.log_id``
+    Every response carries ``x-request-id``; a route whose wire format names other request-id
+    headers (``id_headers``: path -> headers, from ``wire.WireFormat.request_id_headers``, e.g. the
+    Jev routes' ``x-typesafe-request-id``) carries those too, the middleware's own answers (401)
+    included. ``request.state.log_id``
     names the request in the log: the id itself when the server made it, the client's id plus
     ``#<n>`` (a per-app counter) when the client sent one. One path ending in ``/`` is served as
     the route without it (never a redirect: a redirect would be built from the client's own
@@ -122,9 +120,9 @@ class RequestContext:
     headers; past it the route's read raises ``ApiError`` 408 (``Connection: close``)."""
 
     def __init__(self, app, *, metrics: Metrics, known_paths: Iterable[str],
-                 id_headers: dict[str, str] | None = None, receive_timeout_s: float = 60.0):
+                 id_headers: dict[str, tuple[str, ...]] | None = None, receive_timeout_s: float = 60.0):
         self.app = app
-        self.id_headers = {path: h.encode() for path, h in (id_headers or {}).items()}
+        self.id_headers = {path: tuple(h.lower().encode() for h in hs) for path, hs in (id_headers or {}).items()}
         self.metrics = metrics
         self.known = frozenset(known_paths)
         self.receive_timeout_s = receive_timeout_s
@@ -153,9 +151,9 @@ class RequestContext:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 headers = [*message.get("headers", []), (b"x-request-id", rid.encode())]
-                own = self.id_headers.get(path)  # e.g. x-typesafe-request-id on a 401 from /v1/systemone
-                if own is not None and all(k.lower() != own for k, _ in headers):
-                    headers.append((own, rid.encode()))
+                for own in self.id_headers.get(path, ()):  # e.g. x-typesafe-request-id on a 401 from /v1/systemone
+                    if all(k.lower() != own for k, _ in headers):
+                        headers.append((own, rid.encode()))
                 message["headers"] = headers
             await send(message)
 
@@ -319,13 +317,26 @@ def is_loopback(host: str) -> bool:
 
 
 class Cors(CORSMiddleware):
-    """Starlette's CORS middleware that allows the request headers of ``CORS_HEADERS`` and the
-    ``CORS_HEADER_PREFIXES`` families, and refuses a preflight with the error envelope."""
+    """Starlette's CORS middleware that allows the request headers of ``CORS_HEADERS``, plus the
+    wire formats' ``client_headers`` and ``client_header_prefixes`` families, and refuses a
+    preflight with the error envelope.
+
+    Args:
+        client_headers, client_header_prefixes: the wire formats' clients' request headers
+            (``wire.WireFormat``), read by ``app.create_app`` from the declarations.
+        **options: Starlette's ``CORSMiddleware`` options.
+    """
+
+    def __init__(self, app, *, client_headers: Iterable[str] = (), client_header_prefixes: Iterable[str] = (),
+                 **options):
+        super().__init__(app, **options)
+        self.known_headers = CORS_HEADERS | frozenset(h.lower() for h in client_headers)
+        self.known_prefixes = tuple(p.lower() for p in client_header_prefixes)
 
     def preflight_response(self, request_headers) -> Response:
         requested = [h.strip().lower() for h in request_headers.get("access-control-request-headers", "").split(",")
                      if h.strip()]
-        unknown = [h for h in requested if h not in CORS_HEADERS and not h.startswith(CORS_HEADER_PREFIXES)]
+        unknown = [h for h in requested if h not in self.known_headers and not h.startswith(self.known_prefixes)]
         response = super().preflight_response(request_headers)
         if unknown or response.status_code != 200:
             failures = response.body.decode("latin-1").removeprefix("Disallowed CORS ") if response.status_code != 200 \

@@ -58,7 +58,9 @@ from ..job import LabelJob, schema_warnings
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from . import limits, textcheck
-from .errors import ApiError, ClientDisconnected, log_crash
+from .errors import ClientDisconnected, log_crash
+from .service_errors import (CompileFailed, DeadlineExceeded, DecodeFailed, Draining, InvalidOption, InvalidText,
+                             NotCompilable, NotReady, QueueFull, Refused, ServiceError, ShuttingDown, TooCostly)
 
 if TYPE_CHECKING:
     from ..api import Labeler
@@ -157,31 +159,6 @@ class ServiceConfig:
     request_timeout_s: float | None = limits.REQUEST_TIMEOUT_S
     max_compile_cost: int = limits.MAX_COMPILE_COST
     long_record_tokens: int = limits.LONG_RECORD_TOKENS
-
-
-class DeadlineExceeded(ApiError):
-    """503 ``deadline_exceeded``: a request not answered within its deadline.
-
-    Attributes:
-        done: records whose results were delivered (decoded) before the deadline; total: the
-            request's records; fits: records the recent decode rate gets through in the request's
-            time (``None``: no rate measured yet).
-    """
-
-    def __init__(self, done: int, total: int, seconds: float | None, fits: int | None, retry_after: int,
-                 unit: str = "records"):
-        self.done, self.total, self.seconds, self.fits, self.unit = done, total, seconds, fits, unit
-        within = f"{seconds:.2g} s" if seconds is not None else "its deadline"
-        size = f"; at the recent rate about {fits} {unit} fit in {within}" if fits is not None else ""
-        super().__init__(503, "server_error", "deadline_exceeded",
-                         f"the request was not answered within {within} ({done} of {total} {unit} decoded{size}; "
-                         "--request-timeout-s): send fewer, or retry later", {"Retry-After": str(retry_after)})
-
-    def counted(self, before: int, total: int, unit: str) -> "DeadlineExceeded":
-        """The same refusal for a client request submitted in slices: ``before`` of its ``total``
-        records were decoded by earlier slices (Label Studio's ``/predict``)."""
-        return DeadlineExceeded(before + self.done, total, self.seconds, self.fits,
-                                int(self.headers.get("Retry-After", "1")), unit)
 
 
 class _Abandoned(Exception):
@@ -387,9 +364,7 @@ class LabelService:
             self._queued_records = 0
             self._cond.notify_all()
         for job in left:
-            self._fail(job, ApiError(503, "server_error", "shutting_down",
-                                     "the server shut down before this request was decoded; send it again",
-                                     {"Retry-After": "1"}))
+            self._fail(job, ShuttingDown("the server shut down before this request was decoded; send it again"))
         return len(left)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -466,25 +441,25 @@ class LabelService:
                 counts (the time a 503 says the request had); ``None``: now.
 
         Raises:
-            ApiError: 503 not ready, draining, or past the deadline; 429 queue full (with
-                ``Retry-After``); 422 the schema cannot be compiled for this model; 500 the decode
-                call holding its records failed (the server goes on).
+            Refused: ``NotReady``, ``Draining``, ``DeadlineExceeded``, ``ShuttingDown``, ``QueueFull``
+                (with ``retry_after``), counted in ``refused`` by code.
+            BadRequest: ``InvalidText``, ``InvalidOption``, ``TooCostly`` (``_check_schema``);
+                ``NotCompilable``: the schema cannot be compiled for this model.
+            Failure: ``CompileFailed``, ``DecodeFailed``: building its labeler or the decode call
+                holding its records crashed (the server goes on).
             ClientDisconnected: ``is_disconnected`` turned true.
         """
         try:
             return await self._submit(schema, records, request_id, deadline, is_disconnected, arrived)
-        except ApiError as exc:
-            if exc.status in (429, 503):
-                self.refused[exc.code] += 1
+        except Refused as exc:
+            self.refused[exc.code] += 1
             raise
 
     async def _submit(self, schema, records, request_id, deadline, is_disconnected, arrived=None) -> SubmitResult:
         if self.draining:
-            raise ApiError(503, "server_error", "draining", "the server is shutting down; send the request to "
-                           "another replica or again in a moment", {"Retry-After": "1"})
+            raise Draining("the server is shutting down; send the request to another replica or again in a moment")
         if not self.ready.is_set():
-            raise ApiError(503, "server_error", "not_ready", "the model is still loading; retry when GET /ready "
-                           "answers 200", {"Retry-After": "1"})
+            raise NotReady("the model is still loading; retry when GET /ready answers 200")
         if deadline is None and self.config.request_timeout_s is not None:
             deadline = time.monotonic() + self.config.request_timeout_s
         if schema.source_sha256 not in self._pinned:
@@ -495,8 +470,7 @@ class LabelService:
                    since=arrived)
         with self._cond:
             if self.draining:
-                raise ApiError(503, "server_error", "draining", "the server is shutting down",
-                               {"Retry-After": "1"})
+                raise Draining("the server is shutting down")
             self._check_room(len(records), job.entry)
             if job.records:
                 self._queue.append(job)
@@ -514,22 +488,21 @@ class LabelService:
         (``textcheck.label_problem``), or a compile cost over ``config.max_compile_cost``.
 
         Raises:
-            ApiError: 422 ``invalid_text`` or ``invalid_option`` naming the field; 413 ``too_costly``.
+            InvalidText, InvalidOption: naming the field; TooCostly: over ``config.max_compile_cost``.
         """
         for where, text in textcheck.strings(schema, "schema"):
             at = textcheck.lone_surrogate(text)
             if at is not None:
-                raise ApiError(422, "invalid_request_error", "invalid_text", textcheck.surrogate_message(where, text, at))
+                raise InvalidText(textcheck.surrogate_message(where, text, at))
         for f in schema.fields:
             problem = textcheck.label_problem(f.labels)
             if problem is not None:
-                raise ApiError(422, "invalid_request_error", "invalid_option", f"field {f.name!r}: {problem}")
+                raise InvalidOption(f"field {f.name!r}: {problem}")
         cost = textcheck.compile_cost(schema)
         if cost > self.config.max_compile_cost:
-            raise ApiError(413, "invalid_request_error", "too_costly",
-                           f"the questions' options hold about {cost} label tokens in all (options × tokens); this "
-                           f"server compiles at most {self.config.max_compile_cost} per question set "
-                           "(--max-compile-cost): ask fewer options or shorter ones")
+            raise TooCostly(f"the questions' options hold about {cost} label tokens in all (options × tokens); this "
+                            f"server compiles at most {self.config.max_compile_cost} per question set "
+                            "(--max-compile-cost): ask fewer options or shorter ones")
 
     @staticmethod
     def _checked_record(record):
@@ -587,7 +560,7 @@ class LabelService:
             return entry
 
     def _check_room(self, n: int, entry: _Entry | None = None) -> None:
-        """429 when ``n`` more records or one more request would overflow the queue (lock held).
+        """``QueueFull`` when ``n`` more records or one more request would overflow the queue (lock held).
 
         Requests waiting for a decode call (their labeler compiled) are one queue; requests whose
         question set is still compiling are another, bounded by the same numbers: compiling is
@@ -599,15 +572,12 @@ class LabelService:
         waiting_compile = sum(j.remaining for j in self._queue if j.entry.labeler is None)
         records = waiting_compile if compiling else self._queued_records - waiting_compile
         if len(peers) + 1 > cfg.max_queued_requests:
-            raise ApiError(429, "rate_limit_error", "queue_full",
-                           f"{len(peers)} {what} (--max-queued-requests "
-                           f"{cfg.max_queued_requests}); retry after the Retry-After seconds",
-                           {"Retry-After": str(self._retry_after(max(1, records // max(1, len(peers)))))})
+            raise QueueFull(f"{len(peers)} {what} (--max-queued-requests {cfg.max_queued_requests}); retry after the "
+                            "Retry-After seconds", retry_after=self._retry_after(max(1, records // max(1, len(peers)))))
         if records + n > cfg.max_queued_records:
-            raise ApiError(429, "rate_limit_error", "queue_full",
-                           f"{records} records are queued and this request adds {n} "
-                           f"(--max-queued-records {cfg.max_queued_records}); retry after the Retry-After seconds",
-                           {"Retry-After": str(self._retry_after(records + n - cfg.max_queued_records))})
+            raise QueueFull(f"{records} records are queued and this request adds {n} (--max-queued-records "
+                            f"{cfg.max_queued_records}); retry after the Retry-After seconds",
+                            retry_after=self._retry_after(records + n - cfg.max_queued_records))
 
     def _retry_after(self, records: int) -> int:
         """Whole seconds for ``records`` to be decoded at the recent rate (1 to 120; 1 with no
@@ -791,17 +761,16 @@ class LabelService:
                     continue
             ids = ",".join(j.request_id for j in waiting)
             started = time.perf_counter()
-            error: ApiError | None = None
+            error: ServiceError | None = None
             try:
                 self._labeler(entry)
             except PcdError as exc:
                 log.warning("requests %s: schema %s does not compile: %s", ids, entry.schema.name, exc)
-                error = ApiError(422, "invalid_request_error", "schema_not_compilable", str(exc))
+                error = NotCompilable(str(exc))
             except Exception as exc:  # noqa: BLE001 - one request's failure never stops the thread
                 log_crash(log, f"requests {ids}: compiling schema {entry.schema.name} failed", exc)
-                error = ApiError(500, "server_error", "compile_failed",
-                                 f"compiling this request's questions failed ({type(exc).__name__}); the server goes "
-                                 "on; the server log has the details under this request id")
+                error = CompileFailed(f"compiling this request's questions failed ({type(exc).__name__}); the server "
+                                      "goes on; the server log has the details under this request id")
             failed: list[_Job] = []
             with self._cond:
                 self._compile_pending.discard(entry.key)
@@ -1003,10 +972,9 @@ def spare_labeler(labeler):
     return twin
 
 
-def _internal(exc: Exception) -> ApiError:
-    return ApiError(500, "server_error", "decode_failed",
-                    f"the decode call holding this request failed ({type(exc).__name__}); the server goes on; "
-                    "the server log has the details under this request id")
+def _internal(exc: Exception) -> DecodeFailed:
+    return DecodeFailed(f"the decode call holding this request failed ({type(exc).__name__}); the server goes on; "
+                        "the server log has the details under this request id")
 
 
 def _count_tokens(labeler, records: Sequence[Record | RecordFailure]) -> int:

@@ -1,14 +1,18 @@
-"""What every wire format shares (``formats/``): the typed request context ``Call`` (the service,
+"""What every wire format shares (``formats/``): the declaration of a format (``WireFormat``: its
+routes and the headers its clients read and send), the typed request context ``Call`` (the service,
 the app's config, the request's ids and arrival; ``submit`` and ``decide`` with the deadline
 counted from the request's arrival and the client-gone check), ``route`` (a format's handler as a
 Starlette route: a crash becomes 500 ``internal_error``, logged without its text), and reading a
 bounded, checked JSON body (``read_json``).
 
-A wire format is one module of ``formats/`` of one shape: ``routes(server) -> list[Route]``, each
-route a ``route(path, handler, method)`` whose handler takes a ``Call``, reads the body into the
-format's typed request (schema and records, or questions and a state, and options), submits it
-through the ``Call``, and renders the typed results (``RecordResult``, ``questions.Answer``) as its
-body. Errors are raised, never rendered (``errors.HANDLERS``).
+A wire format is one module of ``formats/`` of one shape, declared once as its ``FORMAT``
+(a ``WireFormat``): ``routes(server) -> list[Route]``, each route a ``route(path, handler, method)``
+whose handler takes a ``Call``, reads the body into the format's typed request (schema and records,
+or questions and a state, and options), submits it through the ``Call``, and renders the typed
+results (``RecordResult``, ``questions.Answer``) as its body; plus the response header its client
+reads the request id from and the request headers its clients send (``app.create_app`` and the
+middleware read them from the declaration). Errors are raised, never rendered (``errors.HANDLERS``):
+the service's kinds (``service_errors``) are mapped to statuses by ``errors.ANSWERS``.
 """
 
 from __future__ import annotations
@@ -19,20 +23,21 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, TypeAlias
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence, TypeAlias
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import InputError
+from ..results import Record, RecordFailure, RecordResult
+from ..schema.model import Schema
 from . import limits
-from .errors import ApiError, ClientDisconnected, internal_error, log_crash, log_id, printable
+from .errors import ANSWERED, ApiError, ClientDisconnected, internal_error, log_crash, log_id, printable
 from .service import LabelService, SubmitResult
+from .service_errors import RecordFailed
 
 if TYPE_CHECKING:
-    from ..questions import Answer, QuestionSet
-    from ..results import RecordResult
+    from ..questions import Answer, Question, QuestionSet
     from .config import AppConfig
     from .label_studio import LabelStudioBackend
 
@@ -54,6 +59,33 @@ class Server:
     service: LabelService
     config: AppConfig
     label_studio: LabelStudioBackend | None = None
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """One wire format of ``pcd serve``, declared once, as its module's ``FORMAT``, and mounted by
+    ``app.create_app`` from ``app.FORMATS`` (one line there adds a format).
+
+    Attributes:
+        name: the format's name (``pcd``, ``jev``, ``decisions``, ``label_studio``).
+        routes: ``routes(server) -> list[Route]``: its routes over a ``Server``, each made by
+            ``route`` (an empty list: not served, as Label Studio's without ``--label-studio``).
+        request_id_headers: response headers, besides ``x-request-id`` (which every response
+            carries), that its clients read the request id from (``typesafe-sdk``:
+            ``x-typesafe-request-id``): set on every response of its routes, errors and the
+            middleware's refusals included (``middleware.RequestContext``), and exposed to a
+            browser's script (CORS ``expose_headers``).
+        client_headers: request headers its official clients send (lower-case names), which a
+            browser's CORS preflight may ask for (``middleware.Cors``), besides pcd's own
+            (``middleware.CORS_HEADERS``).
+        client_header_prefixes: families of such headers (``x-stainless-``).
+    """
+
+    name: str
+    routes: Callable[[Server], list[Route]]
+    request_id_headers: tuple[str, ...] = ()
+    client_headers: frozenset[str] = frozenset()
+    client_header_prefixes: tuple[str, ...] = ()
 
 
 class Call:
@@ -84,32 +116,33 @@ class Call:
         """The request's JSON body (``read_json`` under ``config.max_body_bytes``)."""
         return await read_json(self.request, self.config.max_body_bytes, text_checked_by_caller=text_checked_by_caller)
 
-    async def submit(self, schema, records) -> SubmitResult:
+    async def submit(self, schema: Schema, records: Sequence[Record | RecordFailure]) -> SubmitResult:
         """``service.submit`` for this request: its log id, the deadline from arrival, the
         client-gone check.
 
         Raises:
-            ApiError: 429 queue full, 503 draining, not ready or past the deadline.
+            Refused: ``QueueFull``, ``Draining``, ``NotReady``, ``DeadlineExceeded`` (``service_errors``).
+            BadRequest, Failure: as ``LabelService.submit``.
             ClientDisconnected: the client left while the request waited.
         """
         return await self.service.submit(schema, records, request_id=self.log_id, deadline=self.deadline,
                                          is_disconnected=self.request.is_disconnected, arrived=self.arrived)
 
-    async def label_one(self, schema, record):
+    async def label_one(self, schema: Schema, record: Record) -> tuple[RecordResult, SubmitResult]:
         """One record through ``submit``; returns ``(RecordResult, SubmitResult)``.
 
         Raises:
-            ApiError: as ``submit``; 422 ``record_failed`` with the decoder's message when the
-                record fails (a text too long for the model with ``--truncate error``, ...).
+            as ``submit``; RecordFailed: with the decoder's message when the record fails (a text
+                too long for the model with ``--truncate error``, ...).
         """
         submitted = await self.submit(schema, [record])
         result = submitted.results[0]
-        if not hasattr(result, "fields"):  # a RecordFailure
-            raise ApiError(422, "invalid_request_error", "record_failed", f"state: {result.error}")
+        if isinstance(result, RecordFailure):
+            raise RecordFailed(f"state: {result.error}")
         return result, submitted
 
-    async def decide(self, questions: list, plan_input: Json, text: str, prompt: str, *,
-                     max_questions: int) -> tuple[list, int, dict]:
+    async def decide(self, questions: list[Question], plan_input: Json, text: str, prompt: str, *,
+                     max_questions: int) -> tuple[list[Answer], int, dict]:
         """Decode a decision request's questions, the one step ``/v1/systemone`` and
         ``/v1/decisions`` share: ``prompt == "isolated"`` (the default) decides each distinct
         question alone about ``plan_input`` (``questions.plan``, then one ``submit`` per unit),
@@ -120,7 +153,7 @@ class Call:
 
         Raises:
             QuestionError: as ``questions.build`` / ``questions.plan`` (413/422 by its code).
-            ApiError: as ``submit``; 422 ``record_failed``.
+            as ``submit``; RecordFailed.
         """
         from .. import questions as Q
 
@@ -132,9 +165,9 @@ class Call:
             if failed is not None:
                 raise failed
             for d in done:
-                bad = next((r for r in d.results if not hasattr(r, "fields")), None)
-                if bad is not None:  # a RecordFailure
-                    raise ApiError(422, "invalid_request_error", "record_failed", f"state: {bad.error}")
+                bad = next((r for r in d.results if isinstance(r, RecordFailure)), None)
+                if bad is not None:
+                    raise RecordFailed(f"state: {bad.error}")
             decoded = Q.decoded(p, done)
             return decoded.answers, decoded.input_tokens, decoded.extras()
         qs = Q.build(questions, max_questions=max_questions)
@@ -160,7 +193,7 @@ def route(server: Server, path: str, handler: Handler, method: str) -> Route:
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(Call(request, server))
-        except (ApiError, InputError, ClientDisconnected, ClientDisconnect):
+        except ANSWERED:
             raise  # answered by errors.HANDLERS
         except Exception as exc:  # noqa: BLE001 - one request's crash never stops the server
             log_crash(log, f"{log_id(request)}: unhandled error", exc)

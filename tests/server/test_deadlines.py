@@ -17,7 +17,8 @@ pytest.importorskip("uvicorn")
 
 from pcd_cli.results import Record  # noqa: E402
 from pcd_cli.server.app import AppConfig  # noqa: E402
-from pcd_cli.server.errors import ApiError  # noqa: E402
+from pcd_cli.server.errors import api_error  # noqa: E402
+from pcd_cli.server.service_errors import DeadlineExceeded  # noqa: E402
 from pcd_cli.job import LabelJob  # noqa: E402
 from pcd_cli.server.service import LabelService, ServiceConfig  # noqa: E402
 from pcd_cli.server.textcheck import compile_cost, estimate_label_tokens  # noqa: E402
@@ -91,12 +92,12 @@ def test_a_request_is_dropped_between_chunks_at_its_deadline():
     assert service.ready.wait(10)
     records = [Record(f"r{i}", f"text {i}") for i in range(48)]
     try:
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(DeadlineExceeded) as caught:
             asyncio.run(service.submit(AIRLINE, records, request_id="long", deadline=time.monotonic() + 0.45))
         time.sleep(0.7)  # a chunk running at the deadline ends; no other may start
     finally:
         service.close()
-    assert caught.value.status == 503 and caught.value.code == "deadline_exceeded"
+    assert api_error(caught.value).status == 503 and caught.value.code == "deadline_exceeded"
     chunks = [call for call in host.calls if call[0][0] != "warm-up"]
     assert len(chunks) == 2 and [len(c) for c in chunks] == [16, 16]
 

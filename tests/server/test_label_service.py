@@ -238,11 +238,13 @@ def test_too_many_queued_records_is_429_and_retry_after_follows_the_rate():
     service = LabelService(FakeHost(), config=ServiceConfig(max_queued_records=10))
     service._queued_records = 8
     service._rate.extend([(20, 1.0), (20, 1.0)])  # 20 records/s
-    from pcd_cli.server.errors import ApiError
+    from pcd_cli.server.errors import api_error
+    from pcd_cli.server.service_errors import QueueFull
 
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(QueueFull) as err:
         service._check_room(45)  # 43 over the limit: 43 / 20 -> 3 s
-    assert err.value.status == 429 and err.value.headers["Retry-After"] == "3"
+    assert err.value.retry_after == 3
+    assert api_error(err.value).status == 429 and api_error(err.value).headers["Retry-After"] == "3"
     service._check_room(2)  # fits
 
 
@@ -334,11 +336,12 @@ def test_a_crashing_batch_fails_its_requests_and_the_server_goes_on():
 def test_schema_that_does_not_compile_is_422():
     bad = parse_schema({"name": "uncompilable", "fields": {"y": {"type": "boolean", "description": "y"}}})
     with serve() as srv:
-        from pcd_cli.server.errors import ApiError
+        from pcd_cli.server.errors import api_error
+        from pcd_cli.server.service_errors import NotCompilable
 
-        with pytest.raises(ApiError) as err:
+        with pytest.raises(NotCompilable) as err:
             asyncio.run(srv.service.submit(bad, [_rec("x")], request_id="r"))
-    assert err.value.status == 422 and "needs a token the model lacks" in err.value.message
+    assert api_error(err.value).status == 422 and "needs a token the model lacks" in err.value.message
 
 
 # -- auth, CORS, probes ----------------------------------------------------------------------------

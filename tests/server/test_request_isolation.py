@@ -20,7 +20,8 @@ pytest.importorskip("uvicorn")
 from pcd_cli.results import Record, RecordFailure  # noqa: E402
 from pcd_cli.schema.load import parse_schema  # noqa: E402
 from pcd_cli.server.errors import error_response  # noqa: E402
-from pcd_cli.server.errors import ApiError, log_crash, printable  # noqa: E402
+from pcd_cli.server.errors import ApiError, api_error, log_crash, printable  # noqa: E402
+from pcd_cli.server.service_errors import DecodeFailed, InvalidText  # noqa: E402
 from pcd_cli.server.wire import check_json, too_deep_at  # noqa: E402
 from pcd_cli.job import LabelJob  # noqa: E402
 from pcd_cli.server.service import LabelService  # noqa: E402
@@ -156,7 +157,7 @@ def test_a_failing_decode_call_is_retried_request_by_request():
     finally:
         service.close()
     assert first.results[0].id == "r0" and third.results[0].id == "r2"
-    assert isinstance(crashed, ApiError) and crashed.status == 500 and crashed.code == "decode_failed"
+    assert isinstance(crashed, DecodeFailed) and api_error(crashed).status == 500 and crashed.code == "decode_failed"
     assert [[rid for rid, _ in call] for call in host.calls[1:]] == [["b"], ["r0", "r1", "r2"], ["r0"], ["r1"], ["r2"]]
 
 
@@ -175,11 +176,11 @@ def test_the_service_refuses_request_built_questions_that_are_not_unicode(change
                                                           "description": "Which colour?"}}})
     schema = dataclasses.replace(good, **change)
     try:
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(InvalidText) as caught:
             asyncio.run(service.submit(schema, [Record("r", "text")], request_id="x"))
     finally:
         service.close()
-    assert caught.value.status == 422 and caught.value.code == code
+    assert api_error(caught.value).status == 422 and caught.value.code == code
     assert fragment in caught.value.message
     assert host.compiled == ["airline_sentiment"]  # the startup schema only
 

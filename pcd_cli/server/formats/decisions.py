@@ -38,10 +38,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ... import questions as Q
-from ..wire import Call, Json, Server, answer_extras, extras_flag, route
+from ..wire import Call, Json, Server, WireFormat, answer_extras, extras_flag, route
 
-#: The response header the ``openai`` client reads as the request id.
-REQUEST_ID_HEADER = "x-request-id"
 ROLES = ("user", "developer", "system", "assistant")
 PART_TEXT = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 #: Parts each role's content may hold (``decision_create_params``).
@@ -277,3 +275,10 @@ def routes(server: Server) -> list[Route]:
         return JSONResponse(out)
 
     return [route(server, "/v1/decisions", decisions, "POST")]
+
+
+#: The OpenAI Decisions format: its route (the ``openai`` client reads the request id under
+#: ``x-request-id``, which every response carries) and the headers the ``openai`` SDK sends.
+FORMAT = WireFormat("decisions", routes,
+                    client_headers=frozenset({"idempotency-key", "openai-organization", "openai-project", "openai-beta"}),
+                    client_header_prefixes=("x-stainless-",))

@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ... import questions as Q
-from ..wire import Call, Json, Server, answer_extras, extras_flag, route
+from ..wire import Call, Json, Server, WireFormat, answer_extras, extras_flag, route
 
 #: The response header that carries the request id (``typesafe_sdk._core.constants.REQUEST_ID_HEADER``).
 REQUEST_ID_HEADER = "x-typesafe-request-id"
@@ -216,3 +216,9 @@ def routes(server: Server) -> list[Route]:
             "release_date": loaded}]})
 
     return [route(server, "/v1/systemone", systemone, "POST"), route(server, "/v1/models", models, "GET")]
+
+
+#: The Jev format: its routes, the request id also under ``x-typesafe-request-id`` (what
+#: ``typesafe-sdk`` reads), and the ``x-typesafe-*`` headers the client sends (``X-TypeSafe-SDK``, ...).
+FORMAT = WireFormat("jev", routes, request_id_headers=(REQUEST_ID_HEADER,),
+                    client_headers=frozenset({REQUEST_ID_HEADER}), client_header_prefixes=("x-typesafe-",))

@@ -24,8 +24,8 @@ from ...schema.model import Field, Schema
 from ..errors import ApiError, json_response
 from ..label_studio import (ANNOTATION_ACTIONS, DELETE_ACTIONS, ConfigMapping, LabelStudioBackend, map_config,
                             project_id)
-from ..service import DeadlineExceeded
-from ..wire import Call, Server, route
+from ..service_errors import DeadlineExceeded
+from ..wire import Call, Server, WireFormat, route
 
 
 def _invalid(message: str, code: str = "invalid_request") -> ApiError:
@@ -214,3 +214,7 @@ def routes(server: Server) -> list[Route]:
     return [route(server, "/setup", setup, "POST"), route(server, "/predict", predict, "POST"),
             route(server, "/webhook", webhook, "POST"), route(server, "/train", train, "POST"),
             route(server, "/versions", versions, "GET")]
+
+
+#: The Label Studio ML backend's format (mounted only with ``--label-studio``).
+FORMAT = WireFormat("label_studio", routes)

@@ -25,7 +25,7 @@ from ...results import Record, RecordFailure, RecordResult
 from ...schema.model import Schema
 from ..errors import ApiError, json_response
 from ..service import SubmitResult
-from ..wire import Call, Server, route
+from ..wire import Call, Server, WireFormat, route
 
 #: The keys of a ``/v1/label`` body.
 KEYS = ("schema", "records", "all_probs")
@@ -137,3 +137,7 @@ async def schemas(call: Call) -> Response:
 def routes(server: Server) -> list[Route]:
     """``POST /v1/label`` and ``GET /v1/schemas``."""
     return [route(server, "/v1/label", label, "POST"), route(server, "/v1/schemas", schemas, "GET")]
+
+
+#: pcd's own format: its routes; the request id under ``x-request-id`` only.
+FORMAT = WireFormat("pcd", routes)
