@@ -132,8 +132,9 @@ class Call:
         """One record through ``submit``; returns ``(RecordResult, SubmitResult)``.
 
         Raises:
-            as ``submit``; RecordFailed: with the decoder's message when the record fails (a text
-                too long for the model with ``--truncate error``, ...).
+            Refused, BadRequest, Failure, ClientDisconnected: as ``submit``.
+            RecordFailed: with the decoder's message when the record fails (a text too long for
+                the model with ``--truncate error``, ...).
         """
         submitted = await self.submit(schema, [record])
         result = submitted.results[0]
@@ -153,7 +154,8 @@ class Call:
 
         Raises:
             QuestionError: as ``questions.build`` / ``questions.plan`` (413/422 by its code).
-            as ``submit``; RecordFailed.
+            Refused, BadRequest, Failure, ClientDisconnected: as ``submit``; RecordFailed: as
+                ``label_one``.
         """
         from .. import questions as Q
 
