@@ -390,7 +390,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                                   trace=trace_path is not None, reuse=[s.path for s in reuse or ()],
                                   dedup_keys=dedup_keys)
     parts = labeler.job_parts()
-    index = ReuseIndex(reuse, parts, arrow_schema, on_event=on_event, fields=labeler.per_field_names()) if reuse else None
+    index = (ReuseIndex(reuse, parts, arrow_schema, on_event=on_event, fields=labeler.per_field_names(),
+                        schema=labeler.schema) if reuse else None)
     rows = ReusingLabeler(labeler, arrow_schema, index, dedup_keys, group_size=chunk_records)
     stats = RunStats(labeler.schema, min_mass=min_mass)
     id_name = arrow_schema.names[0]

@@ -214,7 +214,7 @@ class LabelWorker:
         self.reuse_events: list = []
         self.index = ReuseIndex(reuse, self.labeler.job_parts(), self.arrow_schema,
                                 on_event=lambda *event: self.reuse_events.append(event),
-                                fields=self.labeler.per_field_names()) if reuse else None
+                                fields=self.labeler.per_field_names(), schema=self.labeler.schema) if reuse else None
         self.copies = copies or {}
 
     def _maybe_exit(self) -> None:

@@ -85,11 +85,211 @@ def keyed_metadata(parts: dict, reused: Sequence[dict] = ()) -> dict[str, str]:
             REUSED_KEY: json.dumps(list(reused), ensure_ascii=False)}
 
 
+# -- what an earlier row may hold -------------------------------------------------------------------
+#: How far a row's ``<f>__prob`` may lie from what its own ``<f>__probs`` give (float32 both: the
+#: chosen label's entry, or a multi field's product of P(yes)/P(no) over its options), relative.
+#: A label edited to another label of the schema moves it by far more (``row_problems``).
+PROB_TOLERANCE = 1e-3
+#: Rows of a refused kind a warning names by id (``ReuseIndex``); the count says the rest.
+NAMED_ROWS = 5
+_KEY_PATTERN = "^[0-9a-f]{64}$"
+
+
+def _np(array) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False))
+
+
+def _floats(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(values as float64 with nulls as nan, null mask)``."""
+    nulls = _np(array.is_null())
+    return np.asarray(array.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64), nulls
+
+
+class _Checks:
+    """Rows found wrong, each with the first check it failed (``row_problems``)."""
+
+    def __init__(self, rows: int):
+        self.bad = np.zeros(rows, dtype=bool)
+        self.code = np.full(rows, -1, dtype=np.int64)
+        self.said: list[tuple[str | None, str]] = []  # (column whose cell is quoted, what is wrong)
+
+    def fail(self, mask: np.ndarray, column: str | None, what: str) -> None:
+        new = np.asarray(mask, dtype=bool) & ~self.bad
+        if new.any():
+            self.code[new] = len(self.said)
+            self.said.append((column, what))
+            self.bad |= new
+
+
+def _labels_in(checks: _Checks, array: pa.Array, labels, column: str, what: str) -> np.ndarray:
+    """Fail the rows whose non-null cell is not one of ``labels``; the rows' label index (-1: none)."""
+    index = _np(pa.compute.index_in(array, value_set=pa.array(list(labels), array.type)).fill_null(-1))
+    checks.fail((index < 0) & ~_np(array.is_null()), column, what)
+    return index
+
+
+def _map_cells(checks: _Checks, array: pa.Array, keys: Sequence[str], column: str) -> np.ndarray:
+    """Check a ``<f>__probs`` column (a map label -> probability): no null, the field's labels in
+    order, each a probability. Returns its values as a (rows, labels) float64 array (nan where
+    the row failed)."""
+    n, k = len(array), len(keys)
+    out = np.full((n, k), np.nan)
+    nulls = _np(array.is_null())
+    checks.fail(nulls, None, f"{column!r} is empty")
+    lengths = np.diff(array.offsets.to_numpy())
+    whole = (lengths == k) & ~nulls
+    checks.fail(~whole & ~nulls, None, f"{column!r} does not hold one probability per label")
+    if not whole.any():
+        return out
+    rows = pa.array(np.flatnonzero(whole))
+    taken = pa.concat_arrays([array.take(rows)])  # a fresh array: its keys and items are those rows' alone
+    got_keys = _np(taken.keys).reshape(-1, k)
+    values, vnull = _floats(taken.items)
+    values, vnull = values.reshape(-1, k), vnull.reshape(-1, k)
+    wrong_keys = (got_keys != np.array(list(keys), dtype=object)).any(axis=1)
+    wrong_values = (vnull | ~np.isfinite(values) | (values < 0) | (values > 1 + 1e-6)).any(axis=1)
+    where = np.flatnonzero(whole)
+    checks.fail(np.isin(np.arange(n), where[wrong_keys]), None, f"{column!r} names other labels than the field's")
+    checks.fail(np.isin(np.arange(n), where[wrong_values]), None, f"{column!r} holds a value that is not a probability")
+    out[where] = values
+    return out
+
+
+def row_problems(table: pa.Table, schema, names: Sequence[str] | None = None
+                 ) -> tuple[np.ndarray, Callable[[int], str]]:
+    """Check every row of an earlier output (its columns already of this run's types) against
+    what pcd writes for ``schema`` (``pcd_cli.io.output.output_columns``), for the declared
+    fields ``names`` (default: all) and the columns of the whole record the table holds: the
+    content key (64 hex digits), ``__truncated``, ``__joint_prob``.
+
+    A cell is wrong where pcd never writes it so: a label that is not one of the field's (a
+    null where the field is not nullable and did not abstain), a multi field's options not the
+    field's, repeated or out of option order, a probability, mass or expected value that is
+    null, not finite or out of its range, a ``<f>__probs`` map without exactly the field's labels,
+    a flag (``__abstained``, ``__changed_by_rules``, ``__truncated``) null; and, where the row
+    holds ``<f>__probs``, a ``<f>__prob`` that is not what they give for the written label
+    (within ``PROB_TOLERANCE``): a label edited to another of the schema's labels. Without
+    ``<f>__probs`` (no ``--all-probs``) such an edit cannot be seen.
+
+    Returns:
+        ``(bad, why)``: a bool array (rows,) true for a wrong row, and ``why(row)``: a wrong
+        row's first problem found, as text naming the column and quoting the cell.
+    """
+    from ..schema.model import (ABSTAINED_SUFFIX, CHANGED_SUFFIX, EXPECTED_SUFFIX, JOINT_COLUMN, MASS_SUFFIX,
+                                NULL_LABEL, ORDER_SPREAD_SUFFIX, PROB_SUFFIX, PROBS_SUFFIX, RAW_PROB_SUFFIX,
+                                SET_SUFFIX, TRUNCATED_COLUMN)
+
+    n = table.num_rows
+    checks = _Checks(n)
+    has = set(table.column_names)
+
+    def col(name: str) -> pa.Array:
+        return table.column(name).combine_chunks()
+
+    def probability(name: str, *, null_ok: bool = False, top: float = 1 + 1e-4) -> None:
+        if name not in has:
+            return
+        values, nulls = _floats(col(name))
+        if not null_ok:
+            checks.fail(nulls, name, f"{name!r} is empty")
+        checks.fail(~nulls & ~((values >= 0) & (values <= top)), name, f"{name!r} is not a probability")
+
+    def flag(name: str) -> None:
+        if name in has:
+            checks.fail(_np(col(name).is_null()), name, f"{name!r} is empty")
+
+    if INPUT_KEY_COLUMN in has:
+        keys = col(INPUT_KEY_COLUMN)
+        ok = _np(pa.compute.match_substring_regex(keys, _KEY_PATTERN).fill_null(False))
+        checks.fail(~ok, INPUT_KEY_COLUMN, f"{INPUT_KEY_COLUMN!r} is not a SHA-256 (64 hex digits)")
+    wanted = None if names is None else set(names)
+    for f in schema.declared:
+        if wanted is not None and f.name not in wanted or f.name not in has:
+            continue
+        c = f.name
+        value = col(c)
+        prob, probs_col = c + PROB_SUFFIX, c + PROBS_SUFFIX
+        probability(prob)
+        probability(c + MASS_SUFFIX)
+        probability(c + RAW_PROB_SUFFIX)
+        probability(c + ORDER_SPREAD_SUFFIX, null_ok=True)
+        for name in (c + ABSTAINED_SUFFIX, c + CHANGED_SUFFIX):
+            flag(name)
+        probs = _map_cells(checks, col(probs_col), f.labels, probs_col) if probs_col in has else None
+        if f.is_multi:
+            nulls = _np(value.is_null())
+            checks.fail(nulls, c, f"{c!r} is empty (a multi field writes a list, [] for none)")
+            flat = pa.compute.list_flatten(value)
+            index = _np(pa.compute.index_in(flat, value_set=pa.array(list(f.labels), flat.type)).fill_null(-1))
+            parents = _np(pa.compute.list_parent_indices(value)) if len(flat) else np.zeros(0, dtype=np.int64)
+            wrong = np.zeros(n, dtype=bool)
+            wrong[parents[index < 0]] = True
+            checks.fail(wrong, c, f"{c!r} holds an option that is not one of the field's ({' | '.join(f.labels)})")
+            same_row = parents[1:] == parents[:-1]
+            unordered = np.zeros(n, dtype=bool)
+            unordered[parents[1:][same_row & (index[1:] <= index[:-1])]] = True
+            checks.fail(unordered, c, f"{c!r} repeats an option or lists them out of the field's order")
+            if probs is not None and prob in has:
+                chosen = np.zeros((n, len(f.labels)), dtype=bool)
+                good = index >= 0
+                chosen[parents[good], index[good]] = True
+                expect = np.where(chosen, probs, 1 - probs).prod(axis=1)
+                got, _ = _floats(col(prob))
+                off = ~np.isclose(got, expect, rtol=PROB_TOLERANCE, atol=1e-6) & np.isfinite(expect)
+                checks.fail(off, c, f"{prob!r} is not the probability its {probs_col!r} give the options chosen: "
+                                    "a hand-edited value")
+            continue
+        nulls = _np(value.is_null())
+        abstained = (_np(col(c + ABSTAINED_SUFFIX).fill_null(False)) if c + ABSTAINED_SUFFIX in has
+                     else np.zeros(n, dtype=bool))
+        checks.fail(nulls & ~abstained & ~np.bool_(f.nullable), c, f"{c!r} is empty (the field is not nullable)")
+        checks.fail(abstained & ~nulls, c, f"{c!r} holds a label although {c + ABSTAINED_SUFFIX!r} says it abstained")
+        labels = [f.value(i) for i in range(len(f.labels)) if not f.is_null(i)]
+        shown = " | ".join(map(str, labels))
+        index = _labels_in(checks, value, labels, c, f"{c!r} is not one of the field's labels ({shown})")
+        if probs is not None and prob in has:
+            label = np.where(nulls & ~abstained & np.bool_(f.nullable), len(f.labels) - 1,
+                             np.array([i for i in range(len(f.labels)) if not f.is_null(i)] + [-1])[index])
+            expect = np.full(n, np.nan)
+            known = (label >= 0) & ~abstained
+            expect[known] = probs[np.flatnonzero(known), label[known]]
+            got, _ = _floats(col(prob))
+            off = known & np.isfinite(expect) & ~np.isclose(got, expect, rtol=PROB_TOLERANCE, atol=1e-6)
+            checks.fail(off, c, f"{prob!r} is not what {probs_col!r} give the written label: a label edited by hand")
+        if c + EXPECTED_SUFFIX in has:
+            scale = [v for _, v in f.scale_values()]
+            values, _ = _floats(col(c + EXPECTED_SUFFIX))
+            checks.fail(np.isfinite(values) & ((values < min(scale) - 1e-4) | (values > max(scale) + 1e-4))
+                        | np.isinf(values), c + EXPECTED_SUFFIX, f"{c + EXPECTED_SUFFIX!r} lies off the field's scale")
+        if c + SET_SUFFIX in has:
+            sets = col(c + SET_SUFFIX)
+            flat = pa.compute.list_flatten(sets)
+            if len(flat):
+                index = _np(pa.compute.index_in(flat, value_set=pa.array(list(f.labels), flat.type)).fill_null(-1))
+                wrong = np.zeros(n, dtype=bool)
+                wrong[_np(pa.compute.list_parent_indices(sets))[index < 0]] = True
+                checks.fail(wrong, c + SET_SUFFIX, f"{c + SET_SUFFIX!r} holds a label that is not the field's")
+    flag(TRUNCATED_COLUMN)
+    probability(JOINT_COLUMN)
+
+    def why(row: int) -> str:
+        column, what = checks.said[checks.code[row]]
+        return what if column is None else f"{what}: {_cell(table.column(column)[int(row)].as_py())}"
+
+    return checks.bad, why
+
+
+def _cell(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 # -- the earlier outputs ------------------------------------------------------------------------------
 @dataclass
 class ReuseSource:
-    """One earlier output file named by ``--reuse``: its path, job fingerprint and the columns
-    (all but the id) of its rows. ``option`` is the ``--reuse`` value it came from."""
+    """One earlier output file named by ``--reuse``: its path, job fingerprint and its rows (every
+    column, in the file's order: ``ReuseIndex`` takes the ones it needs by name). ``option`` is the
+    ``--reuse`` value it came from."""
 
     option: str
     path: str
@@ -122,11 +322,109 @@ def read_source(option: str, path: str, *, filesystem=None, name: str | None = N
         raise InputError(f"{named}: written by pcd {meta['pcd.version']} before outputs recorded what --reuse "
                          f"needs ({INPUT_KEY_COLUMN}, {JOB_PARTS_KEY}): nothing can be reused from it; label it "
                          "once more without --reuse")
-    try:
-        table = pq.read_table(path, columns=schema.names[1:], filesystem=filesystem)
+    try:  # every column, whatever their order (the id too: warnings name rows by it)
+        table = pq.read_table(path, filesystem=filesystem)
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"{named}: cannot be read ({str(exc).splitlines()[0]})") from None
     return ReuseSource(option, name, json.loads(meta.get(JOB_PARTS_KEY, "{}")), table)
+
+
+def _conformed(table: pa.Table, wanted: pa.Schema) -> tuple[pa.Table, str | None]:
+    """``table`` (an earlier output's columns, any order) with ``wanted``'s columns cast to its
+    types where another tool changed one (``float``, ``large_string``, dictionary-encoded labels:
+    cast without loss, values then checked as any: ``row_problems``); the other columns as they
+    are. ``(table, None)``, or ``(table, why)`` naming the first column missing or of a type
+    that does not cast to the one pcd writes."""
+    for field in wanted:
+        if field.name not in table.column_names:
+            return table, f"written without the column {field.name!r} this run writes (e.g. --all-probs)"
+        column = table.column(field.name)
+        if column.type == field.type:
+            continue
+        try:
+            cast = column.cast(field.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return table, (f"its column {field.name!r} is {column.type}, not the {field.type} pcd writes (rewritten by "
+                           "another tool?)")
+        table = table.set_column(table.schema.get_field_index(field.name), field.name, cast)
+    return table, None
+
+
+def _row_namer(src: ReuseSource, arrow_schema: pa.Schema) -> Callable[[int], str]:
+    """How a warning names row ``i`` of ``src``: by its id (``id 't3'``) where the id column is
+    known (this run's id column, or the one column of ``src`` that is none of this run's columns
+    nor a field's output column), else ``row i`` (from 0)."""
+    from ..schema.model import JOINT_COLUMN, OUTPUT_SUFFIXES
+
+    ours = set(arrow_schema.names)
+    names = src.table.column_names
+    column = arrow_schema.names[0] if arrow_schema.names[0] in names else None
+    if column is None:
+        others = [c for c in names if c not in ours and c != JOINT_COLUMN and not c.endswith(OUTPUT_SUFFIXES)]
+        column = others[0] if len(others) == 1 else None
+    if column is None:
+        return lambda i: f"row {i}"
+    ids = src.table.column(column)
+    return lambda i: f"{column} {_cell(ids[i].as_py())}"
+
+
+def _checked(table: pa.Table, schema, names: Sequence[str] | None, named: Callable[[int], str], tally: list
+             ) -> pa.Table:
+    """``table``'s rows pcd could have written (``row_problems`` for the fields ``names``, all
+    when ``None``; no key held twice with other labels: ``_disagreeing``); ``table`` holds
+    ``__row``, each row's place in its file. Adds the rows left out to ``tally`` ``[count,
+    named examples]``: the first ``NAMED_ROWS`` named by ``named`` with the problem."""
+    bad, why = row_problems(table, schema, names)
+    keys = table.column(INPUT_KEY_COLUMN).combine_chunks()
+    edited = np.zeros(table.num_rows, dtype=bool)
+    for rows in _disagreeing(keys, table.select(_label_columns(table.schema, schema, names))):
+        edited[rows] = True
+    edited &= ~bad
+    if not (bad.any() or edited.any()):
+        return table
+    places = table.column("__row").to_numpy()
+    for row in np.flatnonzero(bad | edited):
+        tally[0] += 1
+        if len(tally[1]) < NAMED_ROWS:
+            what = why(int(row)) if bad[row] else (f"its {INPUT_KEY_COLUMN!r} is held by another row of the file with "
+                                                   "other labels: an edited key")
+            tally[1].append(f"{named(int(places[row]))}: {what}")
+    return table.filter(pa.array(~(bad | edited)))
+
+
+def _label_columns(arrow_schema: pa.Schema, schema, names: Sequence[str] | None) -> list[str]:
+    """The columns of ``arrow_schema`` that hold a decision of the fields ``names`` (all when
+    ``None``): each field's value, ``__set``, ``__abstained`` and ``__changed_by_rules``. Two rows
+    of one text whose probabilities differ within the packing bound agree; these must be equal."""
+    from ..schema.model import ABSTAINED_SUFFIX, CHANGED_SUFFIX, SET_SUFFIX
+
+    wanted = None if names is None else set(names)
+    return [c for f in schema.declared if wanted is None or f.name in wanted
+            for c in (f.name, f.name + SET_SUFFIX, f.name + ABSTAINED_SUFFIX, f.name + CHANGED_SUFFIX)
+            if c in arrow_schema.names]
+
+
+def _disagreeing(keys: pa.Array, labels: pa.Table) -> list[np.ndarray]:
+    """The rows (ascending, one array per key) of each content key held by several rows whose
+    ``labels`` (``_label_columns``) are not all equal; keys held once or with equal labels are
+    left out. Cost: one group-by over the keys, then the repeated keys' labels as Python values."""
+    if len(keys) < 2:
+        return []
+    grouped = pa.table({"k": keys, "i": pa.array(np.arange(len(keys), dtype=np.int64))}).group_by(
+        "k", use_threads=False).aggregate([("i", "list")]).column("i_list").combine_chunks()
+    repeated = grouped.filter(pa.array(_np(pa.compute.list_value_length(grouped)) > 1))
+    if not len(repeated) or not labels.num_columns:
+        return []
+    groups = [np.sort(np.asarray(rows, dtype=np.int64)) for rows in repeated.to_pylist()]
+    flat = np.concatenate(groups)
+    values = labels.take(pa.array(flat)).to_pylist()
+    out, at = [], 0
+    for rows in groups:
+        mine = values[at:at + len(rows)]
+        at += len(rows)
+        if any(v != mine[0] for v in mine[1:]):
+            out.append(rows)
+    return out
 
 
 def read_sources(options: Sequence[str]) -> list[ReuseSource]:
@@ -203,38 +501,49 @@ class ReuseIndex:
         sources: the read ``--reuse`` files (``read_sources``).
         parts: this run's ``job_parts``.
         arrow_schema: this run's output columns (``keyed_schema``); a source must hold every one
-            of them but the id (with the same type) to be used.
+            of them but the id, by name in any order, of the same type or one that casts to it
+            without loss, to be used.
+        schema: this run's ``Schema``: every row lent is checked against it (``row_problems``).
         on_event: told ``reuse`` once per ``--reuse`` value (``message``: what was found, or
-            why nothing is reused from it).
+            why nothing is reused from it), once per value holding rows pcd would not write
+            (``refused_rows``: decoded again, the first ``NAMED_ROWS`` named), and once when two
+            values label a text differently (``disagreements``).
         fields: this run's declared field names (schema order), given when its fields are
             decided alone (``per_field``): a source of a job that differs in some fields only
             lends the others (``fields_reuse``: ``FieldsReuse`` groups).
+
+    Rows that are not what pcd writes (a label outside the schema, a probability edited to junk
+    or to a value its ``__probs`` contradict, a key that is no SHA-256, or one repeated in the same
+    file with other labels: an edited key) are never lent: their texts are decoded again. Two
+    sources that hold a text with different labels: the first given (``--reuse`` order, then
+    the files of a folder or glob in name order) wins, and the warning names the texts.
 
     Memory: the matching sources' columns (decompressed Arrow) plus 16 bytes per row for the
     sorted key index (``_KeyIndex``). On repeated keys the first row (in ``--reuse`` order) wins.
     """
 
     def __init__(self, sources: Sequence[ReuseSource], parts: dict, arrow_schema: pa.Schema,
-                 on_event: Callable | None = None, fields: Sequence[str] = ()):
+                 on_event: Callable | None = None, fields: Sequence[str] = (), *, schema):
         emit = on_event or (lambda *_a: None)
         self.columns = arrow_schema.names[1:]
         wanted = pa.schema([arrow_schema.field(n) for n in self.columns])
-        tables, self.paths = [], []
+        tables, self.paths, names_of = [], [], []
         refused: dict[str, str] = {}
         used: dict[str, int] = {}
         lent: dict[tuple[str, ...], list[tuple[ReuseSource, pa.Table]]] = {}
         said: dict[str, tuple[tuple[str, ...], int]] = {}
+        wrong: dict[str, list] = {}  # option -> [rows refused, named examples]
         for src in sources:
             why = "it holds no rows" if not src.table.num_rows else first_difference(src.parts, parts)
+            table = src.table
             if why is None:
-                missing = [n for n in self.columns if n not in src.table.column_names
-                           or src.table.schema.field(n).type != wanted.field(n).type]
-                if missing:
-                    why = f"written without the column {missing[0]!r} this run writes (e.g. --all-probs)"
+                table, why = _conformed(src.table, wanted)
             if why is not None:
                 part = self._fields_part(src, parts, arrow_schema, fields) if src.table.num_rows else None
                 if part is not None:
-                    names, table = part
+                    names, table, named = part
+                    table = _checked(table, schema, names, named, wrong.setdefault(src.option, [0, []]))
+                    table = table.drop_columns(["__row"])
                     lent.setdefault(names, []).append((src, table))
                     said[src.option] = (names, said.get(src.option, (names, 0))[1] + table.num_rows)
                 elif FIELDS_PART in src.parts and FIELDS_PART in parts:  # name what rules out per-field reuse too
@@ -242,9 +551,18 @@ class ReuseIndex:
                                              for p in (src.parts, parts))) or why
                 refused.setdefault(src.option, why)
                 continue
-            tables.append(src.table.select(self.columns).cast(wanted))
+            named = _row_namer(src, arrow_schema)
+            keep = _checked(table.select(self.columns).append_column("__row", pa.array(np.arange(table.num_rows))),
+                            schema, None, named, wrong.setdefault(src.option, [0, []]))
+            names_of.append((src, named, keep.column("__row").to_numpy()))
+            tables.append(keep.drop_columns(["__row"]))
             self.paths.append(src.path)
-            used[src.option] = used.get(src.option, 0) + src.table.num_rows
+            used[src.option] = used.get(src.option, 0) + keep.num_rows
+        for option, (count, examples) in wrong.items():
+            if count:
+                emit("reuse", {"message": f"--reuse {option}: {count} row{'s' if count > 1 else ''} not as pcd writes "
+                               f"them, decoded again ({'; '.join(examples)}{'; ...' if count > len(examples) else ''})",
+                               "path": option, "refused_rows": count, "examples": examples}, "warning")
         for option, why in refused.items():
             if option in used:
                 continue
@@ -269,6 +587,7 @@ class ReuseIndex:
         self.rows_from = np.cumsum([0] + [t.num_rows for t in tables])
         keys = self.table.column(INPUT_KEY_COLUMN).combine_chunks() if self.table.num_rows else pa.array([], pa.string())
         self._index = _KeyIndex(keys)
+        self._say_disagreements(emit, keys, schema, names_of)
         #: the earlier rows that lend some fields only, one group per set of fields lent
         self.fields_reuse: list[FieldsReuse] = []
         for names, found in lent.items():
@@ -282,11 +601,36 @@ class ReuseIndex:
         #: rows whose fields were copied in part, per source path (for ``pcd.reused``)
         self.copied_fields: dict[str, tuple[tuple[str, ...], int]] = {}
 
+    def _say_disagreements(self, emit: Callable, keys: pa.Array, schema, names_of: list) -> None:
+        """Warn once when two sources hold a text with different labels (``_disagreeing``): how
+        many texts, the first ``NAMED_ROWS`` by each source's row, and that the first given wins."""
+        groups = _disagreeing(keys, self.table.select(_label_columns(self.table.schema, schema, None)))
+        if not groups:
+            return
+        where = lambda row: int(np.searchsorted(self.rows_from, row, side="right") - 1)  # noqa: E731
+        examples, pairs = [], {}
+        for rows in groups:
+            first = where(rows[0])
+            row = next((r for r in rows[1:] if where(r) != first), rows[1])
+            other = where(row)
+            pairs[(first, other)] = pairs.get((first, other), 0) + 1
+            if len(examples) < NAMED_ROWS:
+                (a, name_a, rows_a), (b, name_b, rows_b) = names_of[first], names_of[other]
+                examples.append(f"{name_a(int(rows_a[rows[0] - self.rows_from[first]]))} of {a.path} vs "
+                                f"{name_b(int(rows_b[row - self.rows_from[other]]))} of {b.path}")
+        (first, other), _ = max(pairs.items(), key=lambda kv: kv[1])
+        emit("reuse", {"message": f"--reuse: {len(groups)} text{'s' if len(groups) > 1 else ''} labelled differently "
+                       f"by two earlier outputs (e.g. {self.paths[first]} and {self.paths[other]}): the first given "
+                       f"wins ({'; '.join(examples)}{'; ...' if len(groups) > len(examples) else ''})",
+                       "disagreements": len(groups), "examples": examples,
+                       "paths": sorted({self.paths[i] for pair in pairs for i in pair})}, "warning")
+
     @staticmethod
     def _fields_part(src: ReuseSource, parts: dict, arrow_schema: pa.Schema, fields: Sequence[str]
-                     ) -> tuple[tuple[str, ...], pa.Table] | None:
+                     ) -> tuple[tuple[str, ...], pa.Table, Callable[[int], str]] | None:
         """What ``src`` lends field by field (``reusable_fields``): the fields and their columns
-        (with ``__truncated`` and the key) of its untruncated rows; ``None`` when nothing."""
+        (with ``__truncated``, the key and ``__row``, the row in ``src``) of its untruncated rows,
+        and how a warning names a row of ``src`` (``_row_namer``); ``None`` when nothing."""
         if not fields:
             return None
         from ..schema.model import TRUNCATED_COLUMN
@@ -296,12 +640,12 @@ class ReuseIndex:
         if not names:
             return None
         columns = columns_of(arrow_schema, names) + [TRUNCATED_COLUMN, INPUT_KEY_COLUMN]
-        if any(c not in src.table.column_names or src.table.schema.field(c).type != arrow_schema.field(c).type
-               for c in columns):
+        table, problem = _conformed(src.table, pa.schema([arrow_schema.field(c) for c in columns]))
+        if problem is not None:
             return None
-        table = src.table.select(columns)
+        table = table.select(columns).append_column("__row", pa.array(np.arange(src.table.num_rows)))
         table = table.filter(pa.compute.invert(pa.compute.fill_null(table.column(TRUNCATED_COLUMN), True)))
-        return names, table
+        return names, table, _row_namer(src, arrow_schema)
 
     def __len__(self) -> int:
         return self.table.num_rows
