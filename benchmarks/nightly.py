@@ -130,8 +130,8 @@ def bookkeeping(path: str, texts: list[str], labeler) -> dict:
     sources = read_sources([path])
     t1 = time.perf_counter()
     table = sources[0].table
-    arrow_schema = pa.schema([pa.field("id", pa.string())] + list(table.schema))
-    index = ReuseIndex(sources, sources[0].parts, arrow_schema)
+    arrow_schema = pa.schema(list(table.schema))  # as pcd wrote it: the id first, the key last
+    index = ReuseIndex(sources, sources[0].parts, arrow_schema, schema=labeler.schema)
     t2 = time.perf_counter()
     keys = [input_key(t) for t in texts]
     t3 = time.perf_counter()

@@ -504,6 +504,105 @@ def load_config(model: str | None = None):
         return None
 
 
+#: safetensors' names of the floating dtypes ``weights_in_dtype`` converts, and each torch dtype's.
+_SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_SAFETENSORS_NAME = {v: k for k, v in _SAFETENSORS_FLOATS.items()}
+
+
+def _safetensors_header(path: Path) -> tuple[dict, int]:
+    """A ``.safetensors`` file's header (JSON: per tensor ``dtype``, ``shape``, ``data_offsets``
+    relative to the data) and where its data starts, read without mapping the file."""
+    with path.open("rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        return json.loads(fh.read(size)), 8 + size
+
+
+def weights_in_dtype(source: str, dtype: torch.dtype) -> str:
+    """The folder to load ``source``'s weights from in ``dtype``: ``source`` itself, unless it is
+    a local folder whose ``*.safetensors`` hold floating tensors of another dtype (the embedded
+    model's converted folder holds float32). Then a copy converted once to ``dtype`` under
+    ``cache_dir()/models/.dtype/`` (its other files linked to the originals), so that loading it
+    in half precision maps only half-precision weights: transformers loading float32 files into
+    a bfloat16 model holds both (issue 51: 1,352 MB peak RSS in bfloat16 against 1,190 MB in
+    float32 on 12 records; ``benchmarks/dtype_memory.py``).
+
+    The copy is written one tensor at a time, read with plain reads (no memory map), so writing
+    it holds one float32 tensor at most; values are ``Tensor.to(dtype)``'s, what transformers
+    does on load, so labels are the same bit for bit. It is named by the folder's path and its
+    weight files' names, sizes and modification times: files changed in place make a new copy
+    (the old one is left; delete ``~/.cache/pcd/models/.dtype`` to reclaim it). Written into a
+    temporary folder renamed when complete; ``*.bin`` weights and hub ids load as they are.
+    """
+    folder = Path(source)
+    if not folder.is_dir():
+        return source
+    files = sorted(folder.glob("*.safetensors"))
+    if not files or any(folder.glob("*.bin")):
+        return source
+    wanted = _SAFETENSORS_NAME.get(dtype)
+    if wanted is None or not any(info.get("dtype") in _SAFETENSORS_FLOATS and info["dtype"] != wanted
+                                 for f in files for name, info in _safetensors_header(f)[0].items()
+                                 if name != "__metadata__"):
+        return source
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for f in files:
+        stat = f.stat()
+        digest.update(f"\0{f.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    target = cache_dir() / "models" / ".dtype" / f"{folder.name}-{digest.hexdigest()[:16]}-{wanted.lower()}"
+    if (target / "config.json").exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        for item in folder.iterdir():
+            if item.suffix != ".safetensors" and item.is_file():
+                os.symlink(item.resolve(), tmp / item.name)
+        for f in files:
+            _convert_safetensors(f, tmp / f.name, dtype)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(target)
+
+
+def _convert_safetensors(src: Path, dst: Path, dtype: torch.dtype) -> None:
+    """Write ``src`` (a ``.safetensors`` file) to ``dst`` with its floating tensors in ``dtype``,
+    one tensor at a time (format: 8-byte little-endian header size, the JSON header padded with
+    spaces to 8 bytes, the tensors' bytes in header order; huggingface/safetensors README)."""
+    header, start = _safetensors_header(src)
+    meta = header.pop("__metadata__", None)
+    order = sorted(header, key=lambda name: header[name]["data_offsets"][0])
+    out, offset = {}, 0
+    for name in order:
+        info = header[name]
+        kind = _SAFETENSORS_NAME[dtype] if info["dtype"] in _SAFETENSORS_FLOATS else info["dtype"]
+        count = int(np.prod(info["shape"], dtype=np.int64)) if info["shape"] else 1
+        size = (info["data_offsets"][1] - info["data_offsets"][0]) if kind == info["dtype"] \
+            else count * torch.empty(0, dtype=dtype).element_size()
+        out[name] = {"dtype": kind, "shape": info["shape"], "data_offsets": [offset, offset + size]}
+        offset += size
+    if meta is not None:
+        out = {"__metadata__": meta, **out}
+    text = json.dumps(out, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with src.open("rb") as fin, dst.open("wb") as fout:
+        fout.write(len(text).to_bytes(8, "little"))
+        fout.write(text)
+        for name in order:
+            info = header[name]
+            begin, end = info["data_offsets"]
+            fin.seek(start + begin)
+            raw = bytearray(fin.read(end - begin))
+            if info["dtype"] in _SAFETENSORS_FLOATS and info["dtype"] != _SAFETENSORS_NAME[dtype]:
+                tensor = torch.frombuffer(raw, dtype=_SAFETENSORS_FLOATS[info["dtype"]]) if raw else \
+                    torch.empty(0, dtype=_SAFETENSORS_FLOATS[info["dtype"]])
+                raw = tensor.to(dtype).view(torch.uint8).numpy().tobytes() if len(tensor) else b""
+            fout.write(raw)
+
+
 def load_backend(model: str | None = None, *, device: str = "auto", dtype: str = "auto") -> TorchBackend:
     """Load a model for pcd.
 
@@ -527,7 +626,8 @@ def load_backend(model: str | None = None, *, device: str = "auto", dtype: str =
     try:
         attention_layout(AutoConfig.from_pretrained(source))  # refuse recurrent/hybrid layers before any weight loads
         tokenizer = AutoTokenizer.from_pretrained(source)
-        lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, attn_implementation="sdpa")
+        weights = weights_in_dtype(source, torch_dtype)  # never the float32 weights beside the half ones
+        lm = AutoModelForCausalLM.from_pretrained(weights, dtype=torch_dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as exc:
         raise ModelError(f"--model {model!r}: cannot load it ({str(exc).splitlines()[0]})") from exc
     lm.to(dev)

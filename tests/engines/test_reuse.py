@@ -229,7 +229,8 @@ def test_a_night_whose_few_changes_lie_far_apart_commits_every_batch(labeler, tm
 
     # max_span: the group opened by row 2 is decoded once it spans 10 rows, not at the next change
     arrow_schema = keyed_schema(labeler.output_schema("id", pa.string(), all_probs=False))
-    index = ReuseIndex(read_sources([str(tmp_path / "n1.parquet")]), labeler.job_parts(), arrow_schema)
+    index = ReuseIndex(read_sources([str(tmp_path / "n1.parquet")]), labeler.job_parts(), arrow_schema,
+                       schema=labeler.schema)
     pipe = ReusingLabeler(labeler, arrow_schema, index, dedup_keys=0, max_span=10)
     released = [len(pipe.feed([Record(r["id"], r["text"])])) for r in night2[:20]]
     assert released[:2] == [1, 1] and released[2:11] == [0] * 9 and released[11] == 10
