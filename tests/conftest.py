@@ -4,6 +4,10 @@ built from lives in tests/helpers.py)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,59 @@ import pytest
 from pcd_cli.schema.load import parse_schema
 
 from .helpers import ORACLE_SCHEMA, own_cache, tiny_backend
+
+#: Every process the tests start in this process (``subprocess.Popen``, which ``subprocess.run``,
+#: the S3 and GCS servers and Ray's ``ray.init`` use), for ``stop_started_processes``.
+STARTED: list[subprocess.Popen] = []
+_popen_init = subprocess.Popen.__init__
+
+
+def _tracked_init(self, *args, **kwargs):
+    _popen_init(self, *args, **kwargs)
+    STARTED[:] = [p for p in STARTED if p.returncode is None]  # those seen ended are forgotten
+    STARTED.append(self)
+
+
+subprocess.Popen.__init__ = _tracked_init
+
+
+def stop_started_processes(grace: float = 5.0) -> list[str]:
+    """Stop what the tests started and left running (issue 51, item 7: a Ctrl-C of ``make test``
+    skipped the fixtures' teardown of a store being started, and left SeaweedFS and Ray running):
+    Ray first (``ray.shutdown``: its raylet, GCS and workers), then each process still alive:
+    SIGTERM to its process group when it leads one (the servers start in a session of their own,
+    ``start_new_session``), else to it (a ``pcd serve`` drains and stops its own Ray); SIGKILL
+    to what is left after ``grace`` seconds. Returns what was stopped, one line each."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    alive = [p for p in STARTED if p.poll() is None]
+    for p in alive:
+        try:
+            os.killpg(p.pid, signal.SIGTERM) if os.getpgid(p.pid) == p.pid else p.send_signal(signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    end = time.monotonic() + grace
+    for p in alive:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL) if os.getpgid(p.pid) == p.pid else p.kill()
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait(30)
+    return [f"{p.pid} {p.args if isinstance(p.args, str) else ' '.join(map(str, p.args))[:100]}" for p in alive]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """After every fixture's teardown (pytest's own ``pytest_sessionfinish`` runs them), also when
+    the run was interrupted (Ctrl-C: exit status 2): stop what is still running
+    (``stop_started_processes``)."""
+    stopped = stop_started_processes()
+    if stopped and exitstatus == pytest.ExitCode.INTERRUPTED:
+        sys.stderr.write("stopped what the interrupted tests had started: " + "; ".join(stopped) + "\n")
 
 
 @pytest.fixture(scope="session", autouse=True)

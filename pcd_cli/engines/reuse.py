@@ -142,15 +142,22 @@ def _map_cells(checks: _Checks, array: pa.Array, keys: Sequence[str], column: st
     if not whole.any():
         return out
     rows = pa.array(np.flatnonzero(whole))
-    taken = pa.concat_arrays([array.take(rows)])  # a fresh array: its keys and items are those rows' alone
-    got_keys = _np(taken.keys).reshape(-1, k)
+    if whole.all() and array.offset == 0 and array.offsets[0].as_py() == 0:
+        taken = array  # its keys and items are its rows' alone, in order
+    else:
+        taken = pa.concat_arrays([array.take(rows)])  # a fresh array: its keys and items are those rows' alone
+    got_keys = _np(pa.compute.index_in(taken.keys, value_set=pa.array(list(keys), taken.keys.type)).fill_null(-1))
+    got_keys = got_keys.reshape(-1, k)
     values, vnull = _floats(taken.items)
     values, vnull = values.reshape(-1, k), vnull.reshape(-1, k)
-    wrong_keys = (got_keys != np.array(list(keys), dtype=object)).any(axis=1)
+    wrong_keys = (got_keys != np.arange(k)).any(axis=1)
     wrong_values = (vnull | ~np.isfinite(values) | (values < 0) | (values > 1 + 1e-6)).any(axis=1)
     where = np.flatnonzero(whole)
-    checks.fail(np.isin(np.arange(n), where[wrong_keys]), None, f"{column!r} names other labels than the field's")
-    checks.fail(np.isin(np.arange(n), where[wrong_values]), None, f"{column!r} holds a value that is not a probability")
+    for wrong, what in ((wrong_keys, "names other labels than the field's"),
+                        (wrong_values, "holds a value that is not a probability")):
+        rows_wrong = np.zeros(n, dtype=bool)
+        rows_wrong[where[wrong]] = True
+        checks.fail(rows_wrong, None, f"{column!r} {what}")
     out[where] = values
     return out
 
