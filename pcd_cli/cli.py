@@ -39,6 +39,7 @@ from .backends.select import BACKENDS
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .engines.local import DEFAULT_BATCH_RECORDS
 from .engines.reuse import DEFAULT_DEDUP_KEYS
+from .quality.calibration import DEFAULT_UNLABELLED_SAMPLE
 from .errors import InputError, PcdError, exit_code
 from .server import limits as L
 from .tune import DEFAULT_MASS_WEIGHT
@@ -580,6 +581,11 @@ def calibrate(
                                              "the calibration. pcd label writes <field>__set."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fold shuffle and of the --examples draw (give "
                              "pcd label the same --seed to draw the same examples)."),
+    unlabelled: bool = typer.Option(False, "--unlabelled", help="No gold labels: GOLD is any input file; fit a "
+                                    "per-field prior correction (biases -log of the mean predicted label "
+                                    "distribution over --sample rows, batch calibration; docs/quality.md)."),
+    sample: int = typer.Option(DEFAULT_UNLABELLED_SAMPLE, "--sample", min=1, help="--unlabelled: rows (a seeded "
+                               "random sample) the prior is estimated on."),
     objective: str = OBJECTIVE_OPT,
     force_rule: bool = FORCE_RULE_OPT,
     id_field: str = GOLD_ID_OPT,
@@ -605,6 +611,9 @@ def calibrate(
     from .quality.render import render_calibration
 
     try:
+        if unlabelled:
+            _calibrate_unlabelled(locals())
+            return
         if plot is not None:
             require_matplotlib()
         job = _label_job(locals(), besides=("id_field",))  # the gold file's id column: calibrate_on_gold's
@@ -625,6 +634,30 @@ def calibrate(
                           plot)
     except PcdError as exc:
         raise _fail(exc) from None
+
+
+def _calibrate_unlabelled(options: dict) -> None:
+    """``pcd calibrate --unlabelled``: refuse the gold-only options, fit, print, write."""
+    from .fitting import calibrate_unlabelled
+
+    refused = [name for name, given in (("--objective", options["objective"] != "likelihood"),
+                                        ("--coverage", options["coverage"] is not None),
+                                        ("--plot", options["plot"] is not None)) if given]
+    if refused:
+        raise InputError(f"--unlabelled with {', '.join(refused)}: without gold labels there is no decision rule, "
+                         "label set or reliability diagram to fit; drop it, or calibrate on gold rows")
+    job = _label_job(options, besides=("id_field",))
+    run = calibrate_unlabelled(options["gold"], options["schema"], job, output=options["output"],
+                               predictions=options["predictions"], sample=options["sample"], seed=options["seed"],
+                               id_field=options["id_field"], csv_delimiter=options["csv_delimiter"])
+    for line in run.notes:
+        out.print(escape(line), highlight=False)
+    for name, fc in run.calibration.fields.items():
+        prior = ", ".join(f"{label} {p:.3f}" for label, p in fc.cv["prior"].items())
+        out.print(f"{escape(name)}: mean predicted distribution over {fc.n} rows: {escape(prior)}; the correction "
+                  f"changes the label of {run.changed.get(name, 0)} of them", highlight=False)
+    saved = run.calibration.save(options["output"])
+    out.print(f"wrote {escape(str(options['output']))} (sha256 {saved.sha256[:12]}...)", highlight=False)
 
 
 @app.command(short_help="Train a LoRA adapter on gold rows through the very decisions pcd label reads.")

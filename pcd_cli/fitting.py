@@ -1,5 +1,6 @@
 """Gold rows -> a fitted model: ``pcd calibrate``'s whole job (``calibrate_on_gold``: a
-``Calibration`` with its cross-validated before/after report) and ``pcd tune``'s
+``Calibration`` with its cross-validated before/after report; ``calibrate_unlabelled``: a prior
+correction from unlabelled rows) and ``pcd tune``'s
 (``tune_on_gold``: a LoRA adapter trained through the decoder's own forest, its calibration and
 card, written). The CLI, and ``pcd serve``'s Label Studio loop (``pcd_cli.retrain``), parse their
 options into a ``pcd_cli.job.LabelJob`` and call these.
@@ -16,6 +17,7 @@ from pathlib import Path
 from .errors import InputError
 from .api import build_labeler
 from .job import LabelJob
+from .quality.calibration import DEFAULT_UNLABELLED_SAMPLE
 
 
 @dataclass
@@ -119,6 +121,86 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     return CalibrateRun(calibration, report, notes, row_warnings,
                         worse_calibration_warnings(calibration, "this calibration", bound=False) +
                         rule_fit_warnings(calibration))
+
+
+@dataclass
+class UnlabelledRun:
+    """What ``calibrate_unlabelled`` did.
+
+    Attributes:
+        calibration: the fitted ``Calibration`` (not written yet), one prior correction per decision.
+        rows: rows read from the input; sampled: rows the prior was estimated on.
+        changed: per decision, how many sampled rows' argmax label the correction changes.
+        notes: lines to say (rows that could not be labelled, the sample drawn).
+    """
+
+    calibration: object
+    rows: int
+    sampled: int
+    changed: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def calibrate_unlabelled(rows: str | Path, schema, job: LabelJob, *, output: str | Path,
+                         predictions: str | Path | None = None, sample: int = DEFAULT_UNLABELLED_SAMPLE,
+                         seed: int = 0, id_field: str = "id", csv_delimiter: str = ",") -> UnlabelledRun:
+    """``pcd calibrate --unlabelled``: a per-decision prior correction estimated, without gold
+    labels, on a seeded random sample of ``sample`` rows of ``rows`` (all of them when fewer):
+    the sample is labelled with ``job``'s model (or read from ``predictions``, a ``pcd label
+    --all-probs`` output), and each field's biases are ``-log`` of its mean predicted label
+    distribution (``quality.calibration.fit_unlabelled``). The result is a calibration file like
+    any other: a record's label then depends on its own input and the job alone.
+
+    Raises:
+        InputError: a bad option or file (names it). SchemaError, ModelError, CalibrationError:
+            as ``build_labeler`` and ``fit_unlabelled``.
+    """
+    import numpy as np
+
+    from .io.readers import check_frame_columns
+    from .quality import read_gold, read_predictions
+    from .quality.calibration import check_output_path, fit_unlabelled, unlabelled_probabilities
+    from .schema.load import load_schema
+    from .schema.model import Schema
+
+    if sample < 1:
+        raise InputError(f"--sample must be at least 1, got {sample}")
+    if predictions is not None and job.examples is not None:
+        raise InputError("--examples and --predictions: the examples act when the rows are labelled; label them "
+                         "with --examples first (pcd label --all-probs) and pass that output")
+    check_output_path(output)
+    parsed = schema if isinstance(schema, Schema) else load_schema(schema)
+    notes: list[str] = []
+    if predictions is not None:
+        frame, metadata = read_predictions(predictions)
+        total = len(frame)
+        if total > sample:
+            frame = frame.iloc[np.sort(np.random.default_rng(seed).choice(total, sample, replace=False))]
+    else:
+        frame_in = read_gold(rows, id_field=id_field, csv_delimiter=csv_delimiter)
+        total = len(frame_in)
+        if total == 0:
+            raise InputError(f"{str(rows)!r}: no rows to estimate the prior on")
+        if total > sample:
+            frame_in = frame_in.iloc[np.sort(np.random.default_rng(seed).choice(total, sample, replace=False))]
+        job = replace(job, id_field=id_field, tuned_calibration=False, calibration=None, prior_correction=False)
+        spec = job.input_spec(csv_delimiter=csv_delimiter)
+        check_frame_columns(rows, list(frame_in.columns), spec)  # before the model loads
+        labeler = build_labeler(parsed, job)
+        frame = labeler.label_frame(frame_in, text_field=job.text_field, template=job.template, id_field=id_field,
+                                    all_probs=True)
+        metadata = frame.attrs.get("metadata") or labeler.metadata()
+        failed = frame.attrs.get("errors") or []
+        if failed:
+            notes.append(f"{len(failed)} rows could not be labelled (e.g. {failed[0]['error']}); they are not used")
+    if total > sample:
+        notes.append(f"prior estimated on {sample} of {total} rows (seeded sample, --seed {seed}; --sample sets "
+                     "how many)")
+    calibration = fit_unlabelled(frame, parsed, metadata)
+    changed = {name: int((fc.apply(probs).argmax(axis=1) != probs.argmax(axis=1)).sum())
+               for (name, (_, probs)), fc in zip(unlabelled_probabilities(frame, parsed).items(),
+                                                  calibration.fields.values())}
+    return UnlabelledRun(calibration, total, min(total, sample), changed, notes)
 
 
 @dataclass

@@ -860,3 +860,109 @@ def rule_fit_warnings(calibration: Calibration) -> list[str]:
     than argmax on held-out folds (``decision.rule_warnings``)."""
     return [line for name, fc in calibration.fields.items() if fc.rule is not None
             for line in rule_warnings(name, fc.rule)]
+
+
+# --- label-free: a prior correction from unlabelled rows (pcd calibrate --unlabelled) ---------
+
+#: ``FieldCalibration.cv["method"]`` of a prior correction fitted on unlabelled rows.
+UNLABELLED_METHOD = "unlabelled-prior"
+#: Rows ``pcd calibrate --unlabelled`` estimates the prior on by default (a seeded sample).
+DEFAULT_UNLABELLED_SAMPLE = 200
+
+
+def unlabelled_probabilities(predictions: pd.DataFrame, schema: Schema | None) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+    """Per decision, the (labels, (n, k) probabilities) of the rows of an uncalibrated pcd output
+    (``pcd label --all-probs``): a single-label field's ``<f>__probs`` (each row renormalised
+    over its labels), and for a multi-select field one boolean decision ``<f>.<option>`` per
+    option with ``(P(yes), 1 - P(yes))``, the names ``fit_calibration`` and ``Labeler`` use.
+    Rows without probabilities (a failed or abstained record) are left out.
+
+    Raises:
+        InputError: no ``<f>__probs`` column for a field (label with ``--all-probs``), a cell
+            whose labels are not the field's (``field_specs`` for the columns).
+    """
+    from .data import _has_pairs, _pairs
+
+    out: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+    for spec in field_specs(predictions, schema):
+        column = f"{spec.name}__probs"
+        if column not in predictions.columns:
+            raise InputError(f"field {spec.name!r}: the predictions have no {column} column; label with --all-probs "
+                             "(pcd calibrate --unlabelled without --predictions does)")
+        rows = []
+        for r, cell in enumerate(predictions[column].to_numpy(dtype=object)):
+            if not _has_pairs(cell):
+                continue
+            pairs = _pairs(cell)
+            if set(pairs) != set(spec.labels):
+                raise InputError(f"predictions row {r}: {column} has labels {sorted(pairs)}, the field has "
+                                 f"{list(spec.labels)}")
+            rows.append([float(pairs[label]) for label in spec.labels])
+        probs = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(spec.labels))
+        if spec.is_multi:
+            for j, option in enumerate(spec.labels):
+                p_yes = np.clip(probs[:, j], 0.0, 1.0)
+                out[f"{spec.name}.{option}"] = (("true", "false"), np.column_stack([p_yes, 1.0 - p_yes]))
+        else:
+            out[spec.name] = (tuple(spec.labels), probs / np.maximum(probs.sum(axis=1, keepdims=True), M.PROB_FLOOR))
+    return out
+
+
+def unlabelled_biases(probs: np.ndarray) -> np.ndarray:
+    """The biases of a prior correction: ``b_j = -log(max(mean_i p_ij, PRIOR_FLOOR))`` for (n, k)
+    probabilities (n >= 1), so that with T = 1 the calibrated probabilities are
+    ``(p_j / prior_j) / sum_l (p_l / prior_l)``.
+
+    The prior is the mean predicted label distribution over the rows: batch calibration (Zhou,
+    Wan, Vulić and Korhonen 2024, "Batch Calibration: Rethinking Calibration for In-Context
+    Learning and Prompt Engineering", ICLR, eq. 5), estimated once on a sample and then held
+    fixed, so a record's label never depends on the other records labelled with it.
+
+    Raises:
+        ValueError: no rows, or ``probs`` not 2-D.
+    """
+    from ..decoding.prior import PRIOR_FLOOR
+
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2 or len(probs) == 0:
+        raise ValueError(f"expected (n, k) probabilities with n >= 1, got shape {probs.shape}")
+    return -np.log(np.maximum(probs.mean(axis=0), PRIOR_FLOOR))
+
+
+def fit_unlabelled(predictions: pd.DataFrame, schema: Schema | None, metadata: dict[str, str]) -> Calibration:
+    """A ``Calibration`` without gold labels: per decision (a field, or a multi-select field's
+    option), temperature 1 and the biases ``unlabelled_biases`` of the rows' mean predicted
+    label distribution (``pcd calibrate --unlabelled``). It is stored, checked and applied as any
+    calibration (``Labeler`` with ``calibration=``); ``cv`` holds ``{"method", "n", "prior"}``
+    (no held-out figures: there is no gold).
+
+    Raises:
+        CalibrationError: calibrated predictions, metadata lacking a key or of another schema
+            (as ``fit_calibration``); a decision with no row holding probabilities.
+        InputError: see ``unlabelled_probabilities``.
+    """
+    if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):
+        raise CalibrationError("these predictions were made with a calibration already; the prior is estimated on "
+                               "raw probabilities: label again without --calibration or --prior-correction")
+    if metadata.get("pcd.prior_correction"):
+        raise CalibrationError("these predictions were made with --prior-correction; the prior is estimated on raw "
+                               "probabilities: label again without it")
+    missing = [key for key in CHECKED_KEYS.values() if not metadata.get(key)]
+    if missing:
+        raise CalibrationError(f"the predictions' metadata lacks {', '.join(missing)}; a calibration must name the "
+                               "model, schema, prompt head and scoring it is for: use a pcd output")
+    if schema is not None and metadata["pcd.schema_sha256"] != schema.source_sha256:
+        raise CalibrationError(f"the predictions were labelled with another schema than {schema.name!r}; label the "
+                               "rows with this schema")
+    fitted = {}
+    for name, (labels, probs) in unlabelled_probabilities(predictions, schema).items():
+        if len(probs) == 0:
+            raise CalibrationError(f"field {name!r}: no row has probabilities (every record failed or abstained); "
+                                   "give rows the model can label")
+        biases = unlabelled_biases(probs)
+        prior = dict(zip(labels, (float(p) for p in probs.mean(axis=0))))
+        fitted[name] = FieldCalibration(name, labels, 1.0, tuple(float(b) for b in biases), len(probs),
+                                        {"method": UNLABELLED_METHOD, "n": len(probs), "prior": prior})
+    return Calibration(pcd_version=__version__, model=metadata["pcd.model"], schema_sha256=metadata["pcd.schema_sha256"],
+                       prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
+                       fields=fitted, dtype=metadata.get("pcd.dtype", ""))
