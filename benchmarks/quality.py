@@ -397,7 +397,8 @@ def run_rivals(name: str, backend, encoder, cache: Path) -> dict:
     """One set of ``--rivals``: the last ``RIVAL_SETS[name]`` rows score; each method fits on the
     first N rows (N in ``RIVAL_NS`` below the rows before the held-out ones). Macro-F1 on the
     held-out rows and records/s for: pcd zero-shot, ``--prior-correction`` (content-free priors),
-    ``--unlabelled`` (the prior of the first N rows, their labels unused), ``calibrate`` (logits,
+    ``--unlabelled`` (the prior of the first N rows, their labels unused; and of the held-out rows
+    themselves, as ``pcd calibrate ROWS --unlabelled`` then ``pcd label ROWS`` does), ``calibrate`` (logits,
     likelihood) and ``--objective macro-f1``, the readout (when pcd has it), TF-IDF + LR, frozen
     MiniLM + LR, and MiniLM's label-free cosine to the label text."""
     from pcd_cli.decoding.prior import content_free_priors, correct
@@ -445,6 +446,9 @@ def run_rivals(name: str, backend, encoder, cache: Path) -> dict:
     out["prior_correction"] = {"macro_f1": score(correct(probs[is_held], priors).argmax(1)),
                                "records_per_s": pcd_rate, "priors_seconds": time.perf_counter() - started,
                                "note": "content-free priors, applied to the zero-shot probabilities"}
+    cal = fit_unlabelled(preds[is_held], schema, metadata)  # pcd calibrate ROWS --unlabelled, then pcd label ROWS
+    out["unlabelled_on_input"] = {"macro_f1": score(cal.fields[field].apply(probs[is_held]).argmax(1)),
+                                  "records_per_s": pcd_rate, "note": "prior of the held-out rows themselves"}
     # label-free rival: MiniLM cosine to the label text
     started = time.perf_counter()
     held_emb = embed(encoder, held["text"].tolist())
@@ -512,7 +516,7 @@ RIVAL_COLUMNS = (("unlabelled", "--unlabelled"), ("calibrate", "calibrate"),
 
 def render_rivals(results: dict) -> str:
     """One line per set and N: held-out macro-F1 of each method (records/s in the JSON)."""
-    head = f"{'set':15} {'N':>4} {'zero':>6} {'prior':>6} {'cosine':>6} " + " ".join(
+    head = f"{'set':15} {'N':>4} {'zero':>6} {'prior':>6} {'unl-in':>6} {'cosine':>6} " + " ".join(
         f"{short[:14]:>14}" for _, short in RIVAL_COLUMNS)
     lines = [head, "-" * len(head)]
     for name, s in results.items():
@@ -523,7 +527,8 @@ def render_rivals(results: dict) -> str:
                 cells.append(f"{m['macro_f1']:.3f}" if "macro_f1" in m else "skipped" if "skipped" in m else
                              "refused")
             lines.append(f"{name if i == 0 else '':15} {n:>4} {s['zero_shot']['macro_f1']:>6.3f} "
-                         f"{s['prior_correction']['macro_f1']:>6.3f} {s['minilm_cosine']['macro_f1']:>6.3f} " +
+                         f"{s['prior_correction']['macro_f1']:>6.3f} {s['unlabelled_on_input']['macro_f1']:>6.3f} "
+                         f"{s['minilm_cosine']['macro_f1']:>6.3f} " +
                          " ".join(f"{c:>14}" for c in cells))
     rates = "; ".join(f"{name} pcd {s['pcd_records_per_s']:.1f}, MiniLM {s['minilm_cosine']['records_per_s']:.0f}, "
                       f"TF-IDF {s['by_n'][str(s['ns'][-1])]['tfidf_lr']['records_per_s']:.0f}"

@@ -83,3 +83,26 @@ def test_unlabelled_calibration_written_by_calibrate_applies_in_label(tmp_path):
     # an output already corrected is refused as input to the fit
     with pytest.raises(CalibrationError, match="--prior-correction"):
         fit_unlabelled(table, schema, {**plain.metadata(), "pcd.prior_correction": "{}"})
+
+
+def test_multi_select_gets_one_prior_correction_per_option():
+    import pandas as pd
+
+    from pcd_cli.schema.load import parse_schema
+
+    schema = parse_schema({"name": "m", "fields": {"tags": {"type": "multi", "labels": ["bug", "ui", "billing"]}}})
+    p_yes = np.array([[0.9, 0.2, 0.5], [0.7, 0.4, 0.1], [0.8, 0.3, 0.3], [0.6, 0.1, 0.1]])
+    frame = pd.DataFrame({"id": ["a", "b", "c", "d"], "tags": [["bug"], ["bug"], ["bug"], ["bug"]],
+                          "tags__prob": [0.5] * 4, "tags__mass": [0.9] * 4,
+                          "tags__probs": [list(zip(["bug", "ui", "billing"], row)) for row in p_yes]})
+    meta = {"pcd.model": "m", "pcd.schema_sha256": schema.source_sha256, "pcd.prompt_head_sha256": "h",
+            "pcd.scoring": "marginal"}
+    calibration = fit_unlabelled(frame, schema, meta)
+    assert set(calibration.fields) == {"tags.bug", "tags.ui", "tags.billing"}
+    bug = calibration.fields["tags.bug"]  # mean P(yes) 0.75: biases -log 0.75, -log 0.25
+    assert bug.labels == ("true", "false") and bug.n == 4
+    assert bug.biases == pytest.approx((-math.log(0.75), -math.log(0.25)))
+    assert calibration.fields["tags.billing"].biases == pytest.approx((-math.log(0.25), -math.log(0.75)))
+    # a row at the prior becomes 50/50; one above it leans yes
+    assert bug.apply(np.array([0.75, 0.25])) == pytest.approx([0.5, 0.5])
+    assert bug.apply(np.array([0.9, 0.1]))[0] > 0.5
