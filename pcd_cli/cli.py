@@ -320,7 +320,7 @@ def label(
         if not errors and output:  # beside the output (a URI beside a URI): the summary names it
             errors = default_errors_uri(str(output)) if uri_scheme(output) else default_errors(output)
     except PcdError as exc:
-        report("error", {"message": str(exc)}, "error")
+        report("error", {"message": str(exc), "exit_code": exit_code(exc)}, "error")
         raise typer.Exit(exit_code(exc)) from None
     id_detected = False
     if id_field is None and not row_ids and not is_stdin(input) and _has_id_column(input, text_field, template,

@@ -180,7 +180,8 @@ def label_errors(report: Reporter, output: Optional[Path], local: bool):
         yield
     except Interrupted as exc:
         report("interrupted", {"message": f"{exc}; the finished batches are kept in {exc.work_dir}. "
-                               f"Resume with: {resume_command()}", "rows": exc.stats.read}, "error")
+                               f"Resume with: {resume_command()}", "rows": exc.stats.read,
+                               "exit_code": exit_code(exc)}, "error")
         raise typer.Exit(130) from None
     except KeyboardInterrupt:  # a second signal: stopped at once; the committed batches are safe
         from .engines.local import stage_outputs
@@ -189,20 +190,21 @@ def label_errors(report: Reporter, output: Optional[Path], local: bool):
         message = (f"stopped at once by a second signal; the finished batches are kept in {kept}. "
                    f"Resume with: {resume_command()}") if local and output else \
             "interrupted; nothing was written (a Ray run is rerun whole)"
-        report("interrupted", {"message": message}, "error")
+        report("interrupted", {"message": message, "exit_code": 130}, "error")
         raise typer.Exit(130) from None
     except TooManyErrors as exc:
         message = (f"{exc}. The finished batches are kept in {exc.work_dir}; fix the input and run again, or "
                    "continue with --resume and a higher --max-errors.") if local else \
             f"{exc}; an earlier {output}, if any, was left as it was"
-        report("too_many_errors", {"message": message, "failed": exc.stats.failures}, "error")
+        report("too_many_errors", {"message": message, "failed": exc.stats.failures,
+                                   "exit_code": exit_code(exc)}, "error")
         raise typer.Exit(1) from None
     except NothingLabelled as exc:
         report("error", {"message": f"{exc}; an earlier {output}, if any, was left as it was",
-                         "failed": exc.stats.failures}, "error")
+                         "failed": exc.stats.failures, "exit_code": exit_code(exc)}, "error")
         raise typer.Exit(1) from None
     except PcdError as exc:
-        report("error", {"message": str(exc)}, "error")
+        report("error", {"message": str(exc), "exit_code": exit_code(exc)}, "error")
         raise typer.Exit(exit_code(exc)) from None
 
 

@@ -21,6 +21,14 @@ class InputError(PcdError, ValueError):
     """An input file or an option about it is unusable as a whole (wrong format, missing column)."""
 
 
+class StoreError(InputError):
+    """The object store holding an input or output refused or failed (no credentials, access
+    denied, an unreachable endpoint, no such bucket or key): one line naming the URI and the fix
+    (``pcd_cli.io.storage.store_error``). Before the run starts it is the input's fault (exit 2);
+    once the run has started the engines turn it into a ``MachineError`` (exit 5) that says how to
+    go on (``pcd_cli.io.storage.run_started``)."""
+
+
 class CalibrationError(SchemaError):
     """A calibration file is unreadable, invalid, or made for another model, schema, prompt head
     or scoring mode; or calibration cannot be fitted on the rows given (names the key or field)."""

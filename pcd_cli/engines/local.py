@@ -27,7 +27,7 @@ from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure
 from ..schema.model import TRUNCATED_COLUMN, Schema
 from ..io.storage import (STAGING_ROOT, StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged,
-                          sibling, uri_name)
+                          run_started, sibling, uri_name)
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, PARTLY_REUSED, REUSED, Labelled, ReuseIndex, ReuseSource,
                     ReusingLabeler, keyed_metadata, keyed_schema, read_sources)
@@ -252,7 +252,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                                    batch_records=batch_records, resume=resume, max_errors=max_errors,
                                    should_stop=should_stop, on_event=emit, reuse=sources, dedup_keys=dedup_keys)
         except (TooManyErrors, NothingLabelled):
-            publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
+            with run_started():
+                publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
             raise
         run.notes.extend(run_notes(labeler, job))
         return run
@@ -396,10 +397,13 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     stats = RunStats(labeler.schema, min_mass=min_mass)
     id_name = arrow_schema.names[0]
     # the output lags the reader by the open group of rows to decode and the rest of its chunk
-    reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records,
-                          keep_digests=rows.max_span + 2 * chunk_records)
+    # the run has started (the model is loaded): a store failing from here on, whatever it was
+    # doing (listing, reading a later part, the upload at the end), is exit 5 saying --resume
+    with run_started():
+        reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records,
+                              keep_digests=rows.max_span + 2 * chunk_records)
     repeated = stats.repeated_ids if spec.id_field else None
-    with WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work, closing(reader):
+    with run_started(), WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work, closing(reader):
         if work.discarded:
             emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
         redo = work.progress.redo  # committed rows of the group decoded across the commit, labelled again

@@ -60,13 +60,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import EngineError, InputError, MachineError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
+from ..errors import EngineError, InputError, MissingExtra, NothingLabelled, PcdError, TooManyErrors
 from ..io.files import check_writable, clear_stale, write_atomic, write_target
 from ..io.output import ParquetSink, base_metadata, output_schema
 from ..api import planned_output_schema
 from ..job import LabelJob, warnings_from_json
 from ..io.readers import InputSpec, check_input, input_files, read_records, row_to_record
-from ..io.storage import is_remote, local_path, publish_staged, rerun_whole
+from ..io.storage import RERUN_HINT, is_remote, local_path, publish_staged, run_started
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, PARTLY_REUSED, REUSED, Labelled, ReuseIndex,
@@ -613,13 +613,14 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     final = write_target(output)  # a symlinked output folder is replaced at its target; the link stays
     tmp_dir = final.with_name(f".{final.name}.pcd-ray-{uuid.uuid4().hex[:8]}")
-    try:
-        return _job(ray, files, kind, input_path, schema, spec, job.resolved().with_examples(schema), output=output,
-                    errors_path=errors_path, tmp_dir=tmp_dir, all_probs=all_probs, min_mass=min_mass,
-                    workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
-                    max_retries=max_retries, max_errors=max_errors, startup=startup,
-                    address=(address or "local") if started_here else (address or "running"), reuse=reuse or [],
-                    dedup_keys=dedup_keys, emit=emit, one_file=one_file, errors_name=errors_name or str(errors_path))
+    try:  # the run has started: a store failing from here on (a worker's read) is exit 5 saying to run again
+        with run_started(RERUN_HINT):
+            return _job(ray, files, kind, input_path, schema, spec, job.resolved().with_examples(schema),
+                        output=output, errors_path=errors_path, tmp_dir=tmp_dir, all_probs=all_probs, min_mass=min_mass,
+                        workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
+                        max_retries=max_retries, max_errors=max_errors, startup=startup,
+                        address=(address or "local") if started_here else (address or "running"), reuse=reuse or [],
+                        dedup_keys=dedup_keys, emit=emit, one_file=one_file, errors_name=errors_name or str(errors_path))
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if started_here:
@@ -643,7 +644,8 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     labelled rows streamed there by the driver into one Parquet file (``write_one_file``), then
     uploaded by the same ``storage.publish_staged``: the errors file first, the output last,
     whole or never. The staged files and their folder are removed whether the upload worked or
-    not (no ``--resume`` here); a store failing mid-run says to run again (``storage.rerun_whole``).
+    not (no ``--resume`` here); a store failing mid-run says to run again (``storage.run_started``
+    with ``RERUN_HINT``).
 
     Returns:
         ``pcd_cli.engines.local.JobRun`` (statistics and warnings).
@@ -694,16 +696,13 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                            dedup_keys=dedup_keys, one_file=staged is not None,
                            errors_name=staged.errors_uri if staged is not None else None)
         if staged is not None:
-            publish_staged(output, errors=errors_path)  # errors first, output last, whole or never
+            with run_started(RERUN_HINT):  # a store failing at the upload: no --resume here
+                publish_staged(output, errors=errors_path)  # errors first, output last, whole or never
     except (TooManyErrors, NothingLabelled):
         if staged is not None:
-            try:
+            with run_started(RERUN_HINT):
                 publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
-            except MachineError as exc:
-                raise rerun_whole(exc) from None
         raise
-    except MachineError as exc:  # a store failing mid-run (reading a part, the upload): no --resume here
-        raise rerun_whole(exc) from None
     finally:
         if staged is not None:  # no --resume on Ray: nothing staged is kept, the folder neither
             for path in (output, errors_path):

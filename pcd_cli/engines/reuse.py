@@ -796,7 +796,8 @@ class ReusingLabeler:
         labeler: the run's ``pcd_cli.api.Labeler``.
         arrow_schema: the output columns with the key last (``keyed_schema``).
         index: the earlier outputs (``ReuseIndex``), or ``None``.
-        dedup_keys: capacity of the ``DedupCache``.
+        dedup_keys: capacity of the ``DedupCache``; 0: no deduplication at all, neither from the
+            cache nor between copies of a text in one group (every copy decoded on its own).
         group_size: rows to decode handed to the labeler at once.
         max_span: input rows a group spans at most, copies included (``MAX_GROUP_SPAN``).
     """
@@ -880,7 +881,7 @@ class ReusingLabeler:
             row = self.index.find(key) if self.index is not None else None
             if row is not None:
                 entry.kind, entry.result = REUSED, row  # its row of the index: fetched on release, in one take
-            elif key in self._group:
+            elif self.cache.capacity > 0 and key in self._group:  # --dedup-keys 0: every copy decoded
                 entry.kind = DEDUPLICATED
                 self._group[key].append(entry)
             elif (cached := self.cache.get(key)) is not None:
@@ -905,7 +906,8 @@ class ReusingLabeler:
             return
         if not self._group:
             self._spans.append([self.next_row - 1, None])
-        self._group[key] = [entry]
+        # deduplicating, a key is one slot holding its copies; with --dedup-keys 0, each row its own
+        self._group[key if self.cache.capacity > 0 else f"{key}@{self.next_row - 1}"] = [entry]
         self._slots += 1
         if self._slots >= self.group_size:
             self._decode()

@@ -254,7 +254,8 @@ class RecordReader:
             Parquet, or (CSV/Parquet) a needed column absent from the header; a store that
             refuses or cannot be reached (one line naming the URI and the fix). Raised when
             the reader is made (missing file, format) or on the first read (columns).
-        MachineError: the store failed while the input was read (exit 5: rerun with --resume).
+            ``StoreError``, the store's failure, is exit 2 before the run and exit 5 ("rerun with
+            --resume") once an engine has started it (``pcd_cli.io.storage.run_started``).
     """
 
     def __init__(self, path: str | Path, spec: InputSpec, *, fmt: str | None = None, batch_size: int = 256,
@@ -504,7 +505,7 @@ def _damaged(path: str | Path, compression: str | None, exc: Exception) -> Input
     if isinstance(path, StoreFile) and isinstance(exc, OSError) and type(exc).__name__ != "BadGzipFile":
         from .storage import store_error
 
-        return store_error(exc, str(path), mid_run=True)  # the store failed, not the file: exit 5
+        return store_error(exc, str(path))  # the store failed, not the file: exit 5 once the run started (run_started)
     name = "standard input" if is_stdin(path) else repr(str(path))
     what = {"gz": "gzip", "zst": "zstd"}.get(compression or "", "")
     return InputError(f"{name}: the {what + ' ' if what else ''}stream is damaged or cut short ({exc}); "

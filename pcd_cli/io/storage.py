@@ -26,9 +26,12 @@ paths on it, for every reader and engine:
 - ``open_dataset``: the same list as a ``pyarrow.dataset.Dataset`` with the partition columns
   (strings), for readers of whole tables (``--reuse``).
 - ``store_error``: a failure of the store (missing credentials, access denied, unreachable
-  endpoint, no such bucket, no such key) as one line naming the URI and the fix: an
-  ``InputError`` (exit 2) when met before any work, a ``MachineError`` (exit 5, "rerun with
-  --resume") when the store fails mid-run.
+  endpoint, no such bucket, no such key) as one line naming the URI and the fix: a
+  ``StoreError`` (an ``InputError``, exit 2) when met before any work. ``run_started`` marks
+  the rest of a run: any store failure raised inside it, wherever it surfaced (reading a later
+  part, listing, reading a Parquet footer, the upload at the end), ends as a ``MachineError``
+  (exit 5) with "then rerun with --resume" (``RESUME_HINT``), or, on an engine that keeps no
+  checkpoints, "then run the command again" (``RERUN_HINT``).
 - ``upload_atomic``: a finished local file put at an object-storage URI whole or never (a
   temporary key beside it, then one server-side copy, then the temporary key removed): a run
   killed at any moment, SIGKILL included, leaves no partial object at the URI.
@@ -42,15 +45,16 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterable
+from typing import Iterable, Iterator
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import InputError, MachineError, PcdError
+from ..errors import InputError, MachineError, PcdError, StoreError
 
 #: ``scheme://`` at the start of a URI (two letters at least: ``C:/`` stays a path).
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
@@ -257,18 +261,19 @@ def _endpoint(scheme: str | None, uri: str = "") -> str:
 
 
 def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool = False,
-                what: str = "cannot read") -> PcdError:
+                what: str = "cannot read") -> StoreError | MachineError:
     """One line for a failure of the store holding ``uri``: what went wrong and the fix.
 
     Args:
         exc: pyarrow's error (an ``OSError``; its message carries the AWS/GCS error name).
         option: the option that named ``uri`` (``INPUT``, ``-o``, ``--reuse``).
-        mid_run: the store failed after the run started: ``MachineError`` (exit 5) that says
-            the finished work is kept for ``--resume``; else ``InputError`` (exit 2).
+        mid_run: the caller knows the run has started: ``MachineError`` (exit 5) that says the
+            finished work is kept for ``--resume``; else ``StoreError`` (exit 2 before the run;
+            ``run_started`` turns it into the same ``MachineError`` when raised inside a run).
         what: ``cannot read`` / ``cannot write`` / ``cannot list``.
 
     Returns:
-        ``InputError`` or ``MachineError`` (the caller raises it).
+        ``StoreError`` or ``MachineError`` (the caller raises it).
     """
     text = str(exc)
     scheme = uri_scheme(uri)
@@ -310,9 +315,8 @@ def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool 
     else:
         reason = _short(text) or type(exc).__name__
         fix = "check the store and the credentials"
-    if mid_run:
-        return MachineError(f"{_head(option, uri)}: {what}: {reason}; {fix}, {RESUME_HINT}")
-    return InputError(f"{_head(option, uri)}: {what}: {reason}; {fix}")
+    failure = StoreError(f"{_head(option, uri)}: {what}: {reason}; {fix}")
+    return mid_run_error(failure) if mid_run else failure
 
 
 #: How a store failure mid-run ends (``store_error``), and how it ends on an engine that keeps
@@ -321,11 +325,38 @@ RESUME_HINT = "then rerun with --resume (the rows finished so far are kept)"
 RERUN_HINT = "then run the command again (a Ray run keeps no checkpoints; an earlier output at -o is left as it was)"
 
 
+def mid_run_error(exc: StoreError, hint: str = RESUME_HINT) -> MachineError:
+    """A store failure met after the run started: the same line, exit 5, ending with ``hint``."""
+    return MachineError(f"{exc}, {hint}")
+
+
 def rerun_whole(exc: MachineError) -> MachineError:
     """``store_error``'s mid-run failure as an engine without checkpoints says it (``--engine ray``,
     which refuses ``--resume``): ``RERUN_HINT`` in place of ``RESUME_HINT``; any other error as it is."""
     text = str(exc)
     return MachineError(text.replace(RESUME_HINT, RERUN_HINT)) if RESUME_HINT in text else exc
+
+
+@contextmanager
+def run_started(hint: str = RESUME_HINT) -> Iterator[None]:
+    """The part of a run after its checks (model loaded, work started): every store failure
+    raised inside, wherever it surfaced (a later part read, a listing, a Parquet footer, a Ray
+    worker's read, the upload at the end), leaves as a ``MachineError`` (exit 5) naming the URI
+    and ending with ``hint``: ``RESUME_HINT`` for the local engine, ``RERUN_HINT`` for an engine
+    that keeps no checkpoints. Before the run, the same failure is a ``StoreError`` (exit 2).
+
+    Raises:
+        MachineError: for a ``StoreError`` raised inside, or a ``MachineError`` that carries
+            ``RESUME_HINT`` when ``hint`` is another (``rerun_whole``).
+    """
+    try:
+        yield
+    except StoreError as exc:
+        raise mid_run_error(exc, hint) from None
+    except MachineError as exc:
+        if hint == RESUME_HINT or RESUME_HINT not in str(exc):
+            raise
+        raise rerun_whole(exc) from None
 
 
 def _short(text: str) -> str:

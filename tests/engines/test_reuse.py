@@ -156,6 +156,11 @@ def test_repeated_texts_are_decoded_once_across_checkpoint_batches_within_the_ca
     stats, _, _ = _run(labeler, src, tmp_path / "one.parquet", batch_records=3, chunk_records=4, dedup_keys=1)
     # last text decoded, are shared: groups {0 1 2 (0) 3}, {1 4 0 5}, {2 (2)}
     assert stats.deduplicated == 2 and len(spy.texts) == 9
+    spy.texts.clear()  # --dedup-keys 0 is off: no copy shared, not even within one group (was 5 of 11 shared)
+    stats, off, _ = _run(labeler, src, tmp_path / "off.parquet", batch_records=3, chunk_records=4, dedup_keys=0)
+    assert stats.deduplicated == 0 and stats.decoded == 11
+    assert spy.texts == [texts[k] for k in order]  # every row reached the decoder, in input order
+    assert off.column("id").to_pylist() == [f"r{i}" for i in range(11)]
 
 
 def test_a_resumed_run_with_dedup_writes_what_an_uninterrupted_one_does(labeler, tmp_path):
