@@ -26,7 +26,19 @@ class StoreError(InputError):
     denied, an unreachable endpoint, no such bucket or key): one line naming the URI and the fix
     (``pcd_cli.io.storage.store_error``). Before the run starts it is the input's fault (exit 2);
     once the run has started the engines turn it into a ``MachineError`` (exit 5) that says how to
-    go on (``pcd_cli.io.storage.run_started``)."""
+    go on (``pcd_cli.io.storage.run_started``).
+
+    Attributes:
+        brief: the message without the store's own words (``detail``), for the mid-run line.
+        detail: the store's own words (pyarrow's message), or ``""``.
+    """
+
+    def __init__(self, message: str, brief: str | None = None, detail: str = ""):
+        super().__init__(message)
+        self.brief, self.detail = brief or message, detail
+
+    def __reduce__(self):  # whole across processes (a Ray worker's read failing)
+        return type(self), (str(self), self.brief, self.detail)
 
 
 class CalibrationError(SchemaError):

@@ -383,8 +383,6 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     column = id_column(spec)
     output, errors_path = Path(output), Path(errors_path)
     trace_path = Path(trace_path) if trace_path else None
-    check_job(labeler.schema, input_path, spec, output=output, errors_path=errors_path, trace_path=trace_path,
-              all_probs=all_probs, fmt=fmt)
     arrow_schema = keyed_schema(labeler.output_schema(column, pa.string() if spec.id_field else pa.int64(),
                                                       all_probs=all_probs))
     fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
@@ -398,8 +396,11 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
     id_name = arrow_schema.names[0]
     # the output lags the reader by the open group of rows to decode and the rest of its chunk
     # the run has started (the model is loaded): a store failing from here on, whatever it was
-    # doing (listing, reading a later part, the upload at the end), is exit 5 saying --resume
+    # doing (listing, checking the parts, reading a later part, the upload at the end), is exit 5
+    # saying --resume; the checks before the model (run_label_job) say exit 2
     with run_started():
+        check_job(labeler.schema, input_path, spec, output=output, errors_path=errors_path, trace_path=trace_path,
+                  all_probs=all_probs, fmt=fmt)
         reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records,
                               keep_digests=rows.max_span + 2 * chunk_records)
     repeated = stats.repeated_ids if spec.id_field else None

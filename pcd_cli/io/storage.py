@@ -277,6 +277,7 @@ def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool 
     """
     text = str(exc)
     scheme = uri_scheme(uri)
+    detail = ""  # the store's own words, where the reason is pcd's summary of them
     if isinstance(exc, FileNotFoundError) and not any(m in text for m in _NO_BUCKET):
         reason = "no such file, folder or prefix"
         fix = "check the path"
@@ -297,7 +298,7 @@ def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool 
                "application-default login`, or run where the metadata server gives credentials); a public "
                "bucket or an emulator needs none: gs://anonymous@bucket/...")
     elif any(m in text for m in _UNREACHABLE):
-        reason = f"the store{_endpoint(scheme, uri)} cannot be reached ({_short(text)})"
+        reason, detail = f"the store{_endpoint(scheme, uri)} cannot be reached", _short(text)
         fix = ("check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and the network" if scheme == "s3"
                else "check CLOUD_STORAGE_EMULATOR_ENDPOINT (or the URI's ?endpoint_override=) and the network"
                if scheme in ("gs", "gcs") else "check the endpoint and the network")
@@ -315,7 +316,9 @@ def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool 
     else:
         reason = _short(text) or type(exc).__name__
         fix = "check the store and the credentials"
-    failure = StoreError(f"{_head(option, uri)}: {what}: {reason}; {fix}")
+    said = f" ({detail})" if detail else ""
+    failure = StoreError(f"{_head(option, uri)}: {what}: {reason}{said}; {fix}",
+                         f"{_head(option, uri)}: {what}: {reason}; {fix}", detail)
     return mid_run_error(failure) if mid_run else failure
 
 
@@ -326,8 +329,9 @@ RERUN_HINT = "then run the command again (a Ray run keeps no checkpoints; an ear
 
 
 def mid_run_error(exc: StoreError, hint: str = RESUME_HINT) -> MachineError:
-    """A store failure met after the run started: the same line, exit 5, ending with ``hint``."""
-    return MachineError(f"{exc}, {hint}")
+    """A store failure met after the run started: exit 5, the URI, what failed and the fix, then
+    ``hint``, then the store's own words (so a log line cut at 200 characters still says what to do)."""
+    return MachineError(f"{exc.brief}, {hint}" + (f" ({exc.detail})" if exc.detail else ""))
 
 
 def rerun_whole(exc: MachineError) -> MachineError:

@@ -380,3 +380,66 @@ def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny,
     assert missing.exit_code == 2, missing.output
     said = flat(missing.output)
     assert "-o 's3://no-such-bucket/out/labels.parquet'" in said and "no such bucket 'no-such-bucket'" in said
+
+
+@pytest.mark.parametrize("lost", ["after the model loaded", "after the first checkpoint"])
+def test_a_store_lost_after_the_run_started_is_exit_5_saying_resume(tmp_path, monkeypatch, lost):
+    """The store itself goes away mid-run (its own SeaweedFS, stopped by pid; issue #51 item 3):
+    right after the model loaded (the input is listed next) or after the first checkpoint (a later
+    part is read next). Either way: exit 5, one line naming the URI, "cannot be reached" and
+    "then rerun with --resume", the JSON error event carrying exit_code 5; never exit 2. The store
+    back on the same data, --resume finishes the run with every row once, in listing order."""
+    from pcd_cli.engines import checkpoint, local
+    from tests import s3_server
+    from tests.helpers import ORACLE_SCHEMA, save_tiny_model
+
+    model, schema = tmp_path / "model", tmp_path / "oracle.json"
+    save_tiny_model(model, seed=1)
+    schema.write_text(json.dumps(ORACLE_SCHEMA))
+    store = s3_server.start(tmp_path / "seaweedfs")
+    try:
+        for p in range(8):  # 8 parts of 5 rows: the first chunk (16 rows) reads parts 0 to 3
+            store.put(f"lost/exports/part-{p}.parquet",
+                      export_part([{"id": f"p{p}-{i}", "body": f"flight {p}{i} was late"} for i in range(5)]))
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
+        if lost == "after the model loaded":
+            built = local.build_labeler
+
+            def build_then_lose(*a, **k):
+                labeler = built(*a, **k)
+                s3_server.stop(store)
+                return labeler
+
+            monkeypatch.setattr(local, "build_labeler", build_then_lose)
+        else:
+            commit = checkpoint.WorkDir.commit
+
+            def commit_then_lose(self, *a, **k):
+                commit(self, *a, **k)
+                s3_server.stop(store)
+
+            monkeypatch.setattr(checkpoint.WorkDir, "commit", commit_then_lose)
+        uri = f"s3://{store.bucket}/lost/exports/"
+        args = ("label", uri, "-s", schema, "--model", model, "--id-field", "id", "--text-field", "body",
+                "--batch-size", 5, "-o", tmp_path / "out.parquet", "--log-format", "json")
+        result = pcd(*args, code=5)
+        error = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")][-1]
+        assert (error["level"], error["event"], error["exit_code"]) == ("error", "error", 5), error
+        # the listing, or the part after the first chunk; what to do within the first 200 characters
+        part = uri if lost == "after the model loaded" else f"{uri}part-4.parquet"
+        assert error["message"].startswith(f"'{part}': cannot ")
+        assert ("cannot be reached; check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and the network, then rerun "
+                "with --resume (the rows finished so far are kept) (") in error["message"][:240]
+        monkeypatch.undo()
+        store = s3_server.start(tmp_path / "seaweedfs")  # back, on the same data
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
+        resumed = pcd(*args, "--resume", "--batch-size", 5)
+        events = [json.loads(line) for line in resumed.stderr.splitlines() if line.startswith("{")]
+        done = [e for e in events if e["event"] == "resumed"]  # the first chunk's 3 checkpoints were kept
+        assert [e["rows"] for e in done] == ([] if lost == "after the model loaded" else [15])
+    finally:
+        s3_server.stop(store)
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == [f"p{p}-{i}" for p in range(8) for i in range(5)]
