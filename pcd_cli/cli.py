@@ -48,6 +48,26 @@ from .version import __version__
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=Group,
                   help="Label records with closed schemas (booleans, enums) using parallel constrained decoding.")
 
+#: Columns of the help when stdout is not a terminal (``pcd label --help | less``, a file): rich
+#: falls back to 80 there, which split option names and wrapped every description to a few words.
+#: A terminal keeps its own width; ``COLUMNS`` or ``TERMINAL_WIDTH`` (typer's) still decide.
+PIPED_HELP_WIDTH = 100
+
+
+def _help_width() -> None:
+    """Set typer's help width once for every command (``typer.rich_utils.MAX_WIDTH``, read when
+    help is printed) to ``PIPED_HELP_WIDTH`` when stdout is not a terminal and no variable says."""
+    import os
+    import sys
+
+    import typer.rich_utils
+
+    if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+        typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
+
+
+_help_width()
+
 
 
 class Scoring(str, Enum):

@@ -386,6 +386,31 @@ def test_help(command, no_model):
         assert word in result.stdout, word
 
 
+def test_piped_help_is_100_columns_with_every_option_name_whole():
+    """``pcd label --help | less`` (stdout not a terminal, no COLUMNS): 100 columns, not rich's
+    80 (issue #51 item 6), every option of the command on one line; COLUMNS still decides."""
+    import os
+    import subprocess
+    import sys
+
+    from pcd_cli.cli import app
+    from typer.main import get_command
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH", "LINES")}
+    lines = {}
+    for columns in (None, "80"):
+        out = subprocess.run([sys.executable, "-m", "pcd_cli.cli", "label", "--help"], capture_output=True, text=True,
+                             env=env | ({"COLUMNS": columns} if columns else {}), cwd=ROOT, check=True).stdout
+        lines[columns] = out.splitlines()
+    assert max(map(len, lines[None])) == 100 and max(map(len, lines["80"])) == 80
+    text = "\n".join(lines[None])
+    names = [o for p in get_command(app).commands["label"].params for o in p.opts if o.startswith("--")]
+    assert len(names) > 30
+    for name in names:  # each name whole, followed by a space or the box's edge, never cut by a wrap
+        assert re.search(re.escape(name) + r"(\s|$)", text), name
+    assert len(lines[None]) < 0.75 * len(lines["80"])  # fewer, fuller lines
+
+
 def test_no_arguments_shows_help():
     result = pcd(code=None)
     assert "label" in result.output and "inspect-schema" in result.output
