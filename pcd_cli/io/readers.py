@@ -646,8 +646,8 @@ def check_jsonl_keys(path: str | Path, head: list[RawRow], spec: InputSpec) -> N
     role = "template column" if template else "id field" if name == spec.id_field else "text field"
     shown = ", ".join(keys[:20]) + (f", ... ({len(keys)} keys)" if len(keys) > 20 else "")
     within = "its only JSON object" if len(objects) == 1 else f"any of its first {len(objects)} JSON objects"
-    raise InputError(f"{str(path)!r}: no key {name!r} (the {role}) in {within} (keys: {shown}); "
-                     "see --text-field, --template and --id-field")
+    raise InputError(f"{str(path)!r}: no key {name!r} (the {role}) in {within} (keys: {shown}"
+                     f"{partition_note(spec)}); see --text-field, --template and --id-field")
 
 
 #: The column ``pcd label`` takes as the record id when ``--id-field`` is not given.
@@ -793,8 +793,15 @@ def check_frame_columns(path: str | Path, names: list[str], spec: InputSpec) -> 
             shown = "\\t" if found == "\t" else found
             hint = (f"; the header is one column made of '{shown}'-separated names: pass "
                     f"--csv-delimiter '{shown}'")
-    raise InputError(f"{name}: no column {missing[0]!r} (columns: {', '.join(names)}){hint}"
+    raise InputError(f"{name}: no column {missing[0]!r} (columns: {', '.join(names)}{partition_note(spec)}){hint}"
                      + ("" if hint else "; see --text-field, --template and --id-field"))
+
+
+def partition_note(spec: InputSpec) -> str:
+    """``; partition columns: date, region`` for a file under hive ``key=value`` folders (the
+    columns its path adds, usable in --template and --id-field as its own), else ``""``: said
+    wherever a missing column lists the columns found."""
+    return f"; partition columns: {', '.join(spec.partition)}" if spec.partition else ""
 
 
 #: Largest CSV cell accepted (characters); longer texts are cut to the model's context anyway.

@@ -61,3 +61,36 @@ def test_ray_engine_refuses_a_jsonl_without_the_text_key_before_ray_starts(tmp_p
     with pytest.raises(InputError, match=r"b\.jsonl': no key 'text' \(the text field\) in its only JSON object "
                                          r"\(keys: id, message\)"):
         label_files(folder, SCHEMA, InputSpec(id_field="id"), {}, output=tmp_path / "out", errors_path=tmp_path / "e")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+@pytest.mark.parametrize("option, value, missing", [("--template", "{day}: {body}", "day"),
+                                                    ("--id-field", "ident", "ident")])
+def test_an_unknown_field_lists_the_columns_found_partition_columns_included(tmp_path, fmt, option, value, missing):
+    """Under hive folders (``date=.../region=...``) an unknown --template or --id-field name lists
+    the file's columns and the partition columns its path adds (issue #51 item 6), exit 2 before
+    the model; the partition columns themselves are accepted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = tmp_path / "exports" / "date=2026-12-05" / "region=eu"
+    part.mkdir(parents=True)
+    rows = [{"id": "a", "body": "late again"}, {"id": "b", "body": "fine"}]
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), part / "part-0.parquet")
+        found = "columns: id, body"
+    elif fmt == "jsonl":
+        (part / "part-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        found = "keys: id, body"
+    else:
+        (part / "part-0.csv").write_text("id,body\na,late again\nb,fine\n")
+        found = "columns: id, body"
+    options = {"--template": "{date} {region}: {body}", "--id-field": "id"} | {option: value}
+    args = [part for pair in options.items() for part in pair]
+    result = pcd("label", tmp_path / "exports", "-s", AIRLINE, *args, "--model", tmp_path / "no-such-model",
+                 "-o", tmp_path / "o.parquet", code=2)
+    message = flat(result.stderr)
+    assert f"part-0.{fmt}': no {'key' if fmt == 'jsonl' else 'column'} {missing!r}" in message
+    assert f"({found}; partition columns: date, region)" in message, message
+    pcd("label", tmp_path / "exports", "-s", AIRLINE, "--template", "{date} {region}: {body}", "--id-field", "id",
+        "--model", tmp_path / "no-such-model", "-o", tmp_path / "o.parquet", code=3)  # the right names pass
