@@ -7,13 +7,14 @@ loses at most the batch in flight. The outputs appear only when every input row 
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import pyarrow as pa
 from tqdm import tqdm
@@ -27,7 +28,7 @@ from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure
 from ..schema.model import TRUNCATED_COLUMN, Schema
 from ..io.storage import (STAGING_ROOT, StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged,
-                          run_started, sibling, uri_name)
+                          partition_values, run_started, sibling, uri_name)
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, PARTLY_REUSED, REUSED, Labelled, ReuseIndex, ReuseSource,
                     ReusingLabeler, keyed_metadata, keyed_schema, read_sources)
@@ -152,7 +153,7 @@ def write_empty_output(schema: Schema, input_path: str | Path, job: LabelJob, *,
     arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))
     stats = RunStats(schema)
     metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema) \
-        | stats.metadata(_input_name(input_path))
+        | stats.metadata(input_metadata(input_path))
     sink = ParquetSink(output, arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()}))
     try:
         clear_stale(errors_path)
@@ -328,9 +329,31 @@ def job_fingerprint(labeler: Labeler, input_path: str | Path, spec: InputSpec, *
 STDIN_NAME = "<stdin>"
 
 
-def _input_name(input_path: str | Path) -> str:
-    """How output metadata names the input: its file name, or ``<stdin>``."""
-    return STDIN_NAME if is_stdin(input_path) else Path(input_path).name
+def input_metadata(input_path: str | Path, files: Sequence[str] = ()) -> dict[str, str]:
+    """How an output names what it read (both engines): ``pcd.input``, the input whole as the
+    fingerprint names it (``storage.canonical``: a URI with its bucket and prefix, a local path
+    made absolute; ``<stdin>``); with a folder, glob or prefix, ``pcd.input_files``, the files
+    read in order (a JSON list, named so); and under hive ``key=value`` folders,
+    ``pcd.input_partitions``, each partition column's distinct values (a JSON object of sorted
+    lists; a null partition is ``null``).
+
+    Args:
+        files: the files read, as ``FileList.name`` names them (``()``: not listed).
+    """
+    if is_stdin(input_path):
+        return {"pcd.input": STDIN_NAME}
+    out = {"pcd.input": canonical(input_path)}
+    names = [canonical(f) for f in files]
+    if names and names != [out["pcd.input"]]:
+        out["pcd.input_files"] = json.dumps(names)
+    partitions: dict[str, set] = {}
+    for name in files:
+        for column, value in partition_values(str(name)).items():
+            partitions.setdefault(column, set()).add(value)
+    if partitions:
+        out["pcd.input_partitions"] = json.dumps({c: sorted(v, key=lambda x: (x is None, x or ""))
+                                                  for c, v in partitions.items()})
+    return out
 
 
 def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, output: str | Path,
@@ -514,7 +537,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         unmatched = index.unmatched(stats.decoded) if index is not None else None  # rows of this process
         if unmatched and on_event is not None:
             on_event("reuse", {"message": unmatched, "reason": "no text matched"}, "warning")
-        metadata = labeler.metadata() | stats.metadata(_input_name(input_path)) \
+        listed = [reader.files.name(i) for i in range(len(reader.files.files))] if reader.files is not None else []
+        metadata = labeler.metadata() | stats.metadata(input_metadata(input_path, listed)) \
             | keyed_metadata(parts, index.reused_metadata() if index is not None else ())
         work.finish(output, errors_path=errors_path, trace_path=trace_path, metadata=metadata)
     return stats

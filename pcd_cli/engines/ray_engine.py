@@ -809,8 +809,10 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
     else:  # no row reached a worker (an empty input): the columns by the job's own rule, as the local engine
         metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema)
         arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))
+    from .local import input_metadata
+
     metadata = metadata | {"pcd.created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")} \
-        | stats.metadata(Path(str(input_path)).name)
+        | stats.metadata(input_metadata(input_path, files))
     if JOB_PARTS_KEY in metadata:  # the workers' fingerprint, with the rows copied (as the local engine's pcd.reused)
         metadata |= keyed_metadata(json.loads(metadata[JOB_PARTS_KEY]),
                                    [{"path": p, "rows": n} for p, n in copied.items()]

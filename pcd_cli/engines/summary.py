@@ -175,11 +175,11 @@ class RunStats:
         """Input rows read: labelled + failed."""
         return self.records + self.failures
 
-    def metadata(self, input_name: str) -> dict[str, str]:
-        """The run's part of the output's key-value metadata: ``pcd.input`` (the input file's
-        name, or ``<stdin>``) and the counts ``pcd.records_read|labelled|failed|truncated|reused|
-        deduplicated|partly_reused``."""
-        return {"pcd.input": input_name, "pcd.records_read": str(self.read),
+    def metadata(self, input_meta: dict[str, str]) -> dict[str, str]:
+        """The run's part of the output's key-value metadata: what it read (``input_meta``:
+        ``pcd_cli.engines.local.input_metadata``) and the counts ``pcd.records_read|labelled|
+        failed|truncated|reused|deduplicated|partly_reused``."""
+        return input_meta | {"pcd.records_read": str(self.read),
                 "pcd.records_labelled": str(self.records), "pcd.records_failed": str(self.failures),
                 "pcd.records_truncated": str(self.truncated), "pcd.records_reused": str(self.reused),
                 "pcd.records_deduplicated": str(self.deduplicated),

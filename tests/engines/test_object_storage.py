@@ -71,8 +71,16 @@ def test_an_s3_partition_labelled_into_s3_equals_the_local_run(tmp_path, monkeyp
     assert remote.to_pylist() == local.to_pylist()  # same values, bit for bit, in the same order
     assert remote.column("id").to_pylist() == ["t1", "t2", "t4", "t5"]
     meta = remote.schema.metadata
-    assert {k: v for k, v in meta.items() if b"created" not in k} == \
-        {k: v for k, v in local.schema.metadata.items() if b"created" not in k}
+    assert {k: v for k, v in meta.items() if b"created" not in k and b"pcd.input" not in k} == \
+        {k: v for k, v in local.schema.metadata.items() if b"created" not in k and b"pcd.input" not in k}
+    # what was read, whole: the URI (not only 'date=...'), its files in order, the partition (issue #51 item 6)
+    prefix = f"s3://{s3_store.bucket}/nightly/exports/date={DATE}"
+    assert meta[b"pcd.input"].decode() == prefix
+    assert json.loads(meta[b"pcd.input_files"]) == [f"{prefix}/part-0000{i}.parquet" for i in range(2)]
+    assert json.loads(meta[b"pcd.input_partitions"]) == {"date": [DATE]}
+    local_meta = local.schema.metadata
+    assert local_meta[b"pcd.input"].decode() == str((tmp_path / "exports" / f"date={DATE}").resolve())
+    assert local_meta[b"pcd.input_partitions"] == meta[b"pcd.input_partitions"]
     errors = [orjson.loads(line) for line in _read(s3_store, f"nightly/out/{DATE}.errors.jsonl").splitlines()]
     local_errors = jsonl_rows(tmp_path / "local.errors.jsonl")
     assert [e["file"] for e in errors] == [f"s3://{s3_store.bucket}/nightly/exports/date={DATE}/part-00000.parquet"]
