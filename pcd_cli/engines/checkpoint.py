@@ -55,7 +55,10 @@ class Progress:
     ``reused``, ``deduplicated``: records copied rather than decoded (``pcd_cli.engines.reuse``);
     ``partly_reused``: records whose unchanged fields were copied, the others decoded;
     ``redo``: the last rows done that a resumed run labels again and drops, so that the group of
-    records decoded together across the commit is decoded whole (``ReusingLabeler.redo_for``)."""
+    records decoded together across the commit is decoded whole (``ReusingLabeler.redo_for``);
+    ``model_rows``, ``forward_passes``, ``seconds``: what labelling cost so far, summed over every
+    run of this work folder up to its last commit (rows decoded by the model, forward passes,
+    wall seconds), so a resumed run's summary can show the whole run's cost."""
 
     parts: int = 0
     rows: int = 0
@@ -67,6 +70,9 @@ class Progress:
     deduplicated: int = 0
     redo: int = 0
     partly_reused: int = 0
+    model_rows: int = 0
+    forward_passes: int = 0
+    seconds: float = 0.0
 
 
 def work_dir_for(output: str | Path) -> Path:
@@ -229,11 +235,13 @@ class WorkDir:
     # -- committing and reading back ---------------------------------------------------------
     def commit(self, table: pa.Table, errors: list[dict], traces: list[dict], *, truncated: int,
                input_sha256: str = "", reused: int = 0, deduplicated: int = 0, redo: int = 0,
-               partly_reused: int = 0) -> None:
+               partly_reused: int = 0, cost: tuple[int, int, float] | None = None) -> None:
         """Make one batch durable: its labelled rows, failed rows and traces, then the manifest.
 
         ``table`` has the output columns; ``rows`` done grow by ``table.num_rows + len(errors)``;
-        ``input_sha256`` is the hash of the raw bytes of every row done, this batch's included.
+        ``input_sha256`` is the hash of the raw bytes of every row done, this batch's included;
+        ``cost``: ``(model_rows, forward_passes, seconds)`` of every run so far, summed
+        (``Progress``; ``None`` keeps the last).
         """
         index = self.progress.parts
         part = AtomicFile(self._part(index, ".parquet"))
@@ -253,7 +261,9 @@ class WorkDir:
                                  records=p.records + table.num_rows, failures=p.failures + len(errors),
                                  truncated=p.truncated + truncated, input_sha256=input_sha256,
                                  reused=p.reused + reused, deduplicated=p.deduplicated + deduplicated, redo=redo,
-                                 partly_reused=p.partly_reused + partly_reused)
+                                 partly_reused=p.partly_reused + partly_reused,
+                                 **dict(zip(("model_rows", "forward_passes", "seconds"),
+                                            cost or (p.model_rows, p.forward_passes, p.seconds))))
         self._write_manifest()
 
     def tables(self) -> Iterator[pa.Table]:

@@ -32,7 +32,7 @@ from ..io.storage import (STAGING_ROOT, StagedOutput, canonical, is_glob, is_rem
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, PARTLY_REUSED, REUSED, Labelled, ReuseIndex, ReuseSource,
                     ReusingLabeler, keyed_metadata, keyed_schema, read_sources)
-from .summary import RunStats
+from .summary import Resumed, RunStats
 
 #: Records per checkpoint (one part file in the work directory) unless told otherwise.
 DEFAULT_BATCH_RECORDS = 256
@@ -448,6 +448,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
             stats.failures, stats.truncated = work.progress.failures, work.progress.truncated
             stats.reused, stats.deduplicated = work.progress.reused, work.progress.deduplicated
             stats.partly_reused = work.progress.partly_reused
+            stats.resumed = Resumed(work.progress.rows, work.progress.model_rows, work.progress.forward_passes,
+                                    work.progress.seconds)
             if repeated is not None:
                 for rid in work.committed_ids():
                     repeated.add(rid)
@@ -465,7 +467,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                             pending.traces, truncated=pending.truncated, reused=pending.reused,
                             deduplicated=pending.deduplicated, partly_reused=pending.partly_reused,
                             redo=rows.redo_for(work.progress.rows + pending.rows),
-                            input_sha256=reader.digest_after(work.progress.rows + pending.rows))
+                            input_sha256=reader.digest_after(work.progress.rows + pending.rows),
+                            cost=timed().whole_cost())
                 pending = _Pending()
                 emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
                                     "failures": work.progress.failures})
@@ -514,6 +517,7 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                     stats.reused += done.kind == REUSED
                     stats.deduplicated += done.kind == DEDUPLICATED
                     stats.partly_reused += done.kind == PARTLY_REUSED
+                    stats.model_rows += done.kind == PARTLY_REUSED  # its other fields decoded
                     if pending.rows >= batch_records:
                         commit()
                 bar.update(len(released) - dropped)

@@ -780,6 +780,7 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
     errors.sort(key=lambda e: e["row"])
     stats.failures = len(errors)
     stats.decoded = stats.records
+    stats.model_rows = stats.records - stats.reused - stats.deduplicated  # copies went through no model
     if len(metas) > 1:
         raise EngineError("the workers built different prompts or models (their metadata differ: "
                           f"{sorted(metas)[:2]}); install the same pcd, model files and options on every node")

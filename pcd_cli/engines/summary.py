@@ -35,6 +35,18 @@ class FieldStats:
 ABSTAINED = "(abstained)"
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """The earlier runs a resumed run continued, as their committed work says
+    (``pcd_cli.engines.checkpoint.Progress``): ``rows`` done, ``model_rows`` decoded by the model,
+    ``forward_passes``, wall ``seconds`` (summed over those runs, to their last commit)."""
+
+    rows: int
+    model_rows: int
+    forward_passes: int
+    seconds: float
+
+
 @dataclass
 class RunStats:
     """Accumulates results as they stream by.
@@ -60,6 +72,11 @@ class RunStats:
     partly_reused: int = 0
     forward_passes: int = 0
     seconds: float = 0.0
+    #: records this process decoded with the model (``add``; a partly reused row too), copies not counted
+    model_rows: int = 0
+    #: a resumed run: what the earlier runs did (``Resumed``); ``forward_passes``, ``seconds`` and
+    #: ``model_rows`` above are this process's, ``whole_cost`` the sum
+    resumed: Resumed | None = None
     fields: list[FieldStats] = field(default_factory=list)
     #: rows whose id repeats an earlier row's (counted by the caller; never merged)
     repeated_ids: RepeatedIds = field(default_factory=RepeatedIds)
@@ -91,6 +108,7 @@ class RunStats:
         probability of that answer and the option's own mass."""
         self.truncated += result.truncated
         self.decoded += 1
+        self.model_rows += 1
         fields = result.fields
         counted = [(ABSTAINED if res.value is None else f.labels[res.label], res.prob, res.mass)
                    for f, res in zip(self.schema.fields, fields)]
@@ -197,10 +215,36 @@ class RunStats:
         """Lowest-mass (mass, record id, field) pairs, lowest first."""
         return [(-neg, rid, name) for neg, _, rid, name in sorted(self._worst, reverse=True)]
 
+    def whole_cost(self) -> tuple[int, int, float]:
+        """``(model_rows, forward_passes, seconds)`` of the whole run: this process's plus, when it
+        resumed, the earlier runs' (``resumed``)."""
+        before = self.resumed or Resumed(0, 0, 0, 0.0)
+        return (before.model_rows + self.model_rows, before.forward_passes + self.forward_passes,
+                before.seconds + self.seconds)
+
+    def resumed_line(self) -> str | None:
+        """One plain sentence for a resumed run's summary: what the earlier runs did and what the
+        whole run cost; ``None`` for a run that did not resume."""
+        if self.resumed is None:
+            return None
+        r, (rows, passes, seconds) = self.resumed, self.whole_cost()
+        return (f"resumed: {r.rows} rows were done by an earlier run ({r.model_rows} decoded, {r.forward_passes} "
+                f"forward passes, {r.seconds:.1f} s); this run decoded {self.model_rows} ({self.forward_passes} "
+                f"passes, {self.seconds:.1f} s); the whole run: {rows} decoded, {passes} forward passes, {seconds:.1f} s")
+
     def to_dict(self) -> dict:
-        """The summary as plain JSON-able data (for ``--log-format json``)."""
+        """The summary as plain JSON-able data (for ``--log-format json``): this process's rates
+        (``seconds``, ``records_per_second``, ``forward_passes_per_record``), ``decoded`` (rows
+        through the model), and for a resumed run ``resumed`` (the earlier runs') and
+        ``whole_run`` (the sum: rows decoded, forward passes, seconds)."""
         n = max(self.records, 1)
-        return {
+        rows, passes, seconds = self.whole_cost()
+        resumed = {"resumed": {"rows": self.resumed.rows, "decoded": self.resumed.model_rows,
+                               "forward_passes": self.resumed.forward_passes,
+                               "seconds": round(self.resumed.seconds, 3)},
+                   "whole_run": {"decoded": rows, "forward_passes": passes, "seconds": round(seconds, 3)}} \
+            if self.resumed is not None else {}
+        return resumed | {"decoded": self.model_rows, 
             "read": self.read, "labelled": self.records, "failed": self.failures, "truncated": self.truncated,
             "reused": self.reused, "deduplicated": self.deduplicated, "partly_reused": self.partly_reused,
             "seconds": round(self.seconds, 3), "records_per_second": round(self.records_per_second, 3),
@@ -237,6 +281,8 @@ class RunStats:
                       f"{f', {self.partly_reused} partly reused' if self.partly_reused else ''}; "
                       f"{len(self.schema.fields)} field{'s' * (len(self.schema.fields) != 1)}, "
                       f"{self.records_per_second:.2f} records/s, {self.passes_per_record:.2f} forward passes per record")
+        if self.resumed is not None:
+            console.print(self.resumed_line(), highlight=False)
         table = Table(title=f"schema {escape(self.schema.name)}", show_lines=False)
         table.add_column("field")
         table.add_column("labels (count)")

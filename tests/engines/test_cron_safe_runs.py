@@ -27,6 +27,7 @@ from pcd_cli.api import Labeler
 from pcd_cli.engines.checkpoint import work_dir_for
 from pcd_cli.decoding.decode import TRUNCATION_MARK
 from pcd_cli.results import Record, RecordFailure
+from pcd_cli.engines.summary import Resumed
 from pcd_cli.errors import Interrupted, TooManyErrors
 from pcd_cli.io.readers import InputSpec, read_records
 from pcd_cli.engines.local import label_file
@@ -161,6 +162,10 @@ def test_stop_request_commits_and_resume_finishes_identically(backend, tmp_path)
     assert not out.exists() and not out.with_suffix(".errors.jsonl").exists()
     manifest = orjson.loads((work_dir_for(out) / "manifest.json").read_bytes())
     first_8_lines = b"".join(src.read_bytes().splitlines(keepends=True)[:8])
+    first = info.value.stats  # what the stopped run cost, all of it committed with its 8 rows
+    cost = {k: manifest["progress"].pop(k) for k in ("model_rows", "forward_passes", "seconds")}
+    assert cost["model_rows"] == first.model_rows == 7 and cost["forward_passes"] == first.forward_passes > 0
+    assert 0 < cost["seconds"] <= first.seconds
     assert manifest["progress"] == {"parts": 2, "rows": 8, "records": 7, "failures": 1, "truncated": 0,
                                     "input_sha256": hashlib.sha256(first_8_lines).hexdigest(),
                                     "reused": 0, "deduplicated": 0, "redo": 0, "partly_reused": 0}
@@ -169,6 +174,15 @@ def test_stop_request_commits_and_resume_finishes_identically(backend, tmp_path)
                  on_event=lambda name, fields: events.append((name, fields.get("rows"))))
     assert events[0] == ("resumed", 8) and events[-1] == ("checkpoint", 20)
     assert (stats.read, stats.records, stats.failures, stats.decoded) == (20, 17, 3, 10)
+    # the whole night's cost, not only the part after the resume (issue #51 item 6)
+    assert stats.resumed == Resumed(8, 7, cost["forward_passes"], cost["seconds"]) and stats.model_rows == 10
+    assert stats.whole_cost() == (17, cost["forward_passes"] + stats.forward_passes, cost["seconds"] + stats.seconds)
+    done = stats.to_dict()
+    assert done["resumed"] == {"rows": 8, "decoded": 7, "forward_passes": cost["forward_passes"],
+                               "seconds": round(cost["seconds"], 3)}
+    assert done["whole_run"]["decoded"] == 17 and done["decoded"] == 10
+    assert stats.resumed_line().startswith("resumed: 8 rows were done by an earlier run (7 decoded, ")
+    assert "the whole run: 17 decoded, " in stats.resumed_line()
     assert _columns(out) == _columns(reference)
     assert out.with_suffix(".errors.jsonl").read_bytes() == reference.with_suffix(".errors.jsonl").read_bytes()
     assert not work_dir_for(out).exists()
