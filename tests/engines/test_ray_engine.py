@@ -95,7 +95,12 @@ def test_ray_matches_local(local_ray, files, tmp_path, source, workers, id_field
     assert (tmp_path / "ray.parquet").is_dir()
     remote = pq.read_table(tmp_path / "ray.parquet")
     assert remote.num_rows == len(TEXTS)
-    assert_same(local, remote, skip_meta=("pcd.created_utc",) + (("pcd.input",) if source == "parts" else ()))
+    assert_same(local, remote, skip_meta=("pcd.created_utc",) + (("pcd.input", "pcd.input_files") if source == "parts"
+                                                                else ()))
+    if source == "parts":  # the folder whole, and its files in the order read (as the local engine names them)
+        assert remote.schema.metadata[b"pcd.input"].decode() == str(files["parts"].resolve())
+        assert json.loads(remote.schema.metadata[b"pcd.input_files"]) == \
+            sorted(str(f.resolve()) for f in files["parts"].glob("part-*.parquet"))
     assert remote.schema.metadata[b"pcd.records_read"] == str(len(TEXTS)).encode()
     assert not list(tmp_path.glob(".*"))  # no temporary folder left
 
@@ -271,6 +276,7 @@ def test_ray_reuse_and_dedup_same_values_and_counts_as_local(local_ray, files, t
     want, got = done(local_run), done(ray_run)
     assert (got["reused"], got["deduplicated"], got["labelled"]) == (want["reused"], want["deduplicated"],
                                                                      want["labelled"]) == (11, 2, 17)
+    assert got["decoded"] == want["decoded"] == 4  # through the model: the rows neither reused nor deduplicated
     assert any("rows of the same job to copy from" in line for line in ray_run.stderr.splitlines())
     local, remote = pq.read_table(tmp_path / "local.parquet"), pq.read_table(tmp_path / "ray.parquet")
     assert_same(local, remote)  # rows, order, values (1e-5), metadata: pcd.reused, pcd.records_reused/deduplicated

@@ -92,5 +92,9 @@ def test_an_unknown_field_lists_the_columns_found_partition_columns_included(tmp
     message = flat(result.stderr)
     assert f"part-0.{fmt}': no {'key' if fmt == 'jsonl' else 'column'} {missing!r}" in message
     assert f"({found}; partition columns: date, region)" in message, message
+    logged = pcd("label", tmp_path / "exports", "-s", AIRLINE, *args, "--model", tmp_path / "no-such-model",
+                 "-o", tmp_path / "o.parquet", "--log-format", "json", code=2)
+    error = json.loads(logged.stderr.splitlines()[-1])  # the JSON error event carries the exit code
+    assert (error["event"], error["exit_code"]) == ("error", 2) and "partition columns: date, region" in error["message"]
     pcd("label", tmp_path / "exports", "-s", AIRLINE, "--template", "{date} {region}: {body}", "--id-field", "id",
         "--model", tmp_path / "no-such-model", "-o", tmp_path / "o.parquet", code=3)  # the right names pass

@@ -261,3 +261,39 @@ def test_a_staged_output_whose_record_vanished_is_not_reported_uploaded(tmp_path
     plain.parent.mkdir()
     plain.write_bytes(b"PAR1")
     assert publish_staged(plain) is None  # a local output: nothing to upload
+
+
+def test_a_store_failure_is_exit_2_before_the_run_and_exit_5_once_it_started():
+    """``store_error`` is a ``StoreError`` (an ``InputError``, exit 2) wherever it is raised;
+    inside ``run_started`` (issue #51 item 3) it leaves as a ``MachineError`` (exit 5) with the URI,
+    the fix, then the hint, then the store's own words: the local engine's "rerun with --resume",
+    Ray's "run the command again". It crosses a process whole (a Ray worker's read)."""
+    import pickle
+
+    from pcd_cli.errors import StoreError, exit_code
+
+    cause = OSError("When reading information for key 'x/part-4.parquet' in bucket 'b': AWS Error "
+                    "NETWORK_CONNECTION during HeadObject operation: curlCode: 7, Could not connect to server")
+    before = storage.store_error(cause, "s3://b/x/part-4.parquet")
+    assert type(before) is StoreError and exit_code(before) == 2
+    assert str(before).startswith("'s3://b/x/part-4.parquet': cannot read: the store cannot be reached (When reading")
+    for hint, words in ((storage.RESUME_HINT, "then rerun with --resume (the rows finished so far are kept)"),
+                        (storage.RERUN_HINT, "then run the command again (a Ray run keeps no checkpoints")):
+        with pytest.raises(MachineError) as info:
+            with storage.run_started(hint):
+                raise pickle.loads(pickle.dumps(before))
+        said = str(info.value)
+        assert exit_code(info.value) == 5
+        assert said.startswith("'s3://b/x/part-4.parquet': cannot read: the store cannot be reached; check "
+                               "AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and the network, " + words)
+        assert said.endswith("curlCode: 7, Could not connect to server)") and said.count("--resume") == \
+            (hint == storage.RESUME_HINT)
+    # a mid-run MachineError saying --resume (the upload) reads as Ray says it; other errors pass as they are
+    upload = storage.store_error(cause, "s3://b/out.parquet", option="-o", mid_run=True, what="cannot write")
+    with pytest.raises(MachineError, match="then run the command again") as info:
+        with storage.run_started(storage.RERUN_HINT):
+            raise upload
+    assert "--resume" not in str(info.value)
+    with pytest.raises(InputError, match="not a readable Parquet file"):
+        with storage.run_started():
+            raise InputError("'x.parquet': not a readable Parquet file")
