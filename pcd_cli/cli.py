@@ -41,6 +41,7 @@ from .engines.local import DEFAULT_BATCH_RECORDS
 from .engines.reuse import DEFAULT_DEDUP_KEYS
 from .quality.calibration import DEFAULT_UNLABELLED_SAMPLE
 from .errors import InputError, PcdError, exit_code
+from .quality.decision import calibrate_objective_help, tune_objective_help
 from .server import limits as L
 from .tune import DEFAULT_MASS_WEIGHT
 from .version import __version__
@@ -494,11 +495,7 @@ def bench(
 
 PLOT_OPT = typer.Option(None, "--plot", help="Write reliability diagrams (PNG) into this folder "
                         "(needs pip install 'pcd-cli\\[plot]').")
-OBJECTIVE_OPT = typer.Option("likelihood", "--objective", help="What the labels written are chosen for: "
-                             "likelihood (the most probable label), macro-f1, balanced-accuracy, f1:LABEL, "
-                             "precision:LABEL>=P, recall:LABEL>=R or cost:FILE (docs/quality.md). Any but likelihood "
-                             "fits a decision rule per field (a threshold, per-label offsets) on the gold rows by "
-                             "cross-validation; needs 10 gold rows of each label in play.")
+OBJECTIVE_OPT = typer.Option("likelihood", "--objective", help=calibrate_objective_help())
 FORCE_RULE_OPT = typer.Option(False, "--force-rule", help="Write each field's decision rule even where its gain "
                               "over argmax on held-out folds has a 95 % interval holding zero (by default such a "
                               "field keeps argmax, with a note naming the gain and its interval).")
@@ -721,10 +718,7 @@ def tune(
                                            "every epoch; default 2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the holdout split, the shuffle, the adapter's "
                              "initialisation and the --examples draw."),
-    objective: str = typer.Option("likelihood", "--objective", help="As pcd calibrate --objective: also fit a "
-                                  "decision rule per field on the holdout's calibrated probabilities, written in "
-                                  "the folder's pcd-calibration.json (a field below 10 holdout rows per label "
-                                  "keeps argmax, said)."),
+    objective: str = typer.Option("likelihood", "--objective", help=tune_objective_help()),
     force_rule: bool = FORCE_RULE_OPT,
     max_tokens_per_pass: int = BUDGET_OPT,
     adapter_only: bool = typer.Option(False, "--adapter-only", help="Write only the LoRA adapter (apply it with "
@@ -761,7 +755,7 @@ def tune(
                             max_tokens_per_pass=max_tokens_per_pass, mass_weight=mass_weight,
                             permutations=permutations, cross_fit=cross_fit,
                             patience=DEFAULT_PATIENCE if patience is None else patience,
-                            objective=parse_objective(objective).name and objective,  # checked before training
+                            objective=parse_objective(objective),  # checked before training
                             force_rule=force_rule)
         try:
             run = tune_on_gold(gold, schema, job, output, config, id_field=id_field, csv_delimiter=csv_delimiter,

@@ -271,21 +271,19 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
     if parsed.isolate_fields or job.isolate_fields:  # the trainer reads the shared-catalog prompt only
         raise InputError("pcd tune trains the shared-catalog prompt; isolate_fields is not trained yet: tune "
                          "without it (drop isolate_fields: true / --isolate-fields) and label the same way")
-    if config.objective:
-        from .quality.decision import check_objective_labels, parse_objective
+    from .quality.decision import check_objective_labels
 
-        check_objective_labels(parse_objective(config.objective), parsed.fields)  # before the model loads
+    check_objective_labels(config.objective, parsed.fields)  # before the model loads
     job = replace(job, id_field=id_field, backend=TRAINING_BACKEND, calibration=None, tuned_calibration=False,
                   scoring=config.scoring, permutations=config.permutations,
                   max_tokens_per_pass=config.max_tokens_per_pass)
     spec = job.input_spec(csv_delimiter=csv_delimiter)
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
     check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
-    if config.objective:  # a label no gold row has: refused before training (the floor is the holdout's)
-        from .quality.calibration import check_objective_gold
-        from .quality.decision import parse_objective
+    from .quality.calibration import check_objective_gold
 
-        check_objective_gold(gold_frame, parsed, parse_objective(config.objective), id_field=id_field, floor=False)
+    # a label no gold row has: refused before training (the floor is the holdout's)
+    check_objective_gold(gold_frame, parsed, config.objective, id_field=id_field, floor=False)
     labeler = build_labeler(parsed, job)
     gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
     notes = [f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; left out "

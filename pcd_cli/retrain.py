@@ -147,25 +147,30 @@ class Fitted:
     own_model: bool
 
 
-def served_objective(job: LabelJob) -> str:
+def served_objective(job: LabelJob):
     """The objective of the calibration ``job`` applies (``--calibration``, else a tuned folder's
     own): a retrain fits its decision rules again for it (``pcd calibrate --objective``), so the
     labels served keep following the rule the user chose. ``likelihood`` without one, or for a
-    ``cost:`` objective (its cost file is not at hand: the rule falls back to argmax)."""
+    ``cost:`` objective (its cost file is not at hand: the rule falls back to argmax).
+
+    Returns:
+        the ``quality.decision.Objective`` (read back from the file: ``recorded_objective``)."""
     from .api import tuned_calibration_path
     from .errors import PcdError
     from .quality import Calibration
+    from .quality.decision import LIKELIHOOD, recorded_objective
 
     path = job.calibration
     if path is None and job.tuned_calibration:
         path = tuned_calibration_path(job.adapter) or tuned_calibration_path(job.model)
     if path is None:
-        return "likelihood"
+        return LIKELIHOOD
     try:
-        objective = path.objective if isinstance(path, Calibration) else Calibration.load(path).objective
+        calibration = path if isinstance(path, Calibration) else Calibration.load(path)
+        objective = recorded_objective(calibration.objective, f"calibration {str(path)!r}")
     except PcdError:
-        return "likelihood"
-    return "likelihood" if objective.startswith("cost:") else objective
+        return LIKELIHOOD
+    return LIKELIHOOD if objective.row.reads_file else objective
 
 
 def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fitted:

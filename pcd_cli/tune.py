@@ -42,6 +42,7 @@ from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS, Decoder
 from .errors import InputError, TuneInterrupted
 from .io.readers import InputSpec, row_to_record
 from .quality import metrics as M
+from .quality.decision import LIKELIHOOD, Objective, parse_objective
 from .quality.folds import first_rows, group_index
 from .quality.data import (
     FieldSpec,
@@ -99,8 +100,9 @@ class TuneConfig:
             (``tune``). 0: one holdout of ``holdout`` picks the epoch and fits the calibration.
         patience: early stopping: training ends once this many epochs in a row did not beat
             the best holdout NLL (0: every epoch runs). Without holdout rows it never stops early.
-        objective: ``pcd tune --objective`` (``quality.decision``): the decision rule fitted with the
-            calibration on the holdout (``fit_tune_calibration``); ``likelihood``: none.
+        objective: ``pcd tune --objective`` (``quality.decision.Objective``; its text is parsed
+            here, ``parse_objective``): the decision rule fitted with the calibration on the
+            holdout (``fit_tune_calibration``); ``likelihood``: none. The card records its name.
         force_rule: ``pcd tune --force-rule``: write each rule even where it shows no held-out
             gain over argmax (``quality.decision.fit_rule``).
     """
@@ -116,8 +118,12 @@ class TuneConfig:
     permutations: int = 1
     cross_fit: int = 0
     patience: int = 0
-    objective: str = "likelihood"
+    objective: Objective = LIKELIHOOD
     force_rule: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.objective, str):  # the Python API's text: parsed where it enters
+            object.__setattr__(self, "objective", parse_objective(self.objective))
 
 
 #: A holdout with fewer rows (for the field with the most) is too small to choose an epoch: the
@@ -646,7 +652,7 @@ MIN_CALIBRATION_ROWS = 10
 
 
 def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str, str], *, model: str,
-                         seed: int = 0, objective: str = "likelihood", force_rule: bool = False):
+                         seed: int = 0, objective: Objective = LIKELIHOOD, force_rule: bool = False):
     """The calibration a tune can trust, fitted on the kept epoch's holdout predictions (rows
     the adapter never trained on; they only chose the epoch), per field by
     ``pcd_cli.quality.calibration.fit_trusted``: a temperature alone when rows are few
@@ -673,17 +679,13 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
         fields were left out and why.
     """
     from .quality.calibration import Calibration, fit_trusted, fitted_for, held_out_worse
-    from .quality.decision import parse_objective
-
-    wanted = parse_objective(objective)
-
     fields, notes = {}, []
     for fi, f in enumerate(schema.fields):
         probs, gold = result.holdout_predictions.get(fi, (np.zeros((0, len(f.labels))), np.zeros(0, dtype=int)))
         if len(gold) < MIN_CALIBRATION_ROWS:
             notes.append(f"field {f.name!r}: {len(gold)} holdout rows, fewer than {MIN_CALIBRATION_ROWS}: not calibrated")
             continue
-        fitted = fit_trusted(f.name, f.labels, probs, gold, seed=seed, objective=wanted, notes=notes,
+        fitted = fit_trusted(f.name, f.labels, probs, gold, seed=seed, objective=objective, notes=notes,
                              inputs=result.holdout_inputs.get(fi), force_rule=force_rule)
         worse = held_out_worse(fitted.cv)
         if worse:  # a calibration its own cross-validation says is worse is not written, nor applied
@@ -697,8 +699,8 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
     return Calibration(pcd_version=__version__, model=model, schema_sha256=metadata["pcd.schema_sha256"],
                        prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
                        fields=fields, dtype=metadata.get("pcd.dtype", ""), fitted_for=fitted_for(metadata),
-                       objective=wanted.name if any(fc.rule is not None for fc in fields.values()) else "likelihood"), \
-        notes
+                       objective=(objective if any(fc.rule is not None for fc in fields.values())
+                                  else LIKELIHOOD).name), notes
 
 
 def calibration_card(calibration, notes: Sequence[str], holdout_rows: int, cross_fit: dict | None = None) -> dict:
@@ -751,7 +753,7 @@ def make_card(*, base_model: str, base_key: str, metadata: dict[str, str], gold_
         "train_rows": result.train_rows,
         "holdout_rows": result.holdout_rows,
         "record_ids_sha256": hashlib.sha256("\n".join(str(r.id) for r in records).encode()).hexdigest(),
-        "hyperparameters": asdict(config),
+        "hyperparameters": asdict(config) | {"objective": config.objective.name},
         "trainable_parameters": result.trainable_parameters,
         "best_epoch": result.best_epoch,
         "stopped_early": result.stopped_early,

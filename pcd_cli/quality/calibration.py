@@ -41,8 +41,8 @@ from . import metrics as M
 from .conformal import CONFORMAL_SHARE, ConformalSet, conformal_split, fit_conformal, too_few_rows
 from .data import (FieldData, FieldSpec, MultiFieldData, field_specs, gold_label_index, gold_options, join,
                    resolve_gold_columns)
-from .decision import (DecisionRule, Objective, applies_to, constant_problem, fit_problem, fit_rule, parse_objective,
-                       rule_warnings)
+from .decision import (LIKELIHOOD, DecisionRule, Objective, applies_to, constant_problem, fit_problem, fit_rule,
+                       parse_objective, rule_warnings)
 from .folds import group_index, grouped_folds
 
 #: Default L2 penalty on the biases (added to the mean NLL).
@@ -676,7 +676,7 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
     if isinstance(objective, str):
         objective = parse_objective(objective)
     if objective is None:
-        objective = parse_objective("likelihood")
+        objective = LIKELIHOOD
     if folds < 2:
         raise CalibrationError(f"--folds must be at least 2, got {folds}")
     if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):

@@ -14,7 +14,8 @@ gold rows' cross-validated calibrated probabilities:
   ascent (each offset in turn, over every value where a row's decision changes, until no
   offset improves the objective).
 
-Objectives (``parse_objective``): ``likelihood``, ``macro-f1``, ``balanced-accuracy``,
+Objectives (one table, ``OBJECTIVES``: a row per kind, read by ``parse_objective``, the scores,
+the checks and the ``--objective`` help): ``likelihood``, ``macro-f1``, ``balanced-accuracy``,
 ``f1:LABEL``, ``precision:LABEL>=P`` (the rule with the highest recall of LABEL among those
 whose precision is at least P; refused, naming the best precision reached, when none is),
 ``recall:LABEL>=R`` (the highest precision among rules with recall at least R), and
@@ -39,6 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -49,72 +51,289 @@ from .folds import bootstrap_weights, group_index
 #: The floor: a rule (or an error budget) is fitted only on at least this many gold rows of
 #: each label in play (a label with at least one gold row), and on two labels or more.
 MIN_GOLD_PER_LABEL = 10
-#: Objectives without a label or a file.
-PLAIN_OBJECTIVES = ("likelihood", "macro-f1", "balanced-accuracy")
-#: Objectives naming a label: ``f1:LABEL``, ``precision:LABEL>=P``, ``recall:LABEL>=R``.
-LABEL_OBJECTIVES = ("f1", "precision", "recall")
 #: At most this many candidate values per coordinate (quantiles of the breakpoints beyond it).
 MAX_CANDIDATES = 512
 #: Bootstrap resamples for the intervals of the held-out figures (95 %, percentile).
 BOOTSTRAP = 1000
-OBJECTIVE_HELP = ("likelihood (argmax of the calibrated probabilities), macro-f1, balanced-accuracy, f1:LABEL, "
-                  "precision:LABEL>=P, recall:LABEL>=R or cost:FILE")
 
 
 @dataclass(frozen=True)
 class Objective:
-    """What a decision rule is fitted for.
+    """What a decision rule is fitted for: one row of ``OBJECTIVES`` with its arguments.
 
     Attributes:
-        kind: ``likelihood``, ``macro-f1``, ``balanced-accuracy``, ``f1``, ``precision``, ``recall`` or ``cost``.
-        label: the label of ``f1``/``precision``/``recall`` (as the schema spells it; booleans ``true``/``false``).
-        floor: P or R of ``precision``/``recall``.
-        costs: ``cost``: field -> gold label -> written label -> cost (``read_costs``).
+        kind: the row's key in ``OBJECTIVES`` (``likelihood``, ``macro-f1``, ``f1``, ``cost`` ...).
+        label: the label of a row that needs one (``f1``/``precision``/``recall``; as the schema
+            spells it; booleans ``true``/``false``).
+        number: the number the form carries: P of ``precision:LABEL>=P``, R of
+            ``recall:LABEL>=R`` (the floor); a new row's own (e.g. a beta).
+        costs: a row that reads a file (``cost``): field -> gold label -> written label -> cost
+            (``read_costs``); ``{}`` for a recorded one (``recorded_objective``).
         name: the objective as written (``cost:`` with the file's name), recorded in the calibration.
     """
 
     kind: str
     name: str
     label: str | None = None
-    floor: float | None = None
+    number: float | None = None
     costs: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def row(self) -> "ObjectiveKind":
+        """Its row of ``OBJECTIVES``."""
+        return OBJECTIVES[self.kind]
 
     @property
     def fits_rule(self) -> bool:
         """Whether a rule is fitted (every objective but ``likelihood``)."""
-        return self.kind != "likelihood"
+        return self.row.fits_rule
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a score reads off C confusion matrices (``tally``): ``cms`` (C, k, k) (row: gold,
+    column: written), ``n`` and ``accuracy`` (C,), and per label (C, k) ``precision``,
+    ``recall``, ``f1`` (0 where undefined, as ``metrics.label_scores``), ``support`` (gold rows)
+    and ``predicted`` (rows written)."""
+
+    cms: np.ndarray
+    n: np.ndarray
+    accuracy: np.ndarray
+    precision: np.ndarray
+    recall: np.ndarray
+    f1: np.ndarray
+    support: np.ndarray
+    predicted: np.ndarray
+
+
+#: ``ObjectiveKind.score``: ``(objective, tally, labels, costs) -> (feasible, value)``, (C,) each.
+Score = Callable[[Objective, Tally, tuple, "np.ndarray | None"], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class ObjectiveKind:
+    """One row of ``OBJECTIVES``: everything pcd knows of an objective kind. Parsing
+    (``parse_objective``), scoring (``scores``, ``figure``), the held-out figures, the checks
+    (``applies_to``, ``check_objective_labels``, ``constant_problem``) and the ``--objective``
+    help of ``pcd calibrate`` and ``pcd tune`` (``objective_forms``) read it; nothing else
+    names a kind. docs/architecture.md, "Where a new ... goes", has the recipe for a new row.
+
+    Attributes:
+        kind: the text before ``:`` (the whole text for a row without arguments).
+        form: how it is written in the help, e.g. ``f1:LABEL``, ``likelihood (the most probable label)``.
+        parse: ``(kind, text, rest) -> Objective``, ``rest`` the text after ``kind:`` (``""``
+            for a row without arguments): ``plain``, ``with_label``, ``with_floor``,
+            ``with_file`` or the row's own; raises ``InputError`` naming ``text``.
+        score: what the rule fitted maximises (``Score``): the rule is the lexicographic
+            maximum of ``(feasible, value, accuracy)``.
+        figure_name: the name of its figure (``metric_name``), ``{label!r}`` filled in.
+        figure: the figure reported, ``(objective, tally, labels, costs) -> (C,)``; ``None``:
+            the score's value.
+        arguments: ``""`` (none), else what follows ``kind:`` (``LABEL``, ``LABEL>=P``, ``FILE``).
+        needs_label: its ``label`` must be a label of the field (else the field keeps argmax).
+        reads_file: a cost file (``costs``); a field not in it keeps argmax.
+        trades: a floor row (``precision``/``recall``): the figure it trades for its floor
+            (recall/precision); the gain is measured in it where argmax meets the floor.
+        lower_is_better: its figure is better lower (a mean cost).
+        fits_rule: ``False`` for ``likelihood`` only (the argmax).
+    """
+
+    kind: str
+    form: str
+    parse: Callable[[str, str, str], Objective]
+    score: Score
+    figure_name: str
+    figure: Callable[[Objective, Tally, tuple, "np.ndarray | None"], np.ndarray] | None = None
+    arguments: str = ""
+    needs_label: bool = False
+    reads_file: bool = False
+    trades: str | None = None
+    lower_is_better: bool = False
+    fits_rule: bool = True
+
+
+def tally(cms: np.ndarray) -> Tally:
+    """The ``Tally`` of (C, k, k) confusion matrices (row: gold, column: written)."""
+    tp = np.diagonal(cms, axis1=1, axis2=2).astype(np.float64)
+    support = cms.sum(axis=2).astype(np.float64)
+    predicted = cms.sum(axis=1).astype(np.float64)
+    n = cms.sum(axis=(1, 2)).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(predicted > 0, tp / np.maximum(predicted, 1), 0.0)
+        r = np.where(support > 0, tp / np.maximum(support, 1), 0.0)
+        f1 = np.where(p + r > 0, 2 * p * r / np.maximum(p + r, 1e-300), 0.0)
+    accuracy = tp.sum(axis=1) / np.maximum(n, 1)
+    return Tally(cms, n, accuracy, p, r, f1, support, predicted)
+
+
+# --- the parsers of a row's arguments ------------------------------------------------------------
+
+
+def plain(kind: str, text: str, rest: str) -> Objective:
+    """A row without arguments (``macro-f1``)."""
+    return Objective(kind, text)
+
+
+def with_label(kind: str, text: str, rest: str) -> Objective:
+    """``kind:LABEL``."""
+    return Objective(kind, text, label=rest)
+
+
+def with_floor(kind: str, text: str, rest: str) -> Objective:
+    """``kind:LABEL>=P``, P in (0, 1] (the last ``>=`` splits: a label may hold one).
+
+    Raises:
+        InputError: no ``>=`` or no label, P not a number or outside (0, 1]."""
+    label, ge, floor = rest.rpartition(">=")
+    if not ge or not label:
+        raise InputError(f"--objective {text!r}: expected {kind}:LABEL>=P, e.g. {kind}:true>=0.9")
+    try:
+        value = float(floor)
+    except ValueError:
+        raise InputError(f"--objective {text!r}: {floor!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise InputError(f"--objective {text!r}: the floor must be in (0, 1], got {value:g}")
+    return Objective(kind, text, label=label, number=value)
+
+
+def with_file(kind: str, text: str, rest: str) -> Objective:
+    """``kind:FILE``, a cost matrix read here (``read_costs``); named by the file's name."""
+    return Objective(kind, f"{kind}:{Path(rest).name}", costs=read_costs(rest))
+
+
+# --- the scores of the rows ----------------------------------------------------------------------
+
+
+def _everywhere(t: Tally) -> np.ndarray:
+    return np.ones(len(t.n), dtype=bool)
+
+
+def _accuracy(o: Objective, t: Tally, labels, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Accuracy (``likelihood``: no rule is fitted; accuracy stands for it)."""
+    return _everywhere(t), t.accuracy
+
+
+def _macro_f1(o: Objective, t: Tally, labels, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Macro-F1 over labels in the gold or the predictions (``metrics.macro_f1``)."""
+    used = (t.support > 0) | (t.predicted > 0)
+    return _everywhere(t), (t.f1 * used).sum(axis=1) / np.maximum(used.sum(axis=1), 1)
+
+
+def _balanced_accuracy(o: Objective, t: Tally, labels, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Mean recall over labels in the gold (scikit-learn's ``balanced_accuracy_score``)."""
+    used = t.support > 0
+    return _everywhere(t), (t.recall * used).sum(axis=1) / np.maximum(used.sum(axis=1), 1)
+
+
+def _precision_at_floor(o: Objective, t: Tally, labels, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Recall of the label, feasible where its precision is >= P and it is written on at least
+    ``MIN_GOLD_PER_LABEL`` rows (one lucky row is no evidence); infeasible rules are ranked by
+    their precision."""
+    j = labels.index(o.label)
+    enough = t.predicted[:, j] >= MIN_GOLD_PER_LABEL
+    feasible = enough & (t.precision[:, j] >= o.number - 1e-12)
+    return feasible, np.where(feasible, t.recall[:, j], np.where(enough, t.precision[:, j], -1.0))
+
+
+def _recall_at_floor(o: Objective, t: Tally, labels, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Precision of the label, feasible where its recall is >= R; infeasible rules are ranked
+    by their recall."""
+    j = labels.index(o.label)
+    feasible = t.recall[:, j] >= o.number - 1e-12
+    return feasible, np.where(feasible, t.precision[:, j], t.recall[:, j])
+
+
+def _f1_of_label(o: Objective, t: Tally, labels, costs) -> tuple[np.ndarray, np.ndarray]:
+    """F1 of the label."""
+    return _everywhere(t), t.f1[:, labels.index(o.label)]
+
+
+def _mean_cost(o: Objective, t: Tally, labels, costs) -> np.ndarray:
+    """Mean cost per row under the (k, k) cost matrix ``costs`` (``cost_matrix``)."""
+    return (t.cms * costs[None]).sum(axis=(1, 2)) / np.maximum(t.n, 1)
+
+
+def _less_cost(o: Objective, t: Tally, labels, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Minus the mean cost (the rule maximises the score)."""
+    return _everywhere(t), -_mean_cost(o, t, labels, costs)
+
+
+def _of_label(per_label: str):
+    """The figure ``per_label`` (a ``Tally`` attribute) of the objective's label."""
+    return lambda o, t, labels, costs: getattr(t, per_label)[:, labels.index(o.label)]
+
+
+#: The objective kinds (``ObjectiveKind``), in the order the help lists them. A new objective is
+#: a row here and its test (docs/architecture.md, "Where a new ... goes").
+OBJECTIVES: dict[str, ObjectiveKind] = {row.kind: row for row in (
+    ObjectiveKind("likelihood", "likelihood (the most probable label)", plain, _accuracy, "accuracy", fits_rule=False),
+    ObjectiveKind("macro-f1", "macro-f1", plain, _macro_f1, "macro-F1"),
+    ObjectiveKind("balanced-accuracy", "balanced-accuracy", plain, _balanced_accuracy, "balanced accuracy"),
+    ObjectiveKind("f1", "f1:LABEL", with_label, _f1_of_label, "F1 of {label!r}", arguments="LABEL", needs_label=True),
+    ObjectiveKind("precision", "precision:LABEL>=P", with_floor, _precision_at_floor, "precision of {label!r}",
+                  figure=_of_label("precision"), arguments="LABEL>=P", needs_label=True, trades="recall"),
+    ObjectiveKind("recall", "recall:LABEL>=R", with_floor, _recall_at_floor, "recall of {label!r}",
+                  figure=_of_label("recall"), arguments="LABEL>=R", needs_label=True, trades="precision"),
+    ObjectiveKind("cost", "cost:FILE", with_file, _less_cost, "mean cost", figure=_mean_cost, arguments="FILE",
+                  reads_file=True, lower_is_better=True),
+)}
+#: ``likelihood``: the argmax, no rule (the default everywhere).
+LIKELIHOOD = Objective("likelihood", "likelihood")
+
+
+def objective_forms() -> str:
+    """The objectives as the help and the refusals list them: ``likelihood (the most probable
+    label), macro-f1, ..., recall:LABEL>=R or cost:FILE`` (``OBJECTIVES``' forms, in order)."""
+    forms = [row.form for row in OBJECTIVES.values()]
+    return ", ".join(forms[:-1]) + f" or {forms[-1]}" if len(forms) > 1 else forms[0]
+
+
+def calibrate_objective_help() -> str:
+    """``pcd calibrate --objective``'s help."""
+    return (f"What the labels written are chosen for: {objective_forms()} (docs/quality.md). Any but likelihood fits "
+            "a decision rule per field (a threshold, per-label offsets) on the gold rows by cross-validation; needs "
+            f"{MIN_GOLD_PER_LABEL} gold rows of each label in play.")
+
+
+def tune_objective_help() -> str:
+    """``pcd tune --objective``'s help."""
+    return ("As pcd calibrate --objective: also fit a decision rule per field on the holdout's calibrated "
+            "probabilities, written in the folder's pcd-calibration.json (a field below "
+            f"{MIN_GOLD_PER_LABEL} holdout rows per label keeps argmax, said).")
 
 
 def parse_objective(text: str) -> Objective:
-    """Parse ``--objective`` (module doc); a ``cost:FILE`` is read here (``read_costs``).
+    """Parse ``--objective`` by its row of ``OBJECTIVES`` (the text before ``:``); a
+    ``cost:FILE`` is read here (``read_costs``). Called where an objective enters as text (the
+    CLI, the Python API); everything else passes the ``Objective``.
 
     Raises:
-        InputError: an unknown objective, a missing label, a floor outside (0, 1], an unreadable
-            or malformed cost file; the message lists the forms.
+        InputError: an unknown objective, arguments missing or not expected, a missing label, a
+            floor outside (0, 1], an unreadable or malformed cost file; the message lists the forms.
     """
     text = (text or "").strip()
-    bad = f"--objective {text!r}: expected {OBJECTIVE_HELP}"
-    if text in PLAIN_OBJECTIVES:
-        return Objective(text, text)
     kind, sep, rest = text.partition(":")
-    if not sep or not rest:
-        raise InputError(bad)
-    if kind == "cost":
-        return Objective("cost", f"cost:{Path(rest).name}", costs=read_costs(rest))
-    if kind == "f1":
-        return Objective("f1", text, label=rest)
-    if kind in ("precision", "recall"):
-        label, ge, floor = rest.rpartition(">=")
-        if not ge or not label:
-            raise InputError(f"--objective {text!r}: expected {kind}:LABEL>=P, e.g. {kind}:true>=0.9")
-        try:
-            value = float(floor)
-        except ValueError:
-            raise InputError(f"--objective {text!r}: {floor!r} is not a number") from None
-        if not 0 < value <= 1:
-            raise InputError(f"--objective {text!r}: the floor must be in (0, 1], got {value:g}")
-        return Objective(kind, text, label=label, floor=value)
-    raise InputError(bad)
+    row = OBJECTIVES.get(kind)
+    if row is None or bool(sep) != bool(row.arguments) or (sep and not rest):
+        raise InputError(f"--objective {text!r}: expected {objective_forms()}")
+    return row.parse(kind, text, rest)
+
+
+def recorded_objective(name: str, where: str = "the calibration") -> Objective:
+    """The objective a calibration file or a labelled file records (``Objective.name``), read
+    back: as ``parse_objective``, except that a file is not read (``costs`` stays ``{}``:
+    ``cost:`` records only the file's name).
+
+    Raises:
+        CalibrationError: a name no row parses (names ``where`` and the problem)."""
+    kind, sep, rest = name.partition(":")
+    row = OBJECTIVES.get(kind)
+    if row is not None and row.reads_file and rest:
+        return Objective(kind, name)
+    try:
+        return parse_objective(name)
+    except InputError as exc:
+        raise CalibrationError(f"{where}: objective {name!r}: {exc}") from None
 
 
 def check_objective_labels(objective: Objective, fields) -> None:
@@ -124,10 +343,10 @@ def check_objective_labels(objective: Objective, fields) -> None:
     are boolean fields ``<field>.<option>`` with the labels ``true``/``false``).
 
     Raises:
-        InputError: ``f1:LABEL``, ``precision:LABEL>=P`` or ``recall:LABEL>=R`` whose LABEL is
-            the label of no field; the message lists the labels there are (exit 2).
+        InputError: an objective whose row needs a label (``f1:LABEL``, ``precision:LABEL>=P``
+            ...) whose LABEL is the label of no field; the message lists the labels there are (exit 2).
     """
-    if objective.kind not in LABEL_OBJECTIVES:
+    if not objective.row.needs_label:
         return
     labels = list(dict.fromkeys(label for f in fields for label in f.labels))
     if objective.label not in labels:
@@ -186,6 +405,11 @@ def _spell(key) -> str:
     if isinstance(key, bool):
         return "true" if key else "false"
     return "null" if key is None else str(key)
+
+
+def _costs(objective: Objective, name: str, labels: tuple[str, ...]) -> np.ndarray | None:
+    """Field ``name``'s cost matrix where ``objective`` reads a file (``cost_matrix``), else ``None``."""
+    return cost_matrix(objective, name, labels) if objective.row.reads_file else None
 
 
 def cost_matrix(objective: Objective, name: str, labels: tuple[str, ...]) -> np.ndarray | None:
@@ -278,7 +502,7 @@ def constant_problem(objective: Objective, name: str, gold: np.ndarray, labels: 
                 cm = perfect.copy()
                 cm[g, g], cm[g, w] = 0, counts[g]
                 probes.append(cm)
-    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    costs = _costs(objective, name, labels)
     values = figure(objective, np.stack(probes), labels, costs)
     if float(values.max() - values.min()) > 1e-12:
         return None
@@ -312,72 +536,26 @@ def _confusions(gold: np.ndarray, preds: np.ndarray, k: int) -> np.ndarray:
     return np.bincount(flat, minlength=c * k * k).reshape(c, k, k)
 
 
-def _per_label(cms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """precision, recall, F1, support, predicted: (C, k) each (0 where undefined, as
-    ``metrics.label_scores``)."""
-    tp = np.diagonal(cms, axis1=1, axis2=2).astype(np.float64)
-    support = cms.sum(axis=2).astype(np.float64)
-    predicted = cms.sum(axis=1).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(predicted > 0, tp / np.maximum(predicted, 1), 0.0)
-        r = np.where(support > 0, tp / np.maximum(support, 1), 0.0)
-        f1 = np.where(p + r > 0, 2 * p * r / np.maximum(p + r, 1e-300), 0.0)
-    return p, r, f1, support, predicted
-
-
 def scores(objective: Objective, cms: np.ndarray, labels: tuple[str, ...],
            costs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(feasible, value, accuracy)`` of each (C, k, k) confusion matrix under ``objective``:
-    the rule fitted maximises ``(feasible, value, accuracy)`` lexicographically.
-
-    ``value``: macro-F1 (over labels in the gold or the predictions, ``metrics.macro_f1``),
-    balanced accuracy (mean recall over labels in the gold, scikit-learn's
-    ``balanced_accuracy_score``), F1 of the label, recall of the label (``precision``: feasible
-    when its precision is >= P and it is written at least once; infeasible rules are ranked by
-    their precision; a precision counts only when the label is written on at least
-    ``MIN_GOLD_PER_LABEL`` rows: one lucky row is no evidence), precision of the label (``recall``: feasible when its recall is >= R), or
-    minus the mean cost.
+    """``(feasible, value, accuracy)`` of each (C, k, k) confusion matrix under ``objective``
+    (its row's ``score``: ``OBJECTIVES``): the rule fitted maximises ``(feasible, value,
+    accuracy)`` lexicographically. ``costs``: (k, k), a row that reads a file (``cost_matrix``).
     """
-    n = cms.sum(axis=(1, 2)).astype(np.float64)
-    accuracy = np.diagonal(cms, axis1=1, axis2=2).sum(axis=1) / np.maximum(n, 1)
-    p, r, f1, support, predicted = _per_label(cms)
-    feasible = np.ones(len(cms), dtype=bool)
-    kind = objective.kind
-    if kind == "macro-f1":
-        used = (support > 0) | (predicted > 0)
-        value = (f1 * used).sum(axis=1) / np.maximum(used.sum(axis=1), 1)
-    elif kind == "balanced-accuracy":
-        used = support > 0
-        value = (r * used).sum(axis=1) / np.maximum(used.sum(axis=1), 1)
-    elif kind in LABEL_OBJECTIVES:
-        j = labels.index(objective.label)
-        if kind == "f1":
-            value = f1[:, j]
-        elif kind == "precision":  # a precision counts when the label is written on MIN_GOLD_PER_LABEL rows
-            enough = predicted[:, j] >= MIN_GOLD_PER_LABEL
-            feasible = enough & (p[:, j] >= objective.floor - 1e-12)
-            value = np.where(feasible, r[:, j], np.where(enough, p[:, j], -1.0))
-        else:
-            feasible = r[:, j] >= objective.floor - 1e-12
-            value = np.where(feasible, p[:, j], r[:, j])
-    elif kind == "cost":
-        value = -(cms * costs[None]).sum(axis=(1, 2)) / np.maximum(n, 1)
-    else:  # likelihood: no rule is fitted; accuracy stands for it
-        value = accuracy
-    return feasible, value, accuracy
+    t = tally(cms)
+    feasible, value = objective.row.score(objective, t, labels, costs)
+    return feasible, value, t.accuracy
 
 
 def figure(objective: Objective, cms: np.ndarray, labels: tuple[str, ...],
            costs: np.ndarray | None = None) -> np.ndarray:
     """The figure ``objective`` reports (``metric_name``) of each (C, k, k) confusion matrix:
-    the value of ``scores``, except precision (``precision:``) or recall (``recall:``) of the
-    label whatever the ranking, and the mean cost (``cost:``, lower is better)."""
-    _, value, _ = scores(objective, cms, labels, costs)
-    if objective.kind in ("precision", "recall"):
-        p, r, _, _, _ = _per_label(cms)
-        j = labels.index(objective.label)
-        return p[:, j] if objective.kind == "precision" else r[:, j]
-    return -value if objective.kind == "cost" else value
+    its row's ``figure`` (precision or recall of the label whatever the ranking, the mean cost:
+    lower is better), else the value of ``scores``."""
+    row = objective.row
+    if row.figure is not None:
+        return row.figure(objective, tally(cms), labels, costs)
+    return scores(objective, cms, labels, costs)[1]
 
 
 def _best(feasible: np.ndarray, value: np.ndarray, accuracy: np.ndarray, closeness: np.ndarray) -> int:
@@ -527,7 +705,7 @@ def fit_once(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarra
     """The rule maximising ``objective`` on these rows (no cross-validation): ``(rule, feasible)``;
     ``feasible`` is ``False`` when a precision/recall floor is not met (the rule is then the one
     closest to it)."""
-    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    costs = _costs(objective, name, labels)
     if is_threshold_field(labels):
         t, ok, _ = _fit_threshold(objective, probs, gold, labels, costs)
         return DecisionRule(objective.name, tuple(labels), threshold=t), ok
@@ -536,12 +714,15 @@ def fit_once(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarra
 
 
 def applies_to(objective: Objective, name: str, labels: tuple[str, ...]) -> str | None:
-    """Why ``objective`` fits no rule for field ``name`` (it keeps argmax), or ``None`` when it does."""
-    if not objective.fits_rule:
-        return "likelihood: argmax"
-    if objective.kind in LABEL_OBJECTIVES and objective.label not in labels:
+    """Why ``objective`` fits no rule for field ``name`` (it keeps argmax), or ``None`` when it
+    does: its row fits none (``likelihood``), needs a label the field lacks, or reads a file
+    without the field."""
+    row = objective.row
+    if not row.fits_rule:
+        return f"{objective.name}: argmax"
+    if row.needs_label and objective.label not in labels:
         return f"field {name!r} has no label {objective.label!r} (its labels: {', '.join(labels)}): it keeps argmax"
-    if objective.kind == "cost" and name not in objective.costs:
+    if row.reads_file and name not in objective.costs:
         return f"field {name!r} is not in the cost file: it keeps argmax"
     return None
 
@@ -568,7 +749,7 @@ def held_out_figures(objective: Objective, name: str, gold: np.ndarray, pred: np
     Args:
         groups: (n,) group numbers (``folds.group_index``); ``None``: every row its own group."""
     k = len(labels)
-    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    costs = _costs(objective, name, labels)
     weights = bootstrap_weights(group_index(None, len(gold)) if groups is None else groups, BOOTSTRAP, seed)
     cms = _confusions(gold, pred[None], k)
     boot = _boot_confusions(gold, pred[None], k, weights)[0]
@@ -578,9 +759,8 @@ def held_out_figures(objective: Objective, name: str, gold: np.ndarray, pred: np
            "high": float(np.quantile(values, 0.975)), "accuracy": float(accuracy[0]),
            "macro_f1": M.macro_f1(M.label_scores(gold, pred, labels))}
     if objective.label is not None and objective.label in labels:
-        p, r, _, _, _ = _per_label(cms)
-        j = labels.index(objective.label)
-        out |= {"precision": float(p[0, j]), "recall": float(r[0, j])}
+        t, j = tally(cms), labels.index(objective.label)
+        out |= {"precision": float(t.precision[0, j]), "recall": float(t.recall[0, j])}
     return out
 
 
@@ -595,15 +775,16 @@ def gain_figures(objective: Objective, name: str, gold: np.ndarray, rule_pred: n
     (recall) of L where argmax misses the floor held out, else in the recall (precision) the
     rule trades for it."""
     k = len(labels)
-    costs = cost_matrix(objective, name, labels) if objective.kind == "cost" else None
+    costs = _costs(objective, name, labels)
+    row = objective.row
     measured, metric = objective, metric_name(objective)
-    if objective.kind in ("precision", "recall"):
+    if row.trades is not None:
         base = figure(objective, _confusions(gold, argmax[None], k), labels)[0]
-        if base >= objective.floor - 1e-12:
-            other = "recall" if objective.kind == "precision" else "precision"
-            measured = Objective(other, f"{other}:{objective.label}>=1", label=objective.label, floor=1.0)
+        if base >= objective.number - 1e-12:
+            other = row.trades
+            measured = Objective(other, f"{other}:{objective.label}>=1", label=objective.label, number=1.0)
             metric = metric_name(measured)
-    sign = -1.0 if objective.kind == "cost" else 1.0
+    sign = -1.0 if row.lower_is_better else 1.0
     preds = np.stack([rule_pred, argmax])
     weights = bootstrap_weights(group_index(None, len(gold)) if groups is None else groups, BOOTSTRAP, seed)
     point = figure(measured, np.stack([_confusions(gold, p[None], k)[0] for p in preds]), labels, costs)
@@ -614,10 +795,9 @@ def gain_figures(objective: Objective, name: str, gold: np.ndarray, rule_pred: n
 
 
 def metric_name(objective: Objective) -> str:
-    """The figure the objective reports: ``macro-F1``, ``precision of 'spam'``, ``mean cost`` ..."""
-    return {"macro-f1": "macro-F1", "balanced-accuracy": "balanced accuracy", "likelihood": "accuracy",
-            "cost": "mean cost"}.get(objective.kind) or f"{objective.kind if objective.kind != 'f1' else 'F1'} of " \
-                                                         f"{objective.label!r}"
+    """The figure the objective reports (its row's ``figure_name``): ``macro-F1``, ``precision
+    of 'spam'``, ``mean cost`` ..."""
+    return objective.row.figure_name.format(label=objective.label)
 
 
 def fit_rule(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...],
@@ -653,10 +833,10 @@ def fit_rule(objective: Objective, name: str, probs: np.ndarray, gold: np.ndarra
     if not feasible:
         pred = rule.decide(probs)
         figures = held_out_figures(objective, name, gold, pred, labels, seed=seed, groups=groups)
-        other = "recall" if objective.kind == "precision" else "precision"
+        other = objective.row.trades
         raise CalibrationError(
             f"--objective {objective.name}: field {name!r}: no decision rule reaches {objective.kind} >= "
-            f"{objective.floor:g} for {objective.label!r} on its {len(gold)} gold rows; the best {objective.kind} "
+            f"{objective.number:g} for {objective.label!r} on its {len(gold)} gold rows; the best {objective.kind} "
             f"reached is {figures[objective.kind]:.3f} ({other} {figures[other]:.3f} there, {rule.describe()}); "
             f"lower the floor, add gold rows or use a better model")
     held = np.zeros(len(gold), dtype=np.int64)
@@ -687,12 +867,13 @@ def kept_argmax(fitted: DecisionRule, cv: dict) -> DecisionRule:
                         cv=cv | {"kept": "argmax", "fitted": shown})
 
 
-def compare_rule(objective: str, name: str, gold: np.ndarray, probs: np.ndarray, written: np.ndarray,
+def compare_rule(objective: Objective, name: str, gold: np.ndarray, probs: np.ndarray, written: np.ndarray,
                  labels: tuple[str, ...], groups: np.ndarray | None = None) -> dict:
     """``pcd eval``'s figures at argmax and at the decision rule, side by side, on the same gold rows.
 
     Args:
-        objective: the rule's objective (``DecisionRule.objective``); a ``cost:`` objective is
+        objective: the rule's objective (``DecisionRule.objective`` read back by
+            ``recorded_objective``); one that reads a file without its costs (``cost:``) is
             scored by macro-F1 here (the cost file is not at hand). probs: (n, k) calibrated
             probabilities (argmax is taken of them). written: (n,) the labels the rule wrote.
         groups: (n,) the rows' groups by model input (``folds.group_index``) for the bootstrap.
@@ -700,9 +881,9 @@ def compare_rule(objective: str, name: str, gold: np.ndarray, probs: np.ndarray,
     Returns:
         ``{"objective", "metric", "argmax": {...}, "rule": {...}}`` (``held_out_figures``).
     """
-    parsed = Objective("macro-f1", objective) if objective.startswith("cost:") else parse_objective(objective)
+    parsed = Objective("macro-f1", objective.name) if objective.row.reads_file and not objective.costs else objective
     argmax = np.argmax(probs, axis=1)
-    return {"objective": objective, "metric": metric_name(parsed),
+    return {"objective": objective.name, "metric": metric_name(parsed),
             "argmax": held_out_figures(parsed, name, gold, argmax, labels, groups=groups),
             "rule": held_out_figures(parsed, name, gold, np.asarray(written, dtype=np.int64), labels, groups=groups)}
 
@@ -729,14 +910,14 @@ def rule_warnings(name: str, rule: DecisionRule) -> list[str]:
     if cv.get("forced"):
         lines.append(f"field {name!r}: the decision rule is no better than argmax on held-out folds "
                      f"({_gain_phrase(cv)}); written as --force-rule asks")
-    if rule.objective.startswith(("precision:", "recall:")):
-        kind = rule.objective.split(":")[0]
-        floor = float(rule.objective.rpartition(">=")[2])
+    objective = recorded_objective(rule.objective)
+    if objective.row.trades is not None:
+        kind, floor = objective.kind, objective.number
         if held.get(kind, 1.0) < floor:
             lines.append(f"field {name!r}: on held-out folds the rule reached {kind} {held[kind]:.3f} "
                          f"[{held['low']:.3f}, {held['high']:.3f}], below {floor:g}: the floor is met on the gold "
                          "rows the rule saw, not surely on new rows; add gold rows")
-    elif not cv.get("forced") and (held["value"] > base["value"] + 1e-9 if rule.objective.startswith("cost:")
+    elif not cv.get("forced") and (held["value"] > base["value"] + 1e-9 if objective.row.lower_is_better
                                    else held["value"] < base["value"] - 1e-9):
         lines.append(f"field {name!r}: on held-out folds the rule scores {cv['metric']} {held['value']:.3f}, "
                      f"argmax {base['value']:.3f}: it does not help on rows it did not see")

@@ -496,7 +496,7 @@ def intervals(data: FieldData, correct: np.ndarray) -> dict:
 
 def _rule_comparisons(data: list, metadata: dict, calibration, warnings: list[str]) -> dict[str, dict]:
     """Field -> figures at argmax and at its decision rule (``evaluate``'s ``calibration``)."""
-    from .decision import compare_rule
+    from .decision import compare_rule, recorded_objective
 
     written = json.loads(metadata.get("pcd.decision_rules") or "{}")
     labelled_calibrated = bool(metadata.get("pcd.calibration_sha256"))
@@ -513,11 +513,13 @@ def _rule_comparisons(data: list, metadata: dict, calibration, warnings: list[st
                             "the decision rule")
             continue
         if name in written:  # the output holds the calibrated probabilities and the rule's labels
-            out[name] = compare_rule(written[name]["objective"], name, d.gold, d.probs, d.pred, d.spec.labels,
+            objective = recorded_objective(written[name]["objective"], f"field {name!r}: pcd.decision_rules")
+            out[name] = compare_rule(objective, name, d.gold, d.probs, d.pred, d.spec.labels,
                                      d.groups())
         else:
             probs = fc.apply(d.probs)
-            out[name] = compare_rule(fc.rule.objective, name, d.gold, probs, fc.rule.decide(probs), d.spec.labels,
+            objective = recorded_objective(fc.rule.objective, f"field {name!r}: the calibration's rule")
+            out[name] = compare_rule(objective, name, d.gold, probs, fc.rule.decide(probs), d.spec.labels,
                                      d.groups())
     return out
 

@@ -154,7 +154,7 @@ def test_the_floor_names_the_field_and_the_counts():
 
 
 def test_objectives_parse_or_are_refused_naming_the_forms(tmp_path):
-    assert parse_objective("precision:spam>=0.9").floor == 0.9
+    assert parse_objective("precision:spam>=0.9").number == 0.9
     assert parse_objective("recall:a>=b>=0.5").label == "a>=b"
     for bad, words in (("accuracy", "expected likelihood"), ("precision:spam", "expected precision:LABEL>=P"),
                        ("recall:x>=1.5", "the floor must be in (0, 1]"), ("f1:", "expected likelihood"),
@@ -313,11 +313,11 @@ def test_a_label_studio_retrain_fits_the_served_calibrations_objective_again(tmp
 
     calibration, _ = fitted("balanced-accuracy")
     calibration.save(tmp_path / "c.json")
-    assert served_objective(LabelJob(calibration=str(tmp_path / "c.json"))) == "balanced-accuracy"
+    assert served_objective(LabelJob(calibration=str(tmp_path / "c.json"))) == parse_objective("balanced-accuracy")
     plain, _ = fitted(None)
     plain.save(tmp_path / "p.json")
-    assert served_objective(LabelJob(calibration=str(tmp_path / "p.json"))) == "likelihood"
-    assert served_objective(LabelJob()) == "likelihood"
+    assert served_objective(LabelJob(calibration=str(tmp_path / "p.json"))).name == "likelihood"
+    assert served_objective(LabelJob()).name == "likelihood"
 
 
 def test_a_multi_select_option_decided_by_its_rule_is_chosen_as_the_rule_says():
