@@ -310,7 +310,33 @@ def tune_on_gold(gold: str | Path, schema, job: LabelJob, output: str | Path, co
                      files={CALIBRATION_NAME: calibration.to_json()} if calibration is not None else None)
     except OSError as exc:
         raise InputError(f"-o {str(output)!r}: cannot write ({exc.strerror or exc})") from None
+    if calibration is not None and calibration.fitted_for:
+        calibration = _fitted_for_written(calibration, output, base=job.model, adapter_only=adapter_only)
     schema_arg = "SCHEMA" if isinstance(schema, Schema) else str(schema)
     use = (f"pcd label INPUT -s {schema_arg} --adapter {output}" + (f" --model {job.model}" if job.model else "")
            if adapter_only else f"pcd label INPUT -s {schema_arg} --model {output}")
     return TuneRun(result, calibration, list(calibration_notes), notes, row_warnings, use)
+
+
+def _fitted_for_written(calibration, output, *, base, adapter_only: bool):
+    """``calibration`` (fitted while tuning, on the weights in memory) with the model parts a later
+    ``pcd label`` of the written folder reads (``Calibration.fitted_for``): the base model's weights
+    and the adapter folder's (``--adapter-only``), or the merged folder's weights; rewritten in the
+    folder beside them, so that the file checks against them wherever it is applied.
+
+    Raises:
+        InputError: the folder's calibration file cannot be rewritten.
+    """
+    from .backends.torch_backend import model_content_key
+    from .backends.tune_folder import CALIBRATION_NAME
+    from .io.files import write_atomic
+
+    folder = Path(output).expanduser()
+    weights = ({"model": model_content_key(base), "adapter": model_content_key(str(folder))} if adapter_only
+               else {"model": model_content_key(str(folder)), "adapter": "none"})
+    calibration = replace(calibration, fitted_for={**calibration.fitted_for, **weights})
+    try:
+        write_atomic(folder / CALIBRATION_NAME, calibration.to_json())
+    except OSError as exc:
+        raise InputError(f"-o {str(output)!r}: cannot write ({exc.strerror or exc})") from None
+    return calibration

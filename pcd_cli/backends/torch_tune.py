@@ -460,4 +460,9 @@ def apply_adapter(backend, adapter_dir: str | Path, model: str | None = None):
     except BaseException:
         peft_model.unload()  # the backend's model without the adapter's layers, as it was
         raise
-    return TorchBackend(merged, backend.tokenizer._tok, backend.model_id), said
+    out = TorchBackend(merged, backend.tokenizer._tok, backend.model_id)
+    # named by its base weights (the adapter is its own part of the job fingerprint)
+    out.content_source = getattr(backend, "content_source", None)
+    if getattr(backend, "_content_key", None) is not None:
+        out._content_key = backend._content_key
+    return out, said

@@ -204,7 +204,7 @@ def test_calibrate_labels_gold_with_embedded_model(tmp_path, embedded_backend):
     parsed = load_schema(schema)
     labeler = build_labeler(parsed, LabelJob(examples=gold, shots=2, seed=0, id_field="id"), backend=embedded_backend)
     calibration.check(labeler.metadata())
-    with pytest.raises(CalibrationError, match="pcd.prompt_head_sha256"):
+    with pytest.raises(CalibrationError, match="fitted on another prompt.*refit"):
         calibration.check(Labeler(parsed, backend=embedded_backend, examples=()).metadata())
     # the notebook path: label_frame -> evaluate, no schema needed (labels from the frame's metadata)
     from pcd_cli.quality import evaluate, read_gold
