@@ -118,6 +118,8 @@ class Labeler:
             options["backend"], backend = backend, None
         #: the options this labeler was built with (a ``pcd_cli.job.LabelJob``, its examples drawn)
         self.job = job = _with_options(job or LabelJob(), options).with_examples(self.schema)
+        if job.record_quoting is not None and job.record_quoting != self.schema.record_quoting:
+            self.schema = replace(self.schema, record_quoting=job.record_quoting)
         model, adapter, scoring = job.model, job.adapter, job.scoring
         abstain_below, abstain_unless_single = job.abstain_below, job.abstain_unless_single
         permutations, prior_correction = job.permutations, job.prior_correction
@@ -196,6 +198,8 @@ class Labeler:
             self.decoder.record_passes = passes  # the content-free records are not the input's
         #: ``label_fields``: field names -> (their schema, their decoder), built on first use
         self._field_parts: dict[tuple[str, ...], tuple[Schema, Decoder]] = {}
+        #: schema name -> its ``pcd_cli.steering.Vocabulary`` (the steering check), built on first use
+        self._vocabularies: dict = {}
         #: the schema's rules between fields, ready to apply (``None`` without rules)
         self.rules = None
         if self.schema.rules:
@@ -298,7 +302,9 @@ class Labeler:
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
              if self.tune_card is not None else {}) \
           | self._permutations_metadata() \
-          | ({"pcd.isolate_fields": "true"} if self.isolate_fields else {})
+          | ({"pcd.isolate_fields": "true"} if self.isolate_fields else {}) \
+          | {"pcd.record_quoting": self.schema.record_quoting,
+             "pcd.steering_check": str(self.job.steering_check).lower()}
 
     def model_parts(self) -> dict[str, str]:
         """What this labeler's model reads and how, by content (``pcd_cli.job_fingerprint.model_parts``):
@@ -332,7 +338,7 @@ class Labeler:
     def columns(self) -> dict:
         """Which optional columns this labeler writes (``output_columns``)."""
         return {"calibrated": self.calibration is not None, "sets": self.set_fields,
-                "abstain": self.abstain_fields, "spread": self.permutations > 1}
+                "abstain": self.abstain_fields, "spread": self.permutations > 1, "steered": self.job.steering_check}
 
     def _permutations_metadata(self) -> dict[str, str]:
         """``pcd.permutations``: K and, per permuted field, its label lists in each ordering."""
@@ -405,7 +411,53 @@ class Labeler:
     def _finish(self, batch: list[Record | RecordFailure], decoder, schema: Schema
                 ) -> list[RecordResult | RecordFailure]:
         """Decode ``batch``'s records with ``decoder`` (of ``schema``'s fields) and apply the
-        job's steps after decoding, in order; failures passed through in place."""
+        job's steps after decoding, in order, then the steering check (``steering_check``);
+        failures passed through in place."""
+        out = self._decoded(batch, decoder, schema)
+        if self.job.steering_check:
+            out = self._steering_checked(batch, out, decoder, schema)
+        return out
+
+    def _steering_checked(self, batch: list[Record | RecordFailure], out: list[RecordResult | RecordFailure],
+                          decoder, schema: Schema) -> list[RecordResult | RecordFailure]:
+        """The steering check (``pcd_cli.steering``): each record with sentences addressing the
+        labeller is decoded again without them (same steps after decoding); a field whose label
+        differs gets the label without them, that decode's probabilities and ``steered``. With
+        rules between fields, a record with a moved field takes the whole decode without them (the
+        rules held on it). A record whose second decode fails keeps its first."""
+        from .steering import Vocabulary, erased
+
+        vocabulary = self._vocabularies.get(schema.name)
+        if vocabulary is None:
+            vocabulary = self._vocabularies[schema.name] = Vocabulary.of(schema)
+        todo = []
+        for k, (item, res) in enumerate(zip(batch, out)):
+            if isinstance(item, Record) and isinstance(res, RecordResult):
+                text = erased(item.text, vocabulary)
+                if text is not None:
+                    todo.append((k, Record(item.id, text, item.row, item.line)))
+        if not todo:
+            return out
+        out = list(out)
+        for (k, _), again in zip(todo, self._decoded([r for _, r in todo], decoder, schema)):
+            if isinstance(again, RecordFailure):
+                continue
+            first = out[k]
+            moved = [a.label != b.label or a.value != b.value for a, b in zip(first.fields, again.fields)]
+            if not any(moved):
+                continue
+            if self.rules is not None:
+                fields = tuple(replace(b, steered=m) for b, m in zip(again.fields, moved))
+                out[k] = replace(again, fields=fields, truncated=first.truncated)
+            else:
+                fields = tuple(replace(b, steered=True) if m else a for a, b, m in zip(first.fields, again.fields, moved))
+                out[k] = replace(first, fields=fields)
+        return out
+
+    def _decoded(self, batch: list[Record | RecordFailure], decoder, schema: Schema
+                 ) -> list[RecordResult | RecordFailure]:
+        """Decode ``batch``'s records and apply the job's steps after decoding (prior correction,
+        calibration, rules, abstention), in order; failures passed through in place."""
         records = [r for r in batch if isinstance(r, Record)]
         decoded = iter(decoder.decode(records))
         out = [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
@@ -590,7 +642,8 @@ def planned_output_schema(schema, job: LabelJob, *, all_probs: bool):
     from .io.output import output_schema
 
     columns = output_columns(schema, planned_calibration(job), abstain_below=job.abstain_below,
-                             abstain_unless_single=job.abstain_unless_single, permutations=job.permutations)
+                             abstain_unless_single=job.abstain_unless_single, permutations=job.permutations,
+                             steering_check=job.steering_check)
     return output_schema(schema, job.id_field or "row", pa.string() if job.id_field else pa.int64(),
                          all_probs=all_probs, **columns)
 
@@ -639,9 +692,9 @@ def abstain_fields(schema: Schema, thresholds: dict[str, float], set_fields: Seq
 
 
 def output_columns(schema: Schema, calibration, *, abstain_below: float | None, abstain_unless_single: bool,
-                   permutations: int) -> dict:
+                   permutations: int, steering_check: bool = False) -> dict:
     """The optional columns of a run's output (``pcd_cli.io.output.output_schema``'s keywords
-    ``calibrated``, ``sets``, ``abstain``, ``spread``): the one rule ``Labeler.output_schema`` and
+    ``calibrated``, ``sets``, ``abstain``, ``spread``, ``steered``): the one rule ``Labeler.output_schema`` and
     an output written without a model (``planned_output_schema``) both follow.
 
     Raises:
@@ -656,7 +709,7 @@ def output_columns(schema: Schema, calibration, *, abstain_below: float | None, 
     return {"calibrated": calibration is not None, "sets": sets,
             "abstain": abstain_fields(schema, abstain_thresholds(schema, abstain_below),
                                       sets if abstain_unless_single else ()),
-            "spread": permutations > 1}
+            "spread": permutations > 1, "steered": steering_check}
 
 
 def _folder_key(path) -> str:
