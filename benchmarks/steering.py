@@ -13,7 +13,7 @@ not spam (``false``), a NEGATIVE tweet -> POSITIVE, a ticket -> refund approved,
 Routes: ``labeler`` (the Python ``Labeler``, what ``pcd label`` runs), ``/v1/label``,
 ``/v1/systemone`` and ``/v1/decisions`` (a ``pcd serve`` in this process, on a free port, the
 embedded model loaded once). Configurations: ``before`` (``record_quoting: none``, no steering
-check: the prompt before 0.27), ``quoted`` (the record quoted as data, no check), ``after`` (the
+check: the prompt of earlier releases), ``quoted`` (the record quoted as data, no check), ``after`` (the
 defaults: quoted and checked).
 
 Per route, set and configuration: ``flips`` (rows whose clean label is not the planted answer and

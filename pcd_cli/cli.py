@@ -174,7 +174,7 @@ ISOLATE_FIELDS_OPT = typer.Option(False, "--isolate-fields", help="Decide each f
 RECORD_QUOTING_OPT = typer.Option(None, "--record-quoting", help="How the record's text is put in the prompt: json "
                                   "(quoted as one JSON string, the prompt saying it is data to judge, never "
                                   "instructions; the default, or the schema's record_quoting) or none (as it is: the "
-                                  "prompt before 0.27). docs/security.md.")
+                                  "prompt of earlier releases). docs/security.md.")
 STEERING_CHECK_OPT = typer.Option(True, "--steering-check/--no-steering-check", help="Decode each record that has "
                                   "sentences addressing the labeller (role tags, answer objects, the prompt's and "
                                   "labels' own words) again without them; a field whose label moves gets the label "

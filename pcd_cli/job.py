@@ -68,7 +68,7 @@ class LabelJob:
         max_tokens_per_pass: token budget of one forward pass.
         trace: keep per-field traces (``pcd label --trace``).
         record_quoting: how the record's text is put in the prompt, ``"json"`` (quoted as data,
-            docs/security.md) or ``"none"`` (as it is, the prompt before 0.27); ``None``: the
+            docs/security.md) or ``"none"`` (as it is, the prompt of earlier releases); ``None``: the
             schema's ``record_quoting`` (default ``"json"``). Decision-changing: it changes the
             prompt (its head and every record's tokens).
         steering_check: decode each record that has sentences addressing the labeller again

@@ -318,7 +318,7 @@ class Schema:
     isolated_key: str | None = None
     #: How the record's text is put in the prompt (``pcd_cli.decoding.prompt.RECORD_QUOTINGS``,
     #: docs/security.md): ``"json"`` (default) quotes it as one JSON string and the system text says
-    #: it is data to judge, never instructions; ``"none"`` puts it in as it is (the prompt before 0.27).
+    #: it is data to judge, never instructions; ``"none"`` puts it in as it is (the prompt of earlier releases).
     record_quoting: str = "json"
 
     def __post_init__(self) -> None:
