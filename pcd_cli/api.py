@@ -86,7 +86,11 @@ class Labeler:
             few-shot examples and ``depends_on``), ``examples`` with ``shots`` and ``seed`` (a
             gold file to draw few-shot examples from), and, as before the job existed,
             ``examples`` as the ``Example`` values themselves (``()``: none; ``None``: the
-            schema's own ``examples:``), i.e. ``drawn_examples``.
+            schema's own ``examples:``), i.e. ``drawn_examples``, ``record_quoting`` (``json``: the
+            record quoted as data, the default; ``none``: as it is; ``None``: the schema's) and
+            ``steering_check`` (on by default: a field whose label moves once the sentences
+            addressing the labeller are taken out gets the label without them and
+            ``FieldResult.steered``; ``pcd_cli.steering``, docs/security.md).
 
     ``warnings`` lists ``pcd_cli.job.JobWarning`` values: what does not stop the run but a user
     should hear (each front-end shows them). ``job`` holds the options the labeler was built
@@ -198,7 +202,7 @@ class Labeler:
             self.decoder.record_passes = passes  # the content-free records are not the input's
         #: ``label_fields``: field names -> (their schema, their decoder), built on first use
         self._field_parts: dict[tuple[str, ...], tuple[Schema, Decoder]] = {}
-        #: schema name -> its ``pcd_cli.steering.Vocabulary`` (the steering check), built on first use
+        #: (schema name, field names) -> its ``pcd_cli.steering.Vocabulary`` (the steering check), built on first use
         self._vocabularies: dict = {}
         #: the schema's rules between fields, ready to apply (``None`` without rules)
         self.rules = None
@@ -427,9 +431,10 @@ class Labeler:
         rules held on it). A record whose second decode fails keeps its first."""
         from .steering import Vocabulary, erased
 
-        vocabulary = self._vocabularies.get(schema.name)
+        key = (schema.name, tuple(f.name for f in schema.fields))
+        vocabulary = self._vocabularies.get(key)
         if vocabulary is None:
-            vocabulary = self._vocabularies[schema.name] = Vocabulary.of(schema)
+            vocabulary = self._vocabularies[key] = Vocabulary.of(schema)
         todo = []
         for k, (item, res) in enumerate(zip(batch, out)):
             if isinstance(item, Record) and isinstance(res, RecordResult):
