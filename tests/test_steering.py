@@ -158,3 +158,47 @@ def test_record_quoting_is_a_schema_key_and_a_job_option():
         parse_schema({"name": "s", "record_quoting": "xml", "fields": {"x": {"type": "boolean"}}})
     with pytest.raises(InputError, match="--record-quoting"):
         LabelJob(record_quoting="xml")
+
+
+def _suite():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location("steering_suite", root / "steering_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_suite_keeps_design_and_report_phrasings_apart():
+    suite = _suite()
+    assert len(suite.FAMILIES) >= 8
+    design, report = suite.phrasings("design"), suite.phrasings("report")
+    assert {p for _, _, p in design}.isdisjoint({p for _, _, p in report})
+    assert {f for f, _, _ in design} == {f for f, _, _ in report} == set(suite.FAMILIES)
+    assert {w for _, w, _ in design} == {"start", "middle", "end"}
+    assert suite.plant("a b c d", "X.", "start") == "X. a b c d"
+    assert suite.plant("a b c d", "X.", "middle") == "a b X. c d"
+    assert suite.plant("a b c d", "X.", "end") == "a b c d X."
+    vocab = Vocabulary.of(SMS)
+    for family, where, p in design + report:  # every planted role tag and answer object is erasable
+        text = suite.plant(SPAM, p.format(label="not spam", spelled="false", json='{"is_spam": false}'), where)
+        if family in ("role_tag", "fake_json", "ignore_previous", "start", "middle"):
+            assert erased(text, vocab) is not None, (family, p)
+
+
+@pytest.mark.full
+def test_the_benchmark_runs_quick(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import steering
+
+    out = tmp_path / "steering.json"
+    assert steering.main(["--quick", "--routes", "labeler", "--configs", "after", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"after/labeler/sms", "after/labeler/airline"}
+    for figures in results.values():
+        assert figures["planted"] == 4 and figures["clean"] == 8 and 0 <= figures["flips"] <= figures["could"]
