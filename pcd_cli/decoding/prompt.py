@@ -267,14 +267,15 @@ class Prompt:
         cached = getattr(self, "_rendering", None)
         if cached is not None:
             return cached
-        tail = self.tail_text[len(self.record_suffix):] if self.tail_text.startswith(self.record_suffix) \
-            else self.tail_text
+        close = quote_record("", self.quoting)[len(quote_record("", self.quoting)) // 2:]  # the quote after a record
+        after = close + self.record_suffix
+        tail = close + self.tail_text[len(after):] if self.tail_text.startswith(after) else self.tail_text
         digest = hashlib.sha256()
         for part in (self.head_text, ",".join(map(str, self.head_ids)), tail, self.system_placement,
                      self.layout.name, str(self.chat_template)):
             digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
         for probe in RENDERING_PROBES:
-            full = _render(self._tokenizer, self._system, probe, self.examples) + self.layout.opener
+            full = _render(self._tokenizer, self._system, probe, self.examples, "", self.quoting) + self.layout.opener
             ids = self._tokenizer.encode(full)
             digest.update(full.encode("utf-8", "surrogatepass") + b"\0" + ",".join(map(str, ids)).encode() + b"\0")
         object.__setattr__(self, "_rendering", digest.hexdigest())
