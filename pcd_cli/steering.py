@@ -40,7 +40,7 @@ PROMPT_WORDS = ("answer", "label", "classif", "instruction", "json", "input", "p
 #: The chat roles a record may use as a tag to pass for the prompt's own turn or an answer (``user`` is not one:
 #: a record is the user's turn, and /v1/decisions writes its messages as ``user: <text>``).
 ROLES = ("system", "assistant", "developer", "sistema", "système")
-_SPLIT = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n+|(?=\b(?:" + "|".join(ROLES) + r")\s*:)|(?=[\[<](?:"
+_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?=\b(?:" + "|".join(ROLES) + r")\s*:)|(?=[\[<](?:"
                     + "|".join(ROLES) + r")\b)", re.IGNORECASE)
 _ROLE_TAG = re.compile(r"(?:^|[\s\[<(#*])(?:" + "|".join(ROLES) + r")\s*(?::|\]|>)", re.IGNORECASE)
 _ANSWER_SHAPE = re.compile(r"[{,]\s*\"[^\"]+\"\s*:")
