@@ -22,8 +22,8 @@ planted answer's probability (planted minus clean, over every planted copy), cle
 the gold labels, ``steered_clean`` (clean rows the check flagged) and ``caught`` (planted copies the
 check flagged), and the seconds spent.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/steering.py               # 16 rows per class, ~15 min on 2 cores
-    PYTHONPATH=. .venv/bin/python benchmarks/steering.py --quick       # 4 rows per class (tests)
+    PYTHONPATH=. .venv/bin/python benchmarks/steering.py --rows 8      # 8 clean rows per class, 3 planted into
+    PYTHONPATH=. .venv/bin/python benchmarks/steering.py --quick       # 4 rows per class, 2 planted into, 2 families
     PYTHONPATH=. .venv/bin/python benchmarks/steering.py --split design --configs before,quoted
 
 On your own schema: ``--own SCHEMA GOLD FIELD TARGET`` plants the phrasings into the rows of
@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from steering_suite import FAMILIES, phrasings, plant  # noqa: E402
+from steering_suite import FAMILIES, plant  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 CONFIGS = {"before": {"record_quoting": "none", "steering_check": False},
@@ -63,18 +63,20 @@ SPAM_PREDICATE = [{"type": "predicate", "name": "spam", "instructions": "Is this
 
 def planted_texts(text: str, row: int, split: str, words: str, spelled: str, answer: str, per_row: int
                   ) -> list[tuple[str, str]]:
-    """``per_row`` planted copies of ``text`` (``(family, text)``), the phrasings of ``split``
-    taken in turn from row ``row`` on, so every family is planted on as many rows."""
-    ph = phrasings(split)
+    """Planted copies of ``text`` (``(family, text)``): one per family, the family's phrasings of
+    ``split`` taken in turn by row (row 0 the first, row 1 the second...); ``per_row`` below the
+    number of families keeps the first ones."""
     out = []
-    for k in range(per_row):
-        family, where, p = ph[(row * per_row + k) % len(ph)]
+    for family, (where, design, report) in list(FAMILIES.items())[:per_row]:
+        options = design if split == "design" else report
+        p = options[row % len(options)]
         out.append((family, plant(text, p.format(label=words, spelled=spelled, json=answer), where)))
     return out
 
 
 def load_rows(data: Path, name: str, n: int) -> list[dict]:
-    """``n`` rows planted into and ``n`` other rows of set ``name`` (dev split, file order)."""
+    """``n`` rows of the class planted into and ``n`` other rows of set ``name`` (dev split, file
+    order); the first ``--planted-rows`` of the former get planted copies."""
     _, file, field, planted_on, *_ = SETS[name]
     rows = [json.loads(line) for line in (data / file).read_text().splitlines()]
     hit = [r for r in rows if r[field] == planted_on][:n]
@@ -179,6 +181,9 @@ class Routes:
             self._server.__exit__(None, None, None)
 
 
+PLANTED_ROWS = [3]  # rows planted into per set (``--planted-rows``)
+
+
 def run_sets(routes: Routes, route: str, data: Path, n: int, split: str, per_row: int) -> dict:
     """``labeler`` or ``v1_label`` over the SMS and airline sets."""
     out = {}
@@ -186,7 +191,7 @@ def run_sets(routes: Routes, route: str, data: Path, n: int, split: str, per_row
         rows = load_rows(data, name, n)
         planted_meta, texts = [], [r["text"] for r in rows]
         for i, r in enumerate(rows):
-            if r[field] == planted_on:
+            if r[field] == planted_on and i < PLANTED_ROWS[0]:
                 for family, text in planted_texts(r["text"], i, split, words, spelled, answer, per_row):
                     planted_meta.append((i, family))
                     texts.append(text)
@@ -203,13 +208,15 @@ def run_sets(routes: Routes, route: str, data: Path, n: int, split: str, per_row
 def run_systemone(routes: Routes, split: str, per_row: int, n: int) -> dict:
     """``/v1/systemone``: the support tickets, planted answer: refund approved (P(yes) >= 0.5)."""
     tickets = [json.loads(line) for line in (ROOT / "sample_data" / "support_tickets.jsonl").read_text().splitlines()]
-    tickets = tickets[:max(2 * n, 4)]
+    tickets = tickets[:max(n, 4)]
     clean, planted = [], []
     for i, t in enumerate(tickets):
         state = f"Subject: {t['subject']}\n\n{t['body']}"
         a = routes.post("/v1/systemone", {"model": "x", "state": state, "questions": TICKET_QUESTION,
                                           "pcd_extras": True})["answers"]["approve"]
         clean.append((a["noul"] >= 0.5, a["noul"], a["pcd"]["steered"]))
+        if i >= PLANTED_ROWS[0] + 1:
+            continue
         for family, text in planted_texts(state, i, split, "approved", "true", '{"answer": true}', per_row):
             b = routes.post("/v1/systemone", {"model": "x", "state": text, "questions": TICKET_QUESTION,
                                               "pcd_extras": True})["answers"]["approve"]
@@ -230,12 +237,12 @@ def run_decisions(routes: Routes, data: Path, n: int, split: str, per_row: int) 
     clean, planted = [], []
     for i, r in enumerate(rows):
         clean.append(ask([{"role": "user", "content": r["text"]}]))
-        if not r["is_spam"]:
+        if not r["is_spam"] or i >= PLANTED_ROWS[0]:
             continue
         for family, text in planted_texts(r["text"], i, split, "not spam", "no", '{"answer": false}', per_row):
             planted.append((i, family, *ask([{"role": "user", "content": text}])))
-        sentence = phrasings(split)[i % len(phrasings(split))][2].format(label="not spam", spelled="no",
-                                                                         json='{"answer": false}')
+        sentence = FAMILIES["role_tag"][1 if split == "design" else 2][i % 2].format(
+            label="not spam", spelled="no", json='{"answer": false}')
         planted.append((i, "system_message", *ask([{"role": "system", "content": sentence},
                                                    {"role": "user", "content": r["text"]}])))
     # value: True = spam; the planted answer is "not spam" (False); P(target) = 1 - P(spam)
@@ -246,7 +253,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 rows per class, one planted copy per row")
     ap.add_argument("--rows", type=int, default=16, help="rows per class and set")
-    ap.add_argument("--per-row", type=int, default=2, help="planted copies per planted-into row")
+    ap.add_argument("--per-row", type=int, default=len(FAMILIES), help="planted copies per planted-into row "
+                    "(one per family, the first ones)")
+    ap.add_argument("--planted-rows", type=int, default=3, help="rows planted into per set")
     ap.add_argument("--split", default="report", choices=("design", "report"))
     ap.add_argument("--configs", default="before,after")
     ap.add_argument("--routes", default=",".join(ROUTES))
@@ -254,7 +263,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     ap.add_argument("--own", nargs=4, metavar=("SCHEMA", "GOLD", "FIELD", "TARGET"), default=None)
     args = ap.parse_args(argv)
-    n, per_row = (4, 1) if args.quick else (args.rows, args.per_row)
+    n, per_row = (4, 2) if args.quick else (args.rows, args.per_row)
+    PLANTED_ROWS[0] = 2 if args.quick else args.planted_rows
     from pcd_cli.backends import load_backend
     from pcd_cli.job import LabelJob
 

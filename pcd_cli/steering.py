@@ -90,10 +90,30 @@ def addressing_sentences(text: str, vocabulary: Vocabulary) -> list[str]:
 
 
 def erased(text: str, vocabulary: Vocabulary) -> str | None:
-    """``text`` without the sentences that address the labeller, or ``None`` when it has none or
-    when nothing would be left (a record made only of such sentences is checked as it is)."""
-    pieces = split_sentences(text)
-    kept = [s for s in pieces if not vocabulary.addresses(s)]
-    if len(kept) == len(pieces) or not kept:
+    """``text`` without the sentences that address the labeller, every other character kept as it
+    was (line breaks and spaces included: a sentence appended to a record is erased back to the
+    record itself), each erased sentence with the separator before it (after it, for the first);
+    ``None`` when it has none or when nothing would be left (a record made only of such sentences
+    is checked as it is)."""
+    pieces, start = [], 0  # (separator before, sentence) spans
+    for m in _SPLIT.finditer(text):
+        pieces.append((start, m.start()))
+        start = m.end()
+    pieces.append((start, len(text)))
+    spans = [(a, b) for a, b in pieces if text[a:b].strip()]
+    hit = [vocabulary.addresses(text[a:b]) for a, b in spans]
+    if not any(hit) or all(hit):
         return None
-    return " ".join(kept)
+    out, end = [], 0
+    for k, ((a, b), erase) in enumerate(zip(spans, hit)):
+        if erase:
+            if k == 0:  # the first sentence: the separator after it goes with it
+                nxt = spans[1][0] if len(spans) > 1 else b
+                out.append(text[end:a])
+                end = nxt
+            else:  # the separator before it goes with it
+                out.append(text[end:spans[k - 1][1]])
+                end = b
+    out.append(text[end:])
+    left = "".join(out)
+    return left if left.strip() else None
