@@ -425,10 +425,10 @@ class Labeler:
     def _steering_checked(self, batch: list[Record | RecordFailure], out: list[RecordResult | RecordFailure],
                           decoder, schema: Schema) -> list[RecordResult | RecordFailure]:
         """The steering check (``pcd_cli.steering``): each record with sentences addressing the
-        labeller is decoded again without them (same steps after decoding); a field whose label
-        differs gets the label without them, that decode's probabilities and ``steered``. With
-        rules between fields, a record with a moved field takes the whole decode without them (the
-        rules held on it). A record whose second decode fails keeps its first."""
+        labeller is decoded again without them (same steps after decoding, rules included) and
+        written as that decode: labels and probabilities without those sentences, so they move
+        neither a label nor a probability; a field whose label differs from the first decode's is
+        ``steered``. A record whose second decode fails keeps its first."""
         from .steering import Vocabulary, erased
 
         key = (schema.name, tuple(f.name for f in schema.fields))
@@ -449,14 +449,8 @@ class Labeler:
                 continue
             first = out[k]
             moved = [a.label != b.label or a.value != b.value for a, b in zip(first.fields, again.fields)]
-            if not any(moved):
-                continue
-            if self.rules is not None:
-                fields = tuple(replace(b, steered=m) for b, m in zip(again.fields, moved))
-                out[k] = replace(again, fields=fields, truncated=first.truncated)
-            else:
-                fields = tuple(replace(b, steered=True) if m else a for a, b, m in zip(first.fields, again.fields, moved))
-                out[k] = replace(first, fields=fields)
+            fields = tuple(replace(b, steered=m) for b, m in zip(again.fields, moved))
+            out[k] = replace(again, fields=fields, truncated=first.truncated or again.truncated)
         return out
 
     def _decoded(self, batch: list[Record | RecordFailure], decoder, schema: Schema

@@ -18,10 +18,10 @@ prompting", there over token subsequences; here over sentences):
 2. **Check** (``Labeler`` with ``steering_check``): the records with such sentences are decoded
    again without them (one more decode per such record; clean records seldom have any), and every
    field whose label differs is *steered*.
-3. **What is written**: a steered field gets the label of the record without those sentences
-   (its probabilities too, the erased decode's) and ``<field>__steered`` true: the planted
-   sentence does not choose the label, and the row is marked for review. A field whose label did
-   not move keeps its own decode.
+3. **What is written**: a record with such sentences is written as its decode without them
+   (every field's label and probabilities), so a planted sentence moves neither a label nor a
+   probability (a calibration, a threshold or ``--abstain-below`` reads them); a field whose label
+   differs from the first decode's gets ``<field>__steered`` true: the row is marked for review.
 
 A steered flag on a clean record means that a sentence written in the prompt's vocabulary carried
 the label (a tweet that says "positive vibes only"): the written label is then the content's
