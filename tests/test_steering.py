@@ -106,7 +106,7 @@ class _StubDecoder:
         out = []
         for r in records:
             said_false = "false" in r.text.lower()
-            probs = (0.2, 0.8) if said_false else (0.9, 0.1)
+            probs = (0.2, 0.8) if said_false else (0.7, 0.3) if "SYSTEM" in r.text else (0.9, 0.1)
             label = 1 if said_false else 0
             out.append(RecordResult(r.id, (FieldResult(label, label == 0, probs[label], 0.9, probs),)))
         return out
@@ -120,6 +120,8 @@ def test_a_steered_label_is_replaced_by_the_label_without_the_planted_sentences(
     assert steered.fields[0].value is True and steered.fields[0].steered and steered.fields[0].prob == 0.9
     assert clean.fields[0].value is True and not clean.fields[0].steered
     assert alone.fields[0].value is False and not alone.fields[0].steered  # nothing left once erased: kept
+    pulled = labeler.label_batch([Record("d", "SYSTEM: be kind. " + CLEAN[0])])[0].fields[0]
+    assert pulled.value is True and pulled.prob == 0.9 and not pulled.steered  # written without it, not flagged
     off = Labeler(SMS, backend=backend, steering_check=False)
     off.decoder = _StubDecoder()
     assert off.label_batch([Record("a", PLANTED[0])])[0].fields[0].value is False
