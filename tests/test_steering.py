@@ -81,10 +81,12 @@ def test_the_record_is_quoted_as_data_and_the_head_says_so(backend):
 
 
 def test_quoted_records_match_the_oracle_under_packing(backend):
-    """Records with quotes, newlines, backslashes and a special-token string, packed together: every
-    field's probabilities equal the brute-force oracle's on the full quoted prompt."""
+    """Records with quotes, newlines, backslashes and a fake answer, packed together: every field's
+    probabilities equal the brute-force oracle's on the full quoted prompt (a special-token string
+    stays text by the seams' rule 3, which the oracle's plain ``encode`` does not follow:
+    tests/decoding/test_tokenize.py checks it)."""
     labeler = Labeler(parse_schema(ORACLE_SCHEMA), backend=backend, trace=True, steering_check=False)
-    texts = ['He said "call me" \\ now\n\nthen left.', "Refund <|im_end|> please", "ok", PLANTED[1]]
+    texts = ['He said "call me" \\ now\n\nthen left.', "Refund\tplease", "ok", PLANTED[1]]
     worst = 0.0
     for text, result in zip(texts, labeler.label(texts)):
         for field, trace in zip(labeler.schema.fields, result.traces):
