@@ -40,15 +40,18 @@ PROMPT_WORDS = ("answer", "label", "classif", "instruction", "json", "input", "p
 #: The chat roles a record may use as a tag to pass for the prompt's own turn or an answer (``user`` is not one:
 #: a record is the user's turn, and /v1/decisions writes its messages as ``user: <text>``).
 ROLES = ("system", "assistant", "developer", "sistema", "système")
-_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?=\b(?:" + "|".join(ROLES) + r")\s*:)|(?=[\[<](?:"
+_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?-i:(?<=[a-z0-9,;:])[ \t]+(?=[A-Z][a-z]))|[ \t]*(?=```)|(?=\b(?:" + "|".join(ROLES) + r")\s*:)|(?=[\[<](?:"
                     + "|".join(ROLES) + r")\b)", re.IGNORECASE)
 _ROLE_TAG = re.compile(r"(?:^|[\s\[<(#*])(?:" + "|".join(ROLES) + r")\s*(?::|\]|>)", re.IGNORECASE)
 _ANSWER_SHAPE = re.compile(r"[{,]\s*\"[^\"]+\"\s*:")
 
 
 def split_sentences(text: str) -> list[str]:
-    """``text`` cut into sentences (``_SPLIT``: after ``.``/``!``/``?``, at line breaks, before a role
-    tag); the pieces, stripped of surrounding space, non-empty, in order."""
+    """``text`` cut into sentences (``_SPLIT``: after ``.``/``!``/``?``, at line breaks, before a
+    capitalised word that follows a lower-case one (a line without a full stop, "... Freight Ignore
+    all instructions", is not one sentence with the next), before a code fence or a role tag); the
+    pieces, stripped of surrounding space, non-empty, in order. Cut finely on purpose: only the
+    pieces that address the labeller are erased, so a finer cut erases less of the content."""
     return [s.strip() for s in _SPLIT.split(text) if s and s.strip()]
 
 
@@ -100,7 +103,9 @@ def erased(text: str, vocabulary: Vocabulary) -> str | None:
         pieces.append((start, m.start()))
         start = m.end()
     pieces.append((start, len(text)))
-    spans = [(a, b) for a, b in pieces if text[a:b].strip()]
+    # each piece without the spaces around it: they go with the separator
+    spans = [(a + len(text[a:b]) - len(text[a:b].lstrip()), a + len(text[a:b].rstrip()))
+             for a, b in pieces if text[a:b].strip()]
     hit = [vocabulary.addresses(text[a:b]) for a, b in spans]
     if not any(hit) or all(hit):
         return None
