@@ -86,7 +86,11 @@ class Labeler:
             few-shot examples and ``depends_on``), ``examples`` with ``shots`` and ``seed`` (a
             gold file to draw few-shot examples from), and, as before the job existed,
             ``examples`` as the ``Example`` values themselves (``()``: none; ``None``: the
-            schema's own ``examples:``), i.e. ``drawn_examples``.
+            schema's own ``examples:``), i.e. ``drawn_examples``, ``record_quoting`` (``json``: the
+            record quoted as data, the default; ``none``: as it is; ``None``: the schema's) and
+            ``steering_check`` (on by default: a field whose label moves once the sentences
+            addressing the labeller are taken out gets the label without them and
+            ``FieldResult.steered``; ``pcd_cli.steering``, docs/security.md).
 
     ``warnings`` lists ``pcd_cli.job.JobWarning`` values: what does not stop the run but a user
     should hear (each front-end shows them). ``job`` holds the options the labeler was built
@@ -118,6 +122,8 @@ class Labeler:
             options["backend"], backend = backend, None
         #: the options this labeler was built with (a ``pcd_cli.job.LabelJob``, its examples drawn)
         self.job = job = _with_options(job or LabelJob(), options).with_examples(self.schema)
+        if job.record_quoting is not None and job.record_quoting != self.schema.record_quoting:
+            self.schema = replace(self.schema, record_quoting=job.record_quoting)
         model, adapter, scoring = job.model, job.adapter, job.scoring
         abstain_below, abstain_unless_single = job.abstain_below, job.abstain_unless_single
         permutations, prior_correction = job.permutations, job.prior_correction
@@ -196,6 +202,8 @@ class Labeler:
             self.decoder.record_passes = passes  # the content-free records are not the input's
         #: ``label_fields``: field names -> (their schema, their decoder), built on first use
         self._field_parts: dict[tuple[str, ...], tuple[Schema, Decoder]] = {}
+        #: (schema name, field names) -> its ``pcd_cli.steering.Vocabulary`` (the steering check), built on first use
+        self._vocabularies: dict = {}
         #: the schema's rules between fields, ready to apply (``None`` without rules)
         self.rules = None
         if self.schema.rules:
@@ -298,7 +306,9 @@ class Labeler:
           | ({"pcd.tuned": self._tune_source, "pcd.tune_card_sha256": self._tune_card_sha}
              if self.tune_card is not None else {}) \
           | self._permutations_metadata() \
-          | ({"pcd.isolate_fields": "true"} if self.isolate_fields else {})
+          | ({"pcd.isolate_fields": "true"} if self.isolate_fields else {}) \
+          | {"pcd.record_quoting": self.schema.record_quoting,
+             "pcd.steering_check": str(self.job.steering_check).lower()}
 
     def model_parts(self) -> dict[str, str]:
         """What this labeler's model reads and how, by content (``pcd_cli.job_fingerprint.model_parts``):
@@ -332,7 +342,7 @@ class Labeler:
     def columns(self) -> dict:
         """Which optional columns this labeler writes (``output_columns``)."""
         return {"calibrated": self.calibration is not None, "sets": self.set_fields,
-                "abstain": self.abstain_fields, "spread": self.permutations > 1}
+                "abstain": self.abstain_fields, "spread": self.permutations > 1, "steered": self.job.steering_check}
 
     def _permutations_metadata(self) -> dict[str, str]:
         """``pcd.permutations``: K and, per permuted field, its label lists in each ordering."""
@@ -405,7 +415,48 @@ class Labeler:
     def _finish(self, batch: list[Record | RecordFailure], decoder, schema: Schema
                 ) -> list[RecordResult | RecordFailure]:
         """Decode ``batch``'s records with ``decoder`` (of ``schema``'s fields) and apply the
-        job's steps after decoding, in order; failures passed through in place."""
+        job's steps after decoding, in order, then the steering check (``steering_check``);
+        failures passed through in place."""
+        out = self._decoded(batch, decoder, schema)
+        if self.job.steering_check:
+            out = self._steering_checked(batch, out, decoder, schema)
+        return out
+
+    def _steering_checked(self, batch: list[Record | RecordFailure], out: list[RecordResult | RecordFailure],
+                          decoder, schema: Schema) -> list[RecordResult | RecordFailure]:
+        """The steering check (``pcd_cli.steering``): each record with sentences addressing the
+        labeller is decoded again without them (same steps after decoding, rules included) and
+        written as that decode: labels and probabilities without those sentences, so they move
+        neither a label nor a probability; a field whose label differs from the first decode's is
+        ``steered``. A record whose second decode fails keeps its first."""
+        from .steering import Vocabulary, erased
+
+        key = (schema.name, tuple(f.name for f in schema.fields))
+        vocabulary = self._vocabularies.get(key)
+        if vocabulary is None:
+            vocabulary = self._vocabularies[key] = Vocabulary.of(schema)
+        todo = []
+        for k, (item, res) in enumerate(zip(batch, out)):
+            if isinstance(item, Record) and isinstance(res, RecordResult):
+                text = erased(item.text, vocabulary)
+                if text is not None:
+                    todo.append((k, Record(item.id, text, item.row, item.line)))
+        if not todo:
+            return out
+        out = list(out)
+        for (k, _), again in zip(todo, self._decoded([r for _, r in todo], decoder, schema)):
+            if isinstance(again, RecordFailure):
+                continue
+            first = out[k]
+            moved = [a.label != b.label or a.value != b.value for a, b in zip(first.fields, again.fields)]
+            fields = tuple(replace(b, steered=m) for b, m in zip(again.fields, moved))
+            out[k] = replace(again, fields=fields, truncated=first.truncated or again.truncated)
+        return out
+
+    def _decoded(self, batch: list[Record | RecordFailure], decoder, schema: Schema
+                 ) -> list[RecordResult | RecordFailure]:
+        """Decode ``batch``'s records and apply the job's steps after decoding (prior correction,
+        calibration, rules, abstention), in order; failures passed through in place."""
         records = [r for r in batch if isinstance(r, Record)]
         decoded = iter(decoder.decode(records))
         out = [item if isinstance(item, RecordFailure) else next(decoded) for item in batch]
@@ -590,7 +641,8 @@ def planned_output_schema(schema, job: LabelJob, *, all_probs: bool):
     from .io.output import output_schema
 
     columns = output_columns(schema, planned_calibration(job), abstain_below=job.abstain_below,
-                             abstain_unless_single=job.abstain_unless_single, permutations=job.permutations)
+                             abstain_unless_single=job.abstain_unless_single, permutations=job.permutations,
+                             steering_check=job.steering_check)
     return output_schema(schema, job.id_field or "row", pa.string() if job.id_field else pa.int64(),
                          all_probs=all_probs, **columns)
 
@@ -639,9 +691,9 @@ def abstain_fields(schema: Schema, thresholds: dict[str, float], set_fields: Seq
 
 
 def output_columns(schema: Schema, calibration, *, abstain_below: float | None, abstain_unless_single: bool,
-                   permutations: int) -> dict:
+                   permutations: int, steering_check: bool = False) -> dict:
     """The optional columns of a run's output (``pcd_cli.io.output.output_schema``'s keywords
-    ``calibrated``, ``sets``, ``abstain``, ``spread``): the one rule ``Labeler.output_schema`` and
+    ``calibrated``, ``sets``, ``abstain``, ``spread``, ``steered``): the one rule ``Labeler.output_schema`` and
     an output written without a model (``planned_output_schema``) both follow.
 
     Raises:
@@ -656,7 +708,7 @@ def output_columns(schema: Schema, calibration, *, abstain_below: float | None, 
     return {"calibrated": calibration is not None, "sets": sets,
             "abstain": abstain_fields(schema, abstain_thresholds(schema, abstain_below),
                                       sets if abstain_unless_single else ()),
-            "spread": permutations > 1}
+            "spread": permutations > 1, "steered": steering_check}
 
 
 def _folder_key(path) -> str:

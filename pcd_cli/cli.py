@@ -94,6 +94,11 @@ class DType(str, Enum):
 BackendKind = Enum("BackendKind", {name: name for name in BACKENDS}, type=str)
 
 
+class RecordQuoting(str, Enum):
+    json = "json"
+    none = "none"
+
+
 class Truncate(str, Enum):
     middle = "middle"
     head = "head"
@@ -166,6 +171,14 @@ ISOLATE_FIELDS_OPT = typer.Option(False, "--isolate-fields", help="Decide each f
                                   "record, seeing only its own key and values: a field's label does not change when "
                                   "other fields are added, removed or moved (the schema's isolate_fields: true). "
                                   "Costs each field's catalog line per record.")
+RECORD_QUOTING_OPT = typer.Option(None, "--record-quoting", help="How the record's text is put in the prompt: json "
+                                  "(quoted as one JSON string, the prompt saying it is data to judge, never "
+                                  "instructions; the default, or the schema's record_quoting) or none (as it is: the "
+                                  "prompt of earlier releases). docs/security.md.")
+STEERING_CHECK_OPT = typer.Option(True, "--steering-check/--no-steering-check", help="Decode each record that has "
+                                  "sentences addressing the labeller (role tags, answer objects, the prompt's and "
+                                  "labels' own words) again without them; a field whose label moves gets the label "
+                                  "without them and <field>__steered true. docs/security.md.")
 ABSTAIN_BELOW_OPT = typer.Option(None, "--abstain-below", min=0.0, max=1.0, help="Leave a field without a label "
                                  "(null, <field>__abstained true) when its probability is below P; a field's own "
                                  "abstain_below wins.")
@@ -301,6 +314,8 @@ def label(
     prior_correction: bool = _panel(PRIOR_CORRECTION_OPT, 'Quality'),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
     isolate_fields: bool = _panel(ISOLATE_FIELDS_OPT, 'Quality'),
+    record_quoting: Optional[RecordQuoting] = _panel(RECORD_QUOTING_OPT, 'Quality'),
+    steering_check: bool = _panel(STEERING_CHECK_OPT, 'Quality'),
     abstain_below: Optional[float] = _panel(ABSTAIN_BELOW_OPT, 'Quality'),
     adapter: Optional[Path] = _panel(ADAPTER_OPT, 'Quality'),
     examples: Optional[Path] = _panel(EXAMPLES_OPT, 'Quality'),
@@ -592,6 +607,8 @@ def calibrate(
     folds: int = typer.Option(5, "--folds", min=2, help="Cross-validation folds for the before/after figures."),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Model'),
     isolate_fields: bool = _panel(ISOLATE_FIELDS_OPT, 'Model'),
+    record_quoting: Optional[RecordQuoting] = _panel(RECORD_QUOTING_OPT, 'Model'),
+    steering_check: bool = _panel(STEERING_CHECK_OPT, 'Model'),
     coverage: Optional[float] = typer.Option(None, "--coverage", min=0.5, max=0.999, help="Also fit conformal "
                                              "label sets holding the gold label with at least this probability "
                                              "(e.g. 0.9); half of the gold rows then set the threshold instead of "
@@ -887,6 +904,8 @@ def serve(
     prior_correction: bool = _panel(PRIOR_CORRECTION_OPT, 'Quality'),
     permutations: int = _panel(PERMUTATIONS_OPT, 'Quality'),
     isolate_fields: bool = _panel(ISOLATE_FIELDS_OPT, 'Quality'),
+    record_quoting: Optional[RecordQuoting] = _panel(RECORD_QUOTING_OPT, 'Quality'),
+    steering_check: bool = _panel(STEERING_CHECK_OPT, 'Quality'),
     abstain_below: Optional[float] = _panel(ABSTAIN_BELOW_OPT, 'Quality'),
     examples: Optional[list[str]] = typer.Option(None, "--examples", help="NAME=PATH (repeatable; a bare PATH with "
                                                  "one schema): a gold file to draw that schema's few-shot examples "

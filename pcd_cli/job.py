@@ -67,6 +67,13 @@ class LabelJob:
             (``with_examples``), so that every worker of a run reads the same ones.
         max_tokens_per_pass: token budget of one forward pass.
         trace: keep per-field traces (``pcd label --trace``).
+        record_quoting: how the record's text is put in the prompt, ``"json"`` (quoted as data,
+            docs/security.md) or ``"none"`` (as it is, the prompt of earlier releases); ``None``: the
+            schema's ``record_quoting`` (default ``"json"``). Decision-changing: it changes the
+            prompt (its head and every record's tokens).
+        steering_check: decode each record that has sentences addressing the labeller again
+            without them and flag every field whose label moves (``pcd_cli.steering``): it gets
+            the label without them and ``<field>__steered``. Decision-changing.
 
     Raises:
         InputError: ``calibration`` with ``tuned_calibration`` off (``--calibration`` and
@@ -95,6 +102,8 @@ class LabelJob:
     seed: int = 0
     max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
     trace: bool = False
+    record_quoting: str | None = None
+    steering_check: bool = True
     drawn_examples: tuple | None = None
 
     def __post_init__(self) -> None:
@@ -102,6 +111,8 @@ class LabelJob:
             value = getattr(self, name)
             if isinstance(value, Path):
                 object.__setattr__(self, name, str(value))
+        if self.record_quoting not in (None, "json", "none"):
+            raise InputError(f"--record-quoting {self.record_quoting!r}: expected json or none")
         if self.calibration is not None and not self.tuned_calibration:
             raise InputError("--calibration and --no-calibration exclude each other: choose one")
 

@@ -76,6 +76,7 @@ OPTION_PARTS: dict[str, tuple[str, ...]] = {
     "shots": ("examples",),
     "seed": ("examples",),
     "drawn_examples": ("examples",),
+    "record_quoting": ("prompt",),  # the head's data notice and the probe records' rendering (rendering_sha256)
 }
 
 #: ``LabelJob`` option -> why it changes no value of a row under the same row key.

@@ -342,6 +342,8 @@ class Answer:
         mass: pcd's candidate mass (unrenormalised probability of every allowed path).
         raw_probs: the decoder's probabilities before calibration or prior correction (the same
             as ``probs`` when neither is applied).
+        steered: the steering check moved the answer (``pcd_cli.steering``): it is the answer to
+            the state without the sentences that address the labeller.
     """
 
     question: Question
@@ -351,6 +353,7 @@ class Answer:
     score: float | None
     mass: float
     raw_probs: tuple[float, ...]
+    steered: bool = False
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -676,7 +679,7 @@ def answer(question: Question, f: FieldResult, order: tuple[int, ...] | None = N
         conf = choice_confidence(probs_t)
     elif question.kind == "score":
         score, conf = expected_score(probs_t), score_confidence(probs_t)
-    return Answer(question, probs_t, label, conf, score, float(np.float32(f.mass)), tuple(raw))
+    return Answer(question, probs_t, label, conf, score, float(np.float32(f.mass)), tuple(raw), bool(f.steered))
 
 
 def multi_answer(question: Question, fields, order: tuple[int, ...]) -> Answer:
@@ -688,7 +691,8 @@ def multi_answer(question: Question, fields, order: tuple[int, ...]) -> Answer:
         yes[j] = float(np.float32(f.probs[0]))
         raw[j] = float(np.float32(f.raw_probs[0])) if f.raw_probs is not None else yes[j]
     mass = float(np.float32(np.mean([f.mass for f in fields])))
-    return Answer(question, tuple(yes), int(np.argmax(yes)), None, None, mass, tuple(raw))
+    return Answer(question, tuple(yes), int(np.argmax(yes)), None, None, mass, tuple(raw),
+                  any(bool(f.steered) for f in fields))
 
 
 def plan_answers(p: Plan, results: list[list]) -> list[Answer]:
@@ -729,7 +733,7 @@ class Decoded:
         """The top-level ``pcd`` object of a response that asked for extras."""
         return {"truncated": self.truncated, "prompt": prompt, "schema_sha256": self.schema_sha256,
                 "decoded_questions": self.units, "rows": self.rows, "queue_ms": self.queue_ms,
-                "decode_ms": self.decode_ms}
+                "decode_ms": self.decode_ms, "steered": sum(a.steered for a in self.answers)}
 
 
 def unit_records(p: Plan, u: int, request_id: str) -> list[Record]:

@@ -74,6 +74,9 @@ class FieldResult:
     label_set: tuple[int, ...] | None = None
     abstained: bool = False
     changed_by_rules: bool = False
+    #: the steering check moved this label (``pcd_cli.steering``): it is the label of the record
+    #: without the sentences that address the labeller
+    steered: bool = False
     order_spread: float | None = None
     by_rule: bool = False
 

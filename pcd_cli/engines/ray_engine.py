@@ -806,7 +806,8 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         arrow_schema = keyed_schema(output_schema(
             schema, spec.id_field or "row", pa.string() if spec.id_field else pa.int64(), all_probs=all_probs,
             calibrated="pcd.calibration_sha256" in metadata, sets=tuple(json.loads(metadata.get("pcd.label_sets", "[]"))),
-            abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))), spread="pcd.permutations" in metadata))
+            abstain=tuple(json.loads(metadata.get("pcd.abstain_fields", "[]"))), spread="pcd.permutations" in metadata,
+            steered=metadata.get("pcd.steering_check") == "true"))
     else:  # no row reached a worker (an empty input): the columns by the job's own rule, as the local engine
         metadata = base_metadata(f"{job.model or 'default'} (not loaded: the input has no rows)", schema)
         arrow_schema = keyed_schema(planned_output_schema(schema, job, all_probs=all_probs))

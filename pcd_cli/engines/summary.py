@@ -19,7 +19,7 @@ from ..io.output import chosen_options, option_decisions
 from ..io.values import RepeatedIds
 from ..quality.metrics import one_label
 from ..results import RecordResult
-from ..schema.model import CHANGED_SUFFIX, TRUNCATED_COLUMN, Schema
+from ..schema.model import CHANGED_SUFFIX, STEERED_SUFFIX, TRUNCATED_COLUMN, Schema
 from ..schema.rules import rule_fields
 
 
@@ -85,6 +85,8 @@ class RunStats:
     replaced: object | None = None
     #: per field a rule names: rows whose label the rules moved (``<f>__changed_by_rules``)
     rule_changes: Counter = field(default_factory=Counter)
+    #: rows with a field the steering check moved (``<f>__steered``, ``pcd_cli.steering``)
+    steered: int = 0
     _worst: list = field(default_factory=list)  # max-heap on -mass of (neg mass, n, record, field)
 
     def __post_init__(self) -> None:
@@ -120,6 +122,7 @@ class RunStats:
                 counted[i] = (self.schema.fields[i].labels[answer], res.probs[answer], res.mass)
         self._add(result.id, counted)
         self.rule_changes.update(f.name for f, res in zip(self.schema.fields, fields) if res.changed_by_rules)
+        self.steered += any(res.steered for res in fields)
 
     def add_rows(self, rows: list[dict], id_column: str) -> None:
         """Count rows this process labelled by copying them (``--reuse``'s reused rows, the
@@ -145,7 +148,8 @@ class RunStats:
         id_column = table.column_names[0]
         counted = dict.fromkeys(name for read in self._reads for name in read[1:4])  # value, prob, mass
         rules = [c for _, c in self._rules if c in table.column_names]
-        self._copied(table.select([id_column, *counted, *rules]).to_pylist(), id_column)
+        steered = [c for c in (f"{f.name}{STEERED_SUFFIX}" for f in self.schema.declared) if c in table.column_names]
+        self._copied(table.select([id_column, *counted, *rules, *steered]).to_pylist(), id_column)
 
     def _copied(self, rows: list[dict], id_column: str) -> None:
         """Count rows given as dicts of output columns (``add_rows``, ``add_table``)."""
@@ -173,6 +177,7 @@ class RunStats:
             for name, column in self._rules:
                 if row.get(column):
                     self.rule_changes[name] += 1
+            self.steered += any(bool(row.get(f"{f.name}{STEERED_SUFFIX}")) for f in self.schema.declared)
 
     def _add(self, record_id: object, fields: list[tuple[str, float, float]]) -> None:
         self.records += 1
@@ -247,7 +252,7 @@ class RunStats:
         return resumed | {"decoded": self.model_rows, 
             "read": self.read, "labelled": self.records, "failed": self.failures, "truncated": self.truncated,
             "reused": self.reused, "deduplicated": self.deduplicated, "partly_reused": self.partly_reused,
-            "seconds": round(self.seconds, 3), "records_per_second": round(self.records_per_second, 3),
+            "steered": self.steered, "seconds": round(self.seconds, 3), "records_per_second": round(self.records_per_second, 3),
             "forward_passes_per_record": round(self.passes_per_record, 3),
             "fields": {f.name: {"labels": dict(st.labels.most_common()), "mean_prob": st.prob_sum / n,
                                 "mean_mass": st.mass_sum / n, f"mass_below_{self.min_mass:g}": st.low_mass}
@@ -278,7 +283,8 @@ class RunStats:
         n = max(self.records, 1)
         console.print(f"{self.read} rows read: [bold]{self.records}[/] records labelled, {self.failures} failed, "
                       f"{self.truncated} truncated, {self.reused} reused, {self.deduplicated} deduplicated"
-                      f"{f', {self.partly_reused} partly reused' if self.partly_reused else ''}; "
+                      f"{f', {self.partly_reused} partly reused' if self.partly_reused else ''}"
+                      f"{f', {self.steered} steered (see <field>__steered)' if self.steered else ''}; "
                       f"{len(self.schema.fields)} field{'s' * (len(self.schema.fields) != 1)}, "
                       f"{self.records_per_second:.2f} records/s, {self.passes_per_record:.2f} forward passes per record")
         if self.resumed is not None:

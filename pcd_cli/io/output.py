@@ -24,6 +24,7 @@ from ..schema.model import (
     JOINT_COLUMN,
     MASS_SUFFIX,
     ORDER_SPREAD_SUFFIX,
+    STEERED_SUFFIX,
     PROB_SUFFIX,
     PROBS_SUFFIX,
     RAW_PROB_SUFFIX,
@@ -54,7 +55,7 @@ def base_metadata(model: str, schema: Schema) -> dict[str, str]:
 
 def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool,
                   calibrated: bool = False, sets: tuple[str, ...] = (), abstain: tuple[str, ...] = (),
-                  spread: bool = False) -> pa.Schema:
+                  spread: bool = False, steered: bool = False) -> pa.Schema:
     """Arrow schema of the output: id, then per declared field ``<f>``, ``<f>__prob``,
     ``<f>__mass`` (with a calibration, ``<f>__raw_prob``; with ``all_probs``, ``<f>__probs``;
     for ordinal and integer fields ``<f>__expected``; for the fields named in ``sets``,
@@ -62,7 +63,9 @@ def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_p
     ``<f>__abstained``, true where the label was left null; with ``spread`` (``--permutations``)
     ``<f>__order_spread``, how far the label orderings disagree; with rules between fields
     (``pcd_cli.schema.rules``) ``<f>__changed_by_rules`` for each field they name, then
-    ``__joint_prob``), then ``__truncated``.
+    ``__joint_prob``); with ``steered`` (the steering check, ``pcd_cli.steering``) ``<f>__steered``,
+    true where the label moved once the sentences addressing the labeller were taken out (the
+    label written is then the one without them); then ``__truncated``.
 
     Types: booleans ``bool``, integers ``int64``, enum and ordinal labels ``string`` (the null
     option of a nullable field is a null). A multi field: ``<f>`` a ``list<string>`` of the
@@ -72,12 +75,12 @@ def output_schema(schema: Schema, id_column: str, id_type: pa.DataType, *, all_p
     """
     return pa.schema([column for column, _ in output_columns(schema, id_column, id_type, all_probs=all_probs,
                                                              calibrated=calibrated, sets=sets, abstain=abstain,
-                                                             spread=spread)])
+                                                             spread=spread, steered=steered)])
 
 
 def output_columns(schema: Schema, id_column: str, id_type: pa.DataType, *, all_probs: bool,
                    calibrated: bool = False, sets: tuple[str, ...] = (), abstain: tuple[str, ...] = (),
-                   spread: bool = False) -> list[tuple[pa.Field, str]]:
+                   spread: bool = False, steered: bool = False) -> list[tuple[pa.Field, str]]:
     """The output's columns in order (``output_schema``), each with its owner: ``ID_OWNER``,
     ``"a column of field 'x'"``, ``RULES_OWNER`` or ``TRUNCATED_OWNER``. The one place that
     names output columns: ``check_columns`` and the writer both read them from here."""
@@ -100,6 +103,8 @@ def output_columns(schema: Schema, id_column: str, id_type: pa.DataType, *, all_
             cols.append((pa.field(f.name + ABSTAINED_SUFFIX, pa.bool_()), owner))
         if spread and not f.is_multi:
             cols.append((pa.field(f.name + ORDER_SPREAD_SUFFIX, pa.float32()), owner))
+        if steered:
+            cols.append((pa.field(f.name + STEERED_SUFFIX, pa.bool_()), owner))
         if f.name in ruled:
             cols.append((pa.field(f.name + CHANGED_SUFFIX, pa.bool_()), RULES_OWNER))
     if ruled:
@@ -120,7 +125,7 @@ def check_columns(schema: Schema, id_col: str, *, all_probs: bool = True) -> Non
     schema.check_output_columns(id_col)
     if id_col == TRUNCATED_COLUMN:
         raise SchemaError(f"--id-field {id_col!r} clashes with pcd's output column {TRUNCATED_COLUMN!r}")
-    columns = output_columns(schema, id_col, pa.string(), all_probs=all_probs, calibrated=True)
+    columns = output_columns(schema, id_col, pa.string(), all_probs=all_probs, calibrated=True, steered=True)
     if schema.rules and id_col in (c.name for c, owner in columns if owner == RULES_OWNER):
         raise SchemaError(f"--id-field {id_col!r} clashes with an output column the schema's rules add")
     # the id and record columns first, so a field's column is named as the one that clashes
@@ -145,6 +150,8 @@ def results_table(results: list[RecordResult], schema: Schema, arrow_schema: pa.
     data: dict[str, list] = {arrow_schema.names[0]: [r.id for r in results]}
     names = set(arrow_schema.names[1:])  # the id column may end in __probs
     for f, part in schema.declared_parts():
+        if f"{f.name}{STEERED_SUFFIX}" in names:
+            data[f"{f.name}{STEERED_SUFFIX}"] = [any(r.fields[i].steered for i in part) for r in results]
         if f.is_multi:
             data.update(multi_columns(f, [[r.fields[i] for i in part] for r in results], names))
             continue

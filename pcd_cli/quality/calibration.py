@@ -283,7 +283,10 @@ class Calibration:
                  f"{metadata.get(key, '(missing)')!r}"
                  for attr, key in CHECKED_KEYS.items() if metadata.get(key) != getattr(self, attr)]
         if diffs:
-            raise CalibrationError("the calibration file was fitted for another setup (" + "; ".join(diffs) +
+            prompt = metadata.get("pcd.prompt_head_sha256") != self.prompt_head_sha256
+            raise CalibrationError(("fitted on another prompt: refit (the prompt changes with the model's template, the "
+                                    "schema, --record-quoting: docs/security.md); " if prompt else "") +
+                                   "the calibration file was fitted for another setup (" + "; ".join(diffs) +
                                    "); fit a new one with pcd calibrate")
 
 

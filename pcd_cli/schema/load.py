@@ -62,6 +62,7 @@ from .model import (
     BOOLEAN_LABELS,
     JSON_TEXT,
     OUTPUT_SUFFIXES,
+    RECORD_QUOTINGS,
     TOP_KEYS,
     Example,
     Field,
@@ -271,6 +272,9 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
         problems.append("schema: 'isolate_fields' must be true or false")
     elif isolate:
         problems.extend(isolation_problems(fields))
+    quoting = data.get("record_quoting", "json")
+    if quoting not in RECORD_QUOTINGS:
+        problems.append(f"schema: 'record_quoting' must be one of {', '.join(RECORD_QUOTINGS)}, got {quoting!r}")
     raw_examples = data.get("examples") or []
     if not isinstance(raw_examples, list):
         problems.append("schema: 'examples' must be a list of {text: ..., labels: {...}}")
@@ -292,12 +296,15 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
         canonical_data["rules"] = [r.to_dict() for r in rules]
     if isolate is True:  # likewise for isolation
         canonical_data["isolate_fields"] = True
+    if quoting != "json":  # likewise for the record's quoting
+        canonical_data["record_quoting"] = quoting
     canonical = json.dumps(canonical_data, ensure_ascii=False, sort_keys=True)
     decisions, parts = _expand(fields)
     return Schema(name=name, instructions=instructions.strip(), fields=decisions,
                   waves=tuple(tuple(d for fi in wave for d in parts[fi]) for wave in waves), warnings=tuple(warnings),
                   source_sha256=hashlib.sha256(canonical.encode()).hexdigest(), examples=tuple(examples),
-                  declared=tuple(fields), parts=parts, rules=rules, isolate_fields=isolate is True)
+                  declared=tuple(fields), parts=parts, rules=rules, isolate_fields=isolate is True,
+                  record_quoting=quoting)
 
 
 def isolation_problems(fields) -> list[str]:

@@ -26,6 +26,8 @@ SET_SUFFIX = "__set"
 ABSTAINED_SUFFIX = "__abstained"
 EXPECTED_SUFFIX = "__expected"
 ORDER_SPREAD_SUFFIX = "__order_spread"
+#: ``<f>__steered``: the steering check moved the field's label (``pcd_cli.steering``).
+STEERED_SUFFIX = "__steered"
 CHANGED_SUFFIX = "__changed_by_rules"
 OUTPUT_SUFFIXES = (PROB_SUFFIX, MASS_SUFFIX, PROBS_SUFFIX, RAW_PROB_SUFFIX, SET_SUFFIX, ABSTAINED_SUFFIX,
                    EXPECTED_SUFFIX, ORDER_SPREAD_SUFFIX, CHANGED_SUFFIX)
@@ -314,6 +316,10 @@ class Schema:
     #: With ``isolate_fields``: the JSON key every field's branch writes instead of its name
     #: (``pcd serve``'s isolated questions are all asked as ``"answer"``); ``None``: the field's name.
     isolated_key: str | None = None
+    #: How the record's text is put in the prompt (``pcd_cli.decoding.prompt.RECORD_QUOTINGS``,
+    #: docs/security.md): ``"json"`` (default) quotes it as one JSON string and the system text says
+    #: it is data to judge, never instructions; ``"none"`` puts it in as it is (the prompt of earlier releases).
+    record_quoting: str = "json"
 
     def __post_init__(self) -> None:
         if not self.declared:  # built from decisions alone: every field is one decision
@@ -362,7 +368,8 @@ def field_alone(schema: Schema, index: int, key: str | None = None) -> Schema:
                             list(declared.labels), [d.name for d in decisions]], ensure_ascii=False)
     return Schema(name=f"{schema.name}.{declared.name}", instructions=schema.instructions, fields=decisions,
                   waves=(tuple(range(len(decisions))),), source_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
-                  declared=(dataclasses.replace(declared, depends_on=()),), parts=(tuple(range(len(decisions))),))
+                  declared=(dataclasses.replace(declared, depends_on=()),), parts=(tuple(range(len(decisions))),),
+                  record_quoting=schema.record_quoting)
 
 
 def fields_subset(schema: Schema, names: Sequence[str]) -> Schema:
@@ -414,7 +421,9 @@ def json_string(text: str) -> str:
 
 
 #: Keys a schema in pcd's own format may have at the top level, and in each field.
-TOP_KEYS = ("name", "instructions", "fields", "examples", "rules", "isolate_fields")
+#: How a record's text may be put in the prompt (``Schema.record_quoting``; ``pcd_cli.decoding.prompt.quote_record``).
+RECORD_QUOTINGS = ("json", "none")
+TOP_KEYS = ("name", "instructions", "fields", "examples", "rules", "isolate_fields", "record_quoting")
 FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on", "abstain_below", "nullable", "none_label",
               "minimum", "maximum", "threshold", "min_items", "max_items")
 #: ``written`` for a JSON file: a value's text is its JSON spelling (JSON converts nothing).

@@ -445,9 +445,12 @@ def extras_flag(body: dict) -> bool:
 def extras_envelope(submitted: SubmitResult, result: RecordResult, qs: QuestionSet) -> dict:
     """The top-level ``pcd`` object of a response that asked for extras."""
     return {"truncated": bool(result.truncated), "fields": list(qs.names), "schema_sha256": qs.schema.source_sha256,
-            "queue_ms": float(submitted.queue_ms or 0.0), "decode_ms": float(submitted.decode_ms or 0.0)}
+            "queue_ms": float(submitted.queue_ms or 0.0), "decode_ms": float(submitted.decode_ms or 0.0),
+            "steered": sum(bool(f.steered) for f in result.fields)}
 
 
 def answer_extras(answer: Answer) -> dict:
-    """The per-answer ``pcd`` object: candidate mass and the raw probabilities by pcd label."""
-    return {"mass": answer.mass, "raw_probabilities": dict(zip(answer.labels, answer.raw_probs))}
+    """The per-answer ``pcd`` object: candidate mass, the raw probabilities by pcd label, and
+    ``steered`` (the steering check moved the answer, ``pcd_cli.steering``)."""
+    return {"mass": answer.mass, "raw_probabilities": dict(zip(answer.labels, answer.raw_probs)),
+            "steered": answer.steered}

@@ -15,7 +15,11 @@ schema is the Jev endpoint's (``questions``):
   "description"?}], "name"?}``; instructions are a string or a list of ``input_text`` /
   ``input_json`` parts.
 * The record text: a string input as it is (stripped); a single user message as its text; any
-  other list as ``"<role>: <text>"`` per message joined by a blank line. A message's text is its
+  other list as ``"<role>: <text>"`` per message joined by a blank line. A ``system`` or
+  ``developer`` message in ``input`` is part of that record, read as data like every word of it,
+  never as policy (docs/security.md): the prompt quotes the record as data, the steering check
+  erases such a message's sentences and flags an answer they moved, and with ``pcd_extras`` the
+  answer's ``pcd`` object says so in ``notes`` (``input_notes``). A message's text is its
   string content, or its parts' texts (``input_json`` as its JSON text) joined by a newline.
 * Response: exactly ``{"answers", "model", "usage"}``; ``answers`` a list in question order:
   ``{"type": "predicate", "name", "probability"}``, ``{"type": "choice", "name", "choice",
@@ -114,6 +118,20 @@ def input_text(value: Json) -> str:
     return Q.state_text("\n\n".join(f"{role}: {text}" for role, text in messages), "input")
 
 
+#: The roles whose message in ``input`` could pass for policy; pcd reads them as data (``input_notes``).
+POLICY_ROLES = ("system", "developer")
+
+
+def input_notes(value: Json) -> list[str]:
+    """What pcd's extras say about a (valid) Decisions ``input``: one note per ``system`` or
+    ``developer`` message, naming it, that it was read as part of the record (data), not as
+    instructions."""
+    return [f"input[{i}] has role {item['role']!r}: pcd read it as part of the record to judge (quoted data), "
+            "never as instructions; a decision's policy is its question's instructions"
+            for i, item in enumerate(value if isinstance(value, list) else [])
+            if isinstance(item, dict) and item.get("role") in POLICY_ROLES]
+
+
 def _described(text: Json, where: str) -> str | None:
     if text is None:
         return None
@@ -187,13 +205,15 @@ def parse_question(i: int, raw: Json) -> tuple[Q.Question, tuple]:
 class DecisionsRequest(NamedTuple):
     """A ``/v1/decisions`` body, read (``parse_body``): the questions in request order, each
     question's typed values to answer with (``parse_question``), the record text (``input_text``),
-    the ``pcd_extras`` flag and the ``pcd_prompt`` (``questions.prompt_flag``)."""
+    the ``pcd_extras`` flag, the ``pcd_prompt`` (``questions.prompt_flag``) and the notes on the
+    input's system or developer messages (``input_notes``)."""
 
     questions: list[Q.Question]
     values: list[tuple]
     text: str
     extras: bool
     prompt: str
+    notes: tuple[str, ...] = ()
 
 
 def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> DecisionsRequest:
@@ -223,7 +243,8 @@ def parse_body(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> Decisions
         raise Q.invalid(f"questions: the name {repeated!r} is given to more than one question", "invalid_questions")
     for where, data in _json_parts(body.get("input")):  # a data-engine envelope sent as input_json
         Q.check_rows(data, [q for q, _ in parsed], where)
-    return DecisionsRequest([q for q, _ in parsed], [values for _, values in parsed], text, extras, prompt)
+    return DecisionsRequest([q for q, _ in parsed], [values for _, values in parsed], text, extras, prompt,
+                            tuple(input_notes(body.get("input"))))
 
 
 def parse_request(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[Q.QuestionSet, list[tuple], str, bool]:
@@ -233,7 +254,7 @@ def parse_request(body: Json, *, max_questions: int = Q.MAX_QUESTIONS) -> tuple[
     Raises:
         QuestionError: as ``parse_body``; 413/422 from ``questions.build``.
     """
-    questions, values, text, extras, _ = parse_body(body, max_questions=max_questions)
+    questions, values, text, extras, _, _ = parse_body(body, max_questions=max_questions)
     return Q.build(questions, max_questions=max_questions), values, text, extras
 
 
@@ -271,7 +292,7 @@ def routes(server: Server) -> list[Route]:
                       "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": tokens}}
         if req.extras:
-            out["pcd"] = envelope
+            out["pcd"] = {**envelope, "notes": list(req.notes)}
         return JSONResponse(out)
 
     return [route(server, "/v1/decisions", decisions, "POST")]
