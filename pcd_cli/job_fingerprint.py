@@ -49,6 +49,7 @@ PARTS = (
     ("truncate", "another --truncate"),
     ("permutations", "another --permutations"),
     ("isolate_fields", "another isolate_fields"),
+    ("steering_check", "another --steering-check (records whose sentences address the labeller decoded without them)"),
     ("prompt", "another prompt (the chat template around the record, or the record's rendering)"),
     ("calibration", "another calibration"),
     ("prior_correction", "another --prior-correction"),
@@ -76,6 +77,7 @@ OPTION_PARTS: dict[str, tuple[str, ...]] = {
     "shots": ("examples",),
     "seed": ("examples",),
     "drawn_examples": ("examples",),
+    "steering_check": ("steering_check",),
     "record_quoting": ("prompt",),  # the head's data notice and the probe records' rendering (rendering_sha256)
 }
 
@@ -157,6 +159,7 @@ def job_parts(labeler) -> dict[str, str]:
         "truncate": labeler.decoder.truncate,
         "permutations": str(labeler.permutations),
         "isolate_fields": str(bool(labeler.isolate_fields)).lower(),
+        "steering_check": "on" if labeler.job.steering_check else "off",
         "calibration": calibration.sha256 if calibration is not None else "none",
         "prior_correction": "on" if labeler.priors is not None else "off",
         "abstaining": sha256_of([labeler.abstain_thresholds, bool(labeler.abstain_unless_single)]),
