@@ -63,6 +63,12 @@ class FieldResult:
             --objective``, ``FieldCalibration.decide``), not necessarily the argmax of ``probs``;
             a multi-select option so decided is chosen when its label is ``true``, whatever the
             schema's ``threshold`` (``pcd_cli.io.output.chosen_options``).
+        readout: the label and ``probs`` come from the calibration's linear readout of the
+            model's hidden state (``pcd calibrate --readout linear``), decided in the wave;
+            ``raw_probs`` holds the decoder's own probabilities.
+        features: with ``Decoder.feature_layers`` set (``pcd calibrate --readout linear``
+            collecting), ``{layer: float64 (hidden_size,)}`` read at the field's decision point;
+            ``None`` otherwise. Not compared, not written to outputs.
     """
 
     label: int
@@ -79,6 +85,8 @@ class FieldResult:
     steered: bool = False
     order_spread: float | None = None
     by_rule: bool = False
+    readout: bool = False
+    features: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def raw_prob(self) -> float:

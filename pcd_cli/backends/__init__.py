@@ -53,6 +53,13 @@ several ``Labeler`` objects can share one loaded model and interleave their pass
     natural-log probabilities (log-softmax over the first ``vocab_size`` logits, computed in
     float32 at least and upcast on the CPU), ``-inf`` at padding; a row with a NaN or ``+inf``
     logit (half-precision overflow) is all NaN, and the decoder fails its record. The new tokens' KV stays in the cache.
+``forward_features(cache, ids, positions, visible, keep_rows, gather_ids, feature_rows, layers)``
+    Optional (the linear readout, ``pcd calibrate --readout linear``): ``forward`` and, in the
+    same pass, the hidden states of ``layers`` (1-based, up to ``n_layers``; layer ``l`` is
+    transformers' ``hidden_states[l]``: decoder layer ``l``'s output, the last after the final
+    norm) at the new tokens ``feature_rows``, float64 ``(len(feature_rows), len(layers),
+    hidden_size)``; only those rows of those layers are kept. ``full_hidden(ids, rows, layers)``
+    is its oracle: a plain forward over ``ids`` without a cache.
 ``truncate(cache, length)``
     Drop the cache's entries beyond ``length`` (back to the head after a group of records).
 ``cache_length(cache) -> int``

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..decoding.compile import CompiledSchema
 from ..decoding.decode import Decoder
-from ..decoding.oracle import oracle_field
+from ..decoding.oracle import oracle_decision_features, oracle_field
 from ..results import Record, RecordResult
 from ..schema.load import parse_schema
 from ..schema.model import Schema
@@ -215,6 +215,56 @@ def check_decoder(backend, oracle, *, scoring: str, pack: bool, schema: Schema |
     variants = tuple(decoder._prepare(Record(i, t)).variant for i, t in enumerate(texts))
     return Check(max_diff=max_oracle_diff(oracle, schema, results, scoring, memo), records=len(results),
                  passes=decoder.record_passes, longest_record=longest, variants=variants)
+
+
+#: Largest allowed difference, relative to the largest feature's magnitude, between a decision
+#: point's hidden state read in a packed pass and read alone or by a plain forward (float32).
+FEATURE_TOLERANCE = 1e-5
+
+
+def check_features(backend, *, schema: Schema | None = None, texts: Sequence[str] = TEXTS,
+                   layers: Sequence[int] | None = None) -> dict[str, float]:
+    """``Backend.forward_features`` at every field's decision point, packed against alone.
+
+    ``texts`` are decoded with ``Decoder.feature_layers`` set (every layer when ``layers`` is
+    ``None``): packed in one group, one record per group, and packed under a small token budget
+    (passes split mid-forest); each field's features are compared with the single run's and
+    with ``oracle_decision_features`` (a plain forward over the complete text, no cache).
+
+    Returns:
+        ``{"packed", "split", "oracle"}``: largest |difference| over every record, field, layer
+        and dimension, divided by the largest |feature| (compare with ``FEATURE_TOLERANCE``).
+
+    Raises:
+        AssertionError: a record failed.
+    """
+    schema = schema or parse_schema(SCHEMA)
+    layers = tuple(layers or range(1, backend.n_layers + 1))
+    compiled = CompiledSchema(schema, backend.tokenizer, scoring="marginal", logits_width=backend.logits_width)
+
+    def run(pack: bool, budget: int) -> list[RecordResult]:
+        decoder = Decoder(backend, compiled, max_tokens_per_pass=budget, trace=True, pack_records=pack)
+        decoder.feature_layers = layers
+        results = decoder.decode([Record(i, t) for i, t in enumerate(texts)])
+        assert all(isinstance(r, RecordResult) for r in results), f"records failed: {results}"
+        return results
+
+    single, packed, split = run(False, 4096), run(True, 4096), run(True, 40)
+    scale = max(float(np.abs(f.features[l]).max()) for r in single for f in r.fields for l in layers)
+    worst = {"packed": 0.0, "split": 0.0, "oracle": 0.0}
+    for alone, *others in zip(single, packed, split):
+        for name, other in zip(("packed", "split"), others):
+            for f, g in zip(alone.fields, other.fields):
+                worst[name] = max(worst[name], max(float(np.abs(f.features[l] - g.features[l]).max())
+                                                   for l in layers) / scale)
+        for trace in alone.traces:
+            fi = schema.field_index(trace["field"])
+            field = schema.fields[fi]
+            lines = [(field.labels.index(line["label"]), line["text"]) for line in trace["lines"]]
+            want = oracle_decision_features(backend, trace["context"], lines, layers)
+            got = np.stack([alone.fields[fi].features[l] for l in layers])
+            worst["oracle"] = max(worst["oracle"], float(np.abs(got - want).max()) / scale)
+    return worst
 
 
 def run_family(family: str, folder: str | Path, load: Callable[[Path], object], tokenizer_source: str | Path

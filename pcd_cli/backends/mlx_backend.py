@@ -163,16 +163,45 @@ class _LayerMask(nn.Module):
 
 
 class _KeepRows(nn.Module):
-    """The final norm, then only the rows in ``rows`` (all when ``None``)."""
+    """The final norm, then only the rows in ``rows`` (all when ``None``); with ``tap_rows`` set,
+    the normed hidden state at those rows is kept in ``tapped`` (``forward_features``' last layer)."""
 
     def __init__(self, norm):
         super().__init__()
         self.inner = norm
         self.rows: mx.array | None = None
+        self.tap_rows: mx.array | None = None
+        self.tapped: mx.array | None = None
 
     def __call__(self, h: mx.array) -> mx.array:
         h = self.inner(h)
+        if self.tap_rows is not None:
+            self.tapped = h[0, self.tap_rows]
         return h if self.rows is None else h[:, self.rows]
+
+
+class _Tap(nn.Module):
+    """A decoder layer whose output at ``tap_rows`` (when set) is kept in ``tapped``
+    (``MLXBackend.forward_features``); calls pass through unchanged."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.inner = layer
+        self.tap_rows: mx.array | None = None
+        self.tapped: mx.array | None = None
+
+    def __getattr__(self, name):  # mlx-lm model files read layer attributes (e.g. use_sliding)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        if self.tap_rows is not None:
+            hidden = out[0] if isinstance(out, tuple) else out
+            self.tapped = hidden[0, self.tap_rows]
+        return out
 
 
 class KVState:
@@ -298,6 +327,13 @@ class MLXBackend:
         if not isinstance(inner.norm, _KeepRows):
             inner.norm = _KeepRows(inner.norm)
         self._keep = inner.norm
+        for i in range(len(inner.layers) - 1):
+            if not isinstance(inner.layers[i], _Tap):
+                inner.layers[i] = _Tap(inner.layers[i])
+        #: ``forward_features``' layers 1..n_layers: decoder layer ``l``'s output, the last
+        #: one after the final norm (transformers' ``hidden_states[l]``)
+        self._taps = [*inner.layers[:-1], self._keep]
+        self.n_layers = len(self._taps)
         embed = inner.embed_tokens
         self.dtype_name = str(embed.scales.dtype if hasattr(embed, "scales") else embed.weight.dtype).split(".")[-1]
         with mx.stream(self.mx_device):
@@ -370,6 +406,51 @@ class MLXBackend:
         out[gather_ids < 0] = -np.inf
         out[np.array(bad)] = np.nan  # a NaN/+inf logit (half-precision overflow): the contract's NaN row
         return out
+
+    def forward_features(self, cache: KVState, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+                         keep_rows: np.ndarray, gather_ids: np.ndarray, feature_rows: np.ndarray,
+                         layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``forward``, and in the same pass the hidden states of ``layers`` (1-based, as
+        ``TorchBackend.forward_features``) at ``feature_rows``: only those rows of those layers
+        are kept. Returns ``(logprobs, features)``, features float64
+        ``(len(feature_rows), len(layers), hidden_size)``.
+
+        Raises:
+            ValueError: a layer outside ``1..n_layers``.
+        """
+        bad = [l for l in layers if not 1 <= l <= self.n_layers]
+        if bad:
+            raise ValueError(f"layer {bad[0]} is outside 1..{self.n_layers}")
+        rows = mx.array(np.asarray(feature_rows, dtype=np.int32))
+        taps = {layer: self._taps[layer - 1] for layer in layers}
+        for tap in taps.values():
+            tap.tap_rows = rows
+        try:
+            lp = self.forward(cache, ids, positions, visible, keep_rows, gather_ids)
+            with mx.stream(self.mx_device):
+                got = [taps[layer].tapped.astype(mx.float32) for layer in layers]
+                mx.eval(*got)
+        finally:
+            for tap in taps.values():
+                tap.tap_rows = tap.tapped = None
+        features = np.stack([np.array(g) for g in got], axis=1).astype(np.float64) if got else \
+            np.zeros((len(feature_rows), 0, 0))
+        return lp, features
+
+    def full_hidden(self, ids: Sequence[int], rows: Sequence[int], layers: Sequence[int]) -> np.ndarray:
+        """mlx-lm's own forward over ``ids`` (no cache): float64 ``(len(rows), len(layers),
+        hidden_size)`` hidden states at ``rows`` (the oracle of ``forward_features``)."""
+        taps = {layer: self._taps[layer - 1] for layer in layers}
+        for tap in taps.values():
+            tap.tap_rows = mx.array(np.asarray(list(rows), dtype=np.int32))
+        try:
+            with mx.stream(self.mx_device):
+                mx.eval(self._call(mx.array([list(ids)], dtype=mx.int32), None, [len(ids) - 1]))
+                got = [np.array(taps[layer].tapped.astype(mx.float32)) for layer in layers]
+        finally:
+            for tap in taps.values():
+                tap.tap_rows = tap.tapped = None
+        return np.stack(got, axis=1).astype(np.float64)
 
     def full_logprobs(self, ids: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
         """mlx-lm's own forward (its causal mask and RoPE, no cache): float64 ``(rows, vocab_size)``."""

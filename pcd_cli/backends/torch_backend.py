@@ -301,6 +301,11 @@ class TorchBackend:
         self._longrope = LongRope(model)
         self.forward_passes = 0
         model.register_forward_hook(self._count_pass)
+        inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        #: the modules whose outputs are ``forward_features``' layers 1..n_layers (decoder layer
+        #: ``l``'s output; the last one the final norm's, as transformers' ``hidden_states[l]``)
+        self._taps = [*list(inner.layers)[:-1], inner.norm]
+        self.n_layers = len(self._taps)
         # transformers 5.x renamed past_key_values to cache (the old name warns until 5.40).
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -372,6 +377,54 @@ class TorchBackend:
                 keep_rows: np.ndarray, gather_ids: np.ndarray) -> np.ndarray:
         logits = self._logits(cache, ids, positions, visible, keep_rows)
         return self._read(logits, gather_ids).cpu().numpy().astype(np.float64)
+
+    @torch.inference_mode()
+    def forward_features(self, cache: TorchKV, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+                         keep_rows: np.ndarray, gather_ids: np.ndarray, feature_rows: np.ndarray,
+                         layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``forward``, and in the same pass the hidden states of ``layers`` at ``feature_rows``
+        (the contract's ``forward_features``): forward hooks on those layers' modules copy only
+        those rows, so no other layer or token is kept.
+
+        Returns:
+            ``(logprobs, features)``: ``forward``'s float64 ``(r, m)``, and float64
+            ``(len(feature_rows), len(layers), hidden_size)``; layer ``l`` (1-based) is
+            transformers' ``hidden_states[l]`` (the output of decoder layer ``l``; the last
+            layer's after the final norm).
+
+        Raises:
+            ValueError: a layer outside ``1..n_layers``.
+        """
+        bad = [l for l in layers if not 1 <= l <= self.n_layers]
+        if bad:
+            raise ValueError(f"layer {bad[0]} is outside 1..{self.n_layers}")
+        rows = torch.from_numpy(np.asarray(feature_rows, dtype=np.int64)).to(self.device)
+        got: dict[int, torch.Tensor] = {}
+        hooks = []
+        for layer in dict.fromkeys(layers):
+            def tap(_module, _args, output, layer=layer):
+                hidden = output[0] if isinstance(output, tuple) else output
+                got[layer] = hidden[0, rows].float()
+            hooks.append(self._taps[layer - 1].register_forward_hook(tap))
+        try:
+            logits = self._logits(cache, ids, positions, visible, keep_rows)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        features = torch.stack([got[layer] for layer in layers], dim=1) if len(layers) else \
+            torch.zeros((len(rows), 0, 0))
+        return (self._read(logits, gather_ids).cpu().numpy().astype(np.float64),
+                features.cpu().numpy().astype(np.float64))
+
+    @torch.inference_mode()
+    def full_hidden(self, ids: Sequence[int], rows: Sequence[int], layers: Sequence[int]) -> np.ndarray:
+        """A plain forward over ``ids`` (no cache, the model's own causal mask) with every
+        hidden state: float64 ``(len(rows), len(layers), hidden_size)`` of transformers'
+        ``hidden_states[l]`` at ``rows`` (the oracle of ``forward_features``)."""
+        out = self.model(input_ids=torch.tensor([list(ids)], device=self.device), use_cache=False,
+                         output_hidden_states=True, logits_to_keep=1)
+        return np.stack([out.hidden_states[l][0, list(rows)].float().cpu().numpy() for l in layers],
+                        axis=1).astype(np.float64)
 
     def forward_train(self, cache: TorchKV, ids: np.ndarray, positions: np.ndarray, visible: np.ndarray,
                       keep_rows: np.ndarray, gather_ids: np.ndarray):

@@ -191,6 +191,14 @@ class Decoder:
         self.caches = {}
         self.cache = self._head_cache(backend.rope_variant(fixed))
 
+    #: layers (1-based, ``Backend.forward_features``) whose hidden state is read at every field's
+    #: decision point and kept on its ``FieldResult.features`` (``pcd calibrate --readout linear``)
+    feature_layers: tuple[int, ...] = ()
+    #: field name -> its linear readout (``pcd_cli.quality.readout.Readout``: ``layers`` and
+    #: ``decide(features, probs) -> (label, probs)``), applied in the wave: the label it decides
+    #: is the one later waves see (``depends_on``)
+    readouts: dict = {}
+
     #: called (no arguments) before each forward pass of ``decode``, when set: ``pcd serve``'s
     #: worker stops a decode call nobody waits for any more (the callable raises, and the call
     #: ends with the cache cropped back to the head) or decodes other work between two passes
@@ -499,6 +507,9 @@ class Decoder:
         pair_cols: list[int] = []
         queries: list[tuple[int, tuple[int, ...]]] = []  # (stream index, ids to read)
         field_queries: list[tuple[int, FieldForest, int]] = []  # (slot, forest, first query number)
+        reading = not self._training and (self.feature_layers or self.readouts)
+        feature_rows: list[int] = []  # stream index of each forest's decision point (the readout)
+        feature_of: dict[tuple[int, int], int] = {}  # (slot, field index) -> its feature row number
         chains: list[tuple[int, int]] = []
         base = self.backend.cache_length(cache)  # kv index of the stream's first token
         for s, (slot, plan) in enumerate(zip(group, plans)):
@@ -534,10 +545,16 @@ class Decoder:
                     pair_rows.extend([at[i]] * len(path))
                     pair_cols.extend(at[p] for p in path)
                 field_queries.append((s, forest, len(queries)))
+                if reading and (self.feature_layers or
+                                (slot.compiled or self.compiled).schema.fields[forest.field_index].name in self.readouts):
+                    feature_of[(s, forest.field_index)] = len(feature_rows)
+                    feature_rows.append(at[forest.query_rows[0]])  # the trie's root: the last trunk token
                 queries.extend((at[r], q) for r, q in zip(forest.query_rows, forest.query_ids))
-        query_lp, query_tensors = self._feed(cache, group, base, np.array(ids), np.array(pos), np.array(owner),
-                                             np.array(chain_lo), np.array(chain_hi), np.array(pair_rows),
-                                             np.array(pair_cols), queries)
+        layers = self._read_layers() if feature_rows else ()
+        query_lp, query_tensors, features = self._feed(
+            cache, group, base, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
+            np.array(chain_hi), np.array(pair_rows), np.array(pair_cols), queries,
+            np.array(feature_rows, dtype=np.int64), layers)
         for s, forest, first in field_queries:
             fi = forest.field_index
             n_q = len(forest.query_rows)
@@ -559,8 +576,31 @@ class Decoder:
             label = int(np.argmax(probs))
             if self._training and slot.written[fi] is not None:
                 label = slot.written[fi]  # teacher forcing: later waves see the gold answer line
+            read = None
+            if (s, fi) in feature_of:
+                read = {layer: features[feature_of[(s, fi)], j] for j, layer in enumerate(layers)}
+            readout = self.readouts.get(fields[fi].name) if read is not None else None
+            if readout is not None and slot.error is None:
+                if not all(np.isfinite(read[layer]).all() for layer in readout.layers):
+                    slot.error = (f"record {slot.record.id!r}, field {fields[fi].name!r}: the model's hidden state "
+                                  f"at the decision point is not finite (NaN or infinite, layers "
+                                  f"{', '.join(map(str, readout.layers))} in {self.backend.dtype_name}), so the "
+                                  "linear readout cannot read it"
+                                  + ("; run with --dtype float32" if self.backend.dtype_name != "float32" else ""))
+                else:
+                    label, readout_probs = readout.decide(read, probs)
+                    slot.results[fi] = FieldResult(label=label, value=fields[fi].value(label),
+                                                   prob=float(readout_probs[label]), mass=mass,
+                                                   probs=tuple(float(p) for p in readout_probs),
+                                                   raw_probs=tuple(float(p) for p in probs), readout=True,
+                                                   by_rule=bool(getattr(readout, "by_rule", False)),
+                                                   features=read if self.feature_layers else None)
+                    if self.trace:
+                        slot.traces.append(self._trace(slot, forest, probs, mass))
+                    continue
             slot.results[fi] = FieldResult(label=label, value=fields[fi].value(label), prob=float(probs[label]),
-                                           mass=mass, probs=tuple(float(p) for p in probs))
+                                           mass=mass, probs=tuple(float(p) for p in probs),
+                                           features=read if self.feature_layers else None)
             if self.trace:
                 slot.traces.append(self._trace(slot, forest, probs, mass))
         for slot, plan, (start, end) in zip(group, plans, chains):
@@ -568,12 +608,27 @@ class Decoder:
             slot.ctx_len += end - start
             slot.fed_context = plan.context_ids
 
+    def _read_layers(self) -> tuple[int, ...]:
+        """The layers read at decision points: ``feature_layers`` and every readout's, sorted.
+
+        Raises:
+            CompileError: the backend cannot read hidden states (no ``forward_features``).
+        """
+        if not hasattr(self.backend, "forward_features"):
+            raise CompileError(f"the {getattr(self.backend, 'kind', type(self.backend).__name__)} backend cannot "
+                               "read the model's hidden state, which the linear readout needs")
+        return tuple(sorted({*self.feature_layers, *(l for r in self.readouts.values() for l in r.layers)}))
+
     def _feed(self, cache, group, base, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
-              queries) -> tuple[list[np.ndarray], list | None]:
+              queries, feature_rows=np.zeros(0, dtype=np.int64), layers: tuple[int, ...] = ()
+              ) -> tuple[list[np.ndarray], list | None, np.ndarray | None]:
         """Feed one wave's stream in passes of at most ``budget`` tokens; return the read log-probs
-        (float64 arrays), and when training the same reads as the backend's differentiable tensors."""
+        (float64 arrays), when training the same reads as the backend's differentiable tensors,
+        and the hidden states of ``layers`` at the stream indices ``feature_rows`` (float64
+        ``(len(feature_rows), len(layers), hidden)``, read in the same passes; ``None`` without)."""
         backend = self.backend
         n = len(ids)
+        features = None
         q_stream = np.array([q for q, _ in queries], dtype=np.int64)
         results: list[np.ndarray | None] = [None] * len(queries)
         tensors: list | None = [None] * len(queries) if self._training else None
@@ -611,6 +666,14 @@ class Decoder:
             if self._training:
                 lp_tensor = backend.forward_train(cache, ids[a:b], pos[a:b], visible, keep, gather)
                 lp = backend.to_numpy(lp_tensor)
+            elif len(feature_rows):
+                here = np.nonzero((feature_rows >= a) & (feature_rows < b))[0]
+                lp, got = backend.forward_features(cache, ids[a:b], pos[a:b], visible, keep, gather,
+                                                   feature_rows[here] - a, layers)
+                if features is None:
+                    features = np.zeros((len(feature_rows), len(layers), got.shape[-1]))
+                if len(here):
+                    features[here] = got
             else:
                 lp = backend.forward(cache, ids[a:b], pos[a:b], visible, keep, gather)
             self.record_passes += 1
@@ -619,7 +682,7 @@ class Decoder:
                 results[i] = lp[r, : len(queries[i][1])]
                 if tensors is not None:
                     tensors[i] = lp_tensor[r, : len(queries[i][1])]
-        return results, tensors  # type: ignore[return-value]
+        return results, tensors, features  # type: ignore[return-value]
 
     def _trace(self, slot: _Slot, forest: FieldForest, probs: np.ndarray, mass: float) -> dict:
         field_ = (slot.compiled or self.compiled).schema.fields[forest.field_index]

@@ -71,3 +71,23 @@ def oracle_label_logprobs(backend, context: str, field: Field, lines: list[tuple
         lp = sum(logprobs[j, prefix[row + 1]] for j, row in enumerate(rows))
         label_lp[label] = np.logaddexp(label_lp[label], lp)
     return label_lp
+
+
+def oracle_decision_features(backend, context: str, lines: list[tuple[int, str]], layers) -> np.ndarray:
+    """The hidden states a field's decision point holds, by brute force: a plain forward over
+    ``context`` + the field's line up to its trunk's last token (the trie's root, whose
+    next-token distribution the first decision reads), no cache (``backend.full_hidden``).
+
+    Args:
+        context: the exact text preceding the field's line (the trace's ``context``).
+        lines: ``(label index, complete line text)`` for every spelling.
+        layers: 1-based layers (``Backend.forward_features``).
+
+    Returns:
+        float64 ``(len(layers), hidden_size)``.
+    """
+    encode = backend.tokenizer.encode
+    seqs = [tuple(encode(context + line)) for _, line in lines]
+    trunk = min(min((common_prefix_len(seqs[0], s) for s in seqs[1:]), default=len(seqs[0])),
+                min(len(s) for s in seqs) - 1)
+    return backend.full_hidden(seqs[0][:trunk], [trunk - 1], list(layers))[0]

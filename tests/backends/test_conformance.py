@@ -100,3 +100,15 @@ def test_non_finite_logits_fail_the_record_naming_the_dtype(tokenizer_source):
                                 "infinite logits in float32); the model's weights or inputs overflow")
     lp = backend._read(torch.tensor([[0.0, 1.0, float("nan")], [0.0, 1.0, 2.0]]), np.array([[0, 1], [1, -1]])).numpy()
     assert np.isnan(lp[0]).all() and np.isfinite(lp[1, 0]) and lp[1, 1] == -np.inf
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "phi3-longrope"])
+def test_decision_features_packed_equal_alone_and_a_plain_forward(family, models_root, tokenizer_source):
+    """The linear readout's feature read (issue #50): a decision point's hidden state is the same
+    packed with other records, split across passes, alone, and in a plain forward without cache."""
+    folder = models_root / family
+    if not (folder / "config.json").is_file():
+        build_tiny_model(family, folder, tokenizer_source)
+    worst = conformance.check_features(_load(folder))
+    print(family, worst)
+    assert max(worst.values()) < conformance.FEATURE_TOLERANCE, (family, worst)

@@ -527,3 +527,23 @@ def test_new_field_types_and_orderings_match_the_oracle_on_mlx(mlx_backends, per
     assert checked == permutations * len(schema.fields)
     print(f"mlx, field types, K={permutations}: largest difference from the oracle {worst:.2e}")
     assert worst < TOL
+
+
+@needs_mlx
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_decision_features_on_mlx_packed_equal_alone_and_a_plain_forward(family, conformance_root):
+    """The linear readout's feature read on MLX (issue #50), by the shared conformance check, and
+    against torch's hidden states of the same weights."""
+    from pcd_cli.backends import conformance, load_backend
+
+    folder = conformance_root / family
+    if not (folder / "config.json").is_file():
+        conformance.build_tiny_model(family, folder, _tokenizer_source())
+    backend = _load_mlx(folder)
+    worst = conformance.check_features(backend)
+    assert max(worst.values()) < conformance.FEATURE_TOLERANCE, (family, worst)
+    torch_backend = load_backend(str(folder), backend="torch", device="cpu", dtype="float32")
+    ids = backend.tokenizer.encode(conformance.TEXTS[0])
+    layers = list(range(1, backend.n_layers + 1))
+    ours, theirs = backend.full_hidden(ids, [len(ids) - 1], layers), torch_backend.full_hidden(ids, [len(ids) - 1], layers)
+    assert np.abs(ours - theirs).max() / np.abs(theirs).max() < 1e-4
