@@ -223,10 +223,47 @@ class Labeler:
                               for m in card_mismatches(self.tune_card, self.metadata())]
         if self.calibration is None and job.tuned_calibration and not prior_correction:
             self._apply_tuned_calibration(adapter if adapter is not None else model)
+        self._install_readouts()
         if abstain_unless_single:  # with the calibration that applies, the tuned folder's included
             output_columns(self.schema, self.calibration, abstain_below=abstain_below, abstain_unless_single=True,
                            permutations=permutations)
         self.warnings += self._calibration_warnings()
+
+    def _install_readouts(self) -> None:
+        """Hand the calibration's linear readouts (``pcd calibrate --readout linear``) to the
+        decoder, which applies them in the wave (``Decoder.readouts``): the label a readout
+        decides is the one later waves see.
+
+        Raises:
+            CalibrationError: readouts with ``--permutations`` (a readout reads one prompt's hidden
+                state; K orderings are K prompts), on a backend without a feature read, or reading
+                a layer this model lacks.
+        """
+        if self.calibration is None or not any(fc.readout is not None for fc in self.calibration.fields.values()):
+            return
+        from .errors import CalibrationError
+        from .quality.readout import FieldReadout
+
+        if self.permutations > 1:
+            raise CalibrationError(f"--permutations {self.permutations} and a calibration with a linear readout: the "
+                                   "readout reads the hidden state of the one prompt it was fitted on; label without "
+                                   "--permutations")
+        n_layers = getattr(self.backend, "n_layers", None)
+        if n_layers is None or not hasattr(self.backend, "forward_features"):
+            raise CalibrationError(f"the {getattr(self.backend, 'kind', '')} backend cannot read the model's hidden "
+                                   "state, which the calibration's linear readout needs")
+        readouts = {}
+        for name, fc in self.calibration.fields.items():
+            if fc.readout is None:
+                continue
+            deep = [layer for layer in fc.readout.layers if layer > n_layers]
+            if deep:
+                raise CalibrationError(f"field {name!r}: the calibration's readout reads layer {deep[0]}; this model "
+                                       f"has {n_layers}")
+            readouts[name] = FieldReadout(fc.readout, fc.rule)
+        self.decoder.readouts = readouts
+        for decoder in (d for _, d in self._field_parts.values()):
+            decoder.readouts = readouts
 
     def _calibration_warnings(self) -> list[JobWarning]:
         """Warnings about the calibration that applies: a field it made worse on held-out gold
@@ -295,6 +332,8 @@ class Labeler:
              if self.calibration is not None else {}) \
           | ({"pcd.decision_rules": json.dumps(self.calibration.rules(), ensure_ascii=False)}
              if self.calibration is not None and self.calibration.rules() else {}) \
+          | ({"pcd.readout": json.dumps(self.calibration.readouts(), ensure_ascii=False)}
+             if self.calibration is not None and self.calibration.readouts() else {}) \
           | ({"pcd.label_sets": json.dumps({name: self.calibration.fields[name].conformal.coverage
                                             for name in self.set_fields}),
               "pcd.abstain_unless_single": str(self.abstain_unless_single).lower()} if self.set_fields else {}) \
@@ -510,7 +549,7 @@ class Labeler:
         fields = []
         for f, res in zip(schema.fields, result.fields):
             cal = self.calibration.fields.get(f.name)
-            if cal is None:
+            if cal is None or res.readout:  # no calibration, or a readout applied in the wave (the decoder)
                 fields.append(res)
                 continue
             stored = np.asarray(res.probs, dtype=np.float32).astype(np.float64)  # as <f>__probs holds them
@@ -529,7 +568,9 @@ class Labeler:
         over columns, ``id_field`` or row numbers from 0 in a ``row`` column). Rows that
         cannot be labelled are left out of the frame and listed in ``result.attrs["errors"]``
         (``{"row", "record", "error"}`` dicts); ``result.attrs["metadata"]`` holds the
-        Parquet key-value metadata (``metadata()``).
+        Parquet key-value metadata (``metadata()``); with ``decoder.feature_layers`` set
+        (``pcd calibrate --readout linear``), ``result.attrs["features"]`` holds, per row of the
+        frame, ``{decision name: {layer: hidden state}}`` at each decision point.
 
         Raises:
             InputError: ``template`` is malformed, or a needed column is missing from ``df``.
@@ -550,10 +591,14 @@ class Labeler:
                 errors.append({"row": item.row, "record": res.id, "error": res.error})
             else:
                 labelled.append(res)
+        if self.decoder.feature_layers:  # pcd calibrate --readout linear: the hidden states read
+            features = [{f.name: res.fields[i].features for i, f in enumerate(self.schema.fields)} for res in labelled]
         arrow_schema = self.output_schema(id_field or "row", _id_type(id_field), all_probs=all_probs)
         result = results_table(labelled, self.schema, arrow_schema).to_pandas()
         result.attrs["errors"] = errors
         result.attrs["metadata"] = self.metadata()
+        if self.decoder.feature_layers:
+            result.attrs["features"] = features
         return result
 
 

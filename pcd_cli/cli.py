@@ -622,6 +622,11 @@ def calibrate(
                                "random sample) the prior is estimated on."),
     objective: str = OBJECTIVE_OPT,
     force_rule: bool = FORCE_RULE_OPT,
+    readout: str = typer.Option("logits", "--readout", help="logits: a temperature and label biases on the model's "
+                                "probabilities. linear: also a logistic regression per field on the model's hidden "
+                                "state at the field's decision point (layer and strength chosen by nested "
+                                "cross-validation; needs scikit-learn; not with --predictions, --coverage or "
+                                "--permutations; docs/quality.md)."),
     id_field: str = GOLD_ID_OPT,
     plot: Optional[Path] = PLOT_OPT,
     model: Optional[str] = MODEL_OPT,
@@ -653,7 +658,7 @@ def calibrate(
         job = _label_job(locals(), besides=("id_field",))  # the gold file's id column: calibrate_on_gold's
         run = calibrate_on_gold(gold, schema, job, output=output, predictions=predictions, folds=folds, seed=seed,
                                 coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter,
-                                objective=objective, force_rule=force_rule)
+                                objective=objective, force_rule=force_rule, readout=readout)
         for line in run.notes:
             out.print(escape(line), highlight=False)
         for line in run.row_warnings:

@@ -43,7 +43,7 @@ class CalibrateRun:
 def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | Path,
                       predictions: str | Path | None = None, folds: int = 5, seed: int = 0,
                       coverage: float | None = None, id_field: str = "id", csv_delimiter: str = ",",
-                      objective=None, force_rule: bool = False) -> CalibrateRun:
+                      objective=None, force_rule: bool = False, readout: str = "logits") -> CalibrateRun:
     """Fit a per-field calibration (temperature and label biases; conformal label sets with
     ``coverage``) on ``gold`` rows, from ``predictions`` (a ``pcd label --all-probs`` output of
     them) or by labelling them with ``job``'s model first (its tuned folder's own calibration left
@@ -64,6 +64,11 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
             (``calibration.check_objective_gold``).
         force_rule: ``--force-rule``: write each rule even where it shows no held-out gain over
             argmax (``fit_calibration``).
+        readout: ``logits`` (the temperature and biases on the decoder's probabilities) or
+            ``linear``: also a linear readout of the hidden state at each field's decision point
+            (``pcd_cli.quality.readout``), read while the gold rows are labelled (the candidate
+            layers only); refused with ``predictions`` (the features come from running the
+            model), ``coverage`` and ``--permutations``.
 
     Returns:
         ``CalibrateRun``.
@@ -82,6 +87,21 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     from .quality.data import drop_example_rows, input_keys
     from .results import INPUT_KEY_COLUMN
 
+    if readout not in ("logits", "linear"):
+        raise InputError(f"--readout {readout!r}: expected logits or linear")
+    if readout == "linear":
+        from .quality.readout import require_sklearn
+
+        why = ("--predictions" if predictions is not None else "--coverage" if coverage is not None else
+               f"--permutations {job.permutations}" if job.permutations > 1 else None)
+        if why is not None:
+            raise InputError(f"--readout linear and {why}: " + {
+                "--predictions": "the readout's features come from running the model over the gold rows, which "
+                                 "pcd calibrate does without --predictions; drop --predictions",
+                "--coverage": "conformal label sets are fitted on the logits calibration only; drop one of them",
+            }.get(why, "the readout reads the hidden state of one prompt, and K orderings are K prompts; drop "
+                       "--permutations"))
+        require_sklearn()
     if predictions is not None and job.examples is not None:
         raise InputError("--examples and --predictions: the examples act when the gold rows are labelled; "
                          "label them with --examples first (pcd label --all-probs) and pass that output")
@@ -103,6 +123,14 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
         spec = job.input_spec(csv_delimiter=csv_delimiter)
         check_frame_columns(gold, list(gold_frame.columns), spec)  # before the model loads
         labeler = build_labeler(parsed, job)
+        if readout == "linear":
+            from .quality.readout import feature_layers
+
+            n_layers = getattr(labeler.backend, "n_layers", None)
+            if n_layers is None or not hasattr(labeler.backend, "forward_features"):
+                raise InputError(f"--readout linear: the {getattr(labeler.backend, 'kind', '')} backend cannot read "
+                                 "the model's hidden state")
+            labeler.decoder.feature_layers = feature_layers(n_layers)
         gold_frame, dropped = drop_example_rows(gold_frame, labeler.examples, spec)
         if dropped:
             notes.append(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
@@ -116,8 +144,16 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
         if failed:
             row_warnings.append(f"{len(failed)} gold rows could not be labelled (e.g. {failed[0]['error']}); "
                                 "they are not used")
+    features = None
+    if readout == "linear":
+        from .quality.data import id_keys
+
+        column = id_field if id_field in frame.columns else "row"
+        keys, _ = id_keys(frame[column], "predictions", column)
+        features = dict(zip(keys, frame.attrs["features"]))
     calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
-                                          seed=seed, coverage=coverage, objective=objective, force_rule=force_rule)
+                                          seed=seed, coverage=coverage, objective=objective, force_rule=force_rule,
+                                          features=features)
     return CalibrateRun(calibration, report, notes, row_warnings,
                         worse_calibration_warnings(calibration, "this calibration", bound=False) +
                         rule_fit_warnings(calibration))

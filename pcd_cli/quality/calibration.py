@@ -44,6 +44,7 @@ from .data import (FieldData, FieldSpec, MultiFieldData, field_specs, gold_label
 from .decision import (LIKELIHOOD, DecisionRule, Objective, applies_to, constant_problem, fit_problem, fit_rule,
                        parse_objective, rule_warnings)
 from .folds import group_index, grouped_folds
+from .readout import Readout, fit_readout
 
 #: Default L2 penalty on the biases (added to the mean NLL).
 DEFAULT_L2 = 1e-3
@@ -84,6 +85,10 @@ class FieldCalibration:
         conformal: the label-set threshold (``pcd calibrate --coverage``), or ``None``.
         rule: the decision rule choosing the label from the calibrated probabilities
             (``pcd calibrate --objective``), or ``None``: the argmax.
+        readout: the field's linear readout of the model's hidden state (``pcd calibrate
+            --readout linear``, ``pcd_cli.quality.readout``), or ``None``. When set it gives the
+            field's probabilities in place of ``apply`` (the decoder applies it in the wave),
+            and ``rule`` acts on its probabilities.
     """
 
     field: str
@@ -94,14 +99,17 @@ class FieldCalibration:
     cv: dict = dc_field(default_factory=dict, compare=False, hash=False)
     conformal: ConformalSet | None = None
     rule: DecisionRule | None = None
+    readout: Readout | None = None
 
     def fingerprint(self) -> list:
         """What this field's values depend on in the file, without its held-out figures (``cv``,
         the rule's ``cv``): labels, temperature, biases, label-set threshold, rule (a field's part
-        of the per-field reuse key, ``pcd_cli.job_fingerprint.field_parts``)."""
+        of the per-field reuse key, ``pcd_cli.job_fingerprint.field_parts``), and the linear
+        readout (``--readout linear``) when there is one."""
         return [list(self.labels), self.temperature, list(self.biases),
                 None if self.conformal is None else self.conformal.to_dict(),
-                None if self.rule is None else {k: v for k, v in self.rule.to_dict().items() if k != "cv"}]
+                None if self.rule is None else {k: v for k, v in self.rule.to_dict().items() if k != "cv"}] + \
+            ([{k: v for k, v in self.readout.to_dict().items() if k != "cv"}] if self.readout is not None else [])
 
     def decide(self, probs: np.ndarray) -> int:
         """The label index written for (k,) calibrated probabilities (``apply``'s output): the
@@ -170,6 +178,14 @@ class Calibration:
         return {name: {k: v for k, v in fc.rule.to_dict().items() if k != "cv"}
                 for name, fc in self.fields.items() if fc.by_rule}
 
+    def readouts(self) -> dict[str, dict]:
+        """Field -> its readout's layers, strength, absent labels and cross-validated figures (the
+        output metadata ``pcd.readout``); empty without readouts."""
+        return {name: {"kind": "linear", "layers": list(fc.readout.layers), "C": fc.readout.C,
+                       "absent": list(fc.readout.absent),
+                       "cv": {k: v for k, v in fc.readout.cv.items() if k != "chosen"}}
+                for name, fc in self.fields.items() if fc.readout is not None}
+
     def dtype_warnings(self, metadata: dict[str, str]) -> list[str]:
         """One line when this calibration was fitted on predictions of another dtype than the
         run's (``pcd.dtype`` of ``metadata``); empty when either is not recorded."""
@@ -192,6 +208,7 @@ class Calibration:
                               "biases": dict(zip(fc.labels, fc.biases)), "n": fc.n, "cv": fc.cv}
                        | ({"conformal": fc.conformal.to_dict()} if fc.conformal is not None else {})
                        | ({"rule": fc.rule.to_dict()} if fc.rule is not None else {})
+                       | ({"readout": fc.readout.to_dict()} if fc.readout is not None else {})
                        for name, fc in self.fields.items()},
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
@@ -327,8 +344,12 @@ def _load_field(where: str, name: str, raw) -> FieldCalibration:
     except ValueError as exc:
         raise CalibrationError(str(exc)) from None
     rule = DecisionRule.from_dict(raw["rule"], tuple(labels), at) if "rule" in raw else None
+    readout = Readout.from_dict(raw["readout"], tuple(labels), at) if "readout" in raw else None
+    if readout is not None and conformal is not None:
+        raise CalibrationError(f"{at}: a readout and conformal label sets together (pcd calibrate fits one or the "
+                               "other)")
     return FieldCalibration(name, tuple(labels), float(temperature), tuple(float(v) for v in values), n, cv,
-                            conformal, rule)
+                            conformal, rule, readout)
 
 
 def check_output_path(path: str | Path) -> None:
@@ -562,6 +583,8 @@ class FieldCalibrationReport:
             held for the conformal threshold).
         conformal: the label-set threshold, or ``None`` without ``--coverage``.
         rule: the decision rule (``--objective``), its held-out figures in ``rule.cv``; ``None``: argmax.
+        logits, readout: with ``--readout linear``, the temperature-and-bias calibration's
+            held-out scores (``after`` is then the readout's) and the fitted readout; else ``None``.
     """
 
     field: str
@@ -576,6 +599,8 @@ class FieldCalibrationReport:
     biases: tuple[float, ...]
     conformal: ConformalSet | None = None
     rule: DecisionRule | None = None
+    logits: Scores | None = None
+    readout: Readout | None = None
 
 
 @dataclass(frozen=True)
@@ -609,6 +634,10 @@ class CalibrationReport:
                                  "temperature": f.temperature, "biases": dict(zip(f.labels, f.biases)),
                                  "conformal": f.conformal.to_dict() if f.conformal is not None else None,
                                  "rule": f.rule.to_dict() if f.rule is not None else None}
+                                | ({"logits": asdict(f.logits), "readout": {"layers": list(f.readout.layers),
+                                                                            "C": f.readout.C,
+                                                                            "absent": list(f.readout.absent)}}
+                                   if f.readout is not None else {})
                        for f in self.fields}, "objective": self.objective,
             "fields_without_gold": list(self.fields_without_gold), "gold_rows": self.gold_rows,
             "matched": self.matched, "gold_without_prediction": self.gold_without_prediction,
@@ -630,7 +659,7 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                     metadata: dict[str, str], *, id_field: str = "id", folds: int = 5, seed: int = 0,
                     l2: float = DEFAULT_L2, coverage: float | None = None,
                     objective: Objective | str | None = None,
-                    force_rule: bool = False) -> tuple[Calibration, CalibrationReport]:
+                    force_rule: bool = False, features: dict | None = None) -> tuple[Calibration, CalibrationReport]:
     """Fit a ``Calibration`` on labelled rows, measuring its effect by k-fold cross-validation.
 
     For each field with gold labels: rows are shuffled (``seed``) into ``folds`` folds, copies
@@ -664,6 +693,14 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
             over argmax has a 95 % interval holding zero is not used: argmax is kept
             (``decision.kept_argmax``, said by ``rule_fit_warnings``).
         force_rule: ``--force-rule``: write each fitted rule even where it shows no held-out gain.
+        features: ``pcd calibrate --readout linear``: ``{record id (as the join's strings):
+            {decision name: {layer: (hidden,) array}}}`` read at each decision point
+            (``Decoder.feature_layers``); each field (each option of a multi-select field) also
+            gets a linear readout (``pcd_cli.quality.readout.fit_readout``) chosen and measured by
+            nested cross-validation in the same folds, its figures beside argmax and the
+            temperature-and-bias calibration in its ``cv``; with ``objective`` the rule is fitted
+            on the readout's held-out probabilities. Integer fields keep the logits calibration
+            (a note says so); a label without gold rows is named in a note.
 
     Raises:
         CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
@@ -704,12 +741,12 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
                              "(--coverage applies to single-label fields only)")
             for option in data.option_data():
                 fc, report = _fit_field(option, folds=folds, seed=seed, l2=l2, objective=objective, notes=notes,
-                                        force_rule=force_rule)
+                                        force_rule=force_rule, features=features)
                 fitted[option.spec.name] = fc
                 reports.append(report)
             continue
         fc, report = _fit_field(data, folds=folds, seed=seed, l2=l2, coverage=coverage, objective=objective,
-                                notes=notes, force_rule=force_rule)
+                                notes=notes, force_rule=force_rule, features=features)
         fitted[data.spec.name] = fc
         reports.append(report)
     if objective.fits_rule and fitted and not any(fc.rule is not None for fc in fitted.values()):
@@ -793,7 +830,7 @@ def check_coverage_rows(gold: pd.DataFrame, schema: Schema, coverage: float | No
 
 def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float, coverage: float | None = None,
                objective: Objective | None = None, notes: list[str] | None = None,
-               force_rule: bool = False) -> tuple[FieldCalibration, FieldCalibrationReport]:
+               force_rule: bool = False, features: dict | None = None) -> tuple[FieldCalibration, FieldCalibrationReport]:
     name = data.spec.name
     if data.probs is None:
         raise CalibrationError(f"field {name!r}: the predictions have no {name}__probs column; label with "
@@ -803,6 +840,17 @@ def _fit_field(data: FieldData, *, folds: int, seed: int, l2: float, coverage: f
         if why is not None:
             (notes if notes is not None else []).append(why)
             objective = None
+    if features is not None and data.spec.type == "integer":
+        (notes if notes is not None else []).append(
+            f"field {name!r} is an integer field: it keeps the logits calibration (the linear readout fits labels "
+            "with a few gold rows each, not a range of numbers)")
+        features = None
+    if features is not None:
+        if coverage is not None:
+            raise CalibrationError("--coverage and --readout linear: conformal label sets are fitted on the logits "
+                                   "calibration only; drop one")
+        return _fit_readout_field(data, features, folds=folds, seed=seed, l2=l2, objective=objective, notes=notes,
+                                  force_rule=force_rule)
     if coverage is None:
         return _fit_temperature_field(data, folds=folds, seed=seed, l2=l2, objective=objective,
                                       force_rule=force_rule)
@@ -856,6 +904,53 @@ def _fit_temperature_field(data: FieldData, *, folds: int, seed: int, l2: float,
     fc = FieldCalibration(name, labels, t, tuple(float(x) for x in b), n, cv, rule=rule)
     return fc, FieldCalibrationReport(name, labels, n, folds, before, after, tuple(before_bins), tuple(after_bins), t,
                                       tuple(float(x) for x in b), rule=rule)
+
+
+def _fit_readout_field(data: FieldData, features: dict, *, folds: int, seed: int, l2: float,
+                       objective: Objective | None, notes: list[str] | None, force_rule: bool = False
+                       ) -> tuple[FieldCalibration, FieldCalibrationReport]:
+    """The logits calibration of ``data`` (its figures: today's calibration) and the field's
+    linear readout, fitted and measured in the same folds (``grouped_folds``: copies of one text
+    in one fold); the decision rule (``objective``) on the readout's held-out probabilities."""
+    name, labels, n = data.spec.name, data.spec.labels, len(data.gold)
+    if objective is not None and objective.fits_rule:  # before the fit: the refusal names the counts
+        problem = fit_problem(objective, name, data.gold, labels)
+        if problem is not None:
+            raise CalibrationError(problem)
+    fc, report = _fit_temperature_field(data, folds=folds, seed=seed, l2=l2)
+    missing = [str(i) for i in data.ids if name not in features.get(str(i), {})]
+    if missing:
+        raise CalibrationError(f"field {name!r}: no hidden state was read for record {missing[0]!r} (and "
+                               f"{len(missing) - 1} more); label the gold rows with the readout's feature read")
+    rows = [features[str(i)][name] for i in data.ids]
+    from .readout import candidate_layers
+
+    n_layers = max(max(r) for r in rows)
+    sets = {c: np.stack([np.concatenate([r[layer] for layer in c]) for r in rows]) for c in candidate_layers(n_layers)
+            if all(layer in rows[0] for layer in c)}
+    bad = [str(data.ids[i]) for i in range(n) if not all(np.isfinite(x[i]).all() for x in sets.values())]
+    if bad:
+        raise CalibrationError(f"record {bad[0]!r}, field {name!r}: the model's hidden state at the decision point is "
+                               "not finite (NaN or infinite); run with --dtype float32")
+    groups = data.groups()
+    parts = grouped_folds(groups, folds, seed, name=name)  # the logits calibration's folds
+    readout, held = fit_readout(name, labels, sets, data.gold, data.probs, parts, seed=seed)
+    after, after_bins = scores(held, data.gold, labels)
+    cv = {"folds": folds, "seed": seed, "n": n, "argmax": asdict(report.before), "logits": asdict(report.after),
+          "readout": asdict(after), "chosen": readout.cv["chosen"]}
+    readout = replace(readout, cv=cv)
+    if readout.absent and notes is not None:
+        notes.append(f"field {name!r}: no gold row has label{'s' if len(readout.absent) > 1 else ''} "
+                     f"{', '.join(readout.absent)}; the readout scores "
+                     f"{'them' if len(readout.absent) > 1 else 'it'} by the model's own probability times "
+                     f"{readout.absent_weight:.3g} (docs/quality.md, \"The linear readout\"): add gold rows of "
+                     f"{'them' if len(readout.absent) > 1 else 'it'}")
+    rule = None
+    if objective is not None and objective.fits_rule:
+        rule = fit_rule(objective, name, held, data.gold, labels, parts, seed=seed, groups=groups, force=force_rule)
+    fc = replace(fc, cv={**fc.cv, "after": asdict(after), "logits": asdict(report.after)}, rule=rule, readout=readout)
+    return fc, replace(report, after=after, after_bins=tuple(after_bins), rule=rule, logits=report.after,
+                       readout=readout)
 
 
 def rule_fit_warnings(calibration: Calibration) -> list[str]:

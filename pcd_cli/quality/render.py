@@ -211,13 +211,23 @@ def render_calibration(report, console: Console) -> None:
     from .calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
 
     for f in report.fields:
-        table = _table(f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV)")
-        for name in ("metric", "before", "after"):
+        readout = getattr(f, "readout", None)
+        table = _table(f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV" +
+                       (", the readout's layer and C chosen inside each fold)" if readout is not None else ")"))
+        columns = ("metric", "argmax", "logits calibrated", "linear readout") if readout is not None else \
+            ("metric", "before", "after")
+        for name in columns:
             table.add_column(name, justify="left" if name == "metric" else "right")
         for name, attr in (("accuracy", "accuracy"), ("macro-F1", "macro_f1"), ("ECE (15 bins)", "ece"),
                            ("NLL", "nll")):
-            table.add_row(name, _f(getattr(f.before, attr)), _f(getattr(f.after, attr)))
+            table.add_row(name, _f(getattr(f.before, attr)),
+                          *((_f(getattr(f.logits, attr)),) if readout is not None else ()), _f(getattr(f.after, attr)))
         console.print(table)
+        if readout is not None:
+            console.print(f"{escape(f.field)}: linear readout of layer{'s' if len(readout.layers) > 1 else ''} "
+                          f"{'+'.join(map(str, readout.layers))}, C {readout.C:g}" +
+                          (f"; labels without gold rows: {escape(', '.join(readout.absent))}" if readout.absent
+                           else ""), highlight=False)
         biases = _biases(f.labels, f.biases)
         console.print(f"{escape(f.field)}: temperature {f.temperature:.3f}; biases {biases}", highlight=False)
         if f.conformal is not None:
