@@ -131,6 +131,12 @@ class Labeler:
         self.examples = tuple(self.schema.examples if examples is None else examples)
         shots = resolve_examples(self.examples, job.template)
         self.calibration = _load_calibration(job.calibration)
+        if permutations > 1 and self.calibration is not None and self.calibration.readouts():  # before the model loads
+            from .errors import CalibrationError
+
+            raise CalibrationError(f"--permutations {permutations} and a calibration with a linear readout: the "
+                                   "readout reads the hidden state of the one prompt it was fitted on; label without "
+                                   "--permutations")
         #: where the calibration came from: ``"file"`` (``calibration``), the tuned folder's name
         #: (``tuned_calibration``), or ``None`` without one
         self.calibration_source: str | None = "file" if self.calibration is not None else None

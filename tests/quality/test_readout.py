@@ -210,8 +210,8 @@ def test_readout_options_refused_by_name(fitted, tmp_path):
     assert "--readout linear and --predictions" in out.stdout + out.stderr
     from pcd_cli.api import Labeler
 
-    with pytest.raises(CalibrationError, match="--permutations 2"):
-        Labeler(root / "schema.json", model=str(root / "tiny"), calibration=str(root / "cal.json"), permutations=2)
+    with pytest.raises(CalibrationError, match="--permutations 6"):
+        Labeler(root / "schema.json", model=str(root / "tiny"), calibration=str(root / "cal.json"), permutations=6)
 
 
 def test_served_v1_label_applies_the_same_readout(fitted):
