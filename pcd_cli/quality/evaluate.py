@@ -512,6 +512,11 @@ def _rule_comparisons(data: list, metadata: dict, calibration, warnings: list[st
             warnings.append(f"field {name!r}: no {name}__probs column: label with --all-probs to compare argmax with "
                             "the decision rule")
             continue
+        if fc is not None and fc.readout is not None and name not in written:
+            warnings.append(f"field {name!r}: the calibration's rule acts on its linear readout, which reads the "
+                            "model's hidden state; an output file does not hold it, so the readout cannot be "
+                            "recomputed here: label the rows with --calibration and evaluate that output")
+            continue
         if name in written:  # the output holds the calibrated probabilities and the rule's labels
             objective = recorded_objective(written[name]["objective"], f"field {name!r}: pcd.decision_rules")
             out[name] = compare_rule(objective, name, d.gold, d.probs, d.pred, d.spec.labels,
