@@ -194,7 +194,10 @@ class _Tap(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.inner, name)
+            inner = self.get("inner")  # the module's own dict: no recursion while it is being built or copied
+            if inner is None:
+                raise
+            return getattr(inner, name)
 
     def __call__(self, *args, **kwargs):
         out = self.inner(*args, **kwargs)
