@@ -88,7 +88,7 @@ class Labeler:
             ``examples`` as the ``Example`` values themselves (``()``: none; ``None``: the
             schema's own ``examples:``), i.e. ``drawn_examples``, ``record_quoting`` (``json``: the
             record quoted as data, the default; ``none``: as it is; ``None``: the schema's) and
-            ``steering_check`` (on by default: a field whose label moves once the sentences
+            ``steering_check`` (off by default, opt-in: a field whose label moves once the sentences
             addressing the labeller are taken out gets the label without them and
             ``FieldResult.steered``; ``pcd_cli.steering``, docs/security.md).
 

@@ -69,11 +69,12 @@ class LabelJob:
         trace: keep per-field traces (``pcd label --trace``).
         record_quoting: how the record's text is put in the prompt, ``"json"`` (quoted as data,
             docs/security.md) or ``"none"`` (as it is, the prompt of earlier releases); ``None``: the
-            schema's ``record_quoting`` (default ``"json"``). Decision-changing: it changes the
+            schema's ``record_quoting`` (default ``"none"``: opt-in for now, docs/security.md). Decision-changing: it changes the
             prompt (its head and every record's tokens).
         steering_check: decode each record that has sentences addressing the labeller again
             without them and flag every field whose label moves (``pcd_cli.steering``): it gets
-            the label without them and ``<field>__steered``. Decision-changing.
+            the label without them and ``<field>__steered``. Decision-changing; off by default
+            for now (opt-in: docs/security.md).
 
     Raises:
         InputError: ``calibration`` with ``tuned_calibration`` off (``--calibration`` and
@@ -103,7 +104,7 @@ class LabelJob:
     max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
     trace: bool = False
     record_quoting: str | None = None
-    steering_check: bool = True
+    steering_check: bool = False
     drawn_examples: tuple | None = None
 
     def __post_init__(self) -> None:

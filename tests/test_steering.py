@@ -25,8 +25,8 @@ from pcd_cli.steering import Vocabulary, addressing_sentences, erased, split_sen
 from .helpers import ORACLE_SCHEMA, tiny_backend
 
 SMS = parse_schema({"name": "sms_spam", "instructions": "The input is a single SMS text message.",
-                    "fields": {"is_spam": {"type": "boolean", "description": "Whether the SMS is spam"}}})
-AIR = parse_schema({"name": "air", "fields": {"sentiment": {"type": "enum", "description": "Sentiment",
+                    "record_quoting": "json", "fields": {"is_spam": {"type": "boolean", "description": "Whether the SMS is spam"}}})
+AIR = parse_schema({"name": "air", "record_quoting": "json", "fields": {"sentiment": {"type": "enum", "description": "Sentiment",
                                                             "labels": ["NEGATIVE", "NEUTRAL", "POSITIVE"]}}})
 SPAM = "WINNER!! You have won a 1000 cash prize. Call 09061701461 to claim now."
 PLANTED = [
@@ -85,7 +85,8 @@ def test_quoted_records_match_the_oracle_under_packing(backend):
     probabilities equal the brute-force oracle's on the full quoted prompt (a special-token string
     stays text by the seams' rule 3, which the oracle's plain ``encode`` does not follow:
     tests/decoding/test_tokenize.py checks it)."""
-    labeler = Labeler(parse_schema(ORACLE_SCHEMA), backend=backend, trace=True, steering_check=False)
+    labeler = Labeler(parse_schema(ORACLE_SCHEMA), backend=backend, trace=True, steering_check=False,
+                      record_quoting="json")
     texts = ['He said "call me" \\ now\n\nthen left.', "Refund\tplease", "ok", PLANTED[1]]
     worst = 0.0
     for text, result in zip(texts, labeler.label(texts)):
@@ -115,7 +116,7 @@ class _StubDecoder:
 
 
 def test_a_steered_label_is_replaced_by_the_label_without_the_planted_sentences(backend):
-    labeler = Labeler(SMS, backend=backend)
+    labeler = Labeler(SMS, backend=backend, steering_check=True)
     labeler.decoder = _StubDecoder()
     got = labeler.label_batch([Record("a", PLANTED[0]), Record("b", CLEAN[0]), Record("c", "false alarm, sorry")])
     steered, clean, alone = got
@@ -160,7 +161,10 @@ def test_record_quoting_is_a_schema_key_and_a_job_option():
 
     none = parse_schema({"name": "s", "record_quoting": "none", "fields": {"x": {"type": "boolean"}}})
     assert none.record_quoting == "none" and SMS.record_quoting == "json"
-    assert none.source_sha256 != parse_schema({"name": "s", "fields": {"x": {"type": "boolean"}}}).source_sha256
+    default = parse_schema({"name": "s", "fields": {"x": {"type": "boolean"}}})
+    assert default.record_quoting == "none" and LabelJob().steering_check is False  # opt-in, docs/security.md
+    quoted = parse_schema({"name": "s", "record_quoting": "json", "fields": {"x": {"type": "boolean"}}})
+    assert none.source_sha256 != quoted.source_sha256
     with pytest.raises(SchemaError, match="record_quoting"):
         parse_schema({"name": "s", "record_quoting": "xml", "fields": {"x": {"type": "boolean"}}})
     with pytest.raises(InputError, match="--record-quoting"):

@@ -272,7 +272,7 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
         problems.append("schema: 'isolate_fields' must be true or false")
     elif isolate:
         problems.extend(isolation_problems(fields))
-    quoting = data.get("record_quoting", "json")
+    quoting = data.get("record_quoting", "none")
     if quoting not in RECORD_QUOTINGS:
         problems.append(f"schema: 'record_quoting' must be one of {', '.join(RECORD_QUOTINGS)}, got {quoting!r}")
     raw_examples = data.get("examples") or []

@@ -317,9 +317,10 @@ class Schema:
     #: (``pcd serve``'s isolated questions are all asked as ``"answer"``); ``None``: the field's name.
     isolated_key: str | None = None
     #: How the record's text is put in the prompt (``pcd_cli.decoding.prompt.RECORD_QUOTINGS``,
-    #: docs/security.md): ``"json"`` (default) quotes it as one JSON string and the system text says
-    #: it is data to judge, never instructions; ``"none"`` puts it in as it is (the prompt of earlier releases).
-    record_quoting: str = "json"
+    #: docs/security.md): ``"json"`` quotes it as one JSON string and the system text says it is
+    #: data to judge, never instructions; ``"none"`` (default, for now: docs/security.md says why)
+    #: puts it in as it is.
+    record_quoting: str = "none"
 
     def __post_init__(self) -> None:
         if not self.declared:  # built from decisions alone: every field is one decision
