@@ -451,6 +451,7 @@ def extras_envelope(submitted: SubmitResult, result: RecordResult, qs: QuestionS
 
 def answer_extras(answer: Answer) -> dict:
     """The per-answer ``pcd`` object: candidate mass, the raw probabilities by pcd label, and
-    ``steered`` (the steering check moved the answer, ``pcd_cli.steering``)."""
-    return {"mass": answer.mass, "raw_probabilities": dict(zip(answer.labels, answer.raw_probs)),
-            "steered": answer.steered}
+    ``steered: true`` when the steering check moved the answer (``pcd_cli.steering``; absent otherwise,
+    so an answer without the check reads as before)."""
+    return {"mass": answer.mass, "raw_probabilities": dict(zip(answer.labels, answer.raw_probs))} \
+        | ({"steered": True} if answer.steered else {})

@@ -369,7 +369,7 @@ fields:
   loop_b: {type: boolean, depends_on: [loop_a]}
 """
     assert _problems(tmp_path, text) == """schema.yaml has 10 problems:
-  schema: unknown key 'colour' (known keys: name, instructions, fields, examples, rules, isolate_fields)
+  schema: unknown key 'colour' (known keys: name, instructions, fields, examples, rules, isolate_fields, record_quoting)
   field 'sentiment': unknown key 'descripton' (did you mean 'description'?)
   field 'sentiment': label #4 is only whitespace (' '); the model cannot write it in a way that means anything; give it a name
   field 'sentiment': duplicate label 'POSITIVE'
