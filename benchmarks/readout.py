@@ -2,6 +2,7 @@
 
     python benchmarks/readout.py [--sets sms_spam,airline_tweets,trec_questions,intents] [--fit 100]
     python benchmarks/readout.py --speed sms_spam --speed-rows 100
+    python benchmarks/readout.py --record-quoting none   # the record as it is (earlier releases)
 
 Quality, per set: one ``Labeler`` of the embedded model reading the readout's candidate layers
 (``Decoder.feature_layers``, as ``pcd calibrate --readout linear`` does) labels the first
@@ -55,12 +56,12 @@ def labelled(labeler, frame: pd.DataFrame):
     return out, dict(zip(keys, out.attrs["features"]))
 
 
-def quality(name: str, n_fit: int, backend) -> tuple[dict, object]:
+def quality(name: str, n_fit: int, backend, quoting: str | None = None) -> tuple[dict, object]:
     data, schema_file, field, n_test = SETS[name]
     rows = pd.read_json(DATA / data, lines=True)
     fit, test = rows.iloc[:n_fit], rows.iloc[-n_test:]
     schema = load_schema(ROOT / "schemas" / schema_file)
-    labeler = Labeler(schema, backend=backend, id_field="id")
+    labeler = Labeler(schema, backend=backend, id_field="id", record_quoting=quoting)
     labeler.decoder.feature_layers = feature_layers(labeler.backend.n_layers)
     start = time.perf_counter()
     fit_frame, fit_features = labelled(labeler, fit)
@@ -86,19 +87,19 @@ def quality(name: str, n_fit: int, backend) -> tuple[dict, object]:
     return {"zero_shot": f1(probs.argmax(axis=1)), "logits_calibration": f1(fc.apply(probs).argmax(axis=1)),
             "readout": f1(read), "layers": list(fc.readout.layers), "C": fc.readout.C,
             "absent": list(fc.readout.absent), "cv_readout_macro_f1": round(fc.readout.cv["readout"]["macro_f1"], 3),
-            "n_fit": len(fit), "n_test": len(test), "label_seconds": round(seconds, 1),
+            "record_quoting": labeler.schema.record_quoting, "n_fit": len(fit), "n_test": len(test), "label_seconds": round(seconds, 1),
             "fit_seconds": round(fit_seconds, 1)}, (labeler.backend, cal)
 
 
-def speed(name: str, n_rows: int, backend, cal) -> dict:
+def speed(name: str, n_rows: int, backend, cal, quoting: str | None = None) -> dict:
     data, schema_file, field, _ = SETS[name]
     rows = pd.read_json(DATA / data, lines=True).iloc[-n_rows:]
     schema = load_schema(ROOT / "schemas" / schema_file)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cal.json"
         cal.save(path)
-        plain = Labeler(schema, backend=backend, id_field="id")
-        with_readout = Labeler(schema, backend=backend, id_field="id", calibration=str(path))
+        plain = Labeler(schema, backend=backend, id_field="id", record_quoting=quoting)
+        with_readout = Labeler(schema, backend=backend, id_field="id", calibration=str(path), record_quoting=quoting)
         best = {"without": 0.0, "with": 0.0}
         for _ in range(3):
             for key, labeler in (("without", plain), ("with", with_readout)):
@@ -115,18 +116,20 @@ def main() -> None:
     ap.add_argument("--fit", type=int, default=100)
     ap.add_argument("--speed", default="")
     ap.add_argument("--speed-rows", type=int, default=100)
+    ap.add_argument("--record-quoting", choices=("json", "none"), default=None,
+                    help="the record's rendering (default: the job's default, as pcd label)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "readout.json"))
     args = ap.parse_args()
     results = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
     backend = None
     for name in [s for s in args.sets.split(",") if s]:
-        out, (backend, cal) = quality(name, args.fit, backend)
+        out, (backend, cal) = quality(name, args.fit, backend, args.record_quoting)
         results[f"{name}@{args.fit}"] = out
         print(name, json.dumps(out), flush=True)
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     if args.speed:
-        out, (backend, cal) = quality(args.speed, args.fit, backend)
-        results[f"speed:{args.speed}"] = speed(args.speed, args.speed_rows, backend, cal)
+        out, (backend, cal) = quality(args.speed, args.fit, backend, args.record_quoting)
+        results[f"speed:{args.speed}"] = speed(args.speed, args.speed_rows, backend, cal, args.record_quoting)
         print("speed", args.speed, json.dumps(results[f"speed:{args.speed}"]), flush=True)
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 

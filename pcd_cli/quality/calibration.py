@@ -655,6 +655,35 @@ def scores(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> tupl
             M.reliability_bins(confidence, correct))
 
 
+def check_raw_predictions(predictions: pd.DataFrame, schema: Schema | None, metadata: dict[str, str]) -> None:
+    """The checks every fit on a pcd output makes before reading it (``fit_calibration``,
+    ``fit_unlabelled``): the probabilities are the decoder's own, and the metadata names what the
+    calibration will be checked against on load.
+
+    Raises:
+        CalibrationError: predictions made with a calibration (``pcd.calibration_sha256`` in the
+            metadata or ``<f>__raw_prob`` columns) or with ``--prior-correction`` (a fit on
+            corrected probabilities would be applied to raw ones: the two are exclusive at label
+            time); metadata lacking one of ``CHECKED_KEYS``; labelled with another schema than
+            ``schema``.
+    """
+    if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):
+        raise CalibrationError("these predictions were made with a calibration already; fitting needs the raw "
+                               "probabilities: label again without --calibration (a --model or --adapter folder from pcd tune "
+                               "applies its own pcd-calibration.json unless given --no-calibration)")
+    if metadata.get("pcd.prior_correction"):
+        raise CalibrationError("these predictions were made with --prior-correction; fitting needs the raw "
+                               "probabilities: label again without it")
+    missing = [key for key in CHECKED_KEYS.values() if not metadata.get(key)]
+    if missing:
+        raise CalibrationError(f"the predictions' metadata lacks {', '.join(missing)}; a calibration must name the "
+                               "model, schema, prompt head and scoring it is for: use a pcd output")
+    if schema is not None and metadata["pcd.schema_sha256"] != schema.source_sha256:
+        raise CalibrationError(f"the predictions were labelled with another schema than {schema.name!r} "
+                               f"(pcd.schema_sha256 {metadata['pcd.schema_sha256'][:12]}..., the schema's "
+                               f"{schema.source_sha256[:12]}...); label the rows with this schema")
+
+
 def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | None,
                     metadata: dict[str, str], *, id_field: str = "id", folds: int = 5, seed: int = 0,
                     l2: float = DEFAULT_L2, coverage: float | None = None,
@@ -703,9 +732,9 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
             (a note says so); a label without gold rows is named in a note.
 
     Raises:
-        CalibrationError: calibrated predictions (``pcd.calibration_sha256`` in the metadata
-            or ``<f>__raw_prob`` columns), no ``<f>__probs``, metadata lacking a key or made
-            with another schema than ``schema``, fewer rows than folds for a field; with
+        CalibrationError: predictions that are not raw, of another schema or without the
+            metadata a calibration is checked against (``check_raw_predictions``), no
+            ``<f>__probs``, fewer rows than folds for a field; with
             ``coverage``, a field whose held rows are too few for it (``conformal.too_few_rows``:
             no finite threshold, every set would hold every label); with ``objective``, a field
             below the floor or whose objective's figure is the same whatever label is written
@@ -719,18 +748,7 @@ def fit_calibration(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schem
         objective = LIKELIHOOD
     if folds < 2:
         raise CalibrationError(f"--folds must be at least 2, got {folds}")
-    if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):
-        raise CalibrationError("these predictions were made with a calibration already; fitting needs the raw "
-                               "probabilities: label again without --calibration (a --model or --adapter folder from pcd tune "
-                               "applies its own pcd-calibration.json unless given --no-calibration)")
-    missing = [key for key in CHECKED_KEYS.values() if not metadata.get(key)]
-    if missing:
-        raise CalibrationError(f"the predictions' metadata lacks {', '.join(missing)}; a calibration must name the "
-                               "model, schema, prompt head and scoring it is for: use a pcd output")
-    if schema is not None and metadata["pcd.schema_sha256"] != schema.source_sha256:
-        raise CalibrationError(f"the predictions were labelled with another schema than {schema.name!r} "
-                               f"(pcd.schema_sha256 {metadata['pcd.schema_sha256'][:12]}..., the schema's "
-                               f"{schema.source_sha256[:12]}...); label the gold rows with this schema")
+    check_raw_predictions(predictions, schema, metadata)
     specs = field_specs(predictions, schema)
     joined = join(predictions, gold, specs, id_field=id_field)
     fitted, reports, notes = {}, [], list(joined.repeated_ids)
@@ -1035,23 +1053,10 @@ def fit_unlabelled(predictions: pd.DataFrame, schema: Schema | None, metadata: d
     (no held-out figures: there is no gold).
 
     Raises:
-        CalibrationError: calibrated predictions, metadata lacking a key or of another schema
-            (as ``fit_calibration``); a decision with no row holding probabilities.
+        CalibrationError: as ``check_raw_predictions``; a decision with no row holding probabilities.
         InputError: see ``unlabelled_probabilities``.
     """
-    if metadata.get("pcd.calibration_sha256") or any(str(c).endswith("__raw_prob") for c in predictions.columns):
-        raise CalibrationError("these predictions were made with a calibration already; the prior is estimated on "
-                               "raw probabilities: label again without --calibration or --prior-correction")
-    if metadata.get("pcd.prior_correction"):
-        raise CalibrationError("these predictions were made with --prior-correction; the prior is estimated on raw "
-                               "probabilities: label again without it")
-    missing = [key for key in CHECKED_KEYS.values() if not metadata.get(key)]
-    if missing:
-        raise CalibrationError(f"the predictions' metadata lacks {', '.join(missing)}; a calibration must name the "
-                               "model, schema, prompt head and scoring it is for: use a pcd output")
-    if schema is not None and metadata["pcd.schema_sha256"] != schema.source_sha256:
-        raise CalibrationError(f"the predictions were labelled with another schema than {schema.name!r}; label the "
-                               "rows with this schema")
+    check_raw_predictions(predictions, schema, metadata)
     fitted = {}
     for name, (labels, probs) in unlabelled_probabilities(predictions, schema).items():
         if len(probs) == 0:
@@ -1063,4 +1068,4 @@ def fit_unlabelled(predictions: pd.DataFrame, schema: Schema | None, metadata: d
                                         {"method": UNLABELLED_METHOD, "n": len(probs), "prior": prior})
     return Calibration(pcd_version=__version__, model=metadata["pcd.model"], schema_sha256=metadata["pcd.schema_sha256"],
                        prompt_head_sha256=metadata["pcd.prompt_head_sha256"], scoring=metadata["pcd.scoring"],
-                       fields=fitted, dtype=metadata.get("pcd.dtype", ""))
+                       fields=fitted, dtype=metadata.get("pcd.dtype", ""), fitted_for=fitted_for(metadata))

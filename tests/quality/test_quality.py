@@ -367,6 +367,9 @@ def test_fit_refuses_unusable_predictions():
         fit_calibration(preds, gold, SCHEMA, metadata(**{"pcd.schema_sha256": "0" * 64}))
     with pytest.raises(CalibrationError, match="lacks pcd.prompt_head_sha256"):
         fit_calibration(preds, gold, SCHEMA, {k: v for k, v in metadata().items() if k != "pcd.prompt_head_sha256"})
+    # prior-corrected probabilities: a calibration fitted on them would be applied to raw ones
+    with pytest.raises(CalibrationError, match="made with --prior-correction"):
+        fit_calibration(preds, gold, SCHEMA, metadata(**{"pcd.prior_correction": '{"f": [0.5, 0.5]}'}))
 
 
 @pytest.mark.parametrize("content,message", [

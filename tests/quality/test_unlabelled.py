@@ -8,6 +8,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -15,7 +16,7 @@ from pcd_cli.api import Labeler
 from pcd_cli.decoding.prior import correct
 from pcd_cli.errors import CalibrationError
 from pcd_cli.quality import Calibration
-from pcd_cli.quality.calibration import UNLABELLED_METHOD, fit_unlabelled, unlabelled_biases
+from pcd_cli.quality.calibration import UNLABELLED_METHOD, fit_unlabelled, fitted_for, unlabelled_biases
 from pcd_cli.results import Record
 from pcd_cli.schema.load import load_schema
 
@@ -80,9 +81,17 @@ def test_unlabelled_calibration_written_by_calibrate_applies_in_label(tmp_path):
     result = pcd("calibrate", rows, "-s", schema_path, "--unlabelled", "-o", tmp_path / "c2.json", "--model", model,
                  "--coverage", "0.9", code=2)
     assert "--unlabelled with --coverage" in flat(result.stderr)
-    # an output already corrected is refused as input to the fit
-    with pytest.raises(CalibrationError, match="--prior-correction"):
+    # an output already corrected is refused as input to the fit (one check for every fit:
+    # check_raw_predictions), named by what corrected it
+    with pytest.raises(CalibrationError, match="made with a calibration already"):
         fit_unlabelled(table, schema, {**plain.metadata(), "pcd.prior_correction": "{}"})
+    raw_table = plain.label_frame(pd.DataFrame({"id": [str(i) for i in range(len(sampled))], "text": sampled}),
+                                  text_field="text", id_field="id", all_probs=True)
+    with pytest.raises(CalibrationError, match="made with --prior-correction"):
+        fit_unlabelled(raw_table, schema, {**plain.metadata(), "pcd.prior_correction": "{}"})
+    # checked on load by content like any calibration: it names the parts it was fitted for
+    unlabelled = fit_unlabelled(raw_table, schema, plain.metadata())
+    assert unlabelled.fitted_for and unlabelled.fitted_for == fitted_for(plain.metadata())
 
 
 def test_multi_select_gets_one_prior_correction_per_option():
