@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..io.files import AtomicFile, atomic_writer, clear_stale, machine_errors, write_atomic, write_target
 from ..io.output import ParquetSink
-from ..io.storage import publish_staged
+from ..io.publishing import publish_staged
 
 try:  # POSIX; elsewhere runs are not protected against a second process on the same output
     import fcntl
@@ -311,7 +311,7 @@ class WorkDir:
         Each file is written whole or not at all, through a symlink to its target
         (``pcd_cli.io.files``); an errors or trace file of an earlier run is cleared when this run
         has none (``clear_stale``). A staged output (``-o`` in object storage:
-        ``pcd_cli.io.storage.StagedOutput``) is then uploaded, errors first, before the parts go.
+        ``pcd_cli.io.publishing.StagedOutput``) is then uploaded, errors first, before the parts go.
 
         Raises:
             MachineError: a file cannot be written, or the store failed the upload (the parts

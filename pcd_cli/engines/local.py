@@ -27,8 +27,8 @@ from ..io.output import ParquetSink, base_metadata, check_columns
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure
 from ..schema.model import TRUNCATED_COLUMN, Schema
-from ..io.storage import (STAGING_ROOT, StagedOutput, canonical, is_glob, is_remote, local_path, publish_staged,
-                          partition_values, run_started, sibling, uri_name)
+from ..io.publishing import STAGING_ROOT, StagedOutput, publish_staged
+from ..io.storage import canonical, is_glob, is_remote, local_path, partition_values, run_started, sibling, uri_name
 from .checkpoint import WorkDir, check_unlocked, work_dir_for
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, PARTLY_REUSED, REUSED, Labelled, ReuseIndex, ReuseSource,
                     ReusingLabeler, keyed_metadata, keyed_schema, read_sources)
@@ -266,7 +266,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
 def stage_outputs(output: str | Path, errors_path: str | Path | None,
                   trace_path: Path | None) -> tuple[Path, Path, StagedOutput | None]:
     """The local paths a run writes: ``output`` and ``errors_path`` themselves, or, for an output
-    in object storage, their staging files (``pcd_cli.io.storage.StagedOutput``: made under
+    in object storage, their staging files (``pcd_cli.io.publishing.StagedOutput``: made under
     ``<pcd cache>/outputs/<sha256 of the URI>/``, the checkpoint work folder with them, uploaded
     whole at the end). The errors file defaults to ``default_errors`` beside the output (a URI
     beside a URI).

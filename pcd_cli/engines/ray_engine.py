@@ -23,7 +23,7 @@ A run is four Ray Data steps; the driver (the ``pcd`` process) only plans and co
    complete; a failed run leaves an earlier output as it was. An ``-o`` in object storage
    (``s3://bucket/key.parquet``) is written as the local engine writes one: the driver streams
    the labelled rows, row group by row group, into one Parquet file in the local staging
-   folder (``io.storage.StagedOutput``; ``write_one_file``: the driver, since a cluster's nodes
+   folder (``io.publishing.StagedOutput``; ``write_one_file``: the driver, since a cluster's nodes
    do not see its disk), and ``publish_staged`` uploads the errors file, then the output,
    whole or never.
 
@@ -66,7 +66,8 @@ from ..io.output import ParquetSink, base_metadata, output_schema
 from ..api import planned_output_schema
 from ..job import LabelJob, warnings_from_json
 from ..io.readers import InputSpec, check_input, input_files, read_records, row_to_record
-from ..io.storage import RERUN_HINT, is_remote, local_path, publish_staged, run_started
+from ..io.publishing import publish_staged
+from ..io.storage import RERUN_HINT, is_remote, local_path, run_started
 from ..results import Record, RecordFailure
 from ..schema.model import Schema
 from .reuse import (DEDUPLICATED, DEFAULT_DEDUP_KEYS, INPUT_KEY_COLUMN, PARTLY_REUSED, REUSED, Labelled, ReuseIndex,
@@ -642,7 +643,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     staged as the local engine stages it (``local.stage_outputs``: under
     ``<pcd cache>/outputs/<sha256 of the URI>/``, the store checked before Ray starts), the
     labelled rows streamed there by the driver into one Parquet file (``write_one_file``), then
-    uploaded by the same ``storage.publish_staged``: the errors file first, the output last,
+    uploaded by the same ``publishing.publish_staged``: the errors file first, the output last,
     whole or never. The staged files and their folder are removed whether the upload worked or
     not (no ``--resume`` here); a store failing mid-run says to run again (``storage.run_started``
     with ``RERUN_HINT``).

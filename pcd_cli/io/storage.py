@@ -6,15 +6,13 @@ anything ``pyarrow.fs.FileSystem.from_uri`` resolves) into a ``pyarrow.fs.FileSy
 paths on it, for every reader and engine:
 
 - ``open_location``: one path or URI as a ``Location`` (file system + path on it). Credentials
-  and settings are each cloud's standard ones, read by pyarrow itself: for S3 the ``AWS_*``
-  variables (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
-  ``AWS_PROFILE`` and the shared config files, ``AWS_REGION``, ``AWS_ENDPOINT_URL`` or
-  ``AWS_ENDPOINT_URL_S3`` for an S3-compatible store: pyarrow 25 honours both, checked against
-  SeaweedFS); for GCS Google's application default credentials (``GOOGLE_APPLICATION_CREDENTIALS``,
-  gcloud's file, the metadata server) or ``gs://anonymous@...``, and google-cloud-cpp's
-  ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` for an emulator (checked against fake-gcs-server). A URI's
-  query of settings (``?endpoint_override=host:port&scheme=http``) reaches pyarrow as typed
-  (``split_query``); a GCS request is retried for ``GCS_RETRY_SECONDS`` unless the URI says.
+  and settings are each cloud's standard ones, read by pyarrow itself (``pcd_cli.io.schemes``
+  names them per scheme: ``AWS_*``, Google's application default credentials, an emulator's
+  endpoint). A URI's query of settings (``?endpoint_override=host:port&scheme=http``) reaches
+  pyarrow as typed (``split_query``); a GCS request is retried for ``schemes.GCS_RETRY_SECONDS``
+  unless the URI says. What pcd knows of each scheme (endpoint variables, the credential probes,
+  the fix texts) is one row of ``schemes.SCHEMES``; the code here reads the row
+  (``scheme_row``), never a scheme's name.
 - ``list_files``: a file, a folder (every file below it with a known extension, at any depth),
   or a glob (``*``, ``?``, ``[...]`` within a name, ``**`` for any depth) as a ``FileList``: the
   files in **one deterministic order** (by path, folder by folder: the order of
@@ -32,9 +30,9 @@ paths on it, for every reader and engine:
   part, listing, reading a Parquet footer, the upload at the end), ends as a ``MachineError``
   (exit 5) with "then rerun with --resume" (``RESUME_HINT``), or, on an engine that keeps no
   checkpoints, "then run the command again" (``RERUN_HINT``).
-- ``upload_atomic``: a finished local file put at an object-storage URI whole or never (a
-  temporary key beside it, then one server-side copy, then the temporary key removed): a run
-  killed at any moment, SIGKILL included, leaves no partial object at the URI.
+
+Outputs in object storage (staged locally, uploaded whole or never) are
+``pcd_cli.io.publishing``'s.
 
 Local paths and ``file://`` URIs stay ``pathlib`` paths for writing (``pcd_cli.io.files``: atomic
 rename, symlinks); ``local_path`` says which is which.
@@ -42,9 +40,7 @@ rename, symlinks); ``local_path`` says which is which.
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -55,6 +51,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import InputError, MachineError, PcdError, StoreError
+from .schemes import BY_NAME, Scheme, scheme_row
 
 #: ``scheme://`` at the start of a URI (two letters at least: ``C:/`` stays a path).
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
@@ -64,12 +61,10 @@ _MAGIC = re.compile(r"[*?\[]")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
-#: The schemes ``pyarrow.fs.FileSystem.from_uri`` opens (pyarrow 25: each checked with a URI of it;
-#: ``hdfs``/``viewfs`` need a JVM, ``abfs``/``abfss`` an account, but pyarrow knows them).
-KNOWN_SCHEMES = ("s3", "gs", "gcs", "file", "local", "mock", "hdfs", "viewfs", "abfs", "abfss", "hf")
-#: A known scheme followed by one slash (``s3:/bucket/key``): a typo of ``s3://bucket/key``, which
-#: would otherwise be read as a local relative path (a folder named ``s3:``).
-_ONE_SLASH = re.compile(r"^(" + "|".join(KNOWN_SCHEMES) + r"):/(?!/)", re.IGNORECASE)
+#: A name followed by one slash (``s3:/bucket/key``): when the name is a known scheme
+#: (``schemes.BY_NAME``), a typo of ``s3://bucket/key``, which would otherwise be read as a local
+#: relative path (a folder named ``s3:``).
+_ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/(?!/)")
 
 
 def uri_scheme(path: str | Path) -> str | None:
@@ -88,10 +83,10 @@ def uri_scheme(path: str | Path) -> str | None:
     if found:
         return found.group(1).lower()
     typo = _ONE_SLASH.match(text)
-    if typo:
+    if typo and typo.group(1).lower() in BY_NAME:
         scheme = typo.group(1)
         rest = text[len(scheme) + 1:]  # from the one slash on
-        meant = f"{scheme}://{rest if scheme.lower() in ('file', 'local') else rest[1:]}"
+        meant = f"{scheme}://{rest if scheme_row(scheme.lower()).path_uri else rest[1:]}"
         raise InputError(f"{text!r} looks like a URI with one slash after {scheme + ':'!r}: did you mean {meant!r}?")
     return None
 
@@ -113,7 +108,7 @@ def split_query(uri: str) -> tuple[str, str]:
     (``endpoint_override``, ``scheme``, ``retry_limit_seconds``, ``region`` ...); it is told from
     a glob's ``?`` by its ``key=value`` pairs (``part-?.parquet`` is a glob, not a query). A
     local path has none."""
-    if uri_scheme(uri) in (None, "file"):
+    if scheme_row(uri_scheme(uri)).on_disk:
         return uri, ""
     found = _QUERY.search(uri)
     return (uri[:found.start()], uri[found.start():]) if found else (uri, "")
@@ -127,8 +122,7 @@ def uri_name(uri: str | Path) -> str:
 
 def is_remote(path: str | Path) -> bool:
     """Whether ``path`` is a URI of another store than the local disk (``file://`` is local)."""
-    scheme = uri_scheme(path)
-    return scheme is not None and scheme != "file"
+    return not scheme_row(uri_scheme(path)).on_disk
 
 
 def local_path(path: str | Path) -> Path | None:
@@ -137,10 +131,24 @@ def local_path(path: str | Path) -> Path | None:
     scheme = uri_scheme(path)
     if scheme is None:
         return Path(path)
-    if scheme == "file":
-        parsed = urlparse(str(path))
-        return Path(unquote(parsed.path))
+    if scheme_row(scheme).on_disk:
+        return Path(unquote(urlparse(str(path)).path))
     return None
+
+
+def canonical(target: str | Path) -> str:
+    """One name per input or output, for fingerprints: a URI as given (no trailing ``/``), a local
+    path or ``file://`` URI as its absolute path."""
+    path = local_path(target)
+    return str(path.resolve()) if path is not None else str(target).rstrip("/")
+
+
+def sibling(target: str, name: str) -> str:
+    """The URI of ``name`` in the folder (prefix) of the URI ``target``, with ``target``'s query
+    of store settings (``gs://b/out/x.parquet?scheme=http`` -> ``gs://b/out/<name>?scheme=http``)."""
+    base, query = split_query(str(target))
+    head, _, _ = base.rstrip("/").rpartition("/")
+    return f"{head}/{name}{query}"
 
 
 @dataclass(frozen=True)
@@ -181,23 +189,24 @@ def open_location(target: str | Path, *, option: str = "INPUT") -> Location:
     """
     text = str(target)
     scheme = uri_scheme(text)
-    if scheme is None or scheme == "file":
+    row = scheme_row(scheme)
+    if row.on_disk:
         path = local_path(text)
         return Location(text, pafs.LocalFileSystem(), str(path) if scheme else text, None)
     base, query = split_query(text)
-    if scheme in ("gs", "gcs") and "retry_limit_seconds=" not in query:
-        query += f"{'&' if query else '?'}retry_limit_seconds={GCS_RETRY_SECONDS}"
+    if row.retry_setting and f"{row.retry_setting}=" not in query:
+        query += f"{'&' if query else '?'}{row.retry_setting}={row.retry_seconds()}"
     # a glob's wildcards are no URI syntax ('?' starts a query, '[' is refused): pyarrow opens
     # the folder above the first one, and the rest is appended as it is
     magic = _MAGIC.search(base)
     cut = base.rfind("/", 0, magic.start()) + 1 if magic else len(base)
     if magic and cut <= len(f"{scheme}://"):
-        raise InputError(f"{_head(option, text)}: a glob's wildcards belong after the bucket "
+        raise InputError(f"{message_head(option, text)}: a glob's wildcards belong after the bucket "
                          f"(e.g. {scheme}://bucket/exports/*.parquet)")
     try:
         filesystem, path = pafs.FileSystem.from_uri(base[:cut] + query)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        raise InputError(f"{_head(option, text)}: cannot open this URI ({exc}); pcd reads local paths and the "
+        raise InputError(f"{message_head(option, text)}: cannot open this URI ({exc}); pcd reads local paths and the "
                          "URIs pyarrow.fs knows (s3://, gs://, hdfs://, file://)") from None
     except STORE_ERRORS as exc:
         raise store_error(exc, text, option=option) from None
@@ -209,13 +218,9 @@ def open_location(target: str | Path, *, option: str = "INPUT") -> Location:
 #: What a store's failure raises through pyarrow: ``OSError`` mostly; a GCS failure Arrow cannot
 #: map (a credentials file that cannot be read) is a bare ``ArrowException``.
 STORE_ERRORS = (OSError, pa.ArrowException)
-#: Seconds pyarrow's GCS client retries a failing request when the URI does not say
-#: (``?retry_limit_seconds=N``). The client's own default is 15 minutes: an unreachable endpoint
-#: or missing credentials would hang a run that long before its one-line error.
-GCS_RETRY_SECONDS = 60
 
 
-def _head(option: str, target: str) -> str:
+def message_head(option: str, target: str) -> str:
     """How a message starts: ``'path'`` for the input, ``-o 'path'`` for an option."""
     return repr(target) if option == "INPUT" else f"{option} {target!r}"
 
@@ -226,38 +231,15 @@ _DENIED = ("ACCESS_DENIED", "AccessDenied", "Forbidden", "403", "INVALID_ACCESS_
 _UNREACHABLE = ("NETWORK_CONNECTION", "Could not connect", "curlCode", "Couldn't resolve host", "Connection refused",
                 "Timeout was reached", "UNAVAILABLE", "Failed to connect")
 _NO_BUCKET = ("NO_SUCH_BUCKET", "NoSuchBucket", "bucket does not exist")
-#: GCS: no credentials gave an access token (none found, an unreadable key file, no metadata server).
-_NO_TOKEN = "Could not create a OAuth2 access token"
 
 
-def _aws_credentials_found() -> bool:
-    """Whether any of the AWS SDK's usual credential sources is set up (variables, profile, the
-    shared files, a web identity, a container's credentials); the instance metadata is not asked."""
-    if os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE") \
-            or os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE") or os.environ.get("AWS_CONTAINER_CREDENTIALS_FULL_URI") \
-            or os.environ.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
-        return True
-    home = os.path.expanduser("~")
-    files = (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
-             os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"))
-    return any(os.path.isfile(f) for f in files)
-
-
-def _endpoint(scheme: str | None, uri: str = "") -> str:
+def _endpoint(row: Scheme, uri: str = "") -> str:
     """`` at <endpoint>`` for messages: the URI's ``endpoint_override``, else the variable the
-    store's client reads (``AWS_ENDPOINT_URL[_S3]``; GCS: ``CLOUD_STORAGE_EMULATOR_ENDPOINT``)."""
+    store's client reads (``Scheme.endpoint``: ``AWS_ENDPOINT_URL[_S3]``, ``CLOUD_STORAGE_EMULATOR_ENDPOINT``)."""
     from urllib.parse import parse_qs
 
-    given = parse_qs(split_query(uri)[1][1:]).get("endpoint_override")
-    if given:
-        return f" at {given[0]}"
-    if scheme == "s3":
-        found = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return f" at {found}" if found else ""
-    if scheme in ("gs", "gcs"):
-        found = os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT")
-        return f" at {found}" if found else ""
-    return ""
+    found = (parse_qs(split_query(uri)[1][1:]).get("endpoint_override") or [row.endpoint()])[0]
+    return f" at {found}" if found else ""
 
 
 def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool = False,
@@ -276,49 +258,29 @@ def store_error(exc: OSError, uri: str, *, option: str = "INPUT", mid_run: bool 
         ``StoreError`` or ``MachineError`` (the caller raises it).
     """
     text = str(exc)
-    scheme = uri_scheme(uri)
+    row = scheme_row(uri_scheme(uri))  # its endpoint, credential probe and fix texts
     detail = ""  # the store's own words, where the reason is pcd's summary of them
     if isinstance(exc, FileNotFoundError) and not any(m in text for m in _NO_BUCKET):
         reason = "no such file, folder or prefix"
         fix = "check the path"
     elif any(m in text for m in _NO_BUCKET):
         bucket = urlparse(uri).netloc.rpartition("@")[2]
-        reason = f"no such bucket {bucket!r}{_endpoint(scheme, uri)}"
-        fix = ("check the bucket name (and AWS_ENDPOINT_URL / AWS_REGION for the store meant)" if scheme == "s3"
-               else "check the bucket name (and the endpoint: CLOUD_STORAGE_EMULATOR_ENDPOINT or ?endpoint_override=)"
-               if scheme in ("gs", "gcs") else "check the bucket name")
-    elif _NO_TOKEN in text:
-        cause = re.search(r"The underlying error message was: (.*?)(?: error_info=|\)?$)", text)
-        key = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-        reason = (f"the credentials of GOOGLE_APPLICATION_CREDENTIALS={key} gave no access token"
-                  + (f" ({cause.group(1)[:200]})" if cause else "") if key
-                  else "no Google credentials were found (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud "
-                  "application-default file, no metadata server answered)")
-        fix = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account key file (or run `gcloud auth "
-               "application-default login`, or run where the metadata server gives credentials); a public "
-               "bucket or an emulator needs none: gs://anonymous@bucket/...")
+        reason, fix = f"no such bucket {bucket!r}{_endpoint(row, uri)}", row.no_bucket_fix
+    elif row.no_token and row.no_token in text:
+        reason, fix = row.no_token_reason(text), row.no_token_fix
     elif any(m in text for m in _UNREACHABLE):
-        reason, detail = f"the store{_endpoint(scheme, uri)} cannot be reached", _short(text)
-        fix = ("check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and the network" if scheme == "s3"
-               else "check CLOUD_STORAGE_EMULATOR_ENDPOINT (or the URI's ?endpoint_override=) and the network"
-               if scheme in ("gs", "gcs") else "check the endpoint and the network")
+        reason, detail = f"the store{_endpoint(row, uri)} cannot be reached", _short(text)
+        fix = row.unreachable_fix
     elif any(m in text for m in _DENIED):
-        if scheme == "s3" and not _aws_credentials_found():
-            reason = "access denied and no AWS credentials were found"
-            fix = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
-        elif scheme == "gs" and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
-            reason = "access denied and GOOGLE_APPLICATION_CREDENTIALS is not set"
-            fix = "set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run where the metadata server gives one"
-        else:
-            reason = "access denied with the credentials given"
-            fix = ("check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE and the bucket's policy"
-                   if scheme == "s3" else "check the credentials and the bucket's permissions")
+        missing = row.missing_credentials() if row.missing_credentials else None
+        reason = f"access denied and {missing}" if missing else "access denied with the credentials given"
+        fix = row.no_credentials_fix if missing else row.denied_fix
     else:
         reason = _short(text) or type(exc).__name__
         fix = "check the store and the credentials"
     said = f" ({detail})" if detail else ""
-    failure = StoreError(f"{_head(option, uri)}: {what}: {reason}{said}; {fix}",
-                         f"{_head(option, uri)}: {what}: {reason}; {fix}", detail)
+    failure = StoreError(f"{message_head(option, uri)}: {what}: {reason}{said}; {fix}",
+                         f"{message_head(option, uri)}: {what}: {reason}; {fix}", detail)
     return mid_run_error(failure) if mid_run else failure
 
 
@@ -553,10 +515,10 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
             or location.scheme is not None else []
         if info.type == pafs.FileType.NotFound and not entries:
             if location.scheme is not None:
-                _check_bucket(location, option)
-                raise InputError(f"{_head(option, given)}: no such object or prefix; check the path (list it with "
+                check_bucket(location, option)
+                raise InputError(f"{message_head(option, given)}: no such object or prefix; check the path (list it with "
                                  "your store's client, e.g. aws s3 ls)")
-            raise InputError(f"{_head(option, given)}: no such {'input ' if option == 'INPUT' else ''}file, "
+            raise InputError(f"{message_head(option, given)}: no such {'input ' if option == 'INPUT' else ''}file, "
                              "folder or glob")
         base = location.path.rstrip("/")
         files = [e.path for e in entries if e.type == pafs.FileType.File
@@ -566,7 +528,7 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
             held = f" (it holds {found} other file{'s' * (found != 1)})" if found else " (it is empty)"
             fix = ("give a folder of them, or pass --format" if option == "INPUT"  # --format: the input's
                    else f"give a {what} file, or a folder or glob of them")
-            raise InputError(f"{_head(option, given)}: the folder holds no {what} file{held}; {fix}")
+            raise InputError(f"{message_head(option, given)}: the folder holds no {what} file{held}; {fix}")
     else:
         head = location.path[:magic.start()]
         base = head[:head.rfind("/")] if "/" in head else ("" if location.scheme is None else head)
@@ -582,12 +544,12 @@ def list_files(target: str | Path, *, extensions: Iterable[str] | None = None, o
         if base == "." and location.scheme is None and not location.path.startswith("./"):
             files = [f[2:] if f.startswith("./") else f for f in files]
         if not files:
-            raise InputError(f"{_head(option, given)}: no file matches")
+            raise InputError(f"{message_head(option, given)}: no file matches")
     files.sort(key=_sort_key)
     return FileList(location, tuple(files), tuple(partition_values(f) for f in files))
 
 
-def _check_bucket(location: Location, option: str) -> None:
+def check_bucket(location: Location, option: str) -> None:
     """Refuse a ``location`` whose bucket does not exist or cannot be read (one request: the
     bucket's own head, not a listing).
 
@@ -631,7 +593,7 @@ def open_dataset(target: str | Path | FileList, *, option: str = "--reuse"):
         except STORE_ERRORS as exc:
             if not isinstance(exc, pa.ArrowInvalid):
                 raise store_error(exc, listed.name(i), option=option) from None
-            raise InputError(f"{_head(option, listed.name(i))}: not a readable Parquet file ({exc})") from None
+            raise InputError(f"{message_head(option, listed.name(i))}: not a readable Parquet file ({exc})") from None
         fragments.append(fragment)
         if i == 0:
             schema = physical
@@ -663,254 +625,3 @@ def open_input_file(location: Location, path: str, *, option: str = "INPUT"):
         return location.filesystem.open_input_file(path)
     except STORE_ERRORS as exc:
         raise store_error(exc, location.name(path), option=option) from None
-
-
-# -- writing to object storage ----------------------------------------------------------------------
-#: The temporary keys an upload goes through: ``.<name>.pcd-upload-<random>`` beside the target.
-UPLOAD_MARK = ".pcd-upload-"
-
-
-def upload_atomic(source: Path, uri: str, *, option: str = "-o", mid_run: bool = True) -> None:
-    """Put the finished local file ``source`` at ``uri`` whole or never.
-
-    The bytes go to a temporary key beside the target (``.<name>.pcd-upload-<random>``), then
-    one server-side copy makes the target (a copy creates its object whole: S3 CopyObject, GCS
-    rewrite), then the temporary key is removed. A failure or a kill at any moment leaves the
-    earlier object at ``uri`` as it was (a killed upload may leave its temporary key, which the
-    next upload to the same URI removes). Local paths and ``file://`` are not for this
-    (``pcd_cli.io.files`` renames atomically).
-
-    Raises:
-        MachineError (``mid_run``) or InputError: the store refused or failed (``store_error``).
-    """
-    location = open_location(uri, option=option)
-    if location.scheme is None:
-        raise ValueError(f"{uri!r} is a local path: write it with pcd_cli.io.files")
-    folder, _, name = location.path.rpartition("/")
-    tmp = f"{folder}/.{name}{UPLOAD_MARK}{uuid.uuid4().hex[:12]}"
-    fs = location.filesystem
-    try:
-        _remove_stale_uploads(location)
-        with source.open("rb") as fh, fs.open_output_stream(tmp) as out:
-            while chunk := fh.read(1 << 22):
-                out.write(chunk)
-        fs.copy_file(tmp, location.path)
-    except STORE_ERRORS as exc:
-        raise store_error(exc, uri, option=option, mid_run=mid_run, what="cannot write") from None
-    finally:
-        try:
-            fs.delete_file(tmp)
-        except STORE_ERRORS:
-            pass
-
-
-def _remove_stale_uploads(location: Location) -> None:
-    """Remove the temporary keys of earlier uploads to ``location`` that were killed."""
-    folder, _, name = location.path.rpartition("/")
-    try:
-        entries = location.filesystem.get_file_info(pafs.FileSelector(folder, recursive=False, allow_not_found=True))
-    except STORE_ERRORS:
-        return
-    for entry in entries:
-        if entry.type == pafs.FileType.File and entry.base_name.startswith(f".{name}{UPLOAD_MARK}"):
-            try:
-                location.filesystem.delete_file(entry.path)
-            except STORE_ERRORS:
-                pass
-
-
-def remove_object(uri: str, *, option: str = "--errors") -> None:
-    """Remove the object at ``uri`` if there is one (an earlier run's errors file, which would mislead).
-
-    Raises:
-        MachineError: the store refused or failed.
-    """
-    location = open_location(uri, option=option)
-    try:
-        if location.filesystem.get_file_info(location.path).type == pafs.FileType.File:
-            location.filesystem.delete_file(location.path)
-    except STORE_ERRORS as exc:
-        raise store_error(exc, uri, option=option, mid_run=True, what="cannot remove") from None
-
-
-def check_output_uri(uri: str, *, option: str = "-o") -> None:
-    """Refuse, before any work, an object-storage output the store will not take: a missing
-    bucket, missing credentials, an unreachable endpoint, no right to write (a small temporary
-    object is written there and removed), or a URI that names a folder.
-
-    Raises:
-        InputError: one line naming the URI and the fix (``store_error``).
-    """
-    location = open_location(uri, option=option)
-    if not location.path or "/" not in location.path.strip("/"):
-        raise InputError(f"{_head(option, uri)}: name an object in a bucket, e.g. s3://bucket/out/labels.parquet")
-    folder, _, name = location.path.rpartition("/")
-    fs = location.filesystem
-    try:
-        info = fs.get_file_info(location.path)
-    except STORE_ERRORS as exc:
-        raise store_error(exc, uri, option=option, what="cannot write") from None
-    if info.type == pafs.FileType.Directory:
-        raise InputError(f"{_head(option, uri)} is a prefix holding objects; give an object name, e.g. "
-                         f"{uri.rstrip('/') + '/labels.parquet'!r}")
-    _check_bucket(location, option)  # before writing: some stores create a missing bucket on write
-    probe = f"{folder}/.{name}{UPLOAD_MARK}probe-{uuid.uuid4().hex[:8]}"
-    try:
-        with fs.open_output_stream(probe) as out:
-            out.write(b"")
-        fs.delete_file(probe)
-    except STORE_ERRORS as exc:
-        raise store_error(exc, uri, option=option, what="cannot write") from None
-
-
-# -- outputs in object storage: staged locally, uploaded whole ----------------------------------------
-#: The folder of the pcd cache that holds the staging folders (``StagedOutput``), and how many hex
-#: digits of the URI's SHA-256 name each.
-STAGING_ROOT = "outputs"
-STAGED_KEY_HEX = 16
-#: The file in a staging folder that says where its files go (read by ``publish_staged``).
-STAGED_TARGETS = "publish.json"
-
-
-def canonical(target: str | Path) -> str:
-    """One name per input or output, for fingerprints: a URI as given (no trailing ``/``), a local
-    path or ``file://`` URI as its absolute path."""
-    path = local_path(target)
-    return str(path.resolve()) if path is not None else str(target).rstrip("/")
-
-
-def sibling(target: str, name: str) -> str:
-    """The URI of ``name`` in the folder (prefix) of the URI ``target``, with ``target``'s query
-    of store settings (``gs://b/out/x.parquet?scheme=http`` -> ``gs://b/out/<name>?scheme=http``)."""
-    base, query = split_query(str(target))
-    head, _, _ = base.rstrip("/").rpartition("/")
-    return f"{head}/{name}{query}"
-
-
-@dataclass(frozen=True)
-class StagedOutput:
-    """``-o`` (and ``--errors``) in object storage, made in a local folder and uploaded whole.
-
-    A run writes its output, errors file and checkpoint work folder (``.<name>.pcd-work``) in
-    ``folder`` = ``<root>/<first 16 hex of sha256(output URI)>/``, as it would beside a local
-    output; ``publish_staged`` then uploads the errors file and, last, the output
-    (``upload_atomic``: whole or never). So ``--resume`` on the same machine (same ``root``)
-    continues a run stopped, killed or failed at the upload; the staging folder names its URIs
-    in ``publish.json``. ``clean`` removes the whole folder after the upload, or after a run
-    refused before labelling; it stays while a run there can be resumed.
-
-    Attributes:
-        output_uri, errors_uri: where the files go. folder: the staging folder.
-    """
-
-    output_uri: str
-    errors_uri: str
-    folder: Path
-
-    @classmethod
-    def plan(cls, output_uri: str, errors_uri: str, root: Path) -> "StagedOutput":
-        """Stage ``output_uri``'s files under ``root`` (nothing checked or made yet)."""
-        import hashlib
-
-        key = hashlib.sha256(output_uri.encode()).hexdigest()[:STAGED_KEY_HEX]
-        return cls(output_uri, errors_uri, Path(root) / key)
-
-    @property
-    def output(self) -> Path:
-        return self.folder / uri_name(self.output_uri)
-
-    @property
-    def errors(self) -> Path:
-        name = uri_name(self.errors_uri)
-        return self.folder / (name if name != self.output.name else f"{name}.errors")
-
-    def prepare(self) -> None:
-        """Check both URIs with the store (``check_output_uri``: before any model loads), make
-        the staging folder and record the URIs in it.
-
-        Raises:
-            InputError: the store refuses, cannot be reached, or the bucket is missing.
-            MachineError: the staging folder cannot be made.
-        """
-        import json
-
-        from .files import write_atomic
-
-        check_output_uri(self.output_uri, option="-o")
-        if sibling(self.errors_uri, "") != sibling(self.output_uri, ""):
-            check_output_uri(self.errors_uri, option="--errors")
-        write_atomic(self.folder / STAGED_TARGETS, json.dumps(
-            {"output": self.output_uri, "errors": self.errors_uri,
-             "files": {self.output.name: self.output_uri, self.errors.name: self.errors_uri}}).encode())
-
-    def clean(self) -> None:
-        """Remove the staging folder whole (``publish.json``, staged files, the folder itself)
-        unless it holds a run to resume: the checkpoint work folder (``.<name>.pcd-work``, the only
-        folder a run makes here; ``WorkDir`` removes it once uploaded, or when it holds no part).
-        Called at the end of every run: after an upload, or a run refused before labelling,
-        nothing is left (one URI per night would pile up folders); after a run stopped, killed
-        or failed mid-run (the store, ``--max-errors``) the folder stays for ``--resume``."""
-        import shutil
-
-        try:
-            if any(entry.is_dir() for entry in self.folder.iterdir()):
-                return
-        except FileNotFoundError:
-            return
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def staged_targets(output: Path) -> dict[str, str] | None:
-    """The URIs of a staging folder's files (``StagedOutput``) when ``output`` is a staged output,
-    else ``None``."""
-    import json
-
-    found = Path(output).parent / STAGED_TARGETS
-    try:
-        data = json.loads(found.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("files", {}).get(Path(output).name) else None
-
-
-def _in_staging_folder(output: Path) -> bool:
-    """Whether ``output`` lies in a staging folder (``StagedOutput.plan``: ``<pcd cache>/
-    STAGING_ROOT/<STAGED_KEY_HEX hex digits>/``), whatever its ``publish.json`` says."""
-    folder = Path(output).parent
-    return folder.parent.name == STAGING_ROOT and re.fullmatch(f"[0-9a-f]{{{STAGED_KEY_HEX}}}", folder.name) is not None
-
-
-def publish_staged(output: Path, *, errors: Path | None = None, output_too: bool = True) -> str | None:
-    """Upload a staged run's files (``StagedOutput``): the errors file (or, when there is none,
-    remove an earlier run's at its URI: it would mislead), then the output last, whole or never.
-    A no-op for an output that is not staged.
-
-    Args:
-        output_too: ``False``: only the errors file (a run that stopped: ``--max-errors``, no
-            row labelled), the earlier output at the URI left as it was.
-
-    Returns:
-        The output's URI when uploaded, else ``None``.
-
-    Raises:
-        MachineError: the store failed (exit 5); the staged files stay for ``--resume``.
-    """
-    targets = staged_targets(output)
-    if targets is None:
-        if _in_staging_folder(output):  # staged, but its record is gone: never report an upload that did not happen
-            raise MachineError(f"-o: the staging record {Path(output).parent / STAGED_TARGETS} is gone (another pcd "
-                               "run for the same -o removed it?): nothing was uploaded; run the command again")
-        return None
-    errors = errors if errors is not None else Path(output).parent / next(
-        (n for n, uri in targets["files"].items() if uri == targets["errors"]), "")
-    if errors.is_file():
-        upload_atomic(errors, targets["errors"], option="--errors")
-    else:
-        remove_object(targets["errors"])
-    if not output_too:
-        return None
-    upload_atomic(Path(output), targets["output"], option="-o")
-    for done in (errors, Path(output)):  # uploaded: the local copies are not kept
-        if done.is_file():
-            done.unlink()
-    return targets["output"]

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pcd_cli.errors import InputError
-from pcd_cli.io import storage
+from pcd_cli.io import publishing, schemes, storage
 from tests import gcs_server
 from tests.helpers import AIRLINE, EXPORT_ARGS, EXPORT_DATE, EXPORT_ROWS, export_part, flat, jsonl_rows, pcd
 from tests.io.test_storage import EXPECTED_ORDER, _tree
@@ -83,7 +83,7 @@ def test_an_upload_to_gs_is_whole_and_its_settings_go_to_its_errors_file(tmp_pat
     gcs_store.put("atomic/.out.parquet.pcd-upload-0123456789ab", b"a killed upload's part")
     source = tmp_path / "out.parquet"
     source.write_bytes(b"today " * 100_000)
-    storage.upload_atomic(source, f"gs://{gcs_store.bucket}/atomic/out.parquet")
+    publishing.upload_atomic(source, f"gs://{gcs_store.bucket}/atomic/out.parquet")
     assert gcs_store.read("atomic/out.parquet") == source.read_bytes()
     assert gcs_store.keys("atomic") == ["atomic/out.parquet"]
     # the settings in the URI, no variable: the errors file is beside it on the same store
@@ -92,11 +92,11 @@ def test_an_upload_to_gs_is_whole_and_its_settings_go_to_its_errors_file(tmp_pat
     errors = storage.sibling(uri, "night.errors.jsonl")
     assert errors == gcs_store.uri("atomic/night.errors.jsonl")
     assert storage.uri_name(uri) == "night.labels.parquet"
-    staged = storage.StagedOutput.plan(uri, errors, tmp_path / "staging")
+    staged = publishing.StagedOutput.plan(uri, errors, tmp_path / "staging")
     assert (staged.output.name, staged.errors.name) == ("night.labels.parquet", "night.errors.jsonl")
-    storage.check_output_uri(uri)
-    storage.upload_atomic(source, errors, option="--errors")
-    storage.upload_atomic(source, uri)
+    publishing.check_output_uri(uri)
+    publishing.upload_atomic(source, errors, option="--errors")
+    publishing.upload_atomic(source, uri)
     assert gcs_store.keys("atomic") == ["atomic/night.errors.jsonl", "atomic/night.labels.parquet",
                                         "atomic/out.parquet"]
 
@@ -106,7 +106,7 @@ def test_gcs_problems_are_one_line_naming_the_uri_and_the_fix(tmp_path, monkeypa
     one line with the fix, within pcd's retry limit for GCS (the client's own is 15 minutes)."""
     gcs_store.put("problems/a.jsonl", b'{"text": "x"}\n')
     bucket = gcs_store.bucket
-    monkeypatch.setattr(storage, "GCS_RETRY_SECONDS", 1)
+    monkeypatch.setattr(schemes, "GCS_RETRY_SECONDS", 1)
 
     def refused(target: str, *words: str) -> str:
         start = time.monotonic()
@@ -124,7 +124,7 @@ def test_gcs_problems_are_one_line_naming_the_uri_and_the_fix(tmp_path, monkeypa
             "CLOUD_STORAGE_EMULATOR_ENDPOINT")
     refused(f"gs://{bucket}/problems/nothing-here/", "no such object or prefix")
     with pytest.raises(InputError, match="no such bucket"):
-        storage.check_output_uri("gs://no-such-bucket/out/x.parquet")
+        publishing.check_output_uri("gs://no-such-bucket/out/x.parquet")
     dead = f"127.0.0.1:{gcs_store.dead_port}"
     elsewhere = f"gs://anonymous@{bucket}/problems/?endpoint_override={dead}&scheme=http"
     # the variable, when set, wins over the URI's endpoint (google-cloud-cpp; docs/inputs.md says so)

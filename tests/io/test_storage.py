@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pcd_cli.errors import InputError, MachineError
-from pcd_cli.io import storage
+from pcd_cli.io import publishing, storage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,11 +127,11 @@ def test_pcd_label_refuses_a_one_slash_uri_in_each_place_before_any_model(tmp_pa
 
 
 def test_a_staging_folder_is_removed_unless_a_run_there_can_be_resumed(tmp_path):
-    staged = storage.StagedOutput.plan("s3://b/out/2026-12-05.parquet", "s3://b/out/2026-12-05.errors.jsonl",
+    staged = publishing.StagedOutput.plan("s3://b/out/2026-12-05.parquet", "s3://b/out/2026-12-05.errors.jsonl",
                                        tmp_path / "outputs")
     staged.clean()  # never made (refused before check_paths): nothing to do
     staged.folder.mkdir(parents=True)
-    (staged.folder / storage.STAGED_TARGETS).write_text("{}")
+    (staged.folder / publishing.STAGED_TARGETS).write_text("{}")
     work = staged.folder / f".{staged.output.name}.pcd-work"  # a stopped, killed or failed run's checkpoints
     work.mkdir()
     (work / "part-00000.parquet").write_bytes(b"x")
@@ -189,8 +189,8 @@ def test_store_problems_are_one_line_naming_the_uri_and_the_fix(monkeypatch, s3_
     for name, value in s3_store.env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(InputError, match="no such bucket"):
-        storage.check_output_uri("s3://no-such-bucket/out/x.parquet")
-    storage.check_output_uri(f"s3://{bucket}/out/x.parquet")
+        publishing.check_output_uri("s3://no-such-bucket/out/x.parquet")
+    publishing.check_output_uri(f"s3://{bucket}/out/x.parquet")
     assert s3_store.keys("out") == []  # the probe of the right to write is gone
     # mid-run, the same failure is the machine's (exit 5) and says --resume
     exc = storage.store_error(OSError("AWS Error NETWORK_CONNECTION during PutObject operation"), "s3://b/x",
@@ -219,7 +219,7 @@ def test_an_upload_appears_whole_or_never(tmp_path, s3_store):
     uri = s3_store.put("atomic/out.parquet", b"yesterday")
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    code = ("import sys; from pathlib import Path; from pcd_cli.io.storage import upload_atomic; "
+    code = ("import sys; from pathlib import Path; from pcd_cli.io.publishing import upload_atomic; "
             "upload_atomic(Path(sys.argv[1]), sys.argv[2])")
     proc = subprocess.Popen([sys.executable, "-c", code, str(fifo), uri], env=env, cwd=ROOT)
     try:
@@ -250,7 +250,7 @@ def test_a_staged_output_whose_record_vanished_is_not_reported_uploaded(tmp_path
     """Another run for the same -o, refused before labelling, cleans the staging folder while this
     one labels: publishing must fail (exit 5) rather than return as if there were nothing to upload."""
     from pcd_cli.errors import MachineError
-    from pcd_cli.io.storage import publish_staged
+    from pcd_cli.io.publishing import publish_staged
 
     folder = tmp_path / "outputs" / "0123456789abcdef"
     folder.mkdir(parents=True)
