@@ -25,6 +25,24 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -c "from pcd_cli.backends.torch_backend import converted_gguf_dir, embedded_gguf_path; print('model cache:', converted_gguf_dir(embedded_gguf_path()))"
 	touch $@
 
+# One labelled set's two demo parts (NAME, INPUT, SCHEMA, GOLD of the input, DEV rows to fit on):
+# zero-shot labels scored against the human labels (a trace of each decision beside them); then a
+# linear readout fitted on DEV's first 100 rows, the same INPUT labelled with it and scored beside
+# zero-shot.
+define ZERO_SHOT
+	$(PCD) label $(2) -s schemas/$(3) --id-field id --all-probs -o $(OUT)/$(1).zero.parquet \
+		--trace $(OUT)/$(1).zero.trace.jsonl
+	$(PCD) eval $(OUT)/$(1).zero.parquet $(4) --json $(OUT)/$(1).zero.eval.json --plot $(OUT)/plots
+endef
+define READOUT
+	head -n 100 $(5) > $(OUT)/$(1).gold100.jsonl
+	$(PCD) calibrate $(OUT)/$(1).gold100.jsonl -s schemas/$(3) --readout linear -o $(OUT)/$(1).readout.json
+	$(PCD) label $(2) -s schemas/$(3) --id-field id --all-probs --calibration $(OUT)/$(1).readout.json \
+		-o $(OUT)/$(1).readout.parquet
+	$(PCD) eval $(OUT)/$(1).readout.parquet $(4) --json $(OUT)/$(1).readout.eval.json \
+		--compare $(OUT)/$(1).zero.parquet --plot $(OUT)/plots
+endef
+
 # The loop on real records, in minutes on a laptop CPU (about 10 on 2 quiet cores; each part says
 # its time): zero-shot labels on held-out SMS and tweets, scored against their human labels; then a
 # linear readout of the model's hidden state fitted on 100 other labelled rows (*.dev.jsonl) and
@@ -37,30 +55,15 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: install
 	@mkdir -p $(OUT) && date +%s > $(OUT)/.demo.start
 	@echo "== SMS: zero-shot on 120 held-out messages (about 1 minute)"
-	$(PCD) label sample_data/sms_spam.csv -s schemas/sms_spam.yaml --id-field id --all-probs -o $(OUT)/sms.zero.parquet
-	$(PCD) eval $(OUT)/sms.zero.parquet sample_data/sms_spam.jsonl --json $(OUT)/sms.zero.eval.json --plot $(OUT)/plots
+	$(call ZERO_SHOT,sms,sample_data/sms_spam.csv,sms_spam.yaml,sample_data/sms_spam.jsonl)
 	$(ELAPSED)
 	@echo "== SMS: a linear readout of the model's hidden state, fitted on 100 other labelled messages (about 1 minute),"
 	@echo "   then the same 120 held-out messages labelled with it (pcd reads the model where it decides, not its words)"
-	head -n 100 sample_data/sms_spam.dev.jsonl > $(OUT)/sms.gold100.jsonl
-	$(PCD) calibrate $(OUT)/sms.gold100.jsonl -s schemas/sms_spam.yaml --readout linear -o $(OUT)/sms.readout.json
-	$(PCD) label sample_data/sms_spam.csv -s schemas/sms_spam.yaml --id-field id --all-probs \
-		--calibration $(OUT)/sms.readout.json -o $(OUT)/sms.readout.parquet
-	$(PCD) eval $(OUT)/sms.readout.parquet sample_data/sms_spam.jsonl --json $(OUT)/sms.readout.eval.json \
-		--compare $(OUT)/sms.zero.parquet --plot $(OUT)/plots
+	$(call READOUT,sms,sample_data/sms_spam.csv,sms_spam.yaml,sample_data/sms_spam.jsonl,sample_data/sms_spam.dev.jsonl)
 	$(ELAPSED)
 	@echo "== airline tweets: zero-shot on 120 held-out tweets, then a readout from 100 other labelled tweets (about 2 minutes)"
-	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --all-probs \
-		-o $(OUT)/airline.zero.parquet --trace $(OUT)/airline.zero.trace.jsonl
-	$(PCD) eval $(OUT)/airline.zero.parquet sample_data/airline_tweets.jsonl --json $(OUT)/airline.zero.eval.json \
-		--plot $(OUT)/plots
-	head -n 100 sample_data/airline_tweets.dev.jsonl > $(OUT)/airline.gold100.jsonl
-	$(PCD) calibrate $(OUT)/airline.gold100.jsonl -s schemas/airline_sentiment.yaml --readout linear \
-		-o $(OUT)/airline.readout.json
-	$(PCD) label sample_data/airline_tweets.jsonl -s schemas/airline_sentiment.yaml --id-field id --all-probs \
-		--calibration $(OUT)/airline.readout.json -o $(OUT)/airline.readout.parquet
-	$(PCD) eval $(OUT)/airline.readout.parquet sample_data/airline_tweets.jsonl --json $(OUT)/airline.readout.eval.json \
-		--compare $(OUT)/airline.zero.parquet --plot $(OUT)/plots
+	$(call ZERO_SHOT,airline,sample_data/airline_tweets.jsonl,airline_sentiment.yaml,sample_data/airline_tweets.jsonl)
+	$(call READOUT,airline,sample_data/airline_tweets.jsonl,airline_sentiment.yaml,sample_data/airline_tweets.jsonl,sample_data/airline_tweets.dev.jsonl)
 	$(ELAPSED)
 	@echo "== SMS: a decision rule for macro-F1 on 200 labelled messages' zero-shot probabilities (the model's own"
 	@echo "   logits, no readout; a rule needs 10 gold rows of each label); then the 120 held-out messages at argmax and"
