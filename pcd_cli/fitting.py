@@ -11,6 +11,7 @@ A layer above the stages (beside ``job.py``): it builds labelers (``pcd_cli.api`
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from .errors import InputError
 from .api import build_labeler
 from .job import LabelJob
 from .quality.calibration import DEFAULT_UNLABELLED_SAMPLE
+
+log = logging.getLogger("pcd")
 
 
 @dataclass
@@ -31,6 +34,8 @@ class CalibrateRun:
         row_warnings: lines about gold rows not used (they could not be labelled).
         warnings: lines about the fit (a field the calibration made worse on held-out rows),
             to say after the report.
+        decoded: gold rows the model labelled in this run (``None`` with ``--predictions``); the
+            others came from ``store``.
     """
 
     calibration: object
@@ -38,12 +43,13 @@ class CalibrateRun:
     notes: list[str] = field(default_factory=list)
     row_warnings: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
+    decoded: int | None = None
 
 def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | Path,
                       predictions: str | Path | None = None, folds: int = 5, seed: int = 0,
                       coverage: float | None = None, id_field: str = "id", csv_delimiter: str = ",",
-                      objective=None, force_rule: bool = False, readout: str = "logits") -> CalibrateRun:
+                      objective=None, force_rule: bool = False, readout: str = "logits",
+                      store: str | Path | None = None) -> CalibrateRun:
     """Fit a per-field calibration (temperature and label biases; conformal label sets with
     ``coverage``) on ``gold`` rows, from ``predictions`` (a ``pcd label --all-probs`` output of
     them) or by labelling them with ``job``'s model first (its tuned folder's own calibration left
@@ -69,6 +75,11 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
             (``pcd_cli.quality.readout``), read while the gold rows are labelled (the candidate
             layers only); refused with ``predictions`` (the features come from running the
             model), ``coverage`` and ``--permutations``.
+        store: a file of gold rows labelled by earlier fits (``pcd_cli.quality.labelled_rows``;
+            ``pcd serve --label-studio`` keeps one per schema): rows held there for this job (same
+            model input key and job fingerprint) are read from it rather than decoded, and it is
+            rewritten with this fit's rows. ``None``: every row is decoded. Not read with
+            ``predictions``.
 
     Returns:
         ``CalibrateRun``.
@@ -84,8 +95,7 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     from .quality.calibration import (check_coverage_rows, check_objective_gold, check_output_path,
                                       rule_fit_warnings, worse_calibration_warnings)
     from .quality.decision import check_objective_labels, parse_objective
-    from .quality.data import drop_example_rows, input_keys
-    from .results import INPUT_KEY_COLUMN
+    from .quality.data import drop_example_rows
 
     if readout not in ("logits", "linear"):
         raise InputError(f"--readout {readout!r}: expected logits or linear")
@@ -116,6 +126,7 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     check_objective_gold(gold_frame, parsed, objective, id_field=id_field)  # before the model loads
     notes: list[str] = []
     row_warnings: list[str] = []
+    decoded = None
     if predictions is not None:
         frame, metadata = read_predictions(predictions)
     else:
@@ -135,12 +146,8 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
         if dropped:
             notes.append(f"{dropped} gold row{'s are' if dropped != 1 else ' is'} a few-shot example in the prompt; "
                          "left out of the fit")
-        frame = labeler.label_frame(gold_frame, text_field=job.text_field, template=job.template, id_field=id_field,
-                                    all_probs=True)
-        metadata = frame.attrs.get("metadata") or labeler.metadata()
-        failed = frame.attrs.get("errors") or []
-        lost = {e["row"] for e in failed}  # the frame holds the other rows, in order: their model input keys
-        frame[INPUT_KEY_COLUMN] = [key for i, key in enumerate(input_keys(gold_frame, spec)) if i not in lost]
+        frame, failed, read, decoded = _label_gold(labeler, gold_frame, spec, job, id_field, store)
+        metadata = labeler.metadata()
         if failed:
             row_warnings.append(f"{len(failed)} gold rows could not be labelled (e.g. {failed[0]['error']}); "
                                 "they are not used")
@@ -150,13 +157,84 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
 
         column = id_field if id_field in frame.columns else "row"
         keys, _ = id_keys(frame[column], "predictions", column)
-        features = dict(zip(keys, frame.attrs["features"]))
+        features = dict(zip(keys, read))
     calibration, report = fit_calibration(frame, gold_frame, parsed, metadata, id_field=id_field, folds=folds,
                                           seed=seed, coverage=coverage, objective=objective, force_rule=force_rule,
                                           features=features)
     return CalibrateRun(calibration, report, notes, row_warnings,
                         worse_calibration_warnings(calibration, "this calibration", bound=False) +
-                        rule_fit_warnings(calibration))
+                        rule_fit_warnings(calibration), decoded=decoded)
+
+
+def _label_gold(labeler, gold_frame, spec, job: LabelJob, id_field: str, store: str | Path | None):
+    """Label ``gold_frame``'s rows with ``labeler`` (raw probabilities, ``all_probs``; the readout's
+    features when ``labeler.decoder.feature_layers`` is set), the rows ``store`` already holds for
+    this job taken from it instead (``pcd_cli.quality.labelled_rows``: by model input key and job
+    fingerprint), and ``store`` rewritten with every labelled row.
+
+    A stored row holds exactly the values its earlier decode wrote, so the frame equals the one
+    decoding every row here, but for the packing bound (``max_tokens_per_pass`` moves values within
+    1e-5: ``job_fingerprint.DECISION_NEUTRAL``) between rows decoded in different passes.
+
+    Returns:
+        ``(frame, failed, features, decoded)``: ``label_frame``'s columns for the rows labelled, in
+        gold order, with ``__input_sha256``; the rows that could not be labelled (``{"row",
+        "record", "error"}``, ``row`` the gold position); per frame row its features (``{}`` without
+        a feature read); how many rows were decoded here (the rest came from the store).
+    """
+    import pyarrow as pa
+
+    from .io.readers import row_to_record
+    from .quality.data import input_keys
+    from .quality.labelled_rows import LabelledRows, fingerprint
+    from .results import INPUT_KEY_COLUMN
+
+    keys = input_keys(gold_frame, spec)
+    arrow_schema = labeler.output_schema(id_field, pa.string(), all_probs=True)  # label_frame's columns
+    value_schema = pa.schema(list(arrow_schema)[1:])
+    reading = bool(labeler.decoder.feature_layers)
+    key = fingerprint(labeler.job_parts(), labeler.decoder.feature_layers, arrow_schema.names)
+    stored = LabelledRows(store).read(key) if store is not None else None
+    known = stored.keys if stored is not None else {}
+    todo = [i for i, k in enumerate(keys) if k is None or k not in known]
+    new = labeler.label_frame(gold_frame.iloc[todo].reset_index(drop=True), text_field=job.text_field,
+                              template=job.template, id_field=id_field, all_probs=True)
+    failed = [{**e, "row": todo[e["row"]]} for e in new.attrs.get("errors") or []]
+    lost = {e["row"] for e in failed}
+    new_features = new.attrs.get("features") or [{}] * len(new)
+    fresh = new.drop(columns=[id_field])
+    fresh.attrs = {}  # the features and metadata stay out of the Arrow schema's pandas metadata
+    tables = [pa.Table.from_pandas(fresh, schema=value_schema, preserve_index=False)]
+    if stored is not None:
+        tables.append(stored.table.select(value_schema.names).cast(value_schema))
+    records = gold_frame.astype(object).where(gold_frame.notna(), None).to_dict("records")
+    at_new = {i: j for j, i in enumerate(i for i in todo if i not in lost)}
+    rows, take, read = [], [], []
+    for i, k in enumerate(keys):
+        if i in lost:
+            continue
+        rows.append(i)
+        if i in at_new:
+            take.append(at_new[i])
+            read.append(new_features[at_new[i]] if reading else {})
+        else:
+            take.append(len(new) + known[k])
+            read.append((stored.features[known[k]] or {}) if reading else {})
+    values = pa.concat_tables(tables).take(pa.array(take, pa.int64()))
+    ids = pa.array([row_to_record(records[i], i, None, spec).id for i in rows], arrow_schema.field(0).type)
+    frame = values.add_column(0, arrow_schema.field(0), ids).to_pandas()
+    frame[INPUT_KEY_COLUMN] = [keys[i] for i in rows]
+    if store is not None:
+        first = {}  # one row per input key (copies of a text share their values)
+        for position, i in enumerate(rows):
+            first.setdefault(keys[i], position)
+        kept = list(first.values())
+        try:
+            LabelledRows(store).write(key, list(first), values.take(pa.array(kept, pa.int64())),
+                                      [read[p] for p in kept] if reading else None)
+        except (OSError, ValueError) as exc:  # a cache: the fit goes on, the next one labels the rows again
+            log.warning("labelled gold rows not kept in %s (%s: %s)", store, type(exc).__name__, exc)
+    return frame, failed, read, len(todo)
 
 
 @dataclass

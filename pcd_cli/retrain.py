@@ -147,41 +147,69 @@ class Fitted:
     own_model: bool
 
 
-def served_objective(job: LabelJob):
-    """The objective of the calibration ``job`` applies (``--calibration``, else a tuned folder's
-    own): a retrain fits its decision rules again for it (``pcd calibrate --objective``), so the
-    labels served keep following the rule the user chose. ``likelihood`` without one, or for a
-    ``cost:`` objective (its cost file is not at hand: the rule falls back to argmax).
-
-    Returns:
-        the ``quality.decision.Objective`` (read back from the file: ``recorded_objective``)."""
+def served_calibration(job: LabelJob):
+    """The calibration ``job`` applies (``--calibration``, else a tuned folder's own
+    ``pcd-calibration.json``), loaded; ``None`` without one or when it cannot be read (the
+    labeler refuses such a file by name; a retrain then fits as for no calibration)."""
     from .api import tuned_calibration_path
     from .errors import PcdError
     from .quality import Calibration
-    from .quality.decision import LIKELIHOOD, recorded_objective
 
     path = job.calibration
     if path is None and job.tuned_calibration:
         path = tuned_calibration_path(job.adapter) or tuned_calibration_path(job.model)
     if path is None:
+        return None
+    try:
+        return path if isinstance(path, Calibration) else Calibration.load(path)
+    except PcdError:
+        return None
+
+
+def served_objective(job: LabelJob):
+    """The objective of the calibration ``job`` applies (``served_calibration``): a retrain fits
+    its decision rules again for it (``pcd calibrate --objective``), so the labels served keep
+    following the rule the user chose. ``likelihood`` without one, or for a ``cost:`` objective
+    (its cost file is not at hand: the rule falls back to argmax).
+
+    Returns:
+        the ``quality.decision.Objective`` (read back from the file: ``recorded_objective``)."""
+    from .errors import PcdError
+    from .quality.decision import LIKELIHOOD, recorded_objective
+
+    calibration = served_calibration(job)
+    if calibration is None:
         return LIKELIHOOD
     try:
-        calibration = path if isinstance(path, Calibration) else Calibration.load(path)
-        objective = recorded_objective(calibration.objective, f"calibration {str(path)!r}")
+        objective = recorded_objective(calibration.objective, f"calibration {str(job.calibration or 'pcd-calibration.json')!r}")
     except PcdError:
         return LIKELIHOOD
     return LIKELIHOOD if objective.row.reads_file else objective
 
 
-def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fitted:
+def served_readout(job: LabelJob) -> str:
+    """The readout of the calibration ``job`` applies (``served_calibration``), as ``pcd calibrate
+    --readout`` names it: ``linear`` when a field of it holds a linear readout (``pcd calibrate
+    --readout linear``; the ``readout`` object of a field in the file), else ``logits`` (no
+    calibration too). A retrain fits the same readout again, so a served readout is refitted on
+    the new gold, never dropped."""
+    calibration = served_calibration(job)
+    return "linear" if calibration is not None and calibration.readouts() else "logits"
+
+
+def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path, *, store: Path | None = None) -> Fitted:
     """Run ``pcd calibrate`` or ``pcd tune`` (the library functions behind the commands) on the
     export ``gold`` for ``schema`` and ``job`` into the folder ``out``.
 
     ``calibrate``: ``calibrate_on_gold`` (5-fold cross-validated before/after; the served job
-    with ``calibration`` set). Both fit the decision rules of the served calibration's objective
-    again (``served_objective``). ``tune``: ``tune_on_gold`` (``pcd tune``'s default epochs, holdout
+    with ``calibration`` set), with the served calibration's readout (``served_readout``: a
+    linear readout is fitted again) and, with ``store``, the gold rows an earlier fit of the same
+    job labelled read from that file (``pcd_cli.quality.labelled_rows``): only new rows are
+    decoded. Both fit the decision rules of the served calibration's objective again
+    (``served_objective``). ``tune``: ``tune_on_gold`` (``pcd tune``'s default epochs, holdout
     and patience; the figures of epoch 0 and of the kept epoch on the holdout; the served job with
-    ``adapter`` set, or, when it already had one, ``model`` the merged folder).
+    ``adapter`` set, or, when it already had one, ``model`` the merged folder; its calibration is
+    ``pcd tune``'s own, on the logits).
 
     Raises:
         PcdError: as ``calibrate_on_gold`` and ``tune_on_gold`` (too few rows, no peft, ...).
@@ -193,7 +221,8 @@ def fit_on_gold(method: str, gold: Path, schema, job: LabelJob, out: Path) -> Fi
         path = out / "calibration.json"
         n_rows = len(json.loads(gold.read_text(encoding="utf-8")))
         run = calibrate_on_gold(gold, schema, job, output=path, folds=min(5, max(2, n_rows)),
-                                objective=served_objective(job))
+                                objective=served_objective(job), readout=served_readout(job), store=store)
+        log.info("calibrate: %s of %d gold rows decoded, the others read from %s", run.decoded, n_rows, store)
         run.calibration.save(path)
         fields = run.report.fields
         before = {"accuracy": _mean(f.before.accuracy for f in fields), "nll": _mean(f.before.nll for f in fields)}

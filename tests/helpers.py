@@ -295,7 +295,7 @@ class FakeFit:
     def __init__(self, before: dict, after: dict, seconds: float = 0.0):
         self.before, self.after, self.seconds, self.calls = before, after, seconds, []
 
-    def __call__(self, method, gold, schema, job, out):
+    def __call__(self, method, gold, schema, job, out, store=None):
         import time
         from dataclasses import replace
 

@@ -43,8 +43,15 @@ history; the projects mapped to the schema get the new ``model_version`` through
 API (``patch_model_version``, with the token ``/setup`` gave).
 
 State on disk (``state_dir``): ``projects/<id>/gold.jsonl`` (``GoldJournal``),
-``projects/<id>/link.json`` (the mapping, without the token), ``schemas/<name>/versions.json``
-and ``schemas/<name>/<version>/`` (the fitted calibration or adapter).
+``projects/<id>/link.json`` (the mapping, without the token), ``schemas/<name>/versions.json``,
+``schemas/<name>/<version>/`` (the fitted calibration or adapter) and
+``schemas/<name>/labelled-rows.npz`` (``LABELLED_ROWS``: the gold rows a calibrate retrain
+labelled, with their raw probabilities and readout features, so the next one decodes only new
+rows; ``pcd_cli.quality.labelled_rows``).
+
+A calibrate retrain fits the readout the served calibration has (``retrain.served_readout``: a
+linear readout, ``pcd calibrate --readout linear``, is fitted again on the new gold) and its
+decision rules (``retrain.served_objective``).
 """
 
 from __future__ import annotations
@@ -81,6 +88,8 @@ ANNOTATION_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_C
 #: ``TASKS_DELETED`` (the tasks' ids: Label Studio deletes their annotations without sending
 #: ``ANNOTATIONS_DELETED``) and ``PROJECT_DELETED`` (everything of the project).
 DELETE_ACTIONS = ("ANNOTATIONS_DELETED", "TASKS_DELETED", "PROJECT_DELETED")
+#: A schema's store of labelled gold rows (``pcd_cli.quality.labelled_rows``), in ``schemas/<name>/``.
+LABELLED_ROWS = "labelled-rows.npz"
 #: Seconds to wait on Label Studio's API when telling it the new model version.
 API_TIMEOUT_S = 5.0
 
@@ -344,8 +353,8 @@ class LabelStudioBackend:
         service: the running ``LabelService``; its startup schemas (``service.named``) are what
             projects map to.
         config: ``LabelStudioConfig``.
-        fit: the trainer, ``fit_on_gold(method, gold, schema, job, out) -> Fitted`` (tests pass
-            a fake one).
+        fit: the trainer, ``fit_on_gold(method, gold, schema, job, out, store=path) -> Fitted``
+            (``store``: the schema's ``LABELLED_ROWS`` file; tests pass a fake trainer).
         build_labeler: ``(schema, job, own_model) -> labeler`` for a fitted job; default: over
             the service's loaded model (``service.host.labeler``), or a model of its own
             (``pcd_cli.api.build_labeler``) for a tuned one.
@@ -685,7 +694,8 @@ class LabelStudioBackend:
             # the export holds each task's record text (a --template's text composed already, as
             # pcd review writes it) under GOLD_TEXT: read it as it is, then serve with the job's own
             fitted = self.fit(method, gold, entry.schema, replace(job, id_field=None, template=None,
-                                                                  text_field=GOLD_TEXT), work)
+                                                                  text_field=GOLD_TEXT), work,
+                              store=self.state / "schemas" / schema / LABELLED_ROWS)
             fitted.job = replace(fitted.job, template=job.template, text_field=job.text_field, id_field=job.id_field)
             release_memory()  # the fit's own model (a tune's trained copy) is gone before the new one loads
             ok, why = not_worse(fitted.before, fitted.after)
