@@ -154,6 +154,24 @@ class LabelJob:
         return replace(self, model=absolute(self.model), adapter=absolute(self.adapter),
                        calibration=absolute(self.calibration), examples=absolute(self.examples))
 
+    def for_workers(self, schema) -> "LabelJob":
+        """This job as it travels to workers on other machines (``pcd label --engine ray``,
+        ``label_dataset``): local paths absolute (``resolved``), examples drawn (``with_examples``)
+        and the ``calibration`` file loaded, so that its content (rules and linear readouts
+        included) goes with the job and the file need not exist on every node; the model folder,
+        which every worker loads, must.
+
+        Raises:
+            InputError: the examples file (``with_examples``). CalibrationError: the calibration
+                file cannot be read (named; before any worker starts).
+        """
+        job = self.resolved().with_examples(schema)
+        if isinstance(job.calibration, str):
+            from .quality import Calibration
+
+            job = replace(job, calibration=Calibration.load(job.calibration))
+        return job
+
     def for_questions(self) -> "LabelJob":
         """The job of a schema built from a request's questions (``pcd serve``'s Jev and OpenAI
         routes): the model, scoring, truncation, permutations and prior correction of the served

@@ -320,7 +320,8 @@ def label_dataset(ds, schema: Schema | str | Path, *, job: LabelJob | None = Non
     ids from ``id_field``). The labelling options are a ``pcd_cli.job.LabelJob`` (``job``), or its
     fields as keywords (``model``, ``dtype``, ``scoring``, ``text_field``, ``id_field``,
     ``calibration``, ...); each actor builds its own ``Labeler`` from it with ``build_labeler``,
-    so a model path must exist on every node.
+    so a model path must exist on every node; the calibration file is read here and its content
+    travels with the job (``LabelJob.for_workers``).
 
     Returns:
         A ``ray.data.Dataset`` with ``pcd label``'s output columns plus ``__error``: null for
@@ -343,7 +344,7 @@ def label_dataset(ds, schema: Schema | str | Path, *, job: LabelJob | None = Non
         raise InputError("label_dataset needs id_field=<column with the record ids>: a Ray Dataset has no "
                          "row numbers to name rows by")
     schema = schema if isinstance(schema, Schema) else load_schema(schema)
-    job = job.resolved().with_examples(schema)
+    job = job.for_workers(schema)
     parsed = ds.map_batches(_rows_to_parsed, batch_format="pyarrow", fn_kwargs={"spec": job.input_spec()})
     labelled = _label_step(parsed, schema, job, all_probs=all_probs, workers=workers, worker_cpus=worker_cpus,
                            worker_gpus=worker_gpus, batch_size=batch_size, max_retries=max_retries)
@@ -616,7 +617,7 @@ def label_files(input_path: str | Path, schema: Schema, spec: InputSpec, job: La
     tmp_dir = final.with_name(f".{final.name}.pcd-ray-{uuid.uuid4().hex[:8]}")
     try:  # the run has started: a store failing from here on (a worker's read) is exit 5 saying to run again
         with run_started(RERUN_HINT):
-            return _job(ray, files, kind, input_path, schema, spec, job.resolved().with_examples(schema),
+            return _job(ray, files, kind, input_path, schema, spec, job.for_workers(schema),
                         output=output, errors_path=errors_path, tmp_dir=tmp_dir, all_probs=all_probs, min_mass=min_mass,
                         workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus, batch_size=batch_size,
                         max_retries=max_retries, max_errors=max_errors, startup=startup,
