@@ -19,18 +19,23 @@ it. So every output pcd writes records both:
 The local engine's resume fingerprint (``pcd_cli.engines.local.job_fingerprint``) is these parts
 plus what names the input and the run.
 
-A row is then labelled in one of three ways (``ReusingLabeler``):
+Reading and checking those earlier outputs, and what each lends, is ``reuse_sources``. The
+index (``ReuseIndex``) is a list of lenders (``Lender``): the rows of earlier outputs of the same
+job first, which lend whole rows, then, where each field is decided alone (``isolate_fields``),
+the rows of outputs whose jobs differ in other fields only, which lend some fields. A row is then
+labelled in one of four ways (``ReusingLabeler``):
 
-1. **reused**: its key is in an earlier output of the same job (``ReuseIndex``): that row's
-   values are copied cell for cell (bit for bit), no forward pass;
+1. **reused**: the first lender holding its key decodes nothing: that row's values are copied
+   cell for cell (bit for bit), no forward pass;
 2. **deduplicated**: its key was labelled earlier in this run, and is still among the last
    ``dedup_keys`` distinct keys decoded (``DedupCache``, oldest out): the first copy's
    values, under this row's own id;
-3. **decoded**: every other row, by the ``Labeler``, in groups of rows to decode.
+3. **partly reused**: its lender lends some fields: those are copied, the others decoded
+   (``Labeler.label_fields``);
+4. **decoded**: every other row, by the ``Labeler``, in groups of rows to decode.
 
 Every copy keeps its own id and place. Traces (``--trace``) are written for decoded rows only.
 """
-
 
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from ..results import INPUT_KEY_COLUMN, Record, RecordFailure, RecordResult, inp
 from .reuse_sources import (JOB_PARTS_KEY, REUSED_KEY, ReuseSource, columns_of, keyed_metadata,  # noqa: F401 (re-exported)
                             keyed_schema, lent_by_sources, read_sources)
 
+#: Distinct texts the dedup cache keeps (``--dedup-keys``): a repeated text farther back than
 #: this many distinct decoded texts is decoded again. Memory per entry: the row's values as Python
 #: objects, about 0.5 KB + 0.13 KB per output column (measured: 0.6 KB for a one-field schema,
 #: 11 KB for a 28-field one), so the default holds 12 MB to 220 MB (docs/labelling.md).
