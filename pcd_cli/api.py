@@ -363,6 +363,15 @@ class Labeler:
 
         return model_parts(self)
 
+    def dtype_note(self, *, auto: bool) -> str | None:
+        """The line a finished run says once about its dtype (``pcd_cli.backends.dtype_speed``):
+        with the dtype left to ``auto`` (``auto``), the bfloat16 note (this CPU runs float32 where
+        ``pcd bench`` measured bfloat16 faster for this model), else the note on a half precision
+        that is a poor choice for the device; ``None`` when there is nothing to say."""
+        from .backends.dtype_speed import bfloat16_note, dtype_note
+
+        return bfloat16_note(self.backend) if auto else dtype_note(self.backend)
+
     def job_parts(self) -> dict[str, str]:
         """This job's fingerprint (``pcd_cli.job_fingerprint.job_parts``): every part that changes
         a row's values; ``pcd label --reuse`` copies a row only from an output whose parts equal these."""

@@ -105,6 +105,16 @@ def test_stages_never_import_the_layers_above_them():
                 (name, sorted(edges))
 
 
+def test_engines_import_no_backend():
+    """An engine decides where records run, never how: it reaches the model through the
+    ``Labeler`` (its fingerprint ``job_parts``, its ``dtype_note``), a function-local import of
+    ``pcd_cli.backends`` included."""
+    graph = import_graph()
+    assert any(name.startswith("pcd_cli.engines.") for name in graph)
+    assert sorted((name, edge) for name, edges in graph.items() if name.startswith("pcd_cli.engines")
+                  for edge in edges if edge.startswith("pcd_cli.backends")) == []
+
+
 #: The stages below the job, in pipeline order (docs/architecture.md), and the layers above them.
 LOWER_STAGES = ("schema", "io", "decoding", "backends", "quality")
 UPPER_LAYERS = ("job", "tune", "api", "fitting", "engines", "server", "cli")

@@ -52,7 +52,7 @@ def bfloat16_would_run(backend) -> bool:
 
 
 def _path() -> Path:
-    from .torch_backend import cache_dir
+    from ..io.files import cache_dir
 
     return cache_dir() / FILE_NAME
 

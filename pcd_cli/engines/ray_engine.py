@@ -242,12 +242,11 @@ class LabelWorker:
             files.append(r["file"])
         before = self.labeler.forward_passes
         if self.index is not None:
-            self.index.copied, self.index.copied_fields = {}, {}
+            self.index.copied = {}
         # a copy of an earlier row whose text no earlier output holds waits for that row's values;
         # every other row goes through the ReusingLabeler (reused, or decoded in groups)
         waits = {k for k, i in enumerate(items) if isinstance(i, Record) and i.row in self.copies
-                 and (self.index is None or (self.index.find(key := input_key(i.text)) is None
-                                             and not self.index.lends_whole(key)))}
+                 and (self.index is None or (found := self.index.find(input_key(i.text))) is None or found[0].decode)}
         rows_labeller = ReusingLabeler(self.labeler, self.arrow_schema, self.index, dedup_keys=0)
         fed = [i for k, i in enumerate(items) if k not in waits]
         labelled_rows = iter(rows_labeller.feed(fed) + rows_labeller.flush())
@@ -265,8 +264,7 @@ class LabelWorker:
                          schema=self.arrow_schema)
         rows = [(e.item, f, e.result) for e, f in done + failed]
         kinds = [e.kind for e, _ in done + failed]
-        reuse_said = json.dumps({"events": self.reuse_events, "copied": self.index.copied,
-                                 "copied_fields": self.index.copied_fields}) \
+        reuse_said = json.dumps({"events": self.reuse_events, "reused": self.index.reused_metadata()}) \
             if self.index is not None else None
         extras = {
             "__pcd_kind": kinds,
@@ -751,7 +749,7 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         labelled = _run_step("label", lambda: _fill_copies(labelled, set(copies.values())), max_retries)
     stats.seconds = time.perf_counter() - started
     errors, metas, said, noted = [], set(), set(), {}
-    reuse_said, copied, copied_fields = {}, {}, {}
+    reuse_said, reused = {}, {}  # reused: path -> its pcd.reused entry, summed over the batches
     for batch in labelled.iter_batches(batch_format="pyarrow", batch_size=None):
         kinds = pc.value_counts(batch.filter(pc.is_null(batch.column("__pcd_error"))).column("__pcd_kind")).to_pylist()
         counted = {k["values"]: k["counts"] for k in kinds}
@@ -762,10 +760,8 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
             if text:
                 told = json.loads(text)
                 reuse_said.update((json.dumps(e, sort_keys=True), e) for e in told["events"])
-                for path, n in told["copied"].items():
-                    copied[path] = copied.get(path, 0) + n
-                for path, (names, n) in told.get("copied_fields", {}).items():
-                    copied_fields[path] = (names, copied_fields.get(path, (names, 0))[1] + n)
+                for entry in told["reused"]:
+                    reused.setdefault(entry["path"], entry | {"rows": 0})["rows"] += entry["rows"]
         names = [n for n in batch.column_names if not n.startswith("__pcd_")]
         ok = pc.is_null(batch.column("__pcd_error"))
         done = batch.filter(ok)
@@ -789,8 +785,7 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
     for event in reuse_said.values():
         emit(*event)
     offered = sum(event[1].get("rows", 0) for event in reuse_said.values() if event[0] == "reuse")
-    unmatched = unmatched_reuse(offered, sum(copied.values()) + sum(n for _, n in copied_fields.values()),
-                                stats.records)
+    unmatched = unmatched_reuse(offered, sum(e["rows"] for e in reused.values()), stats.records)
     if unmatched:
         emit("reuse", {"message": unmatched, "reason": "no text matched"}, "warning")
     run = RayRun(stats, startup, address, workers,
@@ -819,9 +814,8 @@ def _job(ray, files, kind, input_path, schema, spec, job, *, output, errors_path
         | stats.metadata(input_metadata(input_path, files))
     if JOB_PARTS_KEY in metadata:  # the workers' fingerprint, with the rows copied (as the local engine's pcd.reused)
         metadata |= keyed_metadata(json.loads(metadata[JOB_PARTS_KEY]),
-                                   [{"path": p, "rows": n} for p, n in copied.items()]
-                                   + [{"path": p, "rows": n, "fields": list(names)}
-                                      for p, (names, n) in copied_fields.items()])
+                                   [e for e in reused.values() if "fields" not in e]
+                                   + [e for e in reused.values() if "fields" in e])
     final = arrow_schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
     if one_file:  # the driver streams the rows into one file (renamed into place whole), then the errors
         _run_step("write", lambda: write_one_file(labelled, output, final), max_retries)

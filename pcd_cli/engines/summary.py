@@ -68,7 +68,7 @@ class RunStats:
     #: rows that shared the decode of an identical text earlier in this run (``DedupCache``)
     deduplicated: int = 0
     #: rows whose unchanged fields were copied from an earlier output, the others decoded
-    #: (``--reuse`` with ``isolate_fields``: ``pcd_cli.engines.reuse.FieldsReuse``)
+    #: (``--reuse`` with ``isolate_fields``: a ``pcd_cli.engines.reuse.Lender`` that decodes some fields)
     partly_reused: int = 0
     forward_passes: int = 0
     seconds: float = 0.0

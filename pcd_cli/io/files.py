@@ -30,6 +30,13 @@ from typing import BinaryIO, Iterator
 from ..errors import InputError, MachineError
 
 
+def cache_dir() -> Path:
+    """pcd's cache folder: ``$XDG_CACHE_HOME/pcd``, else ``~/.cache/pcd`` (converted models, the
+    staging of outputs in object storage, ``pcd bench``'s dtype speeds)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pcd"
+
+
 def write_target(path: str | Path) -> Path:
     """The file that writing ``path`` replaces: ``path`` itself, or the end of its symlink chain.
 
