@@ -176,6 +176,11 @@ class JobRun:
     #: lines worth saying once at the end that are not warnings (``dtype_speed.bfloat16_note``)
     notes: list[str] = field(default_factory=list)
 
+    def warn(self, warning: JobWarning, emit: Callable) -> None:
+        """Keep ``warning`` and tell it at once: ``emit("warning", {"code", "message"}, "warning")``."""
+        self.warnings.append(warning)
+        emit("warning", warning.to_dict(), "warning")
+
 
 def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: LabelJob, *, output: Path | None,
                   errors_path: Path | None, trace_path: Path | None = None, all_probs: bool = False,
@@ -208,37 +213,17 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
         ModelError, CompileError, CalibrationError: as ``build_labeler``. TooManyErrors,
         Interrupted, NothingLabelled: as ``label_file``.
     """
-    from ..job import schema_warnings
     from ..schema.load import load_schema
 
     emit = on_event or (lambda _name, _fields, _level="info": None)
     run = JobRun()
-
-    def warn(warning: JobWarning) -> None:
-        run.warnings.append(warning)
-        emit("warning", warning.to_dict(), "warning")
-
-    if output is None:
-        raise InputError("reading standard input (-) needs -o: the output file" if is_stdin(input_path) else
-                         f"{str(input_path)!r}: name the output with -o (a glob or an object-storage input has no "
-                         "folder to put it beside)")
-    output, errors_path, staged = stage_outputs(output, errors_path, trace_path)
-    try:
+    with _job_outputs(input_path, output, errors_path, trace_path) as (output, errors_path, staged):
         job = replace(job, trace=trace_path is not None)
         spec = replace(job.input_spec(limit=limit, csv_delimiter=csv_delimiter), encoding_errors=encoding_errors)
         parsed = schema if isinstance(schema, Schema) else load_schema(schema)
-        for warning in schema_warnings(parsed):
-            warn(warning)
-        has_rows, created = check_job(parsed, input_path, spec, output=output, errors_path=errors_path,
-                                      trace_path=trace_path, all_probs=all_probs, fmt=fmt)
-        if staged is not None:
-            staged.prepare()  # the bucket, the credentials, the right to write: before the model
-        for folder in created if staged is None else ():  # writable, not locked by another run (a staging folder goes unsaid)
-            emit("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
-                                    "folder": str(folder)}, "info")
-        if output.suffix.lower() not in (".parquet", ".pq"):
-            warn(JobWarning(OUTPUT_NOT_PARQUET, f"{output}: pcd writes Parquet whatever the extension"))
-        sources = read_sources(reuse or [])  # before the model: a file that is not a reusable output is exit 2
+        has_rows, sources = _preflight(parsed, input_path, spec, run, emit, staged=staged, output=output,
+                                       errors_path=errors_path, trace_path=trace_path, all_probs=all_probs,
+                                       fmt=fmt, reuse=reuse)
         if not has_rows and not work_dir_for(output).exists():  # nothing to label: no model needed
             run.stats = write_empty_output(parsed, input_path, job, output=output, errors_path=errors_path,
                                            trace_path=trace_path, all_probs=all_probs)
@@ -246,21 +231,75 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
             return run
         labeler = build_labeler(parsed, job)
         for warning in labeler.warnings:
-            warn(warning)
-        try:
-            run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
-                                   trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
-                                   batch_records=batch_records, resume=resume, max_errors=max_errors,
-                                   should_stop=should_stop, on_event=emit, reuse=sources, dedup_keys=dedup_keys)
-        except (TooManyErrors, NothingLabelled):
-            with run_started():
-                publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
-            raise
+            run.warn(warning, emit)
+        run.stats = label_file(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
+                               trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
+                               batch_records=batch_records, resume=resume, max_errors=max_errors,
+                               should_stop=should_stop, on_event=emit, reuse=sources, dedup_keys=dedup_keys)
         run.notes.extend(run_notes(labeler, job))
         return run
+
+
+@contextmanager
+def _job_outputs(input_path: str | Path, output: str | Path | None, errors_path: str | Path | None,
+                 trace_path: Path | None) -> Iterator[tuple[Path, Path, StagedOutput | None]]:
+    """The paths a local run writes (``stage_outputs``: the staging files of an output in
+    object storage), for the time of the run. A run stopped by its failures (``TooManyErrors``,
+    ``NothingLabelled``) uploads its errors file alone, the earlier output at the URI kept (a
+    finished run was uploaded whole by ``WorkDir.finish``); whatever the end, the staging folder
+    goes, except the work folder of a run to resume.
+
+    Raises:
+        InputError: no ``output`` (standard input, a glob or an object-storage input has no
+            folder to put it beside); see ``stage_outputs``.
+    """
+    if output is None:
+        raise InputError("reading standard input (-) needs -o: the output file" if is_stdin(input_path) else
+                         f"{str(input_path)!r}: name the output with -o (a glob or an object-storage input has no "
+                         "folder to put it beside)")
+    output, errors_path, staged = stage_outputs(output, errors_path, trace_path)
+    try:
+        yield output, errors_path, staged
+    except (TooManyErrors, NothingLabelled):
+        with run_started():
+            publish_staged(output, errors=errors_path, output_too=False)  # the errors say why; no output
+        raise
     finally:  # uploaded, or refused before labelling: the staging folder goes; a run to resume keeps it
         if staged is not None:
             staged.clean()
+
+
+def _preflight(schema: Schema, input_path: str | Path, spec: InputSpec, run: JobRun, emit: Callable, *,
+               staged: StagedOutput | None, output: Path, errors_path: Path, trace_path: Path | None,
+               all_probs: bool, fmt: str | None, reuse: list[str] | None) -> tuple[bool, list[ReuseSource]]:
+    """``run_label_job``'s checks before the model, in the order a user meets them: the schema's
+    warnings (``pcd_cli.job.schema_warnings``), ``check_job``, an object-storage output's store
+    (``StagedOutput.prepare``: the bucket, the credentials, the right to write), the folders
+    created for the outputs told (``created_folder``; a staging folder goes unsaid), and a
+    warning for an output not named ``.parquet``, then the ``--reuse`` values read and checked
+    (``pcd_cli.engines.reuse.read_sources``). Warnings go to ``run.warn``.
+
+    Returns:
+        Whether the input has a row, and the earlier outputs to reuse.
+
+    Raises:
+        SchemaError, InputError: as ``check_job``; a ``--reuse`` value that is not an earlier pcd
+        output recording what reuse needs. MachineError: the store refuses.
+    """
+    from ..job import schema_warnings
+
+    for warning in schema_warnings(schema):
+        run.warn(warning, emit)
+    has_rows, created = check_job(schema, input_path, spec, output=output, errors_path=errors_path,
+                                  trace_path=trace_path, all_probs=all_probs, fmt=fmt)
+    if staged is not None:
+        staged.prepare()  # the bucket, the credentials, the right to write: before the model
+    for folder in created if staged is None else ():  # writable, not locked by another run
+        emit("created_folder", {"message": f"created folder {str(folder)!r} for the output files",
+                                "folder": str(folder)}, "info")
+    if output.suffix.lower() not in (".parquet", ".pq"):
+        run.warn(JobWarning(OUTPUT_NOT_PARQUET, f"{output}: pcd writes Parquet whatever the extension"), emit)
+    return has_rows, read_sources(reuse or [])  # before the model: a file that is not a reusable output is exit 2
 
 
 def stage_outputs(output: str | Path, errors_path: str | Path | None,
@@ -361,7 +400,8 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
                should_stop: Callable[[], bool] | None = None, on_event: EventHook | None = None,
                reuse: list[ReuseSource] | None = None, dedup_keys: int = DEFAULT_DEDUP_KEYS,
                checkpoint_seconds: float = CHECKPOINT_SECONDS) -> RunStats:
-    """Label every row of ``input_path``; each row ends up in ``output`` or in ``errors_path``.
+    """Label every row of ``input_path``; each row ends up in ``output`` or in ``errors_path``
+    (the steps: ``FileRun``).
 
     Args:
         progress: show a tqdm bar (records/s) on stderr; ``None``: only on a terminal.
@@ -399,150 +439,225 @@ def label_file(labeler: Labeler, input_path: str | Path, spec: InputSpec, *, out
         NothingLabelled: every row failed; they are in ``errors_path``, and an earlier output
             at ``output`` is left as it was.
     """
-    emit = on_event or (lambda _name, _fields: None)
-    column = id_column(spec)
-    output, errors_path = Path(output), Path(errors_path)
-    trace_path = Path(trace_path) if trace_path else None
-    arrow_schema = keyed_schema(labeler.output_schema(column, pa.string() if spec.id_field else pa.int64(),
-                                                      all_probs=all_probs))
-    fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
-                                  trace=trace_path is not None, reuse=[s.path for s in reuse or ()],
-                                  dedup_keys=dedup_keys)
-    parts = labeler.job_parts()
-    index = (ReuseIndex(reuse, parts, arrow_schema, on_event=on_event, fields=labeler.per_field_names(),
-                        schema=labeler.schema) if reuse else None)
-    rows = ReusingLabeler(labeler, arrow_schema, index, dedup_keys, group_size=chunk_records)
-    stats = RunStats(labeler.schema, min_mass=min_mass)
-    id_name = arrow_schema.names[0]
-    # the output lags the reader by the open group of rows to decode and the rest of its chunk
-    # the run has started (the model is loaded): a store failing from here on, whatever it was
-    # doing (listing, checking the parts, reading a later part, the upload at the end), is exit 5
-    # saying --resume; the checks before the model (run_label_job) say exit 2
-    with run_started():
-        check_job(labeler.schema, input_path, spec, output=output, errors_path=errors_path, trace_path=trace_path,
-                  all_probs=all_probs, fmt=fmt)
-        reader = RecordReader(input_path, spec, fmt=fmt, batch_size=chunk_records,
-                              keep_digests=rows.max_span + 2 * chunk_records)
-    repeated = stats.repeated_ids if spec.id_field else None
-    with run_started(), WorkDir.open(output, fingerprint, arrow_schema, resume=resume) as work, closing(reader):
+    return FileRun(labeler, input_path, spec, output=output, errors_path=errors_path, fmt=fmt,
+                   trace_path=trace_path, all_probs=all_probs, min_mass=min_mass, progress=progress,
+                   batch_records=batch_records, chunk_records=chunk_records, resume=resume,
+                   max_errors=max_errors, should_stop=should_stop, on_event=on_event, reuse=reuse,
+                   dedup_keys=dedup_keys, checkpoint_seconds=checkpoint_seconds).run()
+
+
+class FileRun:
+    """One run of ``label_file`` (its arguments, which it documents, are this class's), in four
+    steps that ``run`` takes in order:
+
+    * ``resume``: the work folder's committed rows read back (``--resume``): the reader past
+      them (their hash checked), the statistics and the ``ReusingLabeler``'s dedup cache as they
+      were, so feeding goes on where the last checkpoint left it;
+    * ``feed``: the rows the ``ReusingLabeler`` released, in input order, into the batch to
+      commit (``_Pending``) and the statistics; ``check_stop`` between chunks;
+    * ``commit``: the batch written as one part of the work folder (``WorkDir.commit``), every
+      ``batch_records`` rows, every ``checkpoint_seconds`` and before stopping;
+    * ``finish``: the output, errors and trace files written from the work folder, with the
+      metadata (or ``NothingLabelled`` when every row failed).
+
+    Records go to the decoder ``chunk_records`` at a time, counted among the rows to decode
+    from row 0 whatever ``batch_records`` is (``ReusingLabeler``), and a commit falls between
+    two such groups, so a record is packed with the same neighbours in every run (bit-identical
+    on resume, even in half precision, where packing moves probabilities).
+    """
+
+    def __init__(self, labeler: Labeler, input_path: str | Path, spec: InputSpec, *, output: str | Path,
+                 errors_path: str | Path, fmt: str | None, trace_path: str | Path | None, all_probs: bool,
+                 min_mass: float, progress: bool | None, batch_records: int, chunk_records: int, resume: bool,
+                 max_errors: int | None, should_stop: Callable[[], bool] | None, on_event: EventHook | None,
+                 reuse: list[ReuseSource] | None, dedup_keys: int, checkpoint_seconds: float):
+        self.labeler, self.input_path, self.spec, self.fmt, self.all_probs = labeler, input_path, spec, fmt, all_probs
+        self.output, self.errors_path = Path(output), Path(errors_path)
+        self.trace_path = Path(trace_path) if trace_path else None
+        self.progress, self.batch_records, self.chunk_records = progress, batch_records, chunk_records
+        self.checkpoint_seconds, self.resuming, self.max_errors = checkpoint_seconds, resume, max_errors
+        self.should_stop, self.on_event = should_stop, on_event
+        self.emit = on_event or (lambda _name, _fields: None)
+        self.arrow_schema = keyed_schema(labeler.output_schema(
+            id_column(spec), pa.string() if spec.id_field else pa.int64(), all_probs=all_probs))
+        self.fingerprint = job_fingerprint(labeler, input_path, spec, fmt=fmt, all_probs=all_probs,
+                                           trace=self.trace_path is not None, reuse=[s.path for s in reuse or ()],
+                                           dedup_keys=dedup_keys)
+        self.parts = labeler.job_parts()
+        self.index = (ReuseIndex(reuse, self.parts, self.arrow_schema, on_event=on_event,
+                                 fields=labeler.per_field_names(), schema=labeler.schema) if reuse else None)
+        self.rows = ReusingLabeler(labeler, self.arrow_schema, self.index, dedup_keys, group_size=chunk_records)
+        self.stats = RunStats(labeler.schema, min_mass=min_mass)
+        self.id_name = self.arrow_schema.names[0]
+        self.repeated = self.stats.repeated_ids if spec.id_field else None
+        self.pending = _Pending()
+        #: committed rows of the group decoded across the last commit, labelled again and dropped
+        self.redo = 0
+
+    def run(self) -> RunStats:
+        """The whole run: the checks again and the reader opened, then ``resume``, every chunk fed
+        (``_label``) and ``finish``. Returns the statistics; raises as ``label_file``."""
+        # the run has started (the model is loaded): a store failing from here on, whatever it was
+        # doing (listing, checking the parts, reading a later part, the upload at the end), is exit 5
+        # saying --resume; the checks before the model (run_label_job) say exit 2
+        with run_started():
+            check_job(self.labeler.schema, self.input_path, self.spec, output=self.output,
+                      errors_path=self.errors_path, trace_path=self.trace_path, all_probs=self.all_probs,
+                      fmt=self.fmt)
+            # the output lags the reader by the open group of rows to decode and the rest of its chunk
+            self.reader = RecordReader(self.input_path, self.spec, fmt=self.fmt, batch_size=self.chunk_records,
+                                       keep_digests=self.rows.max_span + 2 * self.chunk_records)
+        with run_started(), WorkDir.open(self.output, self.fingerprint, self.arrow_schema,
+                                         resume=self.resuming) as self.work, closing(self.reader):
+            self.resume()
+            self._passes_before = self.labeler.forward_passes
+            self._started = time.perf_counter()
+            self._last_commit = time.monotonic()
+            self._label()
+            self.finish()
+        return self.stats
+
+    def resume(self) -> None:
+        """Pick up the work folder's committed rows, if any: the reader skips past them (a changed
+        input starts the work over), the ``ReusingLabeler`` feeds on from the first row not
+        committed whole (``redo``) with its dedup cache as it was there, and the statistics and
+        the ids seen are the committed ones. Tells ``discarded`` and ``resumed``."""
+        work, progress = self.work, self.work.progress
         if work.discarded:
-            emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
-        redo = work.progress.redo  # committed rows of the group decoded across the commit, labelled again
-        if work.progress.rows:
-            changed = reader.skip(work.progress.rows, work.progress.input_sha256, replay=redo)
+            self.emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
+        self.redo = progress.redo
+        if progress.rows:
+            changed = self.reader.skip(progress.rows, progress.input_sha256, replay=self.redo)
             if changed:
                 work.restart(changed)
-                redo = 0
-                emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
-        if work.progress.rows:
-            rows.next_row = work.progress.rows - redo
-            failed = work.failed_rows()
-            replay = rows.next_row - sum(1 for r in failed if r is not None and r < rows.next_row)
-            for table in work.tables():
-                stats.add_table(table)
-                rows.replay(table.slice(0, max(0, replay)))  # the dedup cache as it was where feeding resumes
-                replay -= table.num_rows
-            stats.failures, stats.truncated = work.progress.failures, work.progress.truncated
-            stats.reused, stats.deduplicated = work.progress.reused, work.progress.deduplicated
-            stats.partly_reused = work.progress.partly_reused
-            stats.resumed = Resumed(work.progress.rows, work.progress.model_rows, work.progress.forward_passes,
-                                    work.progress.seconds)
-            if repeated is not None:
-                for rid in work.committed_ids():
-                    repeated.add(rid)
-            emit("resumed", {"rows": work.progress.rows, "work_dir": str(work.path)})
-        passes_before = labeler.forward_passes
-        started = time.perf_counter()
-        pending = _Pending()
-        last_commit = time.monotonic()
+                self.redo = 0
+                self.emit("discarded", {"reason": work.discarded, "work_dir": str(work.path)})
+        progress = work.progress
+        if not progress.rows:
+            return
+        self.rows.next_row = progress.rows - self.redo
+        failed = work.failed_rows()
+        replay = self.rows.next_row - sum(1 for r in failed if r is not None and r < self.rows.next_row)
+        for table in work.tables():
+            self.stats.add_table(table)
+            self.rows.replay(table.slice(0, max(0, replay)))  # the dedup cache as it was where feeding resumes
+            replay -= table.num_rows
+        stats = self.stats
+        stats.failures, stats.truncated = progress.failures, progress.truncated
+        stats.reused, stats.deduplicated = progress.reused, progress.deduplicated
+        stats.partly_reused = progress.partly_reused
+        stats.resumed = Resumed(progress.rows, progress.model_rows, progress.forward_passes, progress.seconds)
+        if self.repeated is not None:
+            for rid in work.committed_ids():
+                self.repeated.add(rid)
+        self.emit("resumed", {"rows": progress.rows, "work_dir": str(work.path)})
 
-        def commit() -> None:
-            nonlocal pending, last_commit
-            last_commit = time.monotonic()
-            if pending.rows:
-                work.commit(pa.Table.from_pylist(pending.results, schema=arrow_schema), pending.errors,
-                            pending.traces, truncated=pending.truncated, reused=pending.reused,
-                            deduplicated=pending.deduplicated, partly_reused=pending.partly_reused,
-                            redo=rows.redo_for(work.progress.rows + pending.rows),
-                            input_sha256=reader.digest_after(work.progress.rows + pending.rows),
-                            cost=timed().whole_cost())
-                pending = _Pending()
-                emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
-                                    "failures": work.progress.failures})
-
-        def timed() -> RunStats:
-            stats.replaced = reader.replaced if spec.encoding_errors != "strict" else None
-            stats.seconds = time.perf_counter() - started
-            stats.forward_passes = labeler.forward_passes - passes_before
-            return stats
-
-        def stopped(cls, message: str):
-            return cls(message, timed(), work.path)
-
-        def check_stop() -> None:
-            if max_errors is not None and stats.failures > max_errors:
-                commit()
-                work.write_errors(errors_path)
-                raise stopped(TooManyErrors, f"{stats.failures} rows failed, more than --max-errors "
-                              f"{max_errors}; they are in {errors_path}")
-            if should_stop is not None and should_stop():
-                commit()
-                raise stopped(Interrupted, f"interrupted after {work.progress.rows} rows")
-
-        bar = tqdm(unit="rec", desc="labelling", initial=work.progress.rows, dynamic_ncols=True,
-                   disable=None if progress is None else not progress)
+    def _label(self) -> None:
+        """Every chunk of the reader fed to the ``ReusingLabeler`` and its rows to ``feed``, then
+        the open group (``flush``) and the last commit; ``check_stop`` before the first chunk (a
+        resumed run may be over the limit already; a signal may have come during loading) and
+        after each."""
+        self._bar = tqdm(unit="rec", desc="labelling", initial=self.work.progress.rows, dynamic_ncols=True,
+                         disable=None if self.progress is None else not self.progress)
         try:
-            check_stop()  # a resumed run may be over the limit already; a signal may have come during loading
-            # The rows to decode go to the decoder chunk_records at a time, counted among such rows
-            # from row 0 whatever --batch-size is (ReusingLabeler), and a commit falls between two
-            # such groups, so a record is packed with the same neighbours in every run (bit-identical
-            # on resume, even in half precision, where packing moves probabilities).
-            def take(released) -> None:
-                nonlocal redo
-                dropped = min(redo, len(released))  # labelled again only to decode their group whole
-                redo -= dropped
-                for done in released[dropped:]:
-                    if repeated is not None:
-                        repeated.add(done.item.id)
-                    pending.add(done, reader.file_at(done.item.row) if done.item.row is not None else None)
-                    if isinstance(done.result, RecordFailure):
-                        stats.failures += 1
-                    elif done.record is not None:  # decoded: counted exactly, from its RecordResult
-                        stats.add(done.record)
-                    else:  # copied (reused, deduplicated): from its output row
-                        stats.add_rows([done.result], id_name)
-                    stats.reused += done.kind == REUSED
-                    stats.deduplicated += done.kind == DEDUPLICATED
-                    stats.partly_reused += done.kind == PARTLY_REUSED
-                    stats.model_rows += done.kind == PARTLY_REUSED  # its other fields decoded
-                    if pending.rows >= batch_records:
-                        commit()
-                bar.update(len(released) - dropped)
-
-            for chunk in reader:
-                take(rows.feed(chunk))
-                if time.monotonic() - last_commit >= checkpoint_seconds:
-                    commit()
-                check_stop()
-            take(rows.flush())
-            check_stop()
-            commit()
+            self.check_stop()
+            for chunk in self.reader:
+                self.feed(self.rows.feed(chunk))
+                if time.monotonic() - self._last_commit >= self.checkpoint_seconds:
+                    self.commit()
+                self.check_stop()
+            self.feed(self.rows.flush())
+            self.check_stop()
+            self.commit()
         finally:
-            bar.close()
-        if stats.records == 0 and stats.failures:  # keep an earlier good output rather than an empty one
-            work.write_errors(errors_path)
+            self._bar.close()
+
+    def feed(self, released: Sequence[Labelled]) -> None:
+        """Take the rows the ``ReusingLabeler`` released (in input order) into the batch to commit
+        and the statistics, committing every ``batch_records`` rows; the first ``redo`` of them
+        (labelled again only to decode their group whole) are dropped."""
+        dropped = min(self.redo, len(released))
+        self.redo -= dropped
+        stats = self.stats
+        for done in released[dropped:]:
+            if self.repeated is not None:
+                self.repeated.add(done.item.id)
+            self.pending.add(done, self.reader.file_at(done.item.row) if done.item.row is not None else None)
+            if isinstance(done.result, RecordFailure):
+                stats.failures += 1
+            elif done.record is not None:  # decoded: counted exactly, from its RecordResult
+                stats.add(done.record)
+            else:  # copied (reused, deduplicated): from its output row
+                stats.add_rows([done.result], self.id_name)
+            stats.reused += done.kind == REUSED
+            stats.deduplicated += done.kind == DEDUPLICATED
+            stats.partly_reused += done.kind == PARTLY_REUSED
+            stats.model_rows += done.kind == PARTLY_REUSED  # its other fields decoded
+            if self.pending.rows >= self.batch_records:
+                self.commit()
+        self._bar.update(len(released) - dropped)
+
+    def commit(self) -> None:
+        """Write the rows taken since the last commit as one part of the work folder, with where a
+        resumed run picks up (its ``redo``, the input's hash so far, the cost so far); tells
+        ``checkpoint``. Nothing pending: only the checkpoint clock restarts."""
+        self._last_commit = time.monotonic()
+        pending, work = self.pending, self.work
+        if not pending.rows:
+            return
+        done = work.progress.rows + pending.rows
+        work.commit(pa.Table.from_pylist(pending.results, schema=self.arrow_schema), pending.errors,
+                    pending.traces, truncated=pending.truncated, reused=pending.reused,
+                    deduplicated=pending.deduplicated, partly_reused=pending.partly_reused,
+                    redo=self.rows.redo_for(done), input_sha256=self.reader.digest_after(done),
+                    cost=self.timed().whole_cost())
+        self.pending = _Pending()
+        self.emit("checkpoint", {"rows": work.progress.rows, "records": work.progress.records,
+                                 "failures": work.progress.failures})
+
+    def timed(self) -> RunStats:
+        """The statistics with this process's time, forward passes and replaced bytes so far."""
+        self.stats.replaced = self.reader.replaced if self.spec.encoding_errors != "strict" else None
+        self.stats.seconds = time.perf_counter() - self._started
+        self.stats.forward_passes = self.labeler.forward_passes - self._passes_before
+        return self.stats
+
+    def check_stop(self) -> None:
+        """Between chunks: commit and raise ``TooManyErrors`` (the errors file written) past
+        ``max_errors``, or ``Interrupted`` once ``should_stop`` says so."""
+        if self.max_errors is not None and self.stats.failures > self.max_errors:
+            self.commit()
+            self.work.write_errors(self.errors_path)
+            raise self._stopped(TooManyErrors, f"{self.stats.failures} rows failed, more than --max-errors "
+                                f"{self.max_errors}; they are in {self.errors_path}")
+        if self.should_stop is not None and self.should_stop():
+            self.commit()
+            raise self._stopped(Interrupted, f"interrupted after {self.work.progress.rows} rows")
+
+    def _stopped(self, cls, message: str):
+        return cls(message, self.timed(), self.work.path)
+
+    def finish(self) -> None:
+        """Every row is done: the output, errors and trace files from the work folder, with the
+        job's, the statistics' and the reuse metadata; an unmatched ``--reuse`` told as a
+        ``reuse`` warning. Every row failed: ``NothingLabelled`` (the errors file written, the
+        work folder discarded, an earlier output kept rather than an empty one)."""
+        stats, work = self.stats, self.work
+        if stats.records == 0 and stats.failures:
+            work.write_errors(self.errors_path)
             work.discard()
-            raise stopped(NothingLabelled, f"no row could be labelled: all {stats.failures} failed; see "
-                          f"{errors_path}")
-        timed()
+            raise self._stopped(NothingLabelled, f"no row could be labelled: all {stats.failures} failed; see "
+                                f"{self.errors_path}")
+        self.timed()
+        index = self.index
         unmatched = index.unmatched(stats.decoded) if index is not None else None  # rows of this process
-        if unmatched and on_event is not None:
-            on_event("reuse", {"message": unmatched, "reason": "no text matched"}, "warning")
-        listed = [reader.files.name(i) for i in range(len(reader.files.files))] if reader.files is not None else []
-        metadata = labeler.metadata() | stats.metadata(input_metadata(input_path, listed)) \
-            | keyed_metadata(parts, index.reused_metadata() if index is not None else ())
-        work.finish(output, errors_path=errors_path, trace_path=trace_path, metadata=metadata)
-    return stats
+        if unmatched and self.on_event is not None:
+            self.on_event("reuse", {"message": unmatched, "reason": "no text matched"}, "warning")
+        files = self.reader.files
+        listed = [files.name(i) for i in range(len(files.files))] if files is not None else []
+        metadata = self.labeler.metadata() | stats.metadata(input_metadata(self.input_path, listed)) \
+            | keyed_metadata(self.parts, index.reused_metadata() if index is not None else ())
+        work.finish(self.output, errors_path=self.errors_path, trace_path=self.trace_path, metadata=metadata)
 
 
 class _Pending:

@@ -681,8 +681,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
     parsed = schema if isinstance(schema, Schema) else load_schema(schema)
     run = JobRun()
     for warning in schema_warnings(parsed):
-        run.warnings.append(warning)
-        emit("warning", warning.to_dict(), "warning")
+        run.warn(warning, emit)
     # the columns here; inputs (files, folders, globs) and the output folder in label_files
     check_columns(parsed, id_column(spec), all_probs=all_probs)
     try:  # refused here or failed later, nothing staged is kept (finally)
@@ -709,8 +708,7 @@ def run_label_job(schema: Schema | str | Path, input_path: str | Path, job: Labe
                 path.unlink(missing_ok=True)
             staged.clean()
     for warning in done.warnings:
-        run.warnings.append(warning)
-        emit("warning", warning.to_dict(), "warning")
+        run.warn(warning, emit)
     run.stats = done.stats
     run.notes.extend(done.notes)
     return run
