@@ -34,7 +34,7 @@ def _synthetic(n=60, k=3, d=40, seed=0, absent=()):
 
 
 def test_candidate_layers_are_issue_50s_for_30_layers():
-    assert candidate_layers(30) == ((10,), (15,), (20,), (25,), (30,), (20, 30))
+    assert candidate_layers(30) == ((10,), (15,), (20,), (25,), (30,), (20, 30), (20, 25, 30))
     assert feature_layers(30) == (10, 15, 20, 25, 30)
     assert candidate_layers(2) == ((1,), (2,), (1, 2))  # a tiny model: no duplicate sets
 
