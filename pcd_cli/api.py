@@ -88,7 +88,7 @@ class Labeler:
             ``examples`` as the ``Example`` values themselves (``()``: none; ``None``: the
             schema's own ``examples:``), i.e. ``drawn_examples``, ``record_quoting`` (``json``: the
             record quoted as data, the default; ``none``: as it is; ``None``: the schema's) and
-            ``steering_check`` (off by default, opt-in: a field whose label moves once the sentences
+            ``steering_check`` (on by default: a field whose label moves once the sentences
             addressing the labeller are taken out gets the label without them and
             ``FieldResult.steered``; ``pcd_cli.steering``, docs/security.md).
 
@@ -208,7 +208,7 @@ class Labeler:
             self.decoder.record_passes = passes  # the content-free records are not the input's
         #: ``label_fields``: field names -> (their schema, their decoder), built on first use
         self._field_parts: dict[tuple[str, ...], tuple[Schema, Decoder]] = {}
-        #: (schema name, field names) -> its ``pcd_cli.steering.Vocabulary`` (the steering check), built on first use
+        #: (schema name, field names) -> its steering check's vocabularies (``_steering_groups``), built on first use
         self._vocabularies: dict = {}
         #: the schema's rules between fields, ready to apply (``None`` without rules)
         self.rules = None
@@ -482,30 +482,60 @@ class Labeler:
         labeller is decoded again without them (same steps after decoding, rules included) and
         written as that decode: labels and probabilities without those sentences, so they move
         neither a label nor a probability; a field whose label differs from the first decode's is
-        ``steered``. A record whose second decode fails keeps its first."""
-        from .steering import Vocabulary, erased
+        ``steered``. A record whose second decode fails keeps its first.
 
-        key = (schema.name, tuple(f.name for f in schema.fields))
-        vocabulary = self._vocabularies.get(key)
-        if vocabulary is None:
-            vocabulary = self._vocabularies[key] = Vocabulary.of(schema)
-        todo = []
+        With ``isolate_fields`` each declared field is checked with its own vocabulary (that of
+        its one-field schema, ``field_alone``) and takes its fields from the decode of the record
+        without the sentences that address it, so a field's label still does not depend on the
+        other fields (one more decode per distinct erased text of a record)."""
+        from .steering import erased
+
+        groups = self._steering_groups(schema)
+        todo = []  # (index in batch, the record without its addressing sentences, decision indices it decides)
         for k, (item, res) in enumerate(zip(batch, out)):
             if isinstance(item, Record) and isinstance(res, RecordResult):
-                text = erased(item.text, vocabulary)
-                if text is not None:
-                    todo.append((k, Record(item.id, text, item.row, item.line)))
+                by_text: dict[str, list[int]] = {}
+                for vocabulary, decisions in groups:
+                    text = erased(item.text, vocabulary)
+                    if text is not None:
+                        by_text.setdefault(text, []).extend(decisions)
+                todo.extend((k, Record(item.id, text, item.row, item.line), tuple(sorted(decisions)))
+                            for text, decisions in by_text.items())
         if not todo:
             return out
         out = list(out)
-        for (k, _), again in zip(todo, self._decoded([r for _, r in todo], decoder, schema)):
+        every = tuple(range(len(schema.fields)))
+        for (k, _, decisions), again in zip(todo, self._decoded([r for _, r, _ in todo], decoder, schema)):
             if isinstance(again, RecordFailure):
                 continue
             first = out[k]
-            moved = [a.label != b.label or a.value != b.value for a, b in zip(first.fields, again.fields)]
-            fields = tuple(replace(b, steered=m) for b, m in zip(again.fields, moved))
-            out[k] = replace(again, fields=fields, truncated=first.truncated or again.truncated)
+            moved = {i: (first.fields[i].label != again.fields[i].label or first.fields[i].value != again.fields[i].value)
+                     for i in decisions}
+            if decisions == every:  # the whole record is its decode without the sentences
+                fields = tuple(replace(b, steered=moved[i]) for i, b in enumerate(again.fields))
+                out[k] = replace(again, fields=fields, truncated=first.truncated or again.truncated)
+            else:  # isolated fields: only the fields these sentences address
+                fields = tuple(replace(again.fields[i], steered=moved[i]) if i in moved else f
+                               for i, f in enumerate(first.fields))
+                out[k] = replace(first, fields=fields, truncated=first.truncated or again.truncated)
         return out
+
+    def _steering_groups(self, schema: Schema) -> list:
+        """``(Vocabulary, decision indices)`` pairs of the steering check for ``schema``: one, the
+        whole schema's, or with ``isolate_fields`` one per declared field (its ``field_alone``
+        schema's, over its decisions); built once per schema."""
+        from .steering import Vocabulary
+
+        key = (schema.name, tuple(f.name for f in schema.fields))
+        groups = self._vocabularies.get(key)
+        if groups is None:
+            if self.isolate_fields:
+                groups = [(Vocabulary.of(field_alone(schema, i, schema.isolated_key)), tuple(parts))
+                          for i, parts in enumerate(schema.parts)]
+            else:
+                groups = [(Vocabulary.of(schema), tuple(range(len(schema.fields))))]
+            self._vocabularies[key] = groups
+        return groups
 
     def _decoded(self, batch: list[Record | RecordFailure], decoder, schema: Schema
                  ) -> list[RecordResult | RecordFailure]:

@@ -39,6 +39,7 @@ from .backends.select import BACKENDS
 from .decoding.decode import DEFAULT_MAX_TOKENS_PER_PASS
 from .engines.local import DEFAULT_BATCH_RECORDS
 from .engines.reuse import DEFAULT_DEDUP_KEYS
+from .job import DEFAULT_STEERING_CHECK
 from .quality.calibration import DEFAULT_UNLABELLED_SAMPLE
 from .errors import InputError, PcdError, exit_code
 from .quality.decision import calibrate_objective_help, tune_objective_help
@@ -173,9 +174,9 @@ ISOLATE_FIELDS_OPT = typer.Option(False, "--isolate-fields", help="Decide each f
                                   "Costs each field's catalog line per record.")
 RECORD_QUOTING_OPT = typer.Option(None, "--record-quoting", help="How the record's text is put in the prompt: json "
                                   "(quoted as one JSON string, the prompt saying it is data to judge, never "
-                                  "instructions) or none (as it is; the default unless the schema's record_quoting says "
-                                  "json). docs/security.md.")
-STEERING_CHECK_OPT = typer.Option(False, "--steering-check/--no-steering-check", help="Decode each record that has "
+                                  "instructions; the default, or the schema's record_quoting) or none (as it is: the "
+                                  "prompt of earlier releases). docs/security.md.")
+STEERING_CHECK_OPT = typer.Option(DEFAULT_STEERING_CHECK, "--steering-check/--no-steering-check", help="Decode each record that has "
                                   "sentences addressing the labeller (role tags, answer objects, the prompt's and "
                                   "labels' own words) again without them; a field whose label moves gets the label "
                                   "without them and <field>__steered true. docs/security.md.")

@@ -41,6 +41,12 @@ from .job_warnings import (  # noqa: F401 - the codes are part of the job's publ
     JobWarning,
 )
 
+#: Whether a job runs the steering check unless told otherwise (``LabelJob.steering_check``): on, as
+#: it costs about 1 % more decoding on clean records (docs/security.md, "Cost of the check"). The one
+#: definition every front-end's default comes from (``--steering-check/--no-steering-check``,
+#: ``pcd serve``, the Ray engine, Label Studio's backend).
+DEFAULT_STEERING_CHECK = True
+
 
 @dataclass(frozen=True)
 class LabelJob:
@@ -68,13 +74,14 @@ class LabelJob:
         max_tokens_per_pass: token budget of one forward pass.
         trace: keep per-field traces (``pcd label --trace``).
         record_quoting: how the record's text is put in the prompt, ``"json"`` (quoted as data,
-            docs/security.md) or ``"none"`` (as it is, the prompt of earlier releases); ``None``: the
-            schema's ``record_quoting`` (default ``"none"``: opt-in for now, docs/security.md). Decision-changing: it changes the
-            prompt (its head and every record's tokens).
+            docs/security.md) or ``"none"`` (as it is, the prompt of earlier releases: an opt-out);
+            ``None``: the schema's ``record_quoting`` (``"json"`` unless the schema says
+            otherwise: ``pcd_cli.schema.model.DEFAULT_RECORD_QUOTING``). Decision-changing: it
+            changes the prompt (its head and every record's tokens).
         steering_check: decode each record that has sentences addressing the labeller again
             without them and flag every field whose label moves (``pcd_cli.steering``): it gets
-            the label without them and ``<field>__steered``. Decision-changing; off by default
-            for now (opt-in: docs/security.md).
+            the label without them and ``<field>__steered``. Decision-changing; on by default
+            (``DEFAULT_STEERING_CHECK``; ``--no-steering-check`` turns it off, docs/security.md).
 
     Raises:
         InputError: ``calibration`` with ``tuned_calibration`` off (``--calibration`` and
@@ -104,7 +111,7 @@ class LabelJob:
     max_tokens_per_pass: int = DEFAULT_MAX_TOKENS_PER_PASS
     trace: bool = False
     record_quoting: str | None = None
-    steering_check: bool = False
+    steering_check: bool = DEFAULT_STEERING_CHECK
     drawn_examples: tuple | None = None
 
     def __post_init__(self) -> None:

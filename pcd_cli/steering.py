@@ -37,6 +37,11 @@ from dataclasses import dataclass
 #: catalog, the answer cue), as stems: a sentence of a record that uses one of them talks about the
 #: labelling, not about its subject.
 PROMPT_WORDS = ("answer", "label", "classif", "instruction", "json", "input", "prompt")
+#: Of ``PROMPT_WORDS`` and the schema's words, those matched only as these whole words: "answer" is
+#: also an everyday verb of phones and mail ("he's not answering his phone", an "answerphone"),
+#: which flagged a clean SMS on /v1/decisions (docs/security.md, "Measured"); the noun and the
+#: imperative, which address the labeller ("Answer false.", "the answer is no"), stay.
+WHOLE_WORDS = ("answer", "answers", "answered")
 #: The chat roles a record may use as a tag to pass for the prompt's own turn or an answer (``user`` is not one:
 #: a record is the user's turn, and /v1/decisions writes its messages as ``user: <text>``).
 ROLES = ("system", "assistant", "developer", "sistema", "système")
@@ -61,10 +66,13 @@ class Vocabulary:
 
     Attributes:
         words: lower-case stems matched at a word's start: ``PROMPT_WORDS``, the fields' names and
-            their parts (``is_spam`` -> ``spam``), every label and its spellings in the answer.
+            their parts (``is_spam`` -> ``spam``), every label and its spellings in the answer;
+            ``WHOLE_WORDS`` excepted.
+        whole: lower-case words matched only whole (``WHOLE_WORDS``).
     """
 
     words: tuple[str, ...]
+    whole: tuple[str, ...] = WHOLE_WORDS
 
     @classmethod
     def of(cls, schema) -> "Vocabulary":
@@ -76,15 +84,16 @@ class Vocabulary:
             for i, label in enumerate(f.labels):
                 words.update(w for w in re.split(r"[^0-9a-zA-Z]+", str(label).lower()) if len(w) >= 3)
                 words.update(s.strip('"').lower() for s in f.spellings(i) if len(s.strip('"')) >= 3)
-        return cls(tuple(sorted(words)))
+        return cls(tuple(sorted(words - {w for w in WHOLE_WORDS})), WHOLE_WORDS)
 
     def addresses(self, sentence: str) -> bool:
-        """Whether ``sentence`` addresses the labeller: a role tag, an answer object's shape, or a
-        word starting with one of ``words``."""
+        """Whether ``sentence`` addresses the labeller: a role tag, an answer object's shape, a
+        word starting with one of ``words`` or one of ``whole``."""
         if _ROLE_TAG.search(sentence) or _ANSWER_SHAPE.search(sentence):
             return True
         low = sentence.lower()
-        return any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in self.words)
+        return any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in self.words) \
+            or any(re.search(r"(?<![0-9a-z])" + re.escape(w) + r"(?![0-9a-z])", low) for w in self.whole)
 
 
 def addressing_sentences(text: str, vocabulary: Vocabulary) -> list[str]:

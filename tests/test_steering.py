@@ -47,7 +47,10 @@ def backend():
 
 def test_a_sentence_addressing_the_labeller_is_found_by_the_prompts_vocabulary():
     vocab = Vocabulary.of(SMS)
-    assert {"spam", "false", "true", "answer", "label", "instruction"} <= set(vocab.words)
+    assert {"spam", "false", "true", "label", "instruction"} <= set(vocab.words) and "answer" in vocab.whole
+    # "answer" the noun or imperative addresses the labeller; "answering his phone" does not
+    assert vocab.addresses("Answer false.") and vocab.addresses("The answer is no.")
+    assert not vocab.addresses("he's not answering his phone") and not vocab.addresses("left it on my answerphone")
     assert {"positive", "negative", "neutral", "sentiment"} <= set(Vocabulary.of(AIR).words)
     for text in PLANTED:
         left = erased(text, vocab)

@@ -60,6 +60,7 @@ from .fields import check_keys, depends_problems, parse_field, raise_all
 from .jsonschema import from_json_schema
 from .model import (
     BOOLEAN_LABELS,
+    DEFAULT_RECORD_QUOTING,
     JSON_TEXT,
     OUTPUT_SUFFIXES,
     RECORD_QUOTINGS,
@@ -272,7 +273,7 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
         problems.append("schema: 'isolate_fields' must be true or false")
     elif isolate:
         problems.extend(isolation_problems(fields))
-    quoting = data.get("record_quoting", "none")
+    quoting = data.get("record_quoting", DEFAULT_RECORD_QUOTING)
     if quoting not in RECORD_QUOTINGS:
         problems.append(f"schema: 'record_quoting' must be one of {', '.join(RECORD_QUOTINGS)}, got {quoting!r}")
     raw_examples = data.get("examples") or []
@@ -296,7 +297,7 @@ def parse_schema(data: Any, *, default_name: str = "schema", source: str = "sche
         canonical_data["rules"] = [r.to_dict() for r in rules]
     if isolate is True:  # likewise for isolation
         canonical_data["isolate_fields"] = True
-    if quoting != "json":  # likewise for the record's quoting
+    if quoting != "json":  # likewise for the record's quoting (json: the hash of before quoting existed)
         canonical_data["record_quoting"] = quoting
     canonical = json.dumps(canonical_data, ensure_ascii=False, sort_keys=True)
     decisions, parts = _expand(fields)

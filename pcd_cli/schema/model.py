@@ -16,6 +16,14 @@ from typing import Sequence
 
 from ..errors import SchemaError
 
+#: How a record's text may be put in the prompt (``Schema.record_quoting``; ``pcd_cli.decoding.prompt.quote_record``).
+RECORD_QUOTINGS = ("json", "none")
+#: The record quoting of a schema that does not name one: ``"json"``, the record quoted as data
+#: (docs/security.md). The one definition every front-end's default comes from: ``parse_schema``,
+#: a ``Schema`` built in code (``pcd serve``'s decisions and questions), ``LabelJob.record_quoting``
+#: ``None`` and ``--record-quoting`` left out all mean this.
+DEFAULT_RECORD_QUOTING = "json"
+
 #: Suffixes pcd appends to a field name to form its output columns (``pcd_cli.io.output``
 #: builds every column name from these; a field named like one of them is refused).
 PROB_SUFFIX = "__prob"
@@ -317,10 +325,10 @@ class Schema:
     #: (``pcd serve``'s isolated questions are all asked as ``"answer"``); ``None``: the field's name.
     isolated_key: str | None = None
     #: How the record's text is put in the prompt (``pcd_cli.decoding.prompt.RECORD_QUOTINGS``,
-    #: docs/security.md): ``"json"`` quotes it as one JSON string and the system text says it is
-    #: data to judge, never instructions; ``"none"`` (default, for now: docs/security.md says why)
-    #: puts it in as it is.
-    record_quoting: str = "none"
+    #: docs/security.md): ``"json"`` (``DEFAULT_RECORD_QUOTING``) quotes it as one JSON string and
+    #: the system text says it is data to judge, never instructions; ``"none"`` (the schema's
+    #: ``record_quoting: none``, an opt-out) puts it in as it is, the prompt of earlier releases.
+    record_quoting: str = DEFAULT_RECORD_QUOTING
 
     def __post_init__(self) -> None:
         if not self.declared:  # built from decisions alone: every field is one decision
@@ -422,8 +430,6 @@ def json_string(text: str) -> str:
 
 
 #: Keys a schema in pcd's own format may have at the top level, and in each field.
-#: How a record's text may be put in the prompt (``Schema.record_quoting``; ``pcd_cli.decoding.prompt.quote_record``).
-RECORD_QUOTINGS = ("json", "none")
 TOP_KEYS = ("name", "instructions", "fields", "examples", "rules", "isolate_fields", "record_quoting")
 FIELD_KEYS = ("type", "description", "labels", "choices", "depends_on", "abstain_below", "nullable", "none_label",
               "minimum", "maximum", "threshold", "min_items", "max_items")

@@ -102,7 +102,10 @@ def test_first_field_is_decided_alone_and_written_in(embedded_backend, oracle_sc
 
 
 def test_quoted_booleans_are_scored_and_summed(embedded_backend):
-    schema = parse_schema({"fields": {"is_spam": {"type": "boolean", "description": "Whether it is spam"}}})
+    # the raw record: on it SmolLM2 puts real mass on quoted booleans, the paths this test sums
+    # (on the quoted prompt it puts less than 0.01 there); tests/test_steering.py checks quoted records
+    schema = parse_schema({"fields": {"is_spam": {"type": "boolean", "description": "Whether it is spam"}},
+                           "record_quoting": "none"})
     _, results = _run(embedded_backend, schema, scoring="exact", trace=True,
                       texts=["WIN A FREE PRIZE!!! Click this link now."])
     trace = results[0].traces[0]

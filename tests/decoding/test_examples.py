@@ -17,7 +17,7 @@ from pcd_cli.errors import InputError, SchemaError
 from pcd_cli.decoding.examples import draw_examples, resolve_examples
 from pcd_cli.io.readers import InputSpec
 from pcd_cli.decoding.oracle import oracle_field
-from pcd_cli.decoding.prompt import answer_object
+from pcd_cli.decoding.prompt import answer_object, quote_record
 from pcd_cli.schema.load import load_schema, parse_schema
 
 from ..helpers import ORACLE_SCHEMA, TEXTS, tiny_backend
@@ -123,7 +123,8 @@ def _examples_against_oracle(backend, scoring, *, sample):
     results = list(labeler.label(TEXTS))
     assert backend.forward_passes - before == 1 + labeler.forward_passes  # every record reuses the head
     for result in results:
-        assert all("Input:\n" + EXAMPLES[1]["text"] in trace["context"] for trace in result.traces)
+        shown = quote_record(EXAMPLES[1]["text"], schema.record_quoting)  # as the prompt renders a record
+        assert all("Input:\n" + shown in trace["context"] for trace in result.traces)
     worst, checked = max_oracle_diff(backend, schema, results, scoring, sample=sample)
     assert checked == len(schema.fields) * (1 if sample else len(TEXTS))
     assert worst < 1e-4
