@@ -125,8 +125,8 @@ def test_tokenizer_files_are_keyed_by_content_and_a_renamed_folder_is_the_same_j
     ("isolate_fields", True, "isolate_fields"),
     ("abstain_below", 0.6, "abstaining"),
     ("dtype", "bfloat16", "dtype"),
-    ("steering_check", True, "steering_check"),
-    ("record_quoting", "json", "prompt"),
+    ("steering_check", False, "steering_check"),
+    ("record_quoting", "none", "prompt"),
 ])
 def test_an_option_that_changes_values_changes_its_part(model_folder, schema_path, option, value, part):
     assert part in OPTION_PARTS[option]

@@ -165,7 +165,15 @@ def test_record_quoting_is_a_schema_key_and_a_job_option():
     none = parse_schema({"name": "s", "record_quoting": "none", "fields": {"x": {"type": "boolean"}}})
     assert none.record_quoting == "none" and SMS.record_quoting == "json"
     default = parse_schema({"name": "s", "fields": {"x": {"type": "boolean"}}})
-    assert default.record_quoting == "none" and LabelJob().steering_check is False  # opt-in, docs/security.md
+    # both on by default (docs/security.md), from one definition every front-end reads: a parsed
+    # schema, a schema built in code (pcd serve's decision routes), the job, the CLI's flags
+    from pcd_cli.cli import RECORD_QUOTING_OPT, STEERING_CHECK_OPT
+    from pcd_cli.questions import ISOLATED_FIELD, isolated_schema
+
+    decisions = isolated_schema([{"name": "q", "fields": {ISOLATED_FIELD: {"type": "boolean"}}}])
+    assert default.record_quoting == decisions.record_quoting == "json"
+    assert LabelJob().record_quoting is None and RECORD_QUOTING_OPT.default is None  # None: the schema's
+    assert LabelJob().steering_check is True and STEERING_CHECK_OPT.default is True
     quoted = parse_schema({"name": "s", "record_quoting": "json", "fields": {"x": {"type": "boolean"}}})
     assert none.source_sha256 != quoted.source_sha256
     with pytest.raises(SchemaError, match="record_quoting"):

@@ -79,10 +79,11 @@ def test_label_each_format(format_runs, ext):
     result, target = runs[ext]
     assert f"wrote {N} rows to" in flat(result.stdout)
     table = pq.read_table(target)
-    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass",
+    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "sentiment__steered",
                                   "__truncated", "__input_sha256"]
     assert [table.schema.field(c).type for c in table.schema.names] == [pa.string(), pa.string(), pa.float32(),
-                                                                         pa.float32(), pa.bool_(), pa.string()]
+                                                                         pa.float32(), pa.bool_(), pa.bool_(),
+                                                                         pa.string()]
     assert table.column("__truncated").to_pylist() == [False] * N
     check_label_table(table, FIRST_IDS, AIRLINE_LABELS)
     meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
@@ -118,7 +119,7 @@ def test_boolean_column(tmp_path):
                  "--limit", 3, "-o", target)
     assert str(target) in "".join(result.stdout.split())
     table = pq.read_table(target)
-    assert table.schema.names == ["id", "is_spam", "is_spam__prob", "is_spam__mass",
+    assert table.schema.names == ["id", "is_spam", "is_spam__prob", "is_spam__mass", "is_spam__steered",
                                   "__truncated", "__input_sha256"]
     assert table.schema.field("is_spam").type == pa.bool_()
     assert table.schema.field("is_spam__prob").type == pa.float32()
@@ -134,7 +135,7 @@ def test_all_probs_and_trace(tmp_path, format_runs):
         "--all-probs", "--trace", trace)
     table = pq.read_table(target)
     assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "sentiment__probs",
-                                  "__truncated", "__input_sha256"]
+                                  "sentiment__steered", "__truncated", "__input_sha256"]
     assert table.schema.field("sentiment__probs").type == pa.map_(pa.string(), pa.float32())
     rows = table.to_pylist()
     labels = list(load_schema(AIRLINE).fields[0].labels)
@@ -208,7 +209,7 @@ def test_default_ids_and_output_path(tmp_path, format_runs):
     # the input has an 'id' column: it is the record id without --id-field, and the run says so
     assert "wrote 3 rows" in flat(result.stdout) and "ids from the 'id' column; --row-ids numbers" in flat(result.stdout)
     table = pq.read_table(target)
-    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass",
+    assert table.schema.names == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "sentiment__steered",
                                   "__truncated", "__input_sha256"]
     check_label_table(table, [json.loads(line)["id"] for line in lines], AIRLINE_LABELS)
     plain = pq.read_table(format_runs[1]["jsonl"][1]).to_pydict()

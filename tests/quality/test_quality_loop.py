@@ -110,12 +110,12 @@ def test_labeler_applies_a_calibration_and_label_frame_matches_the_parquet_colum
     texts = pd.DataFrame({"id": ["a", "b", "c"], "text": ["Great crew!", "Lost my bag again.", None]})
     raw = plain.label_frame(texts, id_field="id")
     assert list(raw.columns) == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "sentiment__probs",
-                                 "__truncated"]
+                                 "sentiment__steered", "__truncated"]
     assert raw.attrs["errors"] == [{"row": 2, "record": "c", "error": "row 2: text field 'text' is missing or null"}]
     cal = _calibration_for(plain, 2.0, (0.0, 3.0, -1.0))  # pushes everything towards NEUTRAL
     calibrated = Labeler(AIRLINE, backend=backend, calibration=cal).label_frame(texts, id_field="id")
     assert list(calibrated.columns) == ["id", "sentiment", "sentiment__prob", "sentiment__mass", "sentiment__raw_prob",
-                                        "sentiment__probs", "__truncated"]
+                                        "sentiment__probs", "sentiment__steered", "__truncated"]
     assert calibrated.attrs["metadata"]["pcd.calibration_sha256"] == "0" * 64
     for (_, r), (_, c) in zip(raw.iterrows(), calibrated.iterrows()):
         p = np.array([dict(r["sentiment__probs"])[lab] for lab in ("NEGATIVE", "NEUTRAL", "POSITIVE")], dtype=np.float64)
