@@ -157,13 +157,15 @@ class Routes:
                                    config=ServiceConfig(request_timeout_s=3600))
             self._server = ServerThread(service, AppConfig())
             self._server.__enter__()
+            service.ready.wait(3600)  # ServerThread waits 60 s: a busy machine warms the model up for longer
         return self._server
 
     def post(self, path: str, body: dict) -> dict:
         import httpx
 
         r = httpx.post(self.server().url + path, json=body, timeout=3600)
-        r.raise_for_status()
+        if r.status_code != 200:  # the server's error body says why (a 503: overloaded, draining ...)
+            raise RuntimeError(f"{path}: {r.status_code} {r.text[:500]}")
         return r.json()
 
     def v1_label(self, name: str, field: str, texts: list[str]) -> list[tuple]:
@@ -214,13 +216,13 @@ def run_systemone(routes: Routes, split: str, per_row: int, n: int) -> dict:
         state = f"Subject: {t['subject']}\n\n{t['body']}"
         a = routes.post("/v1/systemone", {"model": "x", "state": state, "questions": TICKET_QUESTION,
                                           "pcd_extras": True})["answers"]["approve"]
-        clean.append((a["noul"] >= 0.5, a["noul"], a["pcd"]["steered"]))
+        clean.append((a["noul"] >= 0.5, a["noul"], a["pcd"].get("steered", False)))
         if i >= PLANTED_ROWS[0] + 1:
             continue
         for family, text in planted_texts(state, i, split, "approved", "true", '{"answer": true}', per_row):
             b = routes.post("/v1/systemone", {"model": "x", "state": text, "questions": TICKET_QUESTION,
                                               "pcd_extras": True})["answers"]["approve"]
-            planted.append((i, family, b["noul"] >= 0.5, b["noul"], b["pcd"]["steered"]))
+            planted.append((i, family, b["noul"] >= 0.5, b["noul"], b["pcd"].get("steered", False)))
     return {"tickets": score(clean, planted, [], True)}
 
 
@@ -232,7 +234,7 @@ def run_decisions(routes: Routes, data: Path, n: int, split: str, per_row: int) 
     def ask(messages):
         a = routes.post("/v1/decisions", {"model": "x", "input": messages, "questions": SPAM_PREDICATE,
                                           "pcd_extras": True})["answers"][0]
-        return a["probability"] >= 0.5, 1.0 - a["probability"], a["pcd"]["steered"]
+        return a["probability"] >= 0.5, 1.0 - a["probability"], a["pcd"].get("steered", False)
 
     clean, planted = [], []
     for i, r in enumerate(rows):
