@@ -220,8 +220,8 @@ def test_label_frame_matches_the_cli_columns(types_schema):
 
     labeler = Labeler(types_schema, backend=tiny_backend())
     frame = labeler.label_frame(pd.DataFrame({"text": TEXTS[:2]}))
-    assert list(frame.columns[:6]) == ["row", "product", "product__prob", "product__mass", "product__probs",
-                                       "topics"]
+    assert list(frame.columns[:7]) == ["row", "product", "product__prob", "product__mass", "product__probs",
+                                       "product__steered", "topics"]  # the steering check is on by default
     assert all(isinstance(v, (list, np.ndarray)) for v in frame["topics"])
     assert frame["stars"].dtype == "int64"
 
