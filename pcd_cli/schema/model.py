@@ -38,7 +38,7 @@ ORDER_SPREAD_SUFFIX = "__order_spread"
 STEERED_SUFFIX = "__steered"
 CHANGED_SUFFIX = "__changed_by_rules"
 OUTPUT_SUFFIXES = (PROB_SUFFIX, MASS_SUFFIX, PROBS_SUFFIX, RAW_PROB_SUFFIX, SET_SUFFIX, ABSTAINED_SUFFIX,
-                   EXPECTED_SUFFIX, ORDER_SPREAD_SUFFIX, CHANGED_SUFFIX)
+                   EXPECTED_SUFFIX, ORDER_SPREAD_SUFFIX, STEERED_SUFFIX, CHANGED_SUFFIX)
 #: Whole-record output columns: the text was cut to fit the context; the joint probability of
 #: the labels the rules between fields name.
 TRUNCATED_COLUMN = "__truncated"
