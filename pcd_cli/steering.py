@@ -14,7 +14,11 @@ prompting", there over token subsequences; here over sentences):
    in the answer (``true``, ``"POSITIVE"``), the words the prompt's instructions are made of
    (``PROMPT_WORDS``: answer, label, classify, instruction, input, JSON...), a chat role used as a
    tag (``SYSTEM:``, ``[assistant]``, ``<developer>``), or an answer object's shape (``{"key":``).
-   The vocabulary comes from the schema and the prompt, not from a list of attacks.
+   The vocabulary comes from the schema and the prompt, not from a list of attacks. A role tag,
+   an answer shape or a word of the instructions address the labeller plainly (``STRONG``); a
+   word of the schema alone (``WEAK``) may be the record's subject: two or more such sentences
+   are erased only while they are at most ``WEAK_SHARE`` of the record (a support ticket naming the
+   products and teams of a 28-field triage schema had 60 % of its text erased before this rule).
 2. **Check** (``Labeler`` with ``steering_check``): the records with such sentences are decoded
    again without them (one more decode per such record; clean records seldom have any), and every
    field whose label differs is *steered*.
@@ -44,6 +48,11 @@ PROMPT_WORDS = ("answer", "label", "classif", "instruction", "json", "input", "p
 WHOLE_WORDS = ("answer", "answers", "answered")
 #: The chat roles a record may use as a tag to pass for the prompt's own turn or an answer (``user`` is not one:
 #: a record is the user's turn, and /v1/decisions writes its messages as ``user: <text>``).
+#: ``Vocabulary.strength`` levels.
+WEAK, STRONG = 1, 2
+#: Two or more sentences that use only the schema's words are erased only while they hold at most
+#: this share of a record's characters (``erased``).
+WEAK_SHARE = 1 / 3
 ROLES = ("system", "assistant", "developer", "sistema", "système")
 _SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?-i:(?<=[a-z0-9,;:])[ \t]+(?=[A-Z][a-z]))|[ \t]*(?=```)|(?=\b(?:" + "|".join(ROLES) + r")\s*:)|(?=[\[<](?:"
                     + "|".join(ROLES) + r")\b)", re.IGNORECASE)
@@ -86,14 +95,22 @@ class Vocabulary:
                 words.update(s.strip('"').lower() for s in f.spellings(i) if len(s.strip('"')) >= 3)
         return cls(tuple(sorted(words - {w for w in WHOLE_WORDS})), WHOLE_WORDS)
 
-    def addresses(self, sentence: str) -> bool:
-        """Whether ``sentence`` addresses the labeller: a role tag, an answer object's shape, a
-        word starting with one of ``words`` or one of ``whole``."""
+    def strength(self, sentence: str) -> int:
+        """How plainly ``sentence`` addresses the labeller: ``STRONG`` (2) for a role tag, an
+        answer object's shape, a word of the prompt's instructions (``PROMPT_WORDS``, ``whole``);
+        ``WEAK`` (1) for a word of the schema only (a field's name or a label: a record about the
+        schema's subject uses them too); 0 for none."""
         if _ROLE_TAG.search(sentence) or _ANSWER_SHAPE.search(sentence):
-            return True
+            return STRONG
         low = sentence.lower()
-        return any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in self.words) \
-            or any(re.search(r"(?<![0-9a-z])" + re.escape(w) + r"(?![0-9a-z])", low) for w in self.whole)
+        if any(re.search(r"(?<![0-9a-z])" + re.escape(w) + r"(?![0-9a-z])", low) for w in self.whole) \
+                or any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in PROMPT_WORDS if w in self.words):
+            return STRONG
+        return WEAK if any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in self.words) else 0
+
+    def addresses(self, sentence: str) -> bool:
+        """Whether ``sentence`` addresses the labeller at all (``strength`` above 0)."""
+        return self.strength(sentence) > 0
 
 
 def addressing_sentences(text: str, vocabulary: Vocabulary) -> list[str]:
@@ -104,8 +121,9 @@ def addressing_sentences(text: str, vocabulary: Vocabulary) -> list[str]:
 def erased(text: str, vocabulary: Vocabulary) -> str | None:
     """``text`` without the sentences that address the labeller, every other character kept as it
     was (line breaks and spaces included: a sentence appended to a record is erased back to the
-    record itself), each erased sentence with the separator before it (after it, for the first);
-    ``None`` when it has none or when nothing would be left (a record made only of such sentences
+    record itself), each erased sentence with the separator before it (after it, for the first).
+    Sentences of ``STRONG`` strength are always erased; ``WEAK`` ones (the schema's words only)
+    when there is one, or while they hold at most ``WEAK_SHARE`` of the record's characters. ``None`` when it has none or when nothing would be left (a record made only of such sentences
     is checked as it is)."""
     pieces, start = [], 0  # (separator before, sentence) spans
     for m in _SPLIT.finditer(text):
@@ -115,7 +133,13 @@ def erased(text: str, vocabulary: Vocabulary) -> str | None:
     # each piece without the spaces around it: they go with the separator
     spans = [(a + len(text[a:b]) - len(text[a:b].lstrip()), a + len(text[a:b].rstrip()))
              for a, b in pieces if text[a:b].strip()]
-    hit = [vocabulary.addresses(text[a:b]) for a, b in spans]
+    strength = [vocabulary.strength(text[a:b]) for a, b in spans]
+    weak = sum(b - a for (a, b), st in zip(spans, strength) if st == WEAK)
+    # sentences using only the schema's words are erased while there is one, or they are a small
+    # share of the record: two or more beyond WEAK_SHARE the record is about the schema's subject (a support ticket naming
+    # the products and teams a 28-field triage schema lists), not addressing its labeller
+    keep_weak = sum(st == WEAK for st in strength) >= 2 and weak > WEAK_SHARE * sum(b - a for a, b in spans)
+    hit = [st == STRONG or (st == WEAK and not keep_weak) for st in strength]
     if not any(hit) or all(hit):
         return None
     out, end = [], 0
