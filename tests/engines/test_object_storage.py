@@ -286,6 +286,7 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
     return root / "model", root / "oracle.json"
 
 
+@pytest.mark.full  # Ray and a real S3 server: make test keeps the local S3 run and the Ray S3 output below
 def test_ray_reads_the_s3_partition_as_the_local_engine_does(ray_with_store, tiny, tmp_path, monkeypatch, s3_store):
     """--engine ray over the same URI: the same files in the same order, the partition column in
     the template, the same rows, values and errors as the local engine (the tiny model)."""

@@ -151,6 +151,7 @@ def test_gcs_problems_are_one_line_naming_the_uri_and_the_fix(tmp_path, monkeypa
 DATE, ROWS, ARGS, _part = EXPORT_DATE, EXPORT_ROWS, EXPORT_ARGS, export_part  # tests/helpers.py
 
 
+@pytest.mark.full  # three pcd runs in subprocesses against fake-gcs-server; make test keeps the GCS reads, uploads and errors above
 def test_a_gs_partition_labelled_into_gs_equals_the_local_run_and_is_reused(tmp_path, gcs_store):
     """``pcd label gs://.../date=.../ -o gs://...``, then the next night ``--reuse`` of that output
     from the bucket: the local run's rows and errors file; the second run copies every row. The
