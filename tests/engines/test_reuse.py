@@ -38,7 +38,9 @@ def backend():
 
 @pytest.fixture(scope="module")
 def labeler(backend):
-    return Labeler(SCHEMA, backend=backend)
+    # the steering check off: its second decodes of texts with the schema's words are passes of
+    # their own, and these tests count the passes reuse saves (the check is tested in test_steering)
+    return Labeler(SCHEMA, backend=backend, steering_check=False)
 
 
 def _nights(tmp_path: Path):

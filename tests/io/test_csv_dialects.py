@@ -13,6 +13,8 @@ import json
 
 import pyarrow.parquet as pq
 
+from pcd_cli.decoding.prompt import quote_record
+
 from ..helpers import copy_case, jsonl_rows, pcd, trace_contexts
 
 
@@ -33,7 +35,9 @@ def test_csv_quoted_multiline_line_numbers(tmp_path):
     (error,) = jsonl_rows(case / "out.errors.jsonl")
     assert (error["row"], error["line"], error["record"]) == (1, 5, None)
     assert error["error"] == "line 5: the CSV row has 3 fields; the header has 2"
-    assert "First line of the review\nsecond line, still the same cell\nthird line" in trace_contexts(case / "trace.jsonl")["m1"]
+    # the cell's three lines reach the model whole, quoted as data (one JSON string: quote_record)
+    assert quote_record("First line of the review\nsecond line, still the same cell\nthird line", "json") \
+        in trace_contexts(case / "trace.jsonl")["m1"]
 
 
 def test_csv_semicolon_delimited_excel_export(tmp_path):

@@ -585,8 +585,12 @@ def test_non_string_text_values_cli_and_api_agree(tmp_path, embedded_backend):
     assert errors == {"n4": "line 4: text field 'text' is a list, not a string",
                       "n5": "line 5: text field 'text' is an object, not a string"}
     contexts = trace_contexts(case / "trace.jsonl")
-    assert "Input:\n123<|im_end|>" in contexts["n1"] and "Input:\n4.5<|im_end|>" in contexts["n2"]
-    assert "Input:\ntrue<|im_end|>" in contexts["n3"] and "True" not in contexts["n3"]
+    # a number or boolean cell is its JSON text, then quoted as data like any record (quote_record)
+    from pcd_cli.decoding.prompt import quote_record
+
+    assert f"Input:\n{quote_record('123', 'json')}<|im_end|>" in contexts["n1"]
+    assert f"Input:\n{quote_record('4.5', 'json')}<|im_end|>" in contexts["n2"]
+    assert f"Input:\n{quote_record('true', 'json')}<|im_end|>" in contexts["n3"] and "True" not in contexts["n3"]
 
     rows = [json.loads(line) for line in (case / "input.jsonl").read_text().splitlines()]
     results = list(Labeler(load_schema(case / "schema.yaml"), backend=embedded_backend).label(rows))
