@@ -8,6 +8,8 @@ own calibration plus a threshold rule chosen so that it writes other labels than
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from dataclasses import replace
 
@@ -32,6 +34,7 @@ def _rule_file(root, table, path):
     return t
 
 
+@pytest.mark.full  # 60 s here (Ray and a server); make test keeps test_one_job and the Ray readout file test
 def test_label_ray_and_serve_write_the_rules_labels_from_one_calibration_file(tuned, tmp_path, monkeypatch,  # noqa: F811
                                                                              local_ray):
     first, _ = _label(tuned, tuned / "rows.jsonl", tmp_path / "plain.parquet", [])

@@ -311,6 +311,7 @@ def test_ray_reads_the_s3_partition_as_the_local_engine_does(ray_with_store, tin
     assert s3_store.keys("ray/out") == []
 
 
+@pytest.mark.full  # 80 s here: Ray and a real S3 server; make test keeps the local S3 run, the store faults and exit 5
 def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny, tmp_path, monkeypatch, s3_store,
                                                            suite_cache):
     """Issue #43 items 5-6, the done-when line on ``--engine ray``: an S3 partition labelled into

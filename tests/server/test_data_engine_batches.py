@@ -97,7 +97,11 @@ def served(embedded_backend):
     from pcd_cli.server.service import LabelService, ModelHost
 
     before = set(threading.enumerate())
-    service = LabelService(ModelHost(loaded=embedded_backend))
+    from pcd_cli.job import LabelJob
+
+    # the steering check off: its second decodes of tickets that use the question's words are passes
+    # of their own, and this file counts the passes packing saves (the check: tests/test_steering.py)
+    service = LabelService(ModelHost(loaded=embedded_backend), default_options=LabelJob(steering_check=False))
     with ServerThread(service, AppConfig(api_keys=(KEY,))) as srv:
         yield srv
     assert not [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
