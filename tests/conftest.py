@@ -60,13 +60,42 @@ def stop_started_processes(grace: float = 5.0) -> list[str]:
     return [f"{p.pid} {p.args if isinstance(p.args, str) else ' '.join(map(str, p.args))[:100]}" for p in alive]
 
 
+#: Set by the first Ctrl-C (SIGINT) of the run: ``_on_ctrl_c``.
+CTRL_C: list[float] = []
+
+
+def _on_ctrl_c(signum, frame):
+    """Remember the Ctrl-C, then raise ``KeyboardInterrupt`` as Python's own handler does. A
+    Ctrl-C that lands inside an in-process ``pcd`` command (typer's ``CliRunner``) is caught there
+    (click turns it into "Aborted!", a failed test) and pytest went on with the next test, the
+    services of later tests starting anew: found by interrupting a whole ``make test`` run."""
+    CTRL_C.append(time.monotonic())
+    signal.default_int_handler(signum, frame)
+
+
+def pytest_configure(config):
+    """Install ``_on_ctrl_c`` where Ctrl-C has Python's default handler (not where the run was
+    started with SIGINT ignored, e.g. in the background of a script)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_ctrl_c)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After a test during which Ctrl-C was pressed, stop the session as pytest stops on a Ctrl-C
+    it sees itself (exit status 2; ``pytest_sessionfinish`` then stops what is still running)."""
+    yield
+    if CTRL_C:
+        item.session.shouldstop = "interrupted by Ctrl-C (caught inside a test)"
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     """After every fixture's teardown (pytest's own ``pytest_sessionfinish`` runs them), also when
     the run was interrupted (Ctrl-C: exit status 2): stop what is still running
     (``stop_started_processes``)."""
     stopped = stop_started_processes()
-    if stopped and exitstatus == pytest.ExitCode.INTERRUPTED:
+    if stopped and (exitstatus == pytest.ExitCode.INTERRUPTED or CTRL_C):
         sys.stderr.write("stopped what the interrupted tests had started: " + "; ".join(stopped) + "\n")
 
 

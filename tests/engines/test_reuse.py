@@ -129,14 +129,14 @@ def test_night_two_decodes_only_changed_texts_and_copies_the_rest_bit_for_bit(la
 def test_a_differing_job_reuses_nothing_and_names_the_first_part_that_differs(labeler, backend, tmp_path):
     night1, night2 = _nights(tmp_path)
     _run(labeler, night1, tmp_path / "n1.parquet")
-    other = Labeler(SCHEMA, backend=tiny_backend(chat_template=True, seed=4))  # other weights, same name
+    other = Labeler(SCHEMA, backend=tiny_backend(chat_template=True, seed=4), steering_check=False)  # other weights, same name
     stats, _, events = _run(other, night2, tmp_path / "n2.parquet", reuse=read_sources([str(tmp_path / "n1.parquet")]))
     assert stats.reused == 0 and stats.decoded == 28
     said = [f["message"] for name, f in events if name == "reuse"]
     a, b = backend.content_key, other.backend.content_key
     assert said == [f"--reuse {tmp_path / 'n1.parquet'}: labelled with another model (weights) "
                     f"(sha256 {a[:8]}... vs {b[:8]}...): nothing reused"]
-    abstaining = Labeler(SCHEMA, backend=backend, abstain_below=0.3)  # same weights, another abstention
+    abstaining = Labeler(SCHEMA, backend=backend, abstain_below=0.3, steering_check=False)  # same weights, another abstention
     _, _, events = _run(abstaining, night2, tmp_path / "n3.parquet", reuse=read_sources([str(tmp_path / "n1.parquet")]))
     assert [f["reason"] for name, f in events if name == "reuse"][0].startswith("labelled with another abstention")
 
