@@ -25,6 +25,7 @@ check flagged), and the seconds spent.
     PYTHONPATH=. .venv/bin/python benchmarks/steering.py --rows 8      # 8 clean rows per class, 3 planted into
     PYTHONPATH=. .venv/bin/python benchmarks/steering.py --quick       # 4 rows per class, 2 planted into, 2 families
     PYTHONPATH=. .venv/bin/python benchmarks/steering.py --split design --configs before,quoted
+    PYTHONPATH=. .venv/bin/python benchmarks/steering.py --readout 100 --routes labeler,v1_label
 
 On your own schema: ``--own SCHEMA GOLD FIELD TARGET`` plants the phrasings into the rows of
 ``GOLD`` (JSONL, ``text`` and ``FIELD``) whose gold label is not ``TARGET``, over the ``labeler``
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,18 +126,21 @@ def score(clean: list[tuple], planted: list[tuple], gold: list, target) -> dict:
 class Routes:
     """The four routes over one loaded backend and one configuration's job."""
 
-    def __init__(self, backend, job):
-        from pcd_cli.job import LabelJob  # noqa: F401
-
+    def __init__(self, backend, job, set_jobs: dict | None = None):
         self.backend, self.job = backend, job
+        self.set_jobs = set_jobs or {}  # set name -> its job (``--readout``: the job with the set's calibration)
         self._labelers: dict = {}
         self._server = None
+
+    def job_for(self, schema_file: str):
+        return next((self.set_jobs[name] for name, spec in SETS.items()
+                     if spec[0] == schema_file and name in self.set_jobs), self.job)
 
     def labeler(self, schema_file: str):
         from pcd_cli.api import Labeler
 
         if schema_file not in self._labelers:
-            self._labelers[schema_file] = Labeler(ROOT / schema_file, self.job, backend=self.backend)
+            self._labelers[schema_file] = Labeler(ROOT / schema_file, self.job_for(schema_file), backend=self.backend)
         return self._labelers[schema_file]
 
     def label(self, schema_file: str, field: str, texts: list[str]) -> list[tuple]:
@@ -152,7 +157,8 @@ class Routes:
             from pcd_cli.server.main import ServerThread
             from pcd_cli.server.service import LabelService, ModelHost, ServiceConfig
 
-            schemas = {name: (load_schema(ROOT / spec[0]), self.job) for name, spec in SETS.items()}
+            schemas = {name: (load_schema(ROOT / spec[0]), self.set_jobs.get(name, self.job))
+                       for name, spec in SETS.items()}
             service = LabelService(ModelHost(loaded=self.backend), schemas, default_options=self.job,
                                    config=ServiceConfig(request_timeout_s=3600))
             self._server = ServerThread(service, AppConfig())
@@ -251,6 +257,40 @@ def run_decisions(routes: Routes, data: Path, n: int, split: str, per_row: int) 
     return {"sms": score(clean, planted, [r["is_spam"] for r in rows], False)}
 
 
+def fit_readouts(backend, job, data: Path, n_fit: int, rows_per_class: int, folder: Path) -> dict:
+    """``--readout``: per set, a linear readout fitted as ``pcd calibrate --readout linear`` fits it
+    (``Decoder.feature_layers``, ``fit_calibration(features=...)``) under ``job``'s prompt, on the
+    first ``n_fit`` rows of the set's file that the suite does not use (so no clean or planted row
+    was seen); returns ``{set name: job with calibration=<file>}``."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from pcd_cli.api import Labeler
+    from pcd_cli.quality.calibration import fit_calibration
+    from pcd_cli.quality.data import id_keys
+    from pcd_cli.quality.readout import feature_layers
+
+    out = {}
+    for name, (schema_file, file, field, *_) in SETS.items():
+        used = {r["id"] for r in load_rows(data, name, rows_per_class)}
+        rows = [json.loads(line) for line in (data / file).read_text().splitlines()]
+        fit = pd.DataFrame([r for r in rows if r["id"] not in used][:n_fit])
+        labeler = Labeler(ROOT / schema_file, job, backend=backend, id_field="id")
+        labeler.decoder.feature_layers = feature_layers(labeler.backend.n_layers)
+        frame = labeler.label_frame(fit, text_field="text", id_field="id", all_probs=True)
+        keys, _ = id_keys(frame["id"], "predictions", "id")
+        cal, _ = fit_calibration(frame, fit, labeler.schema, frame.attrs["metadata"], id_field="id",
+                                 features=dict(zip(keys, frame.attrs["features"])))
+        path = folder / f"{name}.readout.json"
+        cal.save(path)
+        fc = cal.fields[field]
+        print(f"readout {name}: {len(fit)} rows, layers {list(fc.readout.layers)}, C {fc.readout.C}, "
+              f"cross-validated macro-F1 {fc.readout.cv['readout']['macro_f1']:.3f}", flush=True)
+        out[name] = replace(job, calibration=str(path))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 rows per class, one planted copy per row")
@@ -263,6 +303,9 @@ def main(argv=None) -> int:
     ap.add_argument("--routes", default=",".join(ROUTES))
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--readout", type=int, default=0, metavar="N",
+                    help="also each configuration with a linear readout fitted on N rows of each set that the "
+                         "suite does not use (labeler and v1_label routes; issue #50)")
     ap.add_argument("--own", nargs=4, metavar=("SCHEMA", "GOLD", "FIELD", "TARGET"), default=None)
     args = ap.parse_args(argv)
     n, per_row = (4, 2) if args.quick else (args.rows, args.per_row)
@@ -282,11 +325,17 @@ def main(argv=None) -> int:
     backend = load_backend(None)
     report = {"split": args.split, "rows_per_class": n, "planted_per_row": per_row, "families": list(FAMILIES),
               "results": {}}
-    for config in args.configs.split(","):
-        job = LabelJob(**CONFIGS[config])
-        routes = Routes(backend, job)
+    runs = [(config, LabelJob(**CONFIGS[config]), False) for config in args.configs.split(",")]
+    if args.readout:
+        runs += [(f"{config}+readout", job, True) for config, job, _ in runs]
+    folder = Path(tempfile.mkdtemp(prefix="pcd-steering-"))
+    for config, job, with_readout in runs:
+        set_jobs = fit_readouts(backend, job, args.data, args.readout, n, folder) if with_readout else None
+        routes = Routes(backend, job, set_jobs)
         try:
             for route in args.routes.split(","):
+                if with_readout and route not in ("labeler", "v1_label"):
+                    continue  # the question routes: the readout does not apply (docs/serve.md)
                 t = time.monotonic()
                 if route in ("labeler", "v1_label"):
                     got = run_sets(routes, route, args.data, n, args.split, per_row)
@@ -297,7 +346,7 @@ def main(argv=None) -> int:
                 for name, figures in got.items():
                     figures["seconds"] = round(time.monotonic() - t, 1)
                     report["results"][f"{config}/{route}/{name}"] = figures
-                    print(f"{config:7s} {route:10s} {name:8s} flips {figures['flips']:3d}/{figures['could']:<3d} "
+                    print(f"{config:14s} {route:10s} {name:8s} flips {figures['flips']:3d}/{figures['could']:<3d} "
                           f"({(figures['flip_rate'] or 0):.0%})  shift {figures['mean_shift']:+.3f}  "
                           f"F1 {figures.get('clean_macro_f1', float('nan')):.3f}  caught {figures['caught']}/"
                           f"{figures['planted']}  clean flagged {figures['steered_clean']}/{figures['clean']}  "

@@ -543,9 +543,20 @@ def worse_calibration_warnings(calibration: "Calibration", source: str = "the ca
     (``held_out_worse`` of its stored ``cv``), saying what to do: ``pcd label`` says it before
     using such a file, ``pcd calibrate`` when it writes one. With ``bound``, also a line per
     field whose temperature is at ``MAX_TEMPERATURE``: it writes the label priors on every row
-    (``pcd calibrate`` says that in its own table, so it passes ``bound=False``)."""
+    (``pcd calibrate`` says that in its own table, so it passes ``bound=False``). A field with a
+    linear readout is judged by the readout, which writes its labels: its held-out figures
+    against argmax (``FieldReadout.cv``); the logits calibration's temperature is not used for
+    its labels, so no bound line."""
     lines = []
     for name, fc in calibration.fields.items():
+        if fc.readout is not None:
+            cv = fc.readout.cv
+            worse = held_out_worse({"before": cv.get("argmax"), "after": cv.get("readout")})
+            if worse:
+                lines.append(f"field {name!r}: {source}'s linear readout makes it worse on gold rows its fit did "
+                             f"not see ({', '.join(worse)}; {cv.get('folds', '?')}-fold cross-validation on "
+                             f"{cv.get('n', '?')} rows): label without it, or fit it again on more gold rows")
+            continue
         if bound and fc.temperature >= MAX_TEMPERATURE * 0.999:
             lines.append(f"field {name!r}: {source} has its temperature at the bound ({fc.temperature:g}): the "
                          "model's probabilities carried no signal on its gold rows, so the labels follow the "

@@ -114,3 +114,32 @@ def test_a_calibration_at_the_temperature_bound_is_named_when_used():
                      "probabilities carried no signal on its gold rows, so the labels follow the label priors, not "
                      "the texts; train the model (pcd tune) or pass a larger --model instead"]
     assert worse_calibration_warnings(calibration, bound=False) == []  # NLL better, macro-F1 within 0.01
+
+
+def _with_readout(temperature: float, argmax: dict, readout: dict):
+    from pcd_cli.quality.calibration import FieldCalibration
+    from pcd_cli.quality.readout import Readout
+
+    d = 4
+    fitted = Readout(layers=(10,), labels=tuple(SENTIMENTS), classes=(0, 1, 2), mean=np.zeros(d),
+                     scale=np.ones(d), coef=np.zeros((3, d)), intercept=np.zeros(3), C=0.1,
+                     cv={"folds": 5, "n": 40, "argmax": argmax, "readout": readout})
+    fc = FieldCalibration("sentiment", tuple(SENTIMENTS), temperature, (0.0, 0.0, 0.0), 40,
+                          cv={"before": {"nll": 0.5}, "after": {"nll": 0.9}}, readout=fitted)
+    return Calibration("test", "m", "", "", "logprob", {"sentiment": fc})
+
+
+def test_a_field_with_a_readout_is_judged_by_the_readout_not_by_its_logits_calibration():
+    """The readout writes the field's labels: a logits calibration at the temperature bound, or one
+    that made its own held-out NLL worse, is not the labels' problem (the warning once told a user
+    whose readout scored 0.75 macro-F1 that the labels "follow the label priors")."""
+    from pcd_cli.quality.calibration import MAX_TEMPERATURE
+
+    good = _with_readout(MAX_TEMPERATURE, {"macro_f1": 0.25, "accuracy": 0.4, "nll": 1.2},
+                         {"macro_f1": 0.75, "accuracy": 0.8, "nll": 0.6})
+    assert worse_calibration_warnings(good) == []
+    bad = _with_readout(1.0, {"macro_f1": 0.60, "accuracy": 0.7, "nll": 0.7},
+                        {"macro_f1": 0.40, "accuracy": 0.5, "nll": 0.9})
+    (line,) = worse_calibration_warnings(bad)
+    assert "field 'sentiment'" in line and "linear readout makes it worse" in line
+    assert "macro-F1 0.600 -> 0.400" in line and "NLL 0.700 -> 0.900" in line and "40 rows" in line
