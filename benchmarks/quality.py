@@ -366,31 +366,49 @@ def readout_available() -> bool:
 
 
 def pcd_readout(backend, schema_file: Path, schema, fit: pd.DataFrame, held: pd.DataFrame, field: str,
-                objective: str | None, tmp: Path) -> dict:
-    """READOUT HOOK (issue #50 items 1 and 7): ``pcd calibrate --readout linear`` on the fit rows (the
-    library call the CLI makes), then ``pcd label --calibration`` on the held-out rows; macro-F1 and
-    records/s of that labelling."""
+                tmp: Path) -> dict:
+    """READOUT HOOK (issue #50 items 1 and 7): ``pcd calibrate --readout linear --objective
+    macro-f1`` on the fit rows (the library call the CLI makes), then ``pcd label --calibration
+    --all-probs`` on the held-out rows, once: ``readout`` is the argmax of the readout's
+    probabilities (``<f>__probs``: the same fitted readout, its rule left out), ``readout_objective``
+    the label written (the rule's, or argmax where the rule showed no held-out gain). Where the
+    objective's floor refuses the gold, the readout is fitted without it and ``readout_objective``
+    says why. Macro-F1, records/s of the held-out labelling, and the fit's seconds."""
     from pcd_cli.api import build_labeler
+    from pcd_cli.errors import PcdError
     from pcd_cli.fitting import calibrate_on_gold
     from pcd_cli.job import LabelJob
 
     gold_file = tmp / "fit.jsonl"
     fit.to_json(gold_file, orient="records", lines=True, force_ascii=False)
-    out = tmp / "readout.json"
+    out, store = tmp / "readout.json", tmp / "labelled_rows.npz"
     started = time.perf_counter()
-    run = calibrate_on_gold(gold_file, schema, LabelJob(), output=out, folds=FOLDS, seed=0, id_field="id",
-                            objective=objective, readout="linear")
+    refused = None
+    try:
+        run = calibrate_on_gold(gold_file, schema, LabelJob(), output=out, folds=FOLDS, seed=0, id_field="id",
+                                objective="macro-f1", readout="linear", store=store)
+    except PcdError as exc:  # the rule's floor (10 gold rows per label): said, not hidden
+        refused = f"{type(exc).__name__}: {exc}"
+        run = calibrate_on_gold(gold_file, schema, LabelJob(), output=out, folds=FOLDS, seed=0, id_field="id",
+                                readout="linear", store=store)
     run.calibration.save(out)
     fit_seconds = time.perf_counter() - started
     labeler = build_labeler(schema, LabelJob(calibration=out, id_field="id"), backend=backend)
     started = time.perf_counter()
-    preds = labeler.label_frame(held, id_field="id")
+    preds = labeler.label_frame(held, id_field="id", all_probs=True)
     seconds = time.perf_counter() - started
     f = schema.fields[schema.field_index(field)]
-    pred = [f.label_index(v) for v in preds[field]]
     gold = [f.label_index(v) for v in held[field]]
-    return {"macro_f1": macro_f1_of(gold, pred, f.labels), "records_per_s": len(held) / seconds,
-            "fit_seconds": fit_seconds}
+    argmax = [int(np.argmax([dict(p)[label] for label in f.labels])) for p in preds[f"{field}__probs"]]
+    written = [f.label_index(v) for v in preds[field]]
+    fc = run.calibration.fields[field]
+    figures = {"records_per_s": len(held) / seconds, "fit_seconds": fit_seconds,
+               "layers": list(fc.readout.layers), "C": fc.readout.C}
+    readout = {"macro_f1": macro_f1_of(gold, argmax, f.labels)} | figures
+    if refused:
+        return {"readout": readout, "readout_objective": {"refused": refused}}
+    return {"readout": readout,
+            "readout_objective": {"macro_f1": macro_f1_of(gold, written, f.labels), "rule_used": fc.by_rule} | figures}
 
 
 def run_rivals(name: str, backend, encoder, cache: Path) -> dict:
@@ -477,15 +495,16 @@ def run_rivals(name: str, backend, encoder, cache: Path) -> dict:
                                             "records_per_s": pcd_rate}
             except Exception as exc:  # the rule's floor: said, not hidden
                 r["calibrate_objective"] = {"refused": str(exc)}
-            for key, objective in (("readout", None), ("readout_objective", "macro-f1")):
-                if not readout_available():
-                    r[key] = {"skipped": "pcd calibrate has no --readout yet (issue #50 item 1)"}
-                    continue
+            if not readout_available():
+                r["readout"] = r["readout_objective"] = {"skipped": "pcd calibrate has no --readout yet (issue #50)"}
+            else:
+                work = Path(tmp) / f"n{n}"
+                work.mkdir()
                 try:
-                    r[key] = pcd_readout(backend, ROOT / "schemas" / schema_file, schema, rows.head(n), held, field,
-                                         objective, Path(tmp))
+                    r.update(pcd_readout(backend, ROOT / "schemas" / schema_file, schema, rows.head(n), held, field,
+                                         work))
                 except Exception as exc:
-                    r[key] = {"refused": f"{type(exc).__name__}: {exc}"}
+                    r["readout"] = r["readout_objective"] = {"refused": f"{type(exc).__name__}: {exc}"}
             y = gold[fit]
             from sklearn.feature_extraction.text import TfidfVectorizer
 
