@@ -43,6 +43,7 @@ def test_summary_ratios_are_median_latency_ratios():
     assert s["generate_cached_agreement_with_pcd"] == 0.5
 
 
+@pytest.mark.full  # 33 s: the bench's three methods end to end (its ratios and checks are tested above)
 def test_bench_runs_all_three_methods(embedded_backend, tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join(json.dumps({"text": t}) for t in ["Win a free prize now!", "Lunch at 12?"]))

@@ -392,7 +392,8 @@ def test_ray_writes_an_s3_output_whole_as_the_local_engine(ray_with_store, tiny,
     assert "-o 's3://no-such-bucket/out/labels.parquet'" in said and "no such bucket 'no-such-bucket'" in said
 
 
-@pytest.mark.parametrize("lost", ["after the model loaded", "after the first checkpoint"])
+@pytest.mark.parametrize("lost", [pytest.param("after the model loaded", marks=pytest.mark.full),  # 20 s each
+                                  "after the first checkpoint"])
 def test_a_store_lost_after_the_run_started_is_exit_5_saying_resume(tmp_path, monkeypatch, lost):
     """The store itself goes away mid-run (its own SeaweedFS, stopped by pid; issue #51 item 3):
     right after the model loaded (the input is listed next) or after the first checkpoint (a later

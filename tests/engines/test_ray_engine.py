@@ -246,6 +246,7 @@ def test_the_bfloat16_note_is_said_once_by_a_ray_run_as_by_the_local_engine(loca
     assert said.count("pcd bench measured --dtype bfloat16 1.68x faster for this model") == 1, said
 
 
+@pytest.mark.full  # 25 s; the lender and dedup counts are tested on the local engine, Ray's parts in test_ray_matches_local
 def test_ray_reuse_and_dedup_same_values_and_counts_as_local(local_ray, files, tmp_path):
     """Issue #43 item 6 on its example at small size: night 2 (2 edited, 2 new, 2 copies of those,
     a copy of an unchanged text) with ``--reuse`` night 1 gives on Ray (2 workers, 3-row batches:
