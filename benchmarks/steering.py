@@ -259,9 +259,9 @@ def run_decisions(routes: Routes, data: Path, n: int, split: str, per_row: int) 
 
 def fit_readouts(backend, job, data: Path, n_fit: int, rows_per_class: int, folder: Path) -> dict:
     """``--readout``: per set, a linear readout fitted as ``pcd calibrate --readout linear`` fits it
-    (``Decoder.feature_layers``, ``fit_calibration(features=...)``) under ``job``'s prompt, on the
-    first ``n_fit`` rows of the set's file that the suite does not use (so no clean or planted row
-    was seen); returns ``{set name: job with calibration=<file>}``."""
+    (``Decoder.feature_layers``, ``fit_calibration(features=...)``) under ``job``'s prompt, on
+    ``n_fit`` rows of the set's file that the suite does not use (so no clean or planted row was
+    seen), up to half of them of the class planted into (file order); returns ``{set name: job with calibration=<file>}``."""
     from dataclasses import replace
 
     import pandas as pd
@@ -272,10 +272,11 @@ def fit_readouts(backend, job, data: Path, n_fit: int, rows_per_class: int, fold
     from pcd_cli.quality.readout import feature_layers
 
     out = {}
-    for name, (schema_file, file, field, *_) in SETS.items():
+    for name, (schema_file, file, field, planted_on, *_) in SETS.items():
         used = {r["id"] for r in load_rows(data, name, rows_per_class)}
-        rows = [json.loads(line) for line in (data / file).read_text().splitlines()]
-        fit = pd.DataFrame([r for r in rows if r["id"] not in used][:n_fit])
+        rows = [json.loads(line) for line in (data / file).read_text().splitlines() if json.loads(line)["id"] not in used]
+        hit = [r for r in rows if r[field] == planted_on][:n_fit // 2]  # both sides of the planted answer
+        fit = pd.DataFrame(hit + [r for r in rows if r[field] != planted_on][:n_fit - len(hit)])
         labeler = Labeler(ROOT / schema_file, job, backend=backend, id_field="id")
         labeler.decoder.feature_layers = feature_layers(labeler.backend.n_layers)
         frame = labeler.label_frame(fit, text_field="text", id_field="id", all_probs=True)
