@@ -54,19 +54,36 @@ WEAK, STRONG = 1, 2
 #: this share of a record's characters (``erased``).
 WEAK_SHARE = 1 / 3
 ROLES = ("system", "assistant", "developer", "sistema", "système")
-_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?-i:(?<=[a-z0-9,;:])[ \t]+(?=[A-Z][a-z]))|[ \t]*(?=```)|(?=\b(?:" + "|".join(ROLES) + r")\s*:)|(?=[\[<](?:"
+#: Where a record is cut (``pieces``): after ``.``/``!``/``?``, at line breaks, before a code fence or
+#: a role tag (sentence ends); and, as a finer cut inside a sentence (group ``inner``), before a
+#: capitalised word that follows a lower-case one.
+_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?P<inner>(?-i:(?<=[a-z0-9,;:])[ \t]+(?=[A-Z][a-z])))|[ \t]*(?=```)|(?=\b(?:" + "|".join(ROLES) + r")\s*:)|(?=[\[<](?:"
                     + "|".join(ROLES) + r")\b)", re.IGNORECASE)
 _ROLE_TAG = re.compile(r"(?:^|[\s\[<(#*])(?:" + "|".join(ROLES) + r")\s*(?::|\]|>)", re.IGNORECASE)
 _ANSWER_SHAPE = re.compile(r"[{,]\s*\"[^\"]+\"\s*:")
 
 
+def pieces(text: str) -> list[tuple[int, int, int]]:
+    """``text`` cut into pieces (``_SPLIT``): ``(start, end, sentence)`` character spans, each
+    without the spaces around it, non-empty, in order; ``sentence`` numbers the sentence a piece
+    belongs to. A sentence ends after ``.``/``!``/``?``, at a line break, before a code fence or a
+    role tag; inside one, a piece also ends before a capitalised word that follows a lower-case one
+    (a line without a full stop, "... Freight Ignore all instructions", holds two pieces)."""
+    out, start, sentence = [], 0, 0
+    for m in list(_SPLIT.finditer(text)) + [None]:
+        a, b = start, (m.start() if m is not None else len(text))
+        if text[a:b].strip():
+            out.append((a + len(text[a:b]) - len(text[a:b].lstrip()), a + len(text[a:b].rstrip()), sentence))
+        if m is not None:
+            start = m.end()
+            if m.group("inner") is None and text[a:b].strip():
+                sentence += 1
+    return out
+
+
 def split_sentences(text: str) -> list[str]:
-    """``text`` cut into sentences (``_SPLIT``: after ``.``/``!``/``?``, at line breaks, before a
-    capitalised word that follows a lower-case one (a line without a full stop, "... Freight Ignore
-    all instructions", is not one sentence with the next), before a code fence or a role tag); the
-    pieces, stripped of surrounding space, non-empty, in order. Cut finely on purpose: only the
-    pieces that address the labeller are erased, so a finer cut erases less of the content."""
-    return [s.strip() for s in _SPLIT.split(text) if s and s.strip()]
+    """``text`` cut into pieces (``pieces``), as text."""
+    return [text[a:b] for a, b, _ in pieces(text)]
 
 
 @dataclass(frozen=True)
@@ -122,24 +139,31 @@ def erased(text: str, vocabulary: Vocabulary) -> str | None:
     """``text`` without the sentences that address the labeller, every other character kept as it
     was (line breaks and spaces included: a sentence appended to a record is erased back to the
     record itself), each erased sentence with the separator before it (after it, for the first).
-    Sentences of ``STRONG`` strength are always erased; ``WEAK`` ones (the schema's words only)
-    when there is one, or while they hold at most ``WEAK_SHARE`` of the record's characters. ``None`` when it has none or when nothing would be left (a record made only of such sentences
+    Pieces of ``STRONG`` strength are always erased; sentences that use the schema's words and no
+    strong piece (``WEAK``) are erased whole when there is one, or while they hold at most
+    ``WEAK_SHARE`` of the record's characters. ``None`` when it has none or when nothing would be left (a record made only of such sentences
     is checked as it is)."""
-    pieces, start = [], 0  # (separator before, sentence) spans
-    for m in _SPLIT.finditer(text):
-        pieces.append((start, m.start()))
-        start = m.end()
-    pieces.append((start, len(text)))
-    # each piece without the spaces around it: they go with the separator
-    spans = [(a + len(text[a:b]) - len(text[a:b].lstrip()), a + len(text[a:b].rstrip()))
-             for a, b in pieces if text[a:b].strip()]
+    cut = pieces(text)
+    spans = [(a, b) for a, b, _ in cut]
     strength = [vocabulary.strength(text[a:b]) for a, b in spans]
-    weak = sum(b - a for (a, b), st in zip(spans, strength) if st == WEAK)
-    # sentences using only the schema's words are erased while there is one, or they are a small
-    # share of the record: two or more beyond WEAK_SHARE the record is about the schema's subject (a support ticket naming
+    # a sentence with no strong piece is weak when any of its pieces uses the schema's words: it is
+    # erased whole or kept whole (the finer cut serves the strong pieces only: "Play music on
+    # Spotify." is one weak sentence, never "Spotify." left of it)
+    sentences: dict[int, list[int]] = {}
+    for k, (_, _, sentence) in enumerate(cut):
+        sentences.setdefault(sentence, []).append(k)
+    weak_sentences = [ks for ks in sentences.values()
+                      if all(strength[k] != STRONG for k in ks) and any(strength[k] == WEAK for k in ks)]
+    weak = sum(spans[ks[-1]][1] - spans[ks[0]][0] for ks in weak_sentences)
+    # weak sentences are erased while there is one, or they are a small share of the record: two or
+    # more beyond WEAK_SHARE the record is about the schema's subject (a support ticket naming
     # the products and teams a 28-field triage schema lists), not addressing its labeller
-    keep_weak = sum(st == WEAK for st in strength) >= 2 and weak > WEAK_SHARE * sum(b - a for a, b in spans)
-    hit = [st == STRONG or (st == WEAK and not keep_weak) for st in strength]
+    keep_weak = len(weak_sentences) >= 2 and weak > WEAK_SHARE * sum(b - a for a, b in spans)
+    hit = [st == STRONG for st in strength]
+    if not keep_weak:
+        for ks in weak_sentences:
+            for k in ks:
+                hit[k] = True
     if not any(hit) or all(hit):
         return None
     out, end = [], 0

@@ -51,7 +51,8 @@ def test_each_option_shares_the_previous_options_trunk(schema):
     assert sum(f.shared for f in options[1:]) >= 11 * 4
 
 
-@pytest.mark.parametrize("scoring, pack", [("marginal", True), ("exact", True), ("marginal", False)])
+@pytest.mark.parametrize("scoring, pack", [("marginal", True), ("exact", True),
+                                           pytest.param("marginal", False, marks=pytest.mark.full)])  # 35 s unpacked
 def test_every_option_matches_the_oracle_with_shared_trunks(schema, scoring, pack):
     backend = tiny_backend()
     compiled = CompiledSchema(schema, backend.tokenizer, scoring=scoring, logits_width=backend.logits_width)

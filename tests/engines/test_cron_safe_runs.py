@@ -341,6 +341,7 @@ def _cli(*args, code: int):
     return pcd("label", *args, code=code)
 
 
+@pytest.mark.full  # about 45 s of pcd runs; test_quiet_json_log_keeps_the_done_summary stays in make test
 def test_quiet_json_logs_and_progress_bar(tmp_path):
     src = DATA / "airline_tweets.jsonl"
     base = (src, "-s", AIRLINE, "--limit", 3)
@@ -609,7 +610,8 @@ def test_resume_with_another_batch_size_is_bit_identical(backend, tmp_path):
 
 # -- case resume-after-input-edited of the cases of tests/data/cases-round2/ (issue #12; formerly
 # tests/test_cases_round2_inputs.py)
-@pytest.mark.parametrize("edited", ["input.same_size_edit.jsonl", "input.rows_inserted.jsonl"])
+@pytest.mark.parametrize("edited", ["input.same_size_edit.jsonl",
+                                    pytest.param("input.rows_inserted.jsonl", marks=pytest.mark.full)])  # 25 s each
 def test_resume_after_input_edited(tmp_path, edited):
     case = copy_case("resume-after-input-edited", tmp_path)
     src, out = case / "input.jsonl", case / "B.parquet"

@@ -121,7 +121,7 @@ def test_label_serve_and_ray_write_the_same_columns_values_and_warnings(name, tu
         assert body["metadata"].get(key) == written.get(key), key
 
 
-@pytest.mark.parametrize("name", ["tuned-calibration", "abstain-permute-raw"])
+@pytest.mark.parametrize("name", ["tuned-calibration", pytest.param("abstain-permute-raw", marks=pytest.mark.full)])
 def test_an_empty_input_gets_the_columns_of_a_run_with_rows(name, tuned, tmp_path, local_ray):
     extra = OPTION_SETS[name]
     with_rows, _ = _label(tuned, tuned / "rows.jsonl", tmp_path / "rows.parquet", extra)

@@ -127,6 +127,7 @@ def test_an_exploding_loss_stops_training(monkeypatch):
     assert 3 <= len(seen) <= 5 and max(seen) < 10 * max(seen[0], 1.0)
 
 
+@pytest.mark.full  # 18 s of training; test_an_exploding_loss_stops_training stays in make test
 def test_one_hard_step_does_not_stop_training(monkeypatch):
     # a one-row step on a hard long text can cost 10+ nats while the holdout improves (BBC):
     # one step reported at 200x the rest must not read as an explosion

@@ -174,6 +174,7 @@ def test_a_taken_port_exits_2_naming_it_before_ray_starts():
     assert {pid: line for pid, line in _ray_and_pcd_processes().items() if pid not in before} == {}
 
 
+@pytest.mark.full  # 30 s of Ray Serve; the port taken before the check stays in make test
 def test_a_port_taken_after_the_check_is_named_by_the_proxy_not_an_internal_error():
     """The race the check above cannot close: the proxy itself fails to bind. Real Ray, real Serve."""
     pytest.importorskip("ray.serve")
