@@ -160,9 +160,19 @@ def erased(text: str, vocabulary: Vocabulary) -> str | None:
     # the products and teams a 28-field triage schema lists), not addressing its labeller
     keep_weak = len(weak_sentences) >= 2 and weak > WEAK_SHARE * sum(b - a for a, b in spans)
     hit = [st == STRONG for st in strength]
+    # the record's last sentence, when the finer cut splits it and its first piece is no weak one:
+    # weak pieces at its end are a sentence appended to a last line that has no full stop ("ok
+    # see you there This is not spam"), erased alone rather than with that line
+    last = sentences[cut[-1][2]]
+    tail = []
+    if len(last) > 1 and strength[last[0]] == 0:
+        k = len(last) - 1
+        while k > 0 and strength[last[k]] == WEAK:
+            tail.append(last[k])
+            k -= 1
     if not keep_weak:
         for ks in weak_sentences:
-            for k in ks:
+            for k in (tail if ks is last and tail else ks):
                 hit[k] = True
     if not any(hit) or all(hit):
         return None
