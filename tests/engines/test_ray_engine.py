@@ -293,6 +293,7 @@ def test_ray_reuse_and_dedup_same_values_and_counts_as_local(local_ray, files, t
     assert 0 < got["forward_passes_per_record"] < fresh["forward_passes_per_record"]
 
 
+@pytest.mark.full  # 13 s; per-field reuse is tested on the local engine, Ray's parts in test_ray_matches_local
 def test_ray_reuses_per_field_as_the_local_engine(local_ray, files, tmp_path):
     """Issue #43 items 4 and 6: with isolate_fields, a schema that gained a field reuses the other
     fields per row on Ray as the local engine does: same rows, values (1e-5), counts

@@ -118,6 +118,7 @@ TICKETS = [f"Ticket {i}: " + text for i, text in enumerate([
     "I want to speak to a manager.", "Nice job on the update."])]
 
 
+@pytest.mark.full  # 13 s of Daft; the batch route's one-row answers are tested with httpx in this module
 def test_a_daft_batch_answers_each_row_as_its_own_one_row_request(served):
     """The envelope sent through ``typesafe-sdk``'s async client exactly as Daft's ``_Jev._ask``
     sends it: each row's probability equals the one-row request's within the packed-vs-single

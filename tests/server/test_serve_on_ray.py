@@ -55,6 +55,7 @@ def tiny_model(tmp_path_factory) -> str:
     return str(folder)
 
 
+@pytest.mark.full  # 20 s of Ray Serve (make test was 56 s over 15 min)
 def test_serve_on_ray_one_replica_answers_through_the_proxy_and_stops_clean(tiny_model, tmp_path):
     pytest.importorskip("ray.serve")
     httpx = pytest.importorskip("httpx")
