@@ -419,7 +419,7 @@ def pcd_readout(backend, schema_file: Path, schema, fit: pd.DataFrame, held: pd.
     written = [f.label_index(v) for v in preds[field]]
     fc = run.calibration.fields[field]
     figures = {"records_per_s": len(held) / seconds, "fit_seconds": fit_seconds,
-               "layers": list(fc.readout.layers), "C": fc.readout.C}
+               "regressions": fc.readout.describe()}
     readout = {"macro_f1": macro_f1_of(gold, argmax, f.labels), "pred": argmax} | figures
     if refused:
         return {"readout": readout, "readout_objective": {"refused": refused}}

@@ -85,7 +85,7 @@ def quality(name: str, n_fit: int, backend, quoting: str | None = None) -> tuple
         return round(M.macro_f1(M.label_scores(gold, np.asarray(pred), labels)), 3)
 
     return {"zero_shot": f1(probs.argmax(axis=1)), "logits_calibration": f1(fc.apply(probs).argmax(axis=1)),
-            "readout": f1(read), "layers": list(fc.readout.layers), "C": fc.readout.C,
+            "readout": f1(read), "regressions": fc.readout.describe(),
             "absent": list(fc.readout.absent), "cv_readout_macro_f1": round(fc.readout.cv["readout"]["macro_f1"], 3),
             "record_quoting": labeler.schema.record_quoting, "n_fit": len(fit), "n_test": len(test), "label_seconds": round(seconds, 1),
             "fit_seconds": round(fit_seconds, 1)}, (labeler.backend, cal)

@@ -286,7 +286,7 @@ def fit_readouts(backend, job, data: Path, n_fit: int, rows_per_class: int, fold
         path = folder / f"{name}.readout.json"
         cal.save(path)
         fc = cal.fields[field]
-        print(f"readout {name}: {len(fit)} rows, layers {list(fc.readout.layers)}, C {fc.readout.C}, "
+        print(f"readout {name}: {len(fit)} rows, {fc.readout.describe()}, "
               f"cross-validated macro-F1 {fc.readout.cv['readout']['macro_f1']:.3f}", flush=True)
         out[name] = replace(job, calibration=str(path))
     return out

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..decoding.compile import CompiledSchema
 from ..decoding.decode import Decoder
-from ..decoding.oracle import oracle_decision_features, oracle_field
+from ..decoding.oracle import oracle_decision_features, oracle_field, oracle_pooled_features
 from ..results import Record, RecordResult
 from ..schema.load import parse_schema
 from ..schema.model import Schema
@@ -226,20 +226,23 @@ def check_features(backend, *, schema: Schema | None = None, texts: Sequence[str
                    layers: Sequence[int] | None = None) -> dict[str, float]:
     """``Backend.forward_features`` at every field's decision point, packed against alone.
 
-    ``texts`` are decoded with ``Decoder.feature_layers`` set (every layer when ``layers`` is
-    ``None``): packed in one group, one record per group, and packed under a small token budget
-    (passes split mid-forest); each field's features are compared with the single run's and
-    with ``oracle_decision_features`` (a plain forward over the complete text, no cache).
+    ``texts`` are decoded with ``Decoder.feature_layers`` set (every layer and every layer's
+    record-mean, ``-l``, when ``layers`` is ``None``): packed in one group, one record per group,
+    and packed under a small token budget (passes split mid-forest and mid-record); each field's
+    features are compared with the single run's, with ``oracle_decision_features`` and with
+    ``oracle_pooled_features`` (plain forwards over the complete text, no cache).
 
     Returns:
-        ``{"packed", "split", "oracle"}``: largest |difference| over every record, field, layer
-        and dimension, divided by the largest |feature| (compare with ``FEATURE_TOLERANCE``).
+        ``{"packed", "split", "oracle", "pooled_oracle"}``: largest |difference| over every
+        record, field, layer and dimension, divided by the largest |feature| (compare with
+        ``FEATURE_TOLERANCE``).
 
     Raises:
         AssertionError: a record failed.
     """
     schema = schema or parse_schema(SCHEMA)
-    layers = tuple(layers or range(1, backend.n_layers + 1))
+    layers = tuple(layers or (*range(1, backend.n_layers + 1), *range(-1, -backend.n_layers - 1, -1)))
+    points, pooled = [l for l in layers if l > 0], [l for l in layers if l < 0]
     compiled = CompiledSchema(schema, backend.tokenizer, scoring="marginal", logits_width=backend.logits_width)
 
     def run(pack: bool, budget: int) -> list[RecordResult]:
@@ -251,7 +254,7 @@ def check_features(backend, *, schema: Schema | None = None, texts: Sequence[str
 
     single, packed, split = run(False, 4096), run(True, 4096), run(True, 40)
     scale = max(float(np.abs(f.features[l]).max()) for r in single for f in r.fields for l in layers)
-    worst = {"packed": 0.0, "split": 0.0, "oracle": 0.0}
+    worst = {"packed": 0.0, "split": 0.0, "oracle": 0.0, "pooled_oracle": 0.0}
     for alone, *others in zip(single, packed, split):
         for name, other in zip(("packed", "split"), others):
             for f, g in zip(alone.fields, other.fields):
@@ -261,9 +264,15 @@ def check_features(backend, *, schema: Schema | None = None, texts: Sequence[str
             fi = schema.field_index(trace["field"])
             field = schema.fields[fi]
             lines = [(field.labels.index(line["label"]), line["text"]) for line in trace["lines"]]
-            want = oracle_decision_features(backend, trace["context"], lines, layers)
-            got = np.stack([alone.fields[fi].features[l] for l in layers])
-            worst["oracle"] = max(worst["oracle"], float(np.abs(got - want).max()) / scale)
+            if points:
+                want = oracle_decision_features(backend, trace["context"], lines, points)
+                got = np.stack([alone.fields[fi].features[l] for l in points])
+                worst["oracle"] = max(worst["oracle"], float(np.abs(got - want).max()) / scale)
+        if pooled:
+            want = oracle_pooled_features(backend, compiled, alone.id, texts[alone.id], [-l for l in pooled])
+            for f in alone.fields:  # every field of the record reads the same means
+                got = np.stack([f.features[l] for l in pooled])
+                worst["pooled_oracle"] = max(worst["pooled_oracle"], float(np.abs(got - want).max()) / scale)
     return worst
 
 

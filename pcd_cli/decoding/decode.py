@@ -73,6 +73,12 @@ class _Slot:
     branches: list["_Slot"] = field(default_factory=list)
     base: "_Slot | None" = None  # on an ordering's slot: the shared slot
     stream: tuple[int, int] = (0, 0)  # where the slot's chain lies in the wave-0 stream (kv coordinates)
+    #: pooled readout features (a negative layer ``-l``, ``Decoder.feature_layers``): the sum of
+    #: layer ``l``'s hidden states over the slot's wave-0 chain (float64 ``(hidden,)``) and its
+    #: token count; ``pooled`` the means ``{-l: (hidden,)}`` the slot's fields read
+    pool_sum: dict = field(default_factory=dict)
+    pool_count: int = 0
+    pooled: dict = field(default_factory=dict)
 
 
 def concatenate(results: list[RecordResult]) -> RecordResult:
@@ -192,7 +198,10 @@ class Decoder:
         self.cache = self._head_cache(backend.rope_variant(fixed))
 
     #: layers (1-based, ``Backend.forward_features``) whose hidden state is read at every field's
-    #: decision point and kept on its ``FieldResult.features`` (``pcd calibrate --readout linear``)
+    #: decision point and kept on its ``FieldResult.features`` (``pcd calibrate --readout linear``);
+    #: a negative ``-l`` is the mean of layer ``l``'s hidden states over the record's tokens (its
+    #: wave-0 chain: the rendered record and the prompt up to the answer, after the cached head),
+    #: read in the same passes (``pcd_cli.quality.readout``, "pooled")
     feature_layers: tuple[int, ...] = ()
     #: field name -> its linear readout (``pcd_cli.quality.readout.Readout``: ``layers`` and
     #: ``decide(features, probs) -> (label, probs)``), applied in the wave: the label it decides
@@ -510,6 +519,10 @@ class Decoder:
         reading = not self._training and (self.feature_layers or self.readouts)
         feature_rows: list[int] = []  # stream index of each forest's decision point (the readout)
         feature_of: dict[tuple[int, int], int] = {}  # (slot, field index) -> its feature row number
+        read_layers = self._read_layers() if reading else ()
+        pooling = wave == 0 and any(layer < 0 for layer in read_layers)
+        pool_rows: list[int] = []  # stream index of each wave-0 chain token (pooled features)
+        pool_owner: list[int] = []  # and the slot it belongs to
         chains: list[tuple[int, int]] = []
         base = self.backend.cache_length(cache)  # kv index of the stream's first token
         for s, (slot, plan) in enumerate(zip(group, plans)):
@@ -529,6 +542,8 @@ class Decoder:
                 chain_lo.append(start), chain_hi.append(start + j + 1)
             end = len(ids)
             chains.append((start, end))
+            if pooling:
+                pool_rows.extend(range(start, end)), pool_owner.extend([s] * (end - start))
             slot.stream = (base + start, base + end)
             ctx_end = H + slot.ctx_len + len(chain)
             at: list[int] = []  # stream index of each token of the forest before (its shared trunk's source)
@@ -550,11 +565,16 @@ class Decoder:
                     feature_of[(s, forest.field_index)] = len(feature_rows)
                     feature_rows.append(at[forest.query_rows[0]])  # the trie's root: the last trunk token
                 queries.extend((at[r], q) for r, q in zip(forest.query_rows, forest.query_ids))
-        layers = self._read_layers() if feature_rows else ()
-        query_lp, query_tensors, features = self._feed(
+        point_layers = tuple(layer for layer in read_layers if layer > 0) if feature_rows else ()
+        pooled_layers = tuple(-layer for layer in read_layers if layer < 0) if pooling else ()
+        layers = tuple(sorted({*point_layers, *pooled_layers}))  # what the backend reads
+        query_lp, query_tensors, features, pool_sums = self._feed(
             cache, group, base, np.array(ids), np.array(pos), np.array(owner), np.array(chain_lo),
             np.array(chain_hi), np.array(pair_rows), np.array(pair_cols), queries,
-            np.array(feature_rows, dtype=np.int64), layers)
+            np.array(feature_rows, dtype=np.int64), layers,
+            np.array(pool_rows, dtype=np.int64), np.array(pool_owner, dtype=np.int64))
+        if pooling:
+            self._pool(group, chains, pool_sums, layers, pooled_layers)
         for s, forest, first in field_queries:
             fi = forest.field_index
             n_q = len(forest.query_rows)
@@ -578,10 +598,11 @@ class Decoder:
                 label = slot.written[fi]  # teacher forcing: later waves see the gold answer line
             read = None
             if (s, fi) in feature_of:
-                read = {layer: features[feature_of[(s, fi)], j] for j, layer in enumerate(layers)}
+                read = {layer: features[feature_of[(s, fi)], layers.index(layer)] for layer in point_layers}
+                read.update(slot.pooled)
             readout = self.readouts.get(fields[fi].name) if read is not None else None
             if readout is not None and slot.error is None:
-                if not all(np.isfinite(read[layer]).all() for layer in readout.layers):
+                if not all(np.isfinite(read[layer]).all() for layer in readout.layers):  # pooled ones too
                     slot.error = (f"record {slot.record.id!r}, field {fields[fi].name!r}: the model's hidden state "
                                   f"at the decision point is not finite (NaN or infinite, layers "
                                   f"{', '.join(map(str, readout.layers))} in {self.backend.dtype_name}), so the "
@@ -608,8 +629,23 @@ class Decoder:
             slot.ctx_len += end - start
             slot.fed_context = plan.context_ids
 
+    def _pool(self, group: list[_Slot], chains, pool_sums: np.ndarray, layers, pooled_layers) -> None:
+        """Wave 0's pooled features: each slot's mean hidden state over its chain (an ordering's
+        branch: over the record's shared chain and its own, the tokens its prompt has), per
+        pooled layer, as ``slot.pooled[-l]``."""
+        for s, (slot, (start, end)) in enumerate(zip(group, chains)):
+            slot.pool_sum = {l: pool_sums[s, layers.index(l)] for l in pooled_layers}
+            slot.pool_count = end - start
+        for slot in group:
+            sums, count = slot.pool_sum, slot.pool_count
+            if slot.base is not None:
+                sums = {l: slot.base.pool_sum[l] + v for l, v in sums.items()}
+                count += slot.base.pool_count
+            slot.pooled = {-l: v / max(count, 1) for l, v in sums.items()}
+
     def _read_layers(self) -> tuple[int, ...]:
-        """The layers read at decision points: ``feature_layers`` and every readout's, sorted.
+        """The layers read: ``feature_layers`` and every readout's, sorted (a negative ``-l``:
+        layer ``l`` pooled over the record's tokens).
 
         Raises:
             CompileError: the backend cannot read hidden states (no ``forward_features``).
@@ -620,15 +656,21 @@ class Decoder:
         return tuple(sorted({*self.feature_layers, *(l for r in self.readouts.values() for l in r.layers)}))
 
     def _feed(self, cache, group, base, ids, pos, owner, chain_lo, chain_hi, pair_rows, pair_cols,
-              queries, feature_rows=np.zeros(0, dtype=np.int64), layers: tuple[int, ...] = ()
-              ) -> tuple[list[np.ndarray], list | None, np.ndarray | None]:
+              queries, feature_rows=np.zeros(0, dtype=np.int64), layers: tuple[int, ...] = (),
+              pool_rows=np.zeros(0, dtype=np.int64), pool_owner=np.zeros(0, dtype=np.int64)
+              ) -> tuple[list[np.ndarray], list | None, np.ndarray | None, np.ndarray | None]:
         """Feed one wave's stream in passes of at most ``budget`` tokens; return the read log-probs
         (float64 arrays), when training the same reads as the backend's differentiable tensors,
-        and the hidden states of ``layers`` at the stream indices ``feature_rows`` (float64
-        ``(len(feature_rows), len(layers), hidden)``, read in the same passes; ``None`` without)."""
+        the hidden states of ``layers`` (positive, 1-based) at the stream indices ``feature_rows``
+        (float64 ``(len(feature_rows), len(layers), hidden)``, read in the same passes; ``None``
+        without), and their sums over the stream indices ``pool_rows`` per slot ``pool_owner``
+        (float64 ``(len(group), len(layers), hidden)``, summed pass by pass so that only one
+        pass's rows are ever held; ``None`` without)."""
         backend = self.backend
         n = len(ids)
         features = None
+        pool_sums = None
+        reading = len(feature_rows) + len(pool_rows) > 0
         q_stream = np.array([q for q, _ in queries], dtype=np.int64)
         results: list[np.ndarray | None] = [None] * len(queries)
         tensors: list | None = [None] * len(queries) if self._training else None
@@ -666,14 +708,22 @@ class Decoder:
             if self._training:
                 lp_tensor = backend.forward_train(cache, ids[a:b], pos[a:b], visible, keep, gather)
                 lp = backend.to_numpy(lp_tensor)
-            elif len(feature_rows):
+            elif reading:
                 here = np.nonzero((feature_rows >= a) & (feature_rows < b))[0]
+                pooled_here = np.nonzero((pool_rows >= a) & (pool_rows < b))[0]
                 lp, got = backend.forward_features(cache, ids[a:b], pos[a:b], visible, keep, gather,
-                                                   feature_rows[here] - a, layers)
-                if features is None:
+                                                   np.concatenate([feature_rows[here], pool_rows[pooled_here]]) - a,
+                                                   layers)
+                if features is None and len(feature_rows):
                     features = np.zeros((len(feature_rows), len(layers), got.shape[-1]))
+                if pool_sums is None and len(pool_rows):
+                    pool_sums = np.zeros((len(group), len(layers), got.shape[-1]))
                 if len(here):
-                    features[here] = got
+                    features[here] = got[: len(here)]
+                if len(pooled_here):  # a slot's chain is contiguous in the stream: one segment per slot
+                    owners = pool_owner[pooled_here]
+                    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+                    pool_sums[owners[starts]] += np.add.reduceat(got[len(here):], starts, axis=0)
             else:
                 lp = backend.forward(cache, ids[a:b], pos[a:b], visible, keep, gather)
             self.record_passes += 1
@@ -682,7 +732,7 @@ class Decoder:
                 results[i] = lp[r, : len(queries[i][1])]
                 if tensors is not None:
                     tensors[i] = lp_tensor[r, : len(queries[i][1])]
-        return results, tensors, features  # type: ignore[return-value]
+        return results, tensors, features, pool_sums  # type: ignore[return-value]
 
     def _trace(self, slot: _Slot, forest: FieldForest, probs: np.ndarray, mass: float) -> dict:
         field_ = (slot.compiled or self.compiled).schema.fields[forest.field_index]

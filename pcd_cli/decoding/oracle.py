@@ -91,3 +91,27 @@ def oracle_decision_features(backend, context: str, lines: list[tuple[int, str]]
     trunk = min(min((common_prefix_len(seqs[0], s) for s in seqs[1:]), default=len(seqs[0])),
                 min(len(s) for s in seqs) - 1)
     return backend.full_hidden(seqs[0][:trunk], [trunk - 1], list(layers))[0]
+
+
+def oracle_pooled_features(backend, compiled, record_id: object, text: str, layers) -> np.ndarray:
+    """The record-mean features (``Decoder.feature_layers`` ``-l``) by brute force: a plain
+    forward over the record's complete prompt (``compiled.record_chain``'s text, tokenized whole,
+    no cache; ``backend.full_hidden``), averaged over the tokens after the head up to the first
+    wave's forests (the record's wave-0 chain).
+
+    Args:
+        layers: 1-based layers (positive: the mean of layer ``l``).
+
+    Returns:
+        float64 ``(len(layers), hidden_size)``.
+
+    Raises:
+        AssertionError: the whole prompt's tokens do not start with the head and the chain the
+            decoder feeds (a seam the decoder should have refused).
+    """
+    full, chain = compiled.record_chain(record_id, text)
+    head = list(compiled.prompt.head_ids)
+    ids = list(backend.tokenizer.encode(full))
+    assert ids[: len(head) + len(chain)] == head + list(chain), "the prompt does not tokenize as head + chain"
+    rows = list(range(len(head), len(head) + len(chain)))
+    return backend.full_hidden(ids[: len(head) + len(chain)], rows, list(layers)).mean(axis=0)

@@ -179,9 +179,11 @@ class Calibration:
                 for name, fc in self.fields.items() if fc.by_rule}
 
     def readouts(self) -> dict[str, dict]:
-        """Field -> its readout's layers, strength, absent labels and cross-validated figures (the
-        output metadata ``pcd.readout``); empty without readouts."""
-        return {name: {"kind": "linear", "layers": list(fc.readout.layers), "C": fc.readout.C,
+        """Field -> its readout's layers (every regression's), regressions (each one's layers and
+        strength ``C``), absent labels and cross-validated figures (the output metadata
+        ``pcd.readout``); empty without readouts."""
+        return {name: {"kind": "linear", "layers": list(fc.readout.read_layers),
+                       "regressions": [{"layers": list(r.layers), "C": r.C} for r in fc.readout.regressions],
                        "absent": list(fc.readout.absent),
                        "cv": {k: v for k, v in fc.readout.cv.items() if k != "chosen"}}
                 for name, fc in self.fields.items() if fc.readout is not None}
@@ -645,9 +647,11 @@ class CalibrationReport:
                                  "temperature": f.temperature, "biases": dict(zip(f.labels, f.biases)),
                                  "conformal": f.conformal.to_dict() if f.conformal is not None else None,
                                  "rule": f.rule.to_dict() if f.rule is not None else None}
-                                | ({"logits": asdict(f.logits), "readout": {"layers": list(f.readout.layers),
-                                                                            "C": f.readout.C,
-                                                                            "absent": list(f.readout.absent)}}
+                                | ({"logits": asdict(f.logits), "readout": {
+                                    "layers": list(f.readout.read_layers),
+                                    "regressions": [{"layers": list(r.layers), "C": r.C}
+                                                    for r in f.readout.regressions],
+                                    "absent": list(f.readout.absent)}}
                                    if f.readout is not None else {})
                        for f in self.fields}, "objective": self.objective,
             "fields_without_gold": list(self.fields_without_gold), "gold_rows": self.gold_rows,

@@ -213,7 +213,7 @@ def render_calibration(report, console: Console) -> None:
     for f in report.fields:
         readout = getattr(f, "readout", None)
         table = _table(f"{escape(f.field)} ({f.n} rows, {f.folds}-fold CV" +
-                       (", the readout's layer and C chosen inside each fold)" if readout is not None else ")"))
+                       (", the readout's layers and C chosen inside each fold)" if readout is not None else ")"))
         columns = ("metric", "argmax", "logits calibrated", "linear readout") if readout is not None else \
             ("metric", "before", "after")
         for name in columns:
@@ -224,8 +224,7 @@ def render_calibration(report, console: Console) -> None:
                           *((_f(getattr(f.logits, attr)),) if readout is not None else ()), _f(getattr(f.after, attr)))
         console.print(table)
         if readout is not None:
-            console.print(f"{escape(f.field)}: linear readout of layer{'s' if len(readout.layers) > 1 else ''} "
-                          f"{'+'.join(map(str, readout.layers))}, C {readout.C:g}" +
+            console.print(f"{escape(f.field)}: linear readout, {readout.describe()}" +
                           (f"; labels without gold rows: {escape(', '.join(readout.absent))}" if readout.absent
                            else ""), highlight=False)
         biases = _biases(f.labels, f.biases)

@@ -20,7 +20,8 @@ from ..helpers import keyword_rows, pcd, save_tiny_model, write_jsonl  # noqa: E
 
 
 def _synthetic(n=60, k=3, d=40, seed=0, absent=()):
-    """Features whose first dimensions carry the label (layer 2) and noise (layer 1)."""
+    """Features whose first dimensions carry the label (layers 2 and 3, the mean of layer 3 over
+    the record) and noise (layer 1)."""
     rng = np.random.default_rng(seed)
     present = [c for c in range(k) if c not in absent]
     gold = np.array([present[i % len(present)] for i in range(n)])
@@ -28,27 +29,33 @@ def _synthetic(n=60, k=3, d=40, seed=0, absent=()):
     signal[np.arange(n), gold] += 4.0
     sets = {(1,): rng.normal(size=(n, d)), (2,): signal}
     sets[(1, 2)] = np.hstack([sets[(1,)], sets[(2,)]])
+    sets[(-3,)] = signal + rng.normal(size=(n, d))
     model = rng.dirichlet(np.ones(k), n)
     parts = np.array_split(rng.permutation(n), 5)
     return sets, gold, model, parts
 
 
 def test_candidate_layers_are_issue_50s_for_30_layers():
-    assert candidate_layers(30) == ((10,), (15,), (20,), (25,), (30,), (20, 30), (20, 25, 30))
-    assert feature_layers(30) == (10, 15, 20, 25, 30)
-    assert candidate_layers(2) == ((1,), (2,), (1, 2))  # a tiny model: no duplicate sets
+    assert candidate_layers(30) == ((10,), (15,), (20,), (25,), (30,), (20, 30), (20, 25, 30),
+                                    (-10,), (-15,), (-20,), (-25,))  # -l: layer l's mean over the record
+    assert feature_layers(30) == (-25, -20, -15, -10, 10, 15, 20, 25, 30)
+    assert candidate_layers(2) == ((1,), (2,), (1, 2), (-1,), (-2,))  # a tiny model: no duplicate sets
 
 
 def test_nested_fit_picks_the_informative_layer_and_scores_held_out_rows():
     sets, gold, model, parts = _synthetic()
     readout, held = fit_readout("f", ("a", "b", "c"), sets, gold, model, parts)
-    assert 2 in readout.layers  # the noise layer alone is never chosen
+    assert 2 in readout.layers  # the best-ranked regression reads the informative layer
+    assert len(readout.regressions) == 3 and (1,) not in [r.layers for r in readout.regressions]  # ENSEMBLE
     assert (held.argmax(axis=1) == gold).mean() > 0.9  # held-out rows, each scored by a fit without it
     assert np.allclose(held.sum(axis=1), 1)
-    assert len(readout.cv["chosen"]) == 5 and readout.absent == () and readout.absent_weight == 0
-    x = sets[readout.layers]
-    probs = readout.probs(x, model)
+    assert len(readout.cv["chosen"]) == 5 and all(len(c) == 3 for c in readout.cv["chosen"])
+    assert readout.absent == () and readout.absent_weight == 0
+    read = {1: sets[(1,)], 2: sets[(2,)], -3: sets[(-3,)]}
+    probs = readout.read_probs(read, model)
     assert (probs.argmax(axis=1) == gold).mean() == 1.0
+    each = [r.probs(r.features(read), model) for r in readout.regressions]  # the mean of the regressions'
+    assert np.allclose(probs, np.mean(each, axis=0), atol=1e-12)
 
 
 def test_the_floor_names_the_field_and_the_thin_label():
@@ -68,7 +75,7 @@ def test_an_absent_label_keeps_the_models_probability_times_the_laplace_weight()
     sets, gold, model, parts = _synthetic(n=40, absent=(1,))
     readout, held = fit_readout("f", ("a", "b", "c"), sets, gold, model, parts)
     assert readout.absent == ("b",) and readout.absent_weight == pytest.approx(1 / 42)
-    probs = readout.probs(sets[readout.layers], model)
+    probs = readout.read_probs({1: sets[(1,)], 2: sets[(2,)], -3: sets[(-3,)]}, model)
     assert np.allclose(probs[:, 1], model[:, 1] / model.sum(axis=1) / 42)  # never zero, never silently impossible
     assert (held[:, 1] > 0).all()
     # a record whose model is sure of b and whose features say nothing: b is written
@@ -89,9 +96,20 @@ def test_readout_round_trips_through_the_file_exactly_and_bad_entries_are_named(
     loaded = Calibration.load(path)
     assert loaded.sha256 == saved.sha256
     again = loaded.fields["spam"].readout
-    x = sets[readout.layers]
-    assert np.array_equal(again.probs(x, model), readout.probs(x, model))  # floats stored exactly
+    read = {1: sets[(1,)], 2: sets[(2,)], -3: sets[(-3,)]}
+    assert len(again.members) == 2 and again.read_layers == readout.read_layers
+    assert np.array_equal(again.read_probs(read, model), readout.read_probs(read, model))  # floats stored exactly
     doc = json.loads(path.read_text())
+    old = dict(doc["fields"]["spam"]["readout"])  # a one-regression file (before members): still loads
+    del old["members"]
+    alone = Readout.from_dict(old, ("true", "false"), "field 'spam'")
+    assert alone.members == () and np.array_equal(alone.read_probs(read, model), readout.probs(
+        readout.features(read), model))
+    bad = json.loads(json.dumps(doc))
+    bad["fields"]["spam"]["readout"]["members"][1]["layers"] = [0]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(CalibrationError, match=r"'members'\[1\]: 'layers'"):
+        Calibration.load(path)
     doc["fields"]["spam"]["readout"]["coef"] = [[1.0, 2.0]]
     path.write_text(json.dumps(doc))
     with pytest.raises(CalibrationError, match=r"field 'spam': 'readout'.*'coef'"):
@@ -175,7 +193,8 @@ def test_a_records_readout_is_the_same_alone_packed_and_decided_in_the_wave(fitt
     intercept = np.zeros(2)
     intercept[forced] = 30.0
     cal = replace(cal, fields={**cal.fields, "refund": replace(cal.fields["refund"], readout=replace(
-        ro, coef=np.zeros_like(ro.coef), intercept=intercept))})
+        ro, coef=np.zeros_like(ro.coef), intercept=intercept, members=tuple(
+            replace(m, coef=np.zeros_like(m.coef), intercept=intercept) for m in ro.members)))})
     steered = Labeler(root / "schema.json", backend=labeler.backend, calibration=cal, trace=True)
     for p, r in zip(steered.label_batch(records), raw):
         assert p.fields[0].label == forced and p.fields[0].raw_probs == pytest.approx(r.fields[0].probs, abs=1e-5)
