@@ -262,7 +262,7 @@ class Labeler:
         for name, fc in self.calibration.fields.items():
             if fc.readout is None:
                 continue
-            deep = [layer for layer in fc.readout.layers if layer > n_layers]
+            deep = [abs(layer) for layer in fc.readout.read_layers if abs(layer) > n_layers]
             if deep:
                 raise CalibrationError(f"field {name!r}: the calibration's readout reads layer {deep[0]}; this model "
                                        f"has {n_layers}")

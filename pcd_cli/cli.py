@@ -624,9 +624,10 @@ def calibrate(
     objective: str = OBJECTIVE_OPT,
     force_rule: bool = FORCE_RULE_OPT,
     readout: str = typer.Option("logits", "--readout", help="logits: a temperature and label biases on the model's "
-                                "probabilities. linear: also a logistic regression per field on the model's hidden "
-                                "state at the field's decision point (layer and strength chosen by nested "
-                                "cross-validation; needs scikit-learn; not with --predictions, --coverage or "
+                                "probabilities. linear: also logistic regressions per field on the model's hidden "
+                                "state at the field's decision point and over the record (the three best "
+                                "layer sets and strengths by nested cross-validation, averaged; needs "
+                                "scikit-learn; not with --predictions, --coverage or "
                                 "--permutations; docs/quality.md)."),
     id_field: str = GOLD_ID_OPT,
     plot: Optional[Path] = PLOT_OPT,

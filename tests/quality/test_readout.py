@@ -157,6 +157,22 @@ def test_calibrate_reports_the_readout_beside_argmax_and_names_the_absent_label(
     entry = doc["fields"]["topic"]["readout"]
     assert entry["absent"] == ["OTHER"] and set(entry["cv"]) >= {"argmax", "logits", "readout", "chosen"}
     assert len(entry["mean"]) == len(entry["coef"][0]) == 64 * len(entry["layers"])  # the tiny model's width
+    assert len(entry["members"]) == 2 and all(len(m["mean"]) == 64 * len(m["layers"]) for m in entry["members"])
+    assert [c for fold in entry["cv"]["chosen"] for c in fold]  # each outer fold's three sets and strengths
+    assert len(fc.readout.regressions) == 3 and fc.readout.describe().startswith("the mean of 3 regressions: layer")
+
+
+def test_a_readout_reading_a_layer_the_model_lacks_is_refused_by_name(fitted):
+    from pcd_cli.api import Labeler
+
+    root, run = fitted
+    cal = run.calibration
+    ro = cal.fields["refund"].readout
+    deep = replace(ro, members=(replace(ro.members[0], layers=(-99,)), *ro.members[1:]))  # a pooled layer 99
+    cal = replace(cal, fields={**cal.fields, "refund": replace(cal.fields["refund"], readout=deep)})
+    with pytest.raises(CalibrationError, match=r"field 'refund': the calibration's readout reads layer 99; this "
+                                               r"model has 2"):
+        Labeler(root / "schema.json", model=str(root / "tiny"), calibration=cal)
 
 
 def test_a_records_readout_is_the_same_alone_packed_and_decided_in_the_wave(fitted):
