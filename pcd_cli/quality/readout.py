@@ -109,9 +109,12 @@ def candidate_layers(n_layers: int) -> tuple[tuple[int, ...], ...]:
     return tuple(sets)
 
 
-def layer_name(layer: int) -> str:
-    """``"20"`` for a decision-point layer, ``"mean 20"`` for a record-mean (``-20``)."""
-    return f"mean {-layer}" if layer < 0 else str(layer)
+def regression_name(layers) -> str:
+    """A regression's features in words: ``"layers 20+30"`` at the decision point, ``"the
+    record-mean of layer 20"`` for ``(-20,)``, ``"layer 30 & the record-mean of layer 20"``."""
+    if all(layer > 0 for layer in layers):
+        return f"layer{'s' if len(layers) > 1 else ''} {'+'.join(map(str, layers))}"
+    return " & ".join(f"layer {layer}" if layer > 0 else f"the record-mean of layer {-layer}" for layer in layers)
 
 
 def feature_layers(n_layers: int) -> tuple[int, ...]:
@@ -168,9 +171,8 @@ class Readout:
 
     def describe(self) -> str:
         """The regressions in words: ``"layers 20+30 (C 0.1)"``, or ``"the mean of 2 regressions:
-        layers 20+30 (C 0.1) + layer mean 15 (C 0.03)"``."""
-        each = " + ".join(f"layer{'s' if len(r.layers) > 1 else ''} {'+'.join(map(layer_name, r.layers))} "
-                          f"(C {r.C:g})" for r in self.regressions)
+        layers 20+30 (C 0.1) + the record-mean of layer 15 (C 0.03)"`` (``regression_name``)."""
+        each = " + ".join(f"{regression_name(r.layers)} (C {r.C:g})" for r in self.regressions)
         return each if not self.members else f"the mean of {len(self.regressions)} regressions: {each}"
 
     @property

@@ -159,7 +159,7 @@ def test_calibrate_reports_the_readout_beside_argmax_and_names_the_absent_label(
     assert len(entry["mean"]) == len(entry["coef"][0]) == 64 * len(entry["layers"])  # the tiny model's width
     assert len(entry["members"]) == 2 and all(len(m["mean"]) == 64 * len(m["layers"]) for m in entry["members"])
     assert [c for fold in entry["cv"]["chosen"] for c in fold]  # each outer fold's three sets and strengths
-    assert len(fc.readout.regressions) == 3 and fc.readout.describe().startswith("the mean of 3 regressions: layer")
+    assert len(fc.readout.regressions) == 3 and fc.readout.describe().startswith("the mean of 3 regressions: ")
 
 
 def test_a_readout_reading_a_layer_the_model_lacks_is_refused_by_name(fitted):
