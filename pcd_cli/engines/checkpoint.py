@@ -168,10 +168,21 @@ class WorkDir:
         if not same:  # the run that held it finished and removed the folder meanwhile
             lock_fh.close()
             raise InputError(f"another pcd run was writing {str(output)!r} just now; run again")
+        work = cls(path, fingerprint, arrow_schema, lock_fh)
+        try:  # the lock is released (its file closed) if taking the folder fails after this
+            work._take(output, resume)
+        except BaseException:
+            work.close()
+            raise
+        return work
+
+    def _take(self, output: str | Path, resume: bool) -> None:
+        """``open``'s second half, under the lock: clear a killed run's temporary output, then
+        continue, or reset, the folder's committed parts (``discarded`` says why)."""
+        work, fingerprint = self, self.fingerprint
         final = write_target(output)
         for stray in final.parent.glob(f".{final.name}.*.tmp"):
             stray.unlink(missing_ok=True)  # the final Parquet of a run killed while writing it
-        work = cls(path, fingerprint, arrow_schema, lock_fh)
         manifest = work._read_manifest()
         if manifest is None:
             work._reset()
@@ -192,7 +203,6 @@ class WorkDir:
         else:
             work.progress = Progress(**manifest["progress"])
             work._remove_uncommitted()
-        return work
 
     def _read_manifest(self) -> dict | None:
         try:

@@ -278,9 +278,27 @@ def check_state_dir(folder: Path) -> None:
                              "folder pcd can write its gold journals and model versions in") from None
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A ``StreamHandler`` writing to whatever ``sys.stderr`` is when a line is written, never to
+    the stream of the moment it was made: a server started by a test runner (or anything that
+    swaps stderr and closes the old one) would otherwise log into a closed file ("--- Logging
+    error ---"). The standard library's own last-resort handler does the same."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 def _logging(quiet: bool) -> None:
     """One line per event on stderr: time, level, message (the request id leads request lines)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderr()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for name in ("pcd.server", "uvicorn.error"):
         logger = logging.getLogger(name)

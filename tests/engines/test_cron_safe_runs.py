@@ -271,6 +271,25 @@ def test_a_second_run_on_the_same_output_is_refused(backend, tmp_path):
     assert pq.read_table(out).num_rows == 4
 
 
+def test_a_failure_while_taking_the_folder_releases_its_lock(tmp_path, monkeypatch):
+    """WorkDir.open fails after taking the lock (the folder's manifest cannot be written): the lock
+    file is closed and the next run takes the folder, never "another pcd run is writing"."""
+    from pcd_cli.engines import checkpoint
+    from pcd_cli.errors import MachineError
+
+    out = tmp_path / "o.parquet"
+
+    def full_disk(*_args, **_kwargs):
+        raise MachineError("no space left on device")
+
+    monkeypatch.setattr(checkpoint, "write_atomic", full_disk)
+    with pytest.raises(MachineError, match="no space left") as failed:  # its traceback is kept alive below
+        checkpoint.WorkDir.open(out, {"x": 1}, None, resume=False)
+    monkeypatch.undo()
+    with checkpoint.WorkDir.open(out, {"x": 1}, None, resume=False) as work:
+        assert work.progress.rows == 0 and failed.value is not None
+
+
 # -- real processes: SIGKILL and SIGTERM --------------------------------------------------------
 
 def _pcd(*args) -> list[str]:

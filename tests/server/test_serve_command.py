@@ -98,3 +98,28 @@ def test_pcd_serve_on_the_embedded_model_answers_and_drains_on_sigterm():
     assert r.status_code == 200 and r.json()["rows"][0]["row"] == 0
     assert code == 0, log
     assert "prize" not in log  # record text never logged
+
+
+def test_server_log_lines_go_to_the_current_stderr_never_a_closed_one(monkeypatch):
+    """The server's log handler writes to whatever sys.stderr is at the time: after the stream it
+    started with is closed (a test runner's capture, a swapped daemon stream) a line is written to
+    the new one, with no "--- Logging error ---"."""
+    import io
+    import logging
+
+    from pcd_cli.server.command import _logging
+
+    for name in ("pcd.server", "uvicorn.error"):  # restored after the test, as the other tests left them
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "propagate", logger.propagate)
+        monkeypatch.setattr(logger, "level", logger.level)
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    _logging(quiet=False)
+    logging.getLogger("pcd.server").warning("one")
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    logging.getLogger("pcd.server").warning("two")
+    assert second.getvalue().rstrip().endswith("WARNING pcd.server: two")
+    assert "Logging error" not in second.getvalue()
