@@ -258,34 +258,27 @@ def run_decisions(routes: Routes, data: Path, n: int, split: str, per_row: int) 
 
 
 def fit_readouts(backend, job, data: Path, n_fit: int, rows_per_class: int, folder: Path) -> dict:
-    """``--readout``: per set, a linear readout fitted as ``pcd calibrate --readout linear`` fits it
-    (``Decoder.feature_layers``, ``fit_calibration(features=...)``) under ``job``'s prompt, on
-    ``n_fit`` rows of the set's file that the suite does not use (so no clean or planted row was
-    seen), up to half of them of the class planted into (file order); returns ``{set name: job with calibration=<file>}``."""
+    """``--readout``: per set, a linear readout fitted by ``pcd calibrate --readout linear``'s own
+    library call (``pcd_cli.fitting.calibrate_on_gold``) under ``job``'s prompt, on ``n_fit`` rows
+    of the set's file that the suite does not use (so no clean or planted row was seen), up to
+    half of them of the class planted into (file order); returns ``{set name: job with
+    calibration=<file>}``. (``backend`` is unused: the call loads ``job``'s model itself.)"""
     from dataclasses import replace
 
-    import pandas as pd
-
-    from pcd_cli.api import Labeler
-    from pcd_cli.quality.calibration import fit_calibration
-    from pcd_cli.quality.data import id_keys
-    from pcd_cli.quality.readout import feature_layers
+    from pcd_cli.fitting import calibrate_on_gold
 
     out = {}
     for name, (schema_file, file, field, planted_on, *_) in SETS.items():
         used = {r["id"] for r in load_rows(data, name, rows_per_class)}
         rows = [json.loads(line) for line in (data / file).read_text().splitlines() if json.loads(line)["id"] not in used]
         hit = [r for r in rows if r[field] == planted_on][:n_fit // 2]  # both sides of the planted answer
-        fit = pd.DataFrame(hit + [r for r in rows if r[field] != planted_on][:n_fit - len(hit)])
-        labeler = Labeler(ROOT / schema_file, job, backend=backend, id_field="id")
-        labeler.decoder.feature_layers = feature_layers(labeler.backend.n_layers)
-        frame = labeler.label_frame(fit, text_field="text", id_field="id", all_probs=True)
-        keys, _ = id_keys(frame["id"], "predictions", "id")
-        cal, _ = fit_calibration(frame, fit, labeler.schema, frame.attrs["metadata"], id_field="id",
-                                 features=dict(zip(keys, frame.attrs["features"])))
+        fit = hit + [r for r in rows if r[field] != planted_on][:n_fit - len(hit)]
+        gold = folder / f"{name}.fit.jsonl"
+        gold.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in fit))
         path = folder / f"{name}.readout.json"
-        cal.save(path)
-        fc = cal.fields[field]
+        run = calibrate_on_gold(gold, ROOT / schema_file, job, output=path, id_field="id", readout="linear")
+        run.calibration.save(path)
+        fc = run.calibration.fields[field]
         print(f"readout {name}: {len(fit)} rows, {fc.readout.describe()}, "
               f"cross-validated macro-F1 {fc.readout.cv['readout']['macro_f1']:.3f}", flush=True)
         out[name] = replace(job, calibration=str(path))
