@@ -262,10 +262,13 @@ class Labeler:
         for name, fc in self.calibration.fields.items():
             if fc.readout is None:
                 continue
-            deep = [abs(layer) for layer in fc.readout.read_layers if abs(layer) > n_layers]
+            deep = [layer for layer in fc.readout.read_layers if abs(layer) > n_layers]
             if deep:
-                raise CalibrationError(f"field {name!r}: the calibration's readout reads layer {deep[0]}; this model "
-                                       f"has {n_layers}")
+                from .quality.readout import regression_name
+
+                raise CalibrationError(f"field {name!r}: the calibration's readout reads {regression_name(deep[:1])} "
+                                       f"('layers' {deep[0]}), and this model has {n_layers} layers: the file was "
+                                       "fitted on another model or edited; refit it with pcd calibrate --readout linear")
             readouts[name] = FieldReadout(fc.readout, fc.rule)
         self.decoder.readouts = readouts
         for decoder in (d for _, d in self._field_parts.values()):

@@ -683,10 +683,11 @@ def _calibrate_unlabelled(options: dict) -> None:
 
     refused = [name for name, given in (("--objective", options["objective"] != "likelihood"),
                                         ("--coverage", options["coverage"] is not None),
+                                        ("--readout linear", options["readout"] != "logits"),
                                         ("--plot", options["plot"] is not None)) if given]
     if refused:
         raise InputError(f"--unlabelled with {', '.join(refused)}: without gold labels there is no decision rule, "
-                         "label set or reliability diagram to fit; drop it, or calibrate on gold rows")
+                         "label set, readout or reliability diagram to fit; drop it, or calibrate on gold rows")
     job = _label_job(options, besides=("id_field",))
     run = calibrate_unlabelled(options["gold"], options["schema"], job, output=options["output"],
                                predictions=options["predictions"], sample=options["sample"], seed=options["seed"],

@@ -92,7 +92,7 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     from .schema.load import load_schema
     from .schema.model import Schema
     from .quality import fit_calibration, read_gold, read_predictions
-    from .quality.calibration import (check_coverage_rows, check_objective_gold, check_output_path,
+    from .quality.calibration import (check_coverage_rows, check_objective_gold, check_output_path, check_readout_gold,
                                       rule_fit_warnings, worse_calibration_warnings)
     from .quality.decision import check_objective_labels, parse_objective
     from .quality.data import drop_example_rows
@@ -124,6 +124,8 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
     check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
     check_objective_gold(gold_frame, parsed, objective, id_field=id_field)  # before the model loads
+    if readout == "linear":
+        check_readout_gold(gold_frame, parsed, id_field=id_field)  # before the model loads
     notes: list[str] = []
     row_warnings: list[str] = []
     decoded = None

@@ -812,28 +812,50 @@ def check_objective_gold(gold: pd.DataFrame, schema: Schema, objective: Objectiv
     """
     if objective is None or not objective.fits_rule:
         return
+    problems = []
+    for _spec, name, labels, rows in gold_decisions(gold, schema, id_field):
+        if not rows or applies_to(objective, name, tuple(labels)) is not None:
+            continue
+        gold_idx = np.asarray(rows, dtype=np.int64)
+        problem = fit_problem(objective, name, gold_idx, tuple(labels)) if floor else \
+            constant_problem(objective, name, gold_idx, tuple(labels))
+        if problem is not None:
+            problems.append(problem if floor else f"--objective {objective.name}: {problem}")
+    if problems:
+        raise CalibrationError(" | ".join(problems))
+
+
+def gold_decisions(gold: pd.DataFrame, schema: Schema, id_field: str = "id"):
+    """The gold file's decisions as read, before any model loads: ``(spec, name, labels, label
+    indices of the gold cells)`` per single-label field, and per option of a multi-select field
+    (``<field>.<option>``, ``("true", "false")``); fields without a gold column are left out."""
     specs = [FieldSpec.of(f) for f in schema.declared]
     frame = resolve_gold_columns(gold, specs, id_field)
-    problems = []
     for spec in specs:
         if spec.name not in frame.columns:
             continue
         cells = frame[spec.name].tolist()
         if spec.is_multi:
             chosen = [c for c in (gold_options(v, spec) for v in cells) if c is not None]
-            decisions = [(f"{spec.name}.{option}", ("true", "false"), [0 if row[j] else 1 for row in chosen])
-                         for j, option in enumerate(spec.labels)]
+            for j, option in enumerate(spec.labels):
+                yield spec, f"{spec.name}.{option}", ("true", "false"), [0 if row[j] else 1 for row in chosen]
         else:
-            decisions = [(spec.name, spec.labels, [i for i in (gold_label_index(v, spec) for v in cells)
-                                                   if i is not None])]
-        for name, labels, rows in decisions:
-            if not rows or applies_to(objective, name, tuple(labels)) is not None:
-                continue
-            gold_idx = np.asarray(rows, dtype=np.int64)
-            problem = fit_problem(objective, name, gold_idx, tuple(labels)) if floor else \
-                constant_problem(objective, name, gold_idx, tuple(labels))
-            if problem is not None:
-                problems.append(problem if floor else f"--objective {objective.name}: {problem}")
+            yield spec, spec.name, spec.labels, [i for i in (gold_label_index(v, spec) for v in cells) if i is not None]
+
+
+def check_readout_gold(gold: pd.DataFrame, schema: Schema, *, id_field: str = "id") -> None:
+    """Before any model loads: refuse ``--readout linear`` when a field's gold cells are below
+    the readout's floor (``readout.floor_problem``; integer fields keep the logits calibration
+    and are not checked). ``fit_readout`` checks again on the rows it joins.
+
+    Raises:
+        CalibrationError: naming each such field (or option) and its thin labels.
+    """
+    from .readout import floor_problem
+
+    problems = [floor_problem(name, np.asarray(rows, dtype=np.int64), tuple(labels))
+                for spec, name, labels, rows in gold_decisions(gold, schema, id_field) if spec.type != "integer"]
+    problems = [p for p in problems if p is not None]
     if problems:
         raise CalibrationError(" | ".join(problems))
 

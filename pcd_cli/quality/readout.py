@@ -428,9 +428,10 @@ def floor_problem(name: str, gold: np.ndarray, labels) -> str | None:
     counts = np.bincount(gold, minlength=len(labels))
     thin = [f"{labels[i]} ({c})" for i, c in enumerate(counts) if 0 < c < MIN_PER_LABEL]
     if len(gold) < MIN_ROWS or thin:
-        return (f"field {name!r}: the linear readout needs at least {MIN_ROWS} gold rows and {MIN_PER_LABEL} per "
-                f"label it has; it has {len(gold)}" + (f", and {', '.join(thin)} for" if thin else "")
-                + " (add gold rows, or use --readout logits)")
+        return (f"field {name!r}: the linear readout needs at least {MIN_ROWS} gold rows and {MIN_PER_LABEL} of "
+                f"each label that has any; it has {len(gold)} rows"
+                + (f", and only {', '.join(thin)} of {'that label' if len(thin) == 1 else 'those labels'}"
+                   if thin else "") + " (add gold rows, or use --readout logits)")
     return None
 
 

@@ -3,6 +3,7 @@ in the wave by every front-end (alone = packed = served), on the tiny model."""
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import replace
 
@@ -60,14 +61,14 @@ def test_nested_fit_picks_the_informative_layer_and_scores_held_out_rows():
 
 def test_the_floor_names_the_field_and_the_thin_label():
     sets, gold, model, parts = _synthetic(n=MIN_ROWS - 1)
-    with pytest.raises(CalibrationError, match=r"field 'f'.*at least 20 gold rows.*has 19"):
+    with pytest.raises(CalibrationError, match=r"field 'f'.*at least 20 gold rows.*has 19 rows \("):
         fit_readout("f", ("a", "b", "c"), {k: v[:19] for k, v in sets.items()}, gold[:19], model[:19],
                     np.array_split(np.arange(19), 5))
     sets, gold, model, parts = _synthetic(n=40)
     gold = gold.copy()
     gold[gold == 2] = 0
     gold[0] = 2  # one row of c
-    with pytest.raises(CalibrationError, match=r"c \(1\)"):
+    with pytest.raises(CalibrationError, match=r"it has 40 rows, and only c \(1\) of that label \(add gold rows"):
         fit_readout("f", ("a", "b", "c"), sets, gold, model, parts)
 
 
@@ -170,8 +171,8 @@ def test_a_readout_reading_a_layer_the_model_lacks_is_refused_by_name(fitted):
     ro = cal.fields["refund"].readout
     deep = replace(ro, members=(replace(ro.members[0], layers=(-99,)), *ro.members[1:]))  # a pooled layer 99
     cal = replace(cal, fields={**cal.fields, "refund": replace(cal.fields["refund"], readout=deep)})
-    with pytest.raises(CalibrationError, match=r"field 'refund': the calibration's readout reads layer 99; this "
-                                               r"model has 2"):
+    with pytest.raises(CalibrationError, match=r"field 'refund': the calibration's readout reads the record-mean of "
+                                               r"layer 99 \('layers' -99\), and this model has 2 layers"):
         Labeler(root / "schema.json", model=str(root / "tiny"), calibration=cal)
 
 
@@ -243,6 +244,14 @@ def test_readout_options_refused_by_name(fitted, tmp_path):
     out = pcd("calibrate", str(root / "gold.jsonl"), "-s", str(root / "schema.json"), "--readout", "linear",
               "--predictions", str(root / "gold.jsonl"), "-o", str(tmp_path / "c.json"), code=2)
     assert "--readout linear and --predictions" in out.stdout + out.stderr
+    thin = [json.loads(line) for line in (root / "gold.jsonl").read_text().splitlines()]
+    thin = [r for r in thin if not r["refund"]] + [next(r for r in thin if r["refund"])]  # one row of true
+    write_jsonl(tmp_path / "thin.jsonl", thin)
+    out = pcd("calibrate", str(tmp_path / "thin.jsonl"), "-s", str(root / "schema.json"), "--readout", "linear",
+              "--model", str(tmp_path / "no-such-model"), "-o", str(tmp_path / "t.json"), code=2)
+    text = " ".join((out.stdout + out.stderr).split())  # refused from the gold file, before any model loads
+    assert f"field 'refund': the linear readout needs at least 20 gold rows and 2 of each label that has any; it " \
+           f"has {len(thin)} rows, and only true (1) of that label" in text, text
     from pcd_cli.api import Labeler
 
     with pytest.raises(CalibrationError, match="--permutations 6"):
@@ -278,3 +287,23 @@ def test_served_v1_label_applies_the_same_readout(fitted):
         assert row["refund"] == ref.fields[0].value and row["topic"] == ref.fields[1].value
         assert abs(row["refund__prob"] - ref.fields[0].prob) < 1e-5
         assert abs(row["refund__probs"]["true"] - ref.fields[0].probs[0]) < 1e-5
+
+
+def test_calibrate_warns_of_the_temperature_bound_only_where_the_logits_write_the_labels(fitted):
+    """A field with a readout: its labels are the readout's, so the logits calibration's temperature
+    at its bound is no warning (pcd label leaves that line out too); without a readout it is."""
+    from rich.console import Console
+
+    from pcd_cli.quality.calibration import MAX_TEMPERATURE
+    from pcd_cli.quality.render import render_calibration
+
+    _, run = fitted
+    at_bound = replace(run.report, fields=[replace(f, temperature=MAX_TEMPERATURE) for f in run.report.fields])
+    shown = Console(record=True, width=200, file=io.StringIO())
+    render_calibration(at_bound, shown)
+    text = shown.export_text()  # (export_text clears what it returns)
+    assert "linear readout" in text and "temperature is at its bound" not in text
+    logits_only = replace(at_bound, fields=[replace(f, readout=None, logits=None) for f in at_bound.fields])
+    shown = Console(record=True, width=200, file=io.StringIO())
+    render_calibration(logits_only, shown)
+    assert shown.export_text().count("temperature is at its bound") == len(at_bound.fields)

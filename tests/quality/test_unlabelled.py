@@ -81,6 +81,9 @@ def test_unlabelled_calibration_written_by_calibrate_applies_in_label(tmp_path):
     result = pcd("calibrate", rows, "-s", schema_path, "--unlabelled", "-o", tmp_path / "c2.json", "--model", model,
                  "--coverage", "0.9", code=2)
     assert "--unlabelled with --coverage" in flat(result.stderr)
+    result = pcd("calibrate", rows, "-s", schema_path, "--unlabelled", "-o", tmp_path / "c3.json", "--model", model,
+                 "--readout", "linear", code=2)  # never silently a file without the readout asked for
+    assert "--unlabelled with --readout linear" in flat(result.stderr) and not (tmp_path / "c3.json").exists()
     # an output already corrected is refused as input to the fit (one check for every fit:
     # check_raw_predictions), named by what corrected it
     with pytest.raises(CalibrationError, match="made with a calibration already"):
