@@ -73,11 +73,8 @@ class _Slot:
     branches: list["_Slot"] = field(default_factory=list)
     base: "_Slot | None" = None  # on an ordering's slot: the shared slot
     stream: tuple[int, int] = (0, 0)  # where the slot's chain lies in the wave-0 stream (kv coordinates)
-    #: pooled readout features (a negative layer ``-l``, ``Decoder.feature_layers``): the sum of
-    #: layer ``l``'s hidden states over the slot's wave-0 chain (float64 ``(hidden,)``) and its
-    #: token count; ``pooled`` the means ``{-l: (hidden,)}`` the slot's fields read
-    pool_sum: dict = field(default_factory=dict)
-    pool_count: int = 0
+    #: pooled readout features (a negative layer ``-l``, ``Decoder.feature_layers``): the mean of
+    #: layer ``l``'s hidden states over the slot's wave-0 chain, ``{-l: float64 (hidden,)}``
     pooled: dict = field(default_factory=dict)
 
 
@@ -633,15 +630,13 @@ class Decoder:
         """Wave 0's pooled features: each slot's mean hidden state over its chain (an ordering's
         branch: over the record's shared chain and its own, the tokens its prompt has), per
         pooled layer, as ``slot.pooled[-l]``."""
-        for s, (slot, (start, end)) in enumerate(zip(group, chains)):
-            slot.pool_sum = {l: pool_sums[s, layers.index(l)] for l in pooled_layers}
-            slot.pool_count = end - start
-        for slot in group:
-            sums, count = slot.pool_sum, slot.pool_count
-            if slot.base is not None:
-                sums = {l: slot.base.pool_sum[l] + v for l, v in sums.items()}
-                count += slot.base.pool_count
-            slot.pooled = {-l: v / max(count, 1) for l, v in sums.items()}
+        at = {id(slot): s for s, slot in enumerate(group)}  # a branch's shared slot is in its group
+        columns = np.array([layers.index(l) for l in pooled_layers])
+        for s, slot in enumerate(group):
+            own = [s] if slot.base is None else [at[id(slot.base)], s]
+            total = sum(pool_sums[j][columns] for j in own)
+            count = sum(chains[j][1] - chains[j][0] for j in own)
+            slot.pooled = {-l: total[i] / max(count, 1) for i, l in enumerate(pooled_layers)}
 
     def _read_layers(self) -> tuple[int, ...]:
         """The layers read: ``feature_layers`` and every readout's, sorted (a negative ``-l``:

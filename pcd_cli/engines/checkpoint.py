@@ -179,30 +179,29 @@ class WorkDir:
     def _take(self, output: str | Path, resume: bool) -> None:
         """``open``'s second half, under the lock: clear a killed run's temporary output, then
         continue, or reset, the folder's committed parts (``discarded`` says why)."""
-        work, fingerprint = self, self.fingerprint
         final = write_target(output)
         for stray in final.parent.glob(f".{final.name}.*.tmp"):
             stray.unlink(missing_ok=True)  # the final Parquet of a run killed while writing it
-        manifest = work._read_manifest()
+        manifest = self._read_manifest()
         if manifest is None:
-            work._reset()
+            self._reset()
         elif manifest.get("format") != MANIFEST_FORMAT:
-            work.discarded = ("the unfinished run was made by another version of pcd; its work was discarded "
+            self.discarded = ("the unfinished run was made by another version of pcd; its work was discarded "
                               "and the run starts over")
-            work._reset()
+            self._reset()
         elif not resume:
-            work.discarded = (f"an unfinished run's {manifest['progress']['rows']} rows were discarded "
+            self.discarded = (f"an unfinished run's {manifest['progress']['rows']} rows were discarded "
                               "(pass --resume to continue one)")
-            work._reset()
-        elif manifest.get("fingerprint") != fingerprint:
+            self._reset()
+        elif manifest.get("fingerprint") != self.fingerprint:
             old = manifest.get("fingerprint") or {}
-            changed = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
-            work.discarded = (f"the unfinished run was for a different {', '.join(changed)}; "
+            changed = sorted(k for k in set(old) | set(self.fingerprint) if old.get(k) != self.fingerprint.get(k))
+            self.discarded = (f"the unfinished run was for a different {', '.join(changed)}; "
                               f"its {manifest['progress']['rows']} rows were discarded and the run starts over")
-            work._reset()
+            self._reset()
         else:
-            work.progress = Progress(**manifest["progress"])
-            work._remove_uncommitted()
+            self.progress = Progress(**manifest["progress"])
+            self._remove_uncommitted()
 
     def _read_manifest(self) -> dict | None:
         try:

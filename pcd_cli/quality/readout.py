@@ -205,7 +205,12 @@ class Readout:
         Raises:
             KeyError: a layer missing from ``read``. ValueError: a layer of the wrong width.
         """
-        known = np.mean([_regression_probs(r._params(), r.features(read)) for r in self.regressions], axis=0)
+        return self._averaged([r.features(read) for r in self.regressions], model_probs)
+
+    def _averaged(self, xs: list, model_probs: np.ndarray) -> np.ndarray:
+        """``read_probs`` from each regression's input ``xs`` (in ``regressions`` order)."""
+        known = np.mean([_regression_probs(r._params(), np.asarray(x, dtype=np.float64))
+                         for r, x in zip(self.regressions, xs)], axis=0)
         return _mixed(known, self.classes, np.asarray(model_probs, dtype=np.float64), self.absent_weight)
 
     def _params(self):
@@ -410,16 +415,14 @@ def _ranked(sets: dict, rows: np.ndarray, gold: np.ndarray, model: np.ndarray, k
     return [(layers, C) for _, _, layers, C in best]
 
 
-def _fit_ensemble(sets: dict, chosen, train: np.ndarray, gold: np.ndarray, k: int, labels) -> list:
-    """Each chosen ``(layers, C)`` fitted on ``train``: ``[(layers, C, params, classes), ...]``."""
-    return [(layers, C, *_fit_lr(sets[layers][train], gold[train], C)) for layers, C in chosen]
-
-
-def _ensemble_probs(fitted, sets: dict, rows: np.ndarray, model: np.ndarray, n_train: int, k: int) -> np.ndarray:
-    """The averaged probabilities of ``fitted`` (``_fit_ensemble``) on ``rows``."""
-    classes = fitted[0][3]
-    known = np.mean([_regression_probs(params, sets[layers][rows]) for layers, _, params, _ in fitted], axis=0)
-    return _mixed(known, classes, model[rows], _absent_weight(classes, k, n_train))
+def _fit_chosen(sets: dict, chosen, rows: np.ndarray, gold: np.ndarray, labels) -> Readout:
+    """The chosen ``(layers, C)`` pairs (``_ranked``), each fitted on ``rows``: one ``Readout``,
+    the first pair's regression with the others as its ``members``."""
+    fits = [(layers, C, *_fit_lr(sets[layers][rows], gold[rows], C)) for layers, C in chosen]
+    weight = _absent_weight(fits[0][3], len(labels), len(rows))
+    regressions = [Readout(tuple(layers), tuple(labels), classes, *params, absent_weight=weight, C=float(C))
+                   for layers, C, params, classes in fits]
+    return replace(regressions[0], members=tuple(regressions[1:]))
 
 
 def floor_problem(name: str, gold: np.ndarray, labels) -> str | None:
@@ -470,12 +473,7 @@ def _fit_nested(name, labels, features, gold, model_probs, parts, seed) -> tuple
         train = np.setdiff1d(np.arange(n), part, assume_unique=True)
         top = _ranked(features, train, gold, model_probs, k, labels, seed + j)[:ENSEMBLE]
         chosen.append([{"layers": list(layers), "C": C} for layers, C in top])
-        held[part] = _ensemble_probs(_fit_ensemble(features, top, train, gold, k, labels), features, part,
-                                     model_probs, len(train), k)
+        fold = _fit_chosen(features, top, train, gold, labels)
+        held[part] = fold._averaged([features[r.layers][part] for r in fold.regressions], model_probs[part])
     top = _ranked(features, np.arange(n), gold, model_probs, k, labels, seed)[:ENSEMBLE]
-    fitted = _fit_ensemble(features, top, np.arange(n), gold, k, labels)
-    weight = _absent_weight(fitted[0][3], k, n)
-    regressions = [Readout(tuple(layers), tuple(labels), classes, *params, absent_weight=weight, C=float(C))
-                   for layers, C, params, classes in fitted]
-    readout = replace(regressions[0], cv={"chosen": chosen}, members=tuple(regressions[1:]))
-    return readout, held
+    return replace(_fit_chosen(features, top, np.arange(n), gold, labels), cv={"chosen": chosen}), held
