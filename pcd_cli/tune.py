@@ -665,7 +665,8 @@ def fit_tune_calibration(result: TuneResult, schema: Schema, metadata: dict[str,
             for the tuned model (a merged folder: the folder's name; an adapter: its base's id).
 
     A field whose fitted calibration makes any cross-validated figure worse
-    (``calibration.held_out_worse``: NLL up over 1 %, accuracy or macro-F1 down over 0.01) is
+    (``calibration.held_out_worse``: NLL up over 1 %, accuracy or macro-F1 down over 0.01 with
+    neither up over 0.01) is
     left uncalibrated: pcd never applies by default what its own check says is worse.
 
     objective: ``pcd tune --objective``: each field's decision rule is fitted on the holdout's

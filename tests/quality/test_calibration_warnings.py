@@ -33,6 +33,22 @@ def test_held_out_worse_names_the_figures_the_demo_measured():
     assert held_out_worse({"before": {"nll": 0.4}, "after": {"nll": 0.403}}) == []  # within 1 %: noise
 
 
+def test_accuracy_traded_for_macro_f1_is_not_called_worse():
+    """A calibration that undoes a collapse onto the majority label loses accuracy and gains
+    macro-F1 (50 airline rows: accuracy 0.600 -> 0.540, macro-F1 0.250 -> 0.378): a trade-off the
+    user's objective settles, not "worse" (the warning once told that user to label without it).
+    A fall with no rise, or a risen NLL, is still named."""
+    trade = {"before": {"accuracy": 0.600, "macro_f1": 0.250, "nll": 0.95},
+             "after": {"accuracy": 0.540, "macro_f1": 0.378, "nll": 0.90}}
+    assert held_out_worse(trade) == []
+    mirrored = {"before": trade["after"] | {"nll": 0.90}, "after": trade["before"] | {"nll": 0.89}}
+    assert held_out_worse(mirrored) == []  # macro-F1 traded for accuracy: the same rule
+    small_rise = {"before": trade["before"], "after": trade["after"] | {"macro_f1": 0.255}}
+    assert held_out_worse(small_rise) == ["accuracy 0.600 -> 0.540"]  # a rise within noise trades nothing
+    nll_up = {"before": trade["before"], "after": trade["after"] | {"nll": 1.2}}
+    assert held_out_worse(nll_up) == ["NLL 0.950 -> 1.200"]
+
+
 def _calibrated_gold(tmp_path, n: int, seed: int, sharpen: float = 1.0):
     """``n`` rows whose gold is drawn from probabilities ``p``; the output holds ``p`` (already
     calibrated) or, with ``sharpen`` > 1, ``p ** sharpen`` renormalised (over-confident)."""
