@@ -599,10 +599,10 @@ class Decoder:
                 read.update(slot.pooled)
             readout = self.readouts.get(fields[fi].name) if read is not None else None
             if readout is not None and slot.error is None:
-                if not all(np.isfinite(read[layer]).all() for layer in readout.layers):  # pooled ones too
+                bad = readout.non_finite(read)  # record-means too
+                if bad is not None:
                     slot.error = (f"record {slot.record.id!r}, field {fields[fi].name!r}: the model's hidden state "
-                                  f"at the decision point is not finite (NaN or infinite, layers "
-                                  f"{', '.join(map(str, readout.layers))} in {self.backend.dtype_name}), so the "
+                                  f"is not finite (NaN or infinite: {bad}, in {self.backend.dtype_name}), so the "
                                   "linear readout cannot read it"
                                   + ("; run with --dtype float32" if self.backend.dtype_name != "float32" else ""))
                 else:

@@ -313,6 +313,13 @@ class FieldReadout:
     def by_rule(self) -> bool:
         return self.rule is not None
 
+    def non_finite(self, read: dict) -> str | None:
+        """The layers of ``read`` (``{layer: (hidden,)}``) this readout reads whose hidden state
+        holds a NaN or an infinity, in words (``regression_name``: ``"layer 30 & the record-mean
+        of layer 20"``), for the decoder's error; ``None`` when every one is finite."""
+        bad = [layer for layer in self.layers if not np.isfinite(read[layer]).all()]
+        return regression_name(bad) if bad else None
+
     def decide(self, read: dict, model_probs: np.ndarray) -> tuple[int, np.ndarray]:
         """``(label index written, (k,) readout probabilities)`` from ``{layer: (hidden,)}`` and the
         decoder's ``(k,)`` probabilities: the rule's choice, or the argmax."""

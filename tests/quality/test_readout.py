@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -237,6 +238,10 @@ def test_non_finite_features_fail_the_record_by_name(fitted, monkeypatch):
     out = labeler.label_batch([Record("r7", "please refund my order")])
     assert isinstance(out[0], RecordFailure)
     assert "record 'r7'" in out[0].error and "not finite" in out[0].error
+    from pcd_cli.quality.readout import regression_name
+    layers = labeler.decoder.readouts["refund"].layers  # every one poisoned: named in words, record-means too
+    assert f"(NaN or infinite: {regression_name(layers)}, in float32)" in out[0].error
+    assert any(layer < 0 for layer in layers) and not re.search(r"-\d", out[0].error)  # no raw "-15"
 
 
 def test_readout_options_refused_by_name(fitted, tmp_path):
