@@ -131,7 +131,8 @@ BUDGET_OPT = typer.Option(DEFAULT_MAX_TOKENS_PER_PASS, "--max-tokens-per-pass", 
 
 CALIBRATION_OPT = typer.Option(None, "--calibration", help="Calibration file from `pcd calibrate` for this schema, "
                                "model, prompt head and scoring: probabilities become calibrated (the raw one is kept "
-                               "in <field>__raw_prob).")
+                               "in <field>__raw_prob); a field with a linear readout (--readout linear) gets its "
+                               "label and <field>__prob from the readout, <field>__mass stays the model's.")
 PERMUTATIONS_OPT = typer.Option(1, "--permutations", min=1, help="K >= 2: combine each field's probabilities over "
                                 "K orderings of the booleans' and enums' labels (cyclic shifts and their "
                                 "reversals), listed after the record; the record is fed once, each ordering is a "
@@ -623,7 +624,7 @@ def calibrate(
                                "random sample) the prior is estimated on."),
     objective: str = OBJECTIVE_OPT,
     force_rule: bool = FORCE_RULE_OPT,
-    readout: str = typer.Option("logits", "--readout", help="logits: a temperature and label biases on the model's "
+    readout: str = typer.Option("logits", "--readout", metavar="[logits|linear]", help="logits: a temperature and label biases on the model's "
                                 "probabilities. linear: also logistic regressions per field on the model's hidden "
                                 "state at the field's decision point and over the record (the three best "
                                 "layer sets and strengths by nested cross-validation, averaged; needs "
@@ -644,9 +645,10 @@ def calibrate(
     shots: int = SHOTS_OPT,
     adapter: Optional[Path] = ADAPTER_OPT,
 ) -> None:
-    """Fit a per-field temperature and label biases on gold rows; print cross-validated
-    before/after accuracy, macro-F1, ECE and NLL; write CALIBRATION.json for pcd label
-    --calibration. Exit 2 on a bad gold, predictions or schema file."""
+    """Fit a per-field temperature and label biases on gold rows (with --readout linear, also a
+    linear readout of the model's hidden state); print cross-validated before/after accuracy,
+    macro-F1, ECE and NLL; write CALIBRATION.json for pcd label --calibration. Exit 2 on a bad
+    gold, predictions or schema file."""
     from .fitting import calibrate_on_gold
     from .quality.plots import calibration_plots, file_stem, require_matplotlib
     from .quality.render import render_calibration

@@ -56,7 +56,9 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     out: the fit reads raw probabilities).
 
     Every check that needs no model runs first: ``output`` writable, ``--examples`` with
-    ``--predictions``, the schema, the gold file, enough rows for ``coverage``, the text columns.
+    ``--predictions``, the schema, the gold file and its values (``check_gold_labels``: a field
+    none of whose gold values is a label is refused; rows whose value is not are named in
+    ``row_warnings``), enough rows for ``coverage``, the text columns.
 
     Args:
         schema: a ``Schema`` or a schema file path.
@@ -92,8 +94,8 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     from .schema.load import load_schema
     from .schema.model import Schema
     from .quality import fit_calibration, read_gold, read_predictions
-    from .quality.calibration import (check_coverage_rows, check_objective_gold, check_output_path, check_readout_gold,
-                                      rule_fit_warnings, worse_calibration_warnings)
+    from .quality.calibration import (check_coverage_rows, check_gold_labels, check_objective_gold, check_output_path,
+                                      check_readout_gold, rule_fit_warnings, worse_calibration_warnings)
     from .quality.decision import check_objective_labels, parse_objective
     from .quality.data import drop_example_rows
 
@@ -122,12 +124,12 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
     if objective is not None:
         check_objective_labels(objective, parsed.fields)  # a label no field has: before the model loads
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
+    row_warnings: list[str] = check_gold_labels(gold_frame, parsed, id_field=id_field)  # before the model loads
     check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
     check_objective_gold(gold_frame, parsed, objective, id_field=id_field)  # before the model loads
     if readout == "linear":
         check_readout_gold(gold_frame, parsed, id_field=id_field)  # before the model loads
     notes: list[str] = []
-    row_warnings: list[str] = []
     decoded = None
     if predictions is not None:
         frame, metadata = read_predictions(predictions)

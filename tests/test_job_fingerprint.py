@@ -163,6 +163,28 @@ def test_a_calibration_is_checked_by_content_not_by_the_model_name(model_folder,
         _labeler(schema_path, other_weights, calibration=str(tmp_path / "cal.json"))
 
 
+def test_a_calibration_for_another_schema_says_what_changed(model_folder, schema_path):
+    """A new-user trial: a schema with a label added, or its instructions edited, was refused with
+    two hashes only. The message now names the calibrated field whose labels differ, a field the
+    schema lacks, or says the labels are the same and the rest of the schema changed."""
+    labeler = _labeler(schema_path, model_folder)
+    cal = _calibration_for(labeler)
+    md = labeler.metadata()
+    parts = json.loads(md[MODEL_PARTS_KEY])
+    other = md | {MODEL_PARTS_KEY: json.dumps(parts | {"schema": "0" * 64})}
+    with pytest.raises(CalibrationError) as same_labels:
+        cal.check(other)
+    assert "fitted for another schema" in str(same_labels.value)
+    assert "(the fields it calibrates have the same labels: the schema's instructions, a description or a rule " \
+           "changed): refit it with pcd calibrate for this model, schema and prompt" in str(same_labels.value)
+    with pytest.raises(CalibrationError) as added:
+        cal.check(other | {"pcd.schema_json": json.dumps({"tone": ["calm", "angry", "sad", "happy"]})})
+    assert "(field 'tone' had the labels calm, angry, sad, this schema has calm, angry, sad, happy)" \
+        in str(added.value)
+    with pytest.raises(CalibrationError, match="field 'tone' is not in this schema"):
+        cal.check(other | {"pcd.schema_json": json.dumps({"mood": ["calm"]})})
+
+
 def test_a_format_1_calibration_still_loads_and_is_checked_by_name(model_folder, schema_path, tmp_path):
     labeler = _labeler(schema_path, model_folder)
     doc = json.loads(_calibration_for(labeler).to_json())

@@ -295,8 +295,10 @@ class Calibration:
                      for part in CALIBRATION_PARTS if part in self.fitted_for and
                      self.fitted_for[part] != run_parts.get(part)]
             if diffs:
-                raise CalibrationError("the calibration file was " + "; ".join(diffs) + ": refit it with pcd "
-                                       "calibrate on outputs of this model and prompt")
+                changed = self._schema_changes(metadata) if "schema" in self.fitted_for and \
+                    self.fitted_for["schema"] != run_parts.get("schema") else ""
+                raise CalibrationError("the calibration file was " + "; ".join(diffs) + changed + ": refit it with "
+                                       "pcd calibrate for this model, schema and prompt")
             return
         diffs = [f"{key}: calibration has {getattr(self, attr)!r}, this run has "
                  f"{metadata.get(key, '(missing)')!r}"
@@ -307,6 +309,35 @@ class Calibration:
                                     "schema, --record-quoting: docs/security.md); " if prompt else "") +
                                    "the calibration file was fitted for another setup (" + "; ".join(diffs) +
                                    "); fit a new one with pcd calibrate")
+
+
+    def _schema_changes(self, metadata: dict[str, str]) -> str:
+        """What differs between the fields this file calibrates and the run's schema
+        (``pcd.schema_json``: ``{field: [labels]}``), as a clause for ``check``'s message:
+        a field the schema lacks, labels that differ; or, where every calibrated field and its
+        labels are the same, that the rest of the schema changed (its instructions, a
+        description, a rule)."""
+        try:
+            run_fields = json.loads(metadata.get("pcd.schema_json") or "null")
+        except ValueError:
+            run_fields = None
+        if not isinstance(run_fields, dict):
+            return ""
+        changes = []
+        for name, fc in self.fields.items():
+            group, _, option = name.rpartition(".")  # a multi-select option's calibration: <field>.<option>
+            if name not in run_fields and group in run_fields:
+                if option not in run_fields[group]:
+                    changes.append(f"field {group!r} has no option {option!r} in this schema")
+            elif name not in run_fields:
+                changes.append(f"field {name!r} is not in this schema")
+            elif list(fc.labels) != list(run_fields[name]):
+                changes.append(f"field {name!r} had the labels {', '.join(fc.labels)}, this schema has "
+                               f"{', '.join(map(str, run_fields[name]))}")
+        if not changes:
+            return (" (the fields it calibrates have the same labels: the schema's instructions, a description or "
+                    "a rule changed)")
+        return " (" + "; ".join(changes) + ")"
 
 
 def fitted_for(metadata: dict[str, str]) -> dict[str, str]:
@@ -849,6 +880,61 @@ def gold_decisions(gold: pd.DataFrame, schema: Schema, id_field: str = "id"):
                 yield spec, f"{spec.name}.{option}", ("true", "false"), [0 if row[j] else 1 for row in chosen]
         else:
             yield spec, spec.name, spec.labels, [i for i in (gold_label_index(v, spec) for v in cells) if i is not None]
+
+
+def check_gold_labels(gold: pd.DataFrame, schema: Schema, *, id_field: str = "id") -> list[str]:
+    """Before any model loads: the gold cells that are not labels of their field
+    (``gold_label_index``; a multi-select field's: not a list of its options, ``gold_options``),
+    which no fit can use. Null cells are "no gold" and not counted.
+
+    Returns:
+        One warning line per field with some such cells, naming up to ``MAX_INVALID_EXAMPLES``
+        rows by id (or line) and value, and the label a value spells but for case
+        (``near_label``): those rows are left out of that field's fit.
+
+    Raises:
+        CalibrationError: a field none of whose gold values is a label, naming its values with
+            their counts and the field's labels (the fit would have no row of it, after decoding
+            every one).
+    """
+    from collections import Counter
+
+    from .data import MAX_INVALID_EXAMPLES, _is_present, near_label
+
+    specs = [FieldSpec.of(f) for f in schema.declared]
+    frame = resolve_gold_columns(gold, specs, id_field)
+    ids = ([repr(str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)) for v in gold[id_field]]
+           if id_field in gold.columns else [f"line {i + 1}" for i in range(len(gold))])
+    warnings, problems = [], []
+    for spec in specs:
+        if spec.name not in frame.columns:
+            continue
+        read = (lambda v: gold_options(v, spec)) if spec.is_multi else (lambda v: gold_label_index(v, spec))
+        cells = [(i, v) for i, v in enumerate(frame[spec.name].tolist()) if _is_present(v)]
+        bad = [(i, v) for i, v in cells if read(v) is None]
+        if not bad:
+            continue
+
+        def shown(value, count: str = "") -> str:
+            label = near_label(value, spec)
+            return repr(value) + count + (f" (the label is {label!r})" if label is not None else "")
+
+        kind, kinds = ("a list of its options", "lists of its options") if spec.is_multi else ("a label", "labels")
+        if len(bad) == len(cells):
+            counts = Counter(str(v) if spec.is_multi else v for _, v in bad).most_common(MAX_INVALID_EXAMPLES)
+            more = len({str(v) for _, v in bad}) - len(counts)
+            problems.append(f"field {spec.name!r}: none of its {len(cells)} gold values is {kind}: "
+                            + ", ".join(shown(v, f" ×{c}") for v, c in counts) + (f" and {more} more" if more > 0 else "")
+                            + f"; its labels are {', '.join(spec.labels)}, matched exactly: write the gold as the "
+                            "labels are spelt, or leave the field's column out of the gold file")
+            continue
+        named = ", ".join(f"row {ids[i]} {shown(v)}" for i, v in bad[:MAX_INVALID_EXAMPLES])
+        warnings.append(f"field {spec.name!r}: {len(bad)} of its {len(cells)} gold values {'is not ' + kind if len(bad) == 1 else 'are not ' + kinds} "
+                        f"and left out of its fit: {named}"
+                        + (f" and {len(bad) - MAX_INVALID_EXAMPLES} more" if len(bad) > MAX_INVALID_EXAMPLES else ""))
+    if problems:
+        raise CalibrationError(" | ".join(problems))
+    return warnings
 
 
 def check_readout_gold(gold: pd.DataFrame, schema: Schema, *, id_field: str = "id") -> None:

@@ -559,6 +559,17 @@ def gold_label_index(value, spec: FieldSpec) -> int | None:
     return None
 
 
+def near_label(value, spec: FieldSpec) -> str | None:
+    """The one label that ``value`` spells but for case and the spaces around it (``"positive"``
+    for ``POSITIVE``), or ``None``: said beside a gold value that is not a label, since labels
+    are matched exactly (``gold_label_index``)."""
+    if not isinstance(value, str):
+        return None
+    folded = value.strip().casefold()
+    matches = [label for label in spec.labels if label.casefold() == folded]
+    return matches[0] if len(matches) == 1 else None
+
+
 def gold_options(value, spec: FieldSpec) -> tuple[bool, ...] | None:
     """A multi-select gold value as one bool per option (schema order); ``None`` when it is not
     a list of the field's options.

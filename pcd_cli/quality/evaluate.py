@@ -303,7 +303,7 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
                         f"{joined.unmatched_gold_ids[0]!r}); they are not in the figures")
     for data in joined.fields:
         if data.gold_invalid:
-            examples = ", ".join(f"{v!r} ({c})" for v, c in data.invalid_values)
+            examples = ", ".join(f"{v!r} ({c}{_spelt(v, data.spec)})" for v, c in data.invalid_values)
             warnings.append(f"field {data.spec.name!r}: {data.gold_invalid} gold values are not labels: {examples}")
     asked = json.loads(metadata.get("pcd.label_sets", "{}") or "{}")
     fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name), min_mass=min_mass)
@@ -583,3 +583,12 @@ def _finite(value):
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _spelt(value, spec) -> str:
+    """``"; the label is 'POSITIVE'"`` after a gold value that spells a label but for case
+    (``data.near_label``), else ``""``."""
+    from .data import near_label
+
+    label = near_label(value, spec)
+    return f"; the label is {label!r}" if label is not None else ""

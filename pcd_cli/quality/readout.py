@@ -440,8 +440,10 @@ def floor_problem(name: str, gold: np.ndarray, labels) -> str | None:
     if len(gold) < MIN_ROWS or thin:
         return (f"field {name!r}: the linear readout needs at least {MIN_ROWS} gold rows and {MIN_PER_LABEL} of "
                 f"each label that has any; it has {len(gold)} rows"
-                + (f", and only {', '.join(thin)} of {'that label' if len(thin) == 1 else 'those labels'}"
-                   if thin else "") + " (add gold rows, or use --readout logits)")
+                + ((f", and only {thin[0]} of that label" if len(thin) == 1 else
+                    f", and {len(thin)} labels have fewer than {MIN_PER_LABEL}: {', '.join(thin)}") if thin else "")
+                + " (add gold rows; leave the field's column out of the gold file to fit the other fields' readouts "
+                "without it; or use --readout logits)")
     return None
 
 

@@ -71,6 +71,13 @@ def test_the_floor_names_the_field_and_the_thin_label():
     gold[0] = 2  # one row of c
     with pytest.raises(CalibrationError, match=r"it has 40 rows, and only c \(1\) of that label \(add gold rows"):
         fit_readout("f", ("a", "b", "c"), sets, gold, model, parts)
+    from pcd_cli.quality.readout import floor_problem
+
+    many = floor_problem("f", np.array([0] * 30 + [1, 2]), ("a", "b", "c"))  # several thin labels: counted
+    assert many == ("field 'f': the linear readout needs at least 20 gold rows and 2 of each label that has any; "
+                    "it has 32 rows, and 2 labels have fewer than 2: b (1), c (1) (add gold rows; leave the field's "
+                    "column out of the gold file to fit the other fields' readouts without it; or use --readout "
+                    "logits)")
 
 
 def test_an_absent_label_keeps_the_models_probability_times_the_laplace_weight():
