@@ -653,6 +653,10 @@ def calibrate(
     from .quality.plots import calibration_plots, file_stem, require_matplotlib
     from .quality.render import render_calibration
 
+    def warn_rows(lines: list[str]) -> None:
+        for line in lines:
+            err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+
     try:
         if unlabelled:
             _calibrate_unlabelled(locals())
@@ -662,11 +666,11 @@ def calibrate(
         job = _label_job(locals(), besides=("id_field",))  # the gold file's id column: calibrate_on_gold's
         run = calibrate_on_gold(gold, schema, job, output=output, predictions=predictions, folds=folds, seed=seed,
                                 coverage=coverage, id_field=id_field, csv_delimiter=csv_delimiter,
-                                objective=objective, force_rule=force_rule, readout=readout)
+                                objective=objective, force_rule=force_rule, readout=readout,
+                                on_gold_warnings=warn_rows)  # said before the decoding
         for line in run.notes:
             out.print(escape(line), highlight=False)
-        for line in run.row_warnings:
-            err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+        warn_rows(run.row_warnings)
         render_calibration(run.report, out)
         for line in run.warnings:
             out.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)

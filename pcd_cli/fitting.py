@@ -31,7 +31,8 @@ class CalibrateRun:
         calibration: the fitted ``Calibration`` (not written yet: ``calibration.save(path)``).
         report: its ``CalibrationReport`` (cross-validated before/after figures per field).
         notes: lines to say before the report (gold rows left out as few-shot examples).
-        row_warnings: lines about gold rows not used (they could not be labelled).
+        row_warnings: lines about gold rows not used (they could not be labelled; their gold value
+            is not a label, unless ``on_gold_warnings`` said those already).
         warnings: lines about the fit (a field the calibration made worse on held-out rows),
             to say after the report.
         decoded: gold rows the model labelled in this run (``None`` with ``--predictions``); the
@@ -49,7 +50,7 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
                       predictions: str | Path | None = None, folds: int = 5, seed: int = 0,
                       coverage: float | None = None, id_field: str = "id", csv_delimiter: str = ",",
                       objective=None, force_rule: bool = False, readout: str = "logits",
-                      store: str | Path | None = None) -> CalibrateRun:
+                      store: str | Path | None = None, on_gold_warnings=None) -> CalibrateRun:
     """Fit a per-field calibration (temperature and label biases; conformal label sets with
     ``coverage``) on ``gold`` rows, from ``predictions`` (a ``pcd label --all-probs`` output of
     them) or by labelling them with ``job``'s model first (its tuned folder's own calibration left
@@ -82,6 +83,9 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
             model input key and job fingerprint) are read from it rather than decoded, and it is
             rewritten with this fit's rows. ``None``: every row is decoded. Not read with
             ``predictions``.
+        on_gold_warnings: called with ``check_gold_labels``' lines (gold values that are not
+            labels, by row) before the model loads, so a front-end can say them before the
+            decoding; ``None``: they are in the run's ``row_warnings``.
 
     Returns:
         ``CalibrateRun``.
@@ -125,6 +129,9 @@ def calibrate_on_gold(gold: str | Path, schema, job: LabelJob, *, output: str | 
         check_objective_labels(objective, parsed.fields)  # a label no field has: before the model loads
     gold_frame = read_gold(gold, id_field=id_field, csv_delimiter=csv_delimiter)
     row_warnings: list[str] = check_gold_labels(gold_frame, parsed, id_field=id_field)  # before the model loads
+    if on_gold_warnings is not None and row_warnings:
+        on_gold_warnings(row_warnings)
+        row_warnings = []
     check_coverage_rows(gold_frame, parsed, coverage)  # before the model loads
     check_objective_gold(gold_frame, parsed, objective, id_field=id_field)  # before the model loads
     if readout == "linear":

@@ -87,3 +87,26 @@ def test_pcd_eval_names_the_label_a_lower_cased_gold_value_spells(tmp_path):
     text = flat(pcd("eval", preds, gold).stdout)
     assert "field 'sentiment': 3 gold values are not labels: 'positive' (2; the label is 'POSITIVE'), " \
            "'POSITVE' (1)" in text
+
+
+def test_pcd_calibrate_names_rows_whose_value_is_not_a_label_before_the_model_loads(monkeypatch, tmp_path):
+    """The rows are said before the decoding (a user can stop and fix the file): here the model
+    never loads, and the warning is out already."""
+    import pcd_cli.fitting
+    from pcd_cli.cli import app
+    from pcd_cli.errors import ModelError
+
+    def no_model(*_args, **_kwargs):
+        raise ModelError("stopped where the model would load")
+
+    monkeypatch.setattr(pcd_cli.fitting, "build_labeler", no_model)
+    rows = _rows()
+    rows[2]["sentiment"] = "Positive"
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["calibrate", str(gold), "-s", str(ROOT / "schemas" / "airline_sentiment.yaml"),
+                                      "-o", str(tmp_path / "cal.json")])
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "stopped where the model would load" in said
+    assert (f"warning: field 'sentiment': 1 of its 40 gold values is not a label and left out of its fit: "
+            f"row {rows[2]['id']!r} 'Positive' (the label is 'POSITIVE')") in said
