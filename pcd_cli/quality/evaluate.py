@@ -18,6 +18,7 @@ from dataclasses import field as dc_field
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError
 from ..schema.model import Schema
 from . import metrics as M
 from ..io.annotations import GOLD_ATTR, agreement
@@ -282,6 +283,12 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
         raise ValueError(f"target_accuracy must be in (0, 1], got {target_accuracy}")
     specs = field_specs(predictions, schema)
     joined = join(predictions, gold, specs, id_field=id_field)
+    if joined.fields and any(d.gold_invalid for d in joined.fields) and \
+            all(len(d.ids) + (getattr(d, "abstained", 0) or 0) == 0 for d in joined.fields):
+        raise InputError("no matched gold value is a label of its field, so nothing can be scored: "
+                         + "; ".join(f"field {d.spec.name!r}: {d.gold_invalid} are not labels: {_invalid_examples(d)}"
+                                     for d in joined.fields if d.gold_invalid)
+                         + " (labels are matched exactly)")
     metadata = dict(predictions.attrs.get(METADATA_ATTR) or {})
     warnings = []
     if schema is not None and metadata.get("pcd.schema_sha256") not in (None, schema.source_sha256):
@@ -303,8 +310,8 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
                         f"{joined.unmatched_gold_ids[0]!r}); they are not in the figures")
     for data in joined.fields:
         if data.gold_invalid:
-            examples = ", ".join(f"{v!r} ({c}{_spelt(v, data.spec)})" for v, c in data.invalid_values)
-            warnings.append(f"field {data.spec.name!r}: {data.gold_invalid} gold values are not labels: {examples}")
+            warnings.append(f"field {data.spec.name!r}: {data.gold_invalid} gold values are not labels: "
+                            f"{_invalid_examples(data)}")
     asked = json.loads(metadata.get("pcd.label_sets", "{}") or "{}")
     fields = tuple(field_report(d, target_accuracy, asked=asked.get(d.spec.name), min_mass=min_mass)
                    for d in joined.fields if isinstance(d, FieldData))
@@ -585,10 +592,14 @@ def _finite(value):
     return value
 
 
-def _spelt(value, spec) -> str:
-    """``"; the label is 'POSITIVE'"`` after a gold value that spells a label but for case
-    (``data.near_label``), else ``""``."""
+def _invalid_examples(data) -> str:
+    """A field's most frequent gold values that are not labels, with their counts and the label
+    each spells but for case (``data.near_label``): ``"'positive' (2; the label is 'POSITIVE'),
+    'POSITVE' (1)"``."""
     from .data import near_label
 
-    label = near_label(value, spec)
-    return f"; the label is {label!r}" if label is not None else ""
+    def spelt(value) -> str:
+        label = near_label(value, data.spec)
+        return f"; the label is {label!r}" if label is not None else ""
+
+    return ", ".join(f"{v!r} ({c}{spelt(v)})" for v, c in data.invalid_values)

@@ -110,3 +110,18 @@ def test_pcd_calibrate_names_rows_whose_value_is_not_a_label_before_the_model_lo
     assert result.exit_code != 0 and "stopped where the model would load" in said
     assert (f"warning: field 'sentiment': 1 of its 40 gold values is not a label and left out of its fit: "
             f"row {rows[2]['id']!r} 'Positive' (the label is 'POSITIVE')") in said
+
+
+def test_pcd_eval_with_no_gold_value_a_label_is_an_error_not_an_empty_report(tmp_path):
+    """Lower-cased gold once gave "rows evaluated 0" and exit 0: a cron job's silent failure."""
+    from ..helpers import flat, pcd, write_sentiment_output
+
+    preds = write_sentiment_output(tmp_path / "p.parquet", [(f"r{i}", 2, [0.2, 0.3, 0.5]) for i in range(4)])
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"id": f"r{i}", "sentiment": "positive"}) + "\n" for i in range(4)))
+    result = pcd("eval", preds, gold, code=2)
+    assert ("error: no matched gold value is a label of its field, so nothing can be scored: field 'sentiment': 4 "
+            "are not labels: 'positive' (4; the label is 'POSITIVE') (labels are matched exactly)") \
+        in flat(result.stderr + result.stdout)
+    gold.write_text("".join(json.dumps({"id": f"r{i}", "sentiment": None}) + "\n" for i in range(4)))
+    pcd("eval", preds, gold)  # no gold answer at all (an unreviewed export) is a report, as before

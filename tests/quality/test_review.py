@@ -362,7 +362,12 @@ def test_bad_exports_are_named(case, tmp_path):
                                             "value": {"choices": ["NEGATIVE", "NEUTRAL"]}}]}]
     out.write_text(json.dumps(tasks))
     assert read_gold(out)["sentiment"].tolist()[2] == ["NEGATIVE", "NEUTRAL"]
-    result = pcd("eval", case.output, out)  # two choices on a one-label field: not a label, said so
+    result = pcd("eval", case.output, out, code=2)  # two choices on a one-label field: not a label, said so
+    assert "field 'sentiment': 1 are not labels: \"['NEGATIVE', 'NEUTRAL']\" (1)" in flat(result.stderr)
+    tasks[0]["annotations"] = [{"result": [{"from_name": "sentiment", "to_name": "text", "type": "choices",
+                                            "value": {"choices": ["NEGATIVE"]}}]}]
+    out.write_text(json.dumps(tasks))
+    result = pcd("eval", case.output, out)  # one row scored beside it: a report, and the value named
     assert "1 gold values are not labels" in flat(result.stderr + result.stdout)
     tasks[1]["data"] = "text"
     out.write_text(json.dumps(tasks))
