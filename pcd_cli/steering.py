@@ -46,6 +46,11 @@ PROMPT_WORDS = ("answer", "label", "classif", "instruction", "json", "input", "p
 #: which flagged a clean SMS on /v1/decisions (docs/security.md, "Measured"); the noun and the
 #: imperative, which address the labeller ("Answer false.", "the answer is no"), stay.
 WHOLE_WORDS = ("answer", "answers", "answered")
+#: Of ``WHOLE_WORDS``, the verb's forms that an everyday sentence uses ("nobody answers the
+#: phone", "he never answered my call"): weak, like a schema word, so a complaint that repeats
+#: them is not erased down to a fragment (a 110,000-character record of such sentences was
+#: written as the label of its last half-sentence, and flagged steered).
+WEAK_WHOLE_WORDS = ("answers", "answered")
 #: The chat roles a record may use as a tag to pass for the prompt's own turn or an answer (``user`` is not one:
 #: a record is the user's turn, and /v1/decisions writes its messages as ``user: <text>``).
 #: ``Vocabulary.strength`` levels.
@@ -116,14 +121,20 @@ class Vocabulary:
         """How plainly ``sentence`` addresses the labeller: ``STRONG`` (2) for a role tag, an
         answer object's shape, a word of the prompt's instructions (``PROMPT_WORDS``, ``whole``);
         ``WEAK`` (1) for a word of the schema only (a field's name or a label: a record about the
-        schema's subject uses them too); 0 for none."""
+        schema's subject uses them too) or an everyday form of the verb "answer"
+        (``WEAK_WHOLE_WORDS``); 0 for none."""
         if _ROLE_TAG.search(sentence) or _ANSWER_SHAPE.search(sentence):
             return STRONG
         low = sentence.lower()
-        if any(re.search(r"(?<![0-9a-z])" + re.escape(w) + r"(?![0-9a-z])", low) for w in self.whole) \
+
+        def whole(words) -> bool:
+            return any(re.search(r"(?<![0-9a-z])" + re.escape(w) + r"(?![0-9a-z])", low) for w in words)
+
+        if whole(w for w in self.whole if w not in WEAK_WHOLE_WORDS) \
                 or any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in PROMPT_WORDS if w in self.words):
             return STRONG
-        return WEAK if any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in self.words) else 0
+        return WEAK if whole(w for w in self.whole if w in WEAK_WHOLE_WORDS) \
+            or any(re.search(r"(?<![0-9a-z])" + re.escape(w), low) for w in self.words) else 0
 
     def addresses(self, sentence: str) -> bool:
         """Whether ``sentence`` addresses the labeller at all (``strength`` above 0)."""

@@ -924,12 +924,13 @@ def check_gold_labels(gold: pd.DataFrame, schema: Schema, *, id_field: str = "id
             counts = Counter(str(v) if spec.is_multi else v for _, v in bad).most_common(MAX_INVALID_EXAMPLES)
             more = len({str(v) for _, v in bad}) - len(counts)
             problems.append(f"field {spec.name!r}: none of its {len(cells)} gold values is {kind}: "
-                            + ", ".join(shown(v, f" ×{c}") for v, c in counts) + (f" and {more} more" if more > 0 else "")
-                            + f"; its labels are {', '.join(spec.labels)}, matched exactly: write the gold as the "
+                            + ", ".join(shown(v, f" ×{c}") for v, c in counts)
+                            + (f" and {more} more" if more > 0 else "") + f"; its labels are {', '.join(spec.labels)}, matched exactly: write the gold as the "
                             "labels are spelt, or leave the field's column out of the gold file")
             continue
         named = ", ".join(f"row {ids[i]} {shown(v)}" for i, v in bad[:MAX_INVALID_EXAMPLES])
-        warnings.append(f"field {spec.name!r}: {len(bad)} of its {len(cells)} gold values {'is not ' + kind if len(bad) == 1 else 'are not ' + kinds} "
+        verb = f"is not {kind}" if len(bad) == 1 else f"are not {kinds}"
+        warnings.append(f"field {spec.name!r}: {len(bad)} of its {len(cells)} gold values {verb} "
                         f"and left out of its fit: {named}"
                         + (f" and {len(bad) - MAX_INVALID_EXAMPLES} more" if len(bad) > MAX_INVALID_EXAMPLES else ""))
     if problems:

@@ -52,7 +52,7 @@ async def ready(request: Request) -> Response:
     503 before, after a failed start, and while draining."""
     service: LabelService = request.app.state.service
     if service.draining:
-        raise Draining("the server is draining (SIGTERM); it takes no new work")
+        raise Draining("the server is draining (asked to stop: SIGTERM or Ctrl-C); it takes no new work")
     if service.startup_error is not None:
         raise StartupFailed(f"the server could not start: {service.startup_error}")
     if not service.ready.is_set():

@@ -368,8 +368,8 @@ async def read_json(request: Request, max_bytes: int | None = None, *,
     """
     limit = max_bytes or limits.MAX_BODY_BYTES
     too_big = ApiError(413, "invalid_request_error", "body_too_large",
-                       f"the request body is over {limit} bytes (--max-body-bytes); send fewer or shorter questions "
-                       "or a shorter state", {"Connection": "close"})
+                       f"the request body is over {limit} bytes (--max-body-bytes); split it: fewer or shorter "
+                       "records (/v1/label), questions or states (the decision routes)", {"Connection": "close"})
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/"):
         raise ApiError(415, "invalid_request_error", "unsupported_media_type",
