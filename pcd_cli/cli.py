@@ -624,8 +624,9 @@ def calibrate(
                                "random sample) the prior is estimated on."),
     objective: str = OBJECTIVE_OPT,
     force_rule: bool = FORCE_RULE_OPT,
-    readout: str = typer.Option("logits", "--readout", metavar="[logits|linear]", help="logits: a temperature and label biases on the model's "
-                                "probabilities. linear: also logistic regressions per field on the model's hidden "
+    readout: str = typer.Option("logits", "--readout", metavar="[logits|linear]",
+                                help="logits: a temperature and label biases on the model's probabilities. "
+                                "linear: also logistic regressions per field on the model's hidden "
                                 "state at the field's decision point and over the record (the three best "
                                 "layer sets and strengths by nested cross-validation, averaged; needs "
                                 "scikit-learn; not with --predictions, --coverage or "

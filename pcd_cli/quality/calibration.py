@@ -310,7 +310,6 @@ class Calibration:
                                    "the calibration file was fitted for another setup (" + "; ".join(diffs) +
                                    "); fit a new one with pcd calibrate")
 
-
     def _schema_changes(self, metadata: dict[str, str]) -> str:
         """What differs between the fields this file calibrates and the run's schema
         (``pcd.schema_json``: ``{field: [labels]}``), as a clause for ``check``'s message:
@@ -868,18 +867,23 @@ def gold_decisions(gold: pd.DataFrame, schema: Schema, id_field: str = "id"):
     """The gold file's decisions as read, before any model loads: ``(spec, name, labels, label
     indices of the gold cells)`` per single-label field, and per option of a multi-select field
     (``<field>.<option>``, ``("true", "false")``); fields without a gold column are left out."""
-    specs = [FieldSpec.of(f) for f in schema.declared]
-    frame = resolve_gold_columns(gold, specs, id_field)
-    for spec in specs:
-        if spec.name not in frame.columns:
-            continue
-        cells = frame[spec.name].tolist()
+    for spec, cells in _gold_cells(gold, schema, id_field):
         if spec.is_multi:
             chosen = [c for c in (gold_options(v, spec) for v in cells) if c is not None]
             for j, option in enumerate(spec.labels):
                 yield spec, f"{spec.name}.{option}", ("true", "false"), [0 if row[j] else 1 for row in chosen]
         else:
             yield spec, spec.name, spec.labels, [i for i in (gold_label_index(v, spec) for v in cells) if i is not None]
+
+
+def _gold_cells(gold: pd.DataFrame, schema: Schema, id_field: str):
+    """``(FieldSpec, the gold cells of its column, row by row)`` per declared field with a gold
+    column (``resolve_gold_columns``)."""
+    specs = [FieldSpec.of(f) for f in schema.declared]
+    frame = resolve_gold_columns(gold, specs, id_field)
+    for spec in specs:
+        if spec.name in frame.columns:
+            yield spec, frame[spec.name].tolist()
 
 
 def check_gold_labels(gold: pd.DataFrame, schema: Schema, *, id_field: str = "id") -> list[str]:
@@ -899,18 +903,14 @@ def check_gold_labels(gold: pd.DataFrame, schema: Schema, *, id_field: str = "id
     """
     from collections import Counter
 
-    from .data import MAX_INVALID_EXAMPLES, _is_present, near_label
+    from .data import MAX_INVALID_EXAMPLES, _is_present, gold_id_strings, near_label
 
-    specs = [FieldSpec.of(f) for f in schema.declared]
-    frame = resolve_gold_columns(gold, specs, id_field)
-    ids = ([repr(str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)) for v in gold[id_field]]
-           if id_field in gold.columns else [f"line {i + 1}" for i in range(len(gold))])
+    ids = ([repr(i) for i in gold_id_strings(gold, id_field)] if id_field in gold.columns
+           else [f"line {i + 1}" for i in range(len(gold))])
     warnings, problems = [], []
-    for spec in specs:
-        if spec.name not in frame.columns:
-            continue
+    for spec, column in _gold_cells(gold, schema, id_field):
         read = (lambda v: gold_options(v, spec)) if spec.is_multi else (lambda v: gold_label_index(v, spec))
-        cells = [(i, v) for i, v in enumerate(frame[spec.name].tolist()) if _is_present(v)]
+        cells = [(i, v) for i, v in enumerate(column) if _is_present(v)]
         bad = [(i, v) for i, v in cells if read(v) is None]
         if not bad:
             continue
@@ -925,7 +925,8 @@ def check_gold_labels(gold: pd.DataFrame, schema: Schema, *, id_field: str = "id
             more = len({str(v) for _, v in bad}) - len(counts)
             problems.append(f"field {spec.name!r}: none of its {len(cells)} gold values is {kind}: "
                             + ", ".join(shown(v, f" ×{c}") for v, c in counts)
-                            + (f" and {more} more" if more > 0 else "") + f"; its labels are {', '.join(spec.labels)}, matched exactly: write the gold as the "
+                            + (f" and {more} more" if more > 0 else "")
+                            + f"; its labels are {', '.join(spec.labels)}, matched exactly: write the gold as the "
                             "labels are spelt, or leave the field's column out of the gold file")
             continue
         named = ", ".join(f"row {ids[i]} {shown(v)}" for i, v in bad[:MAX_INVALID_EXAMPLES])

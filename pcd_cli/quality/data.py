@@ -444,9 +444,14 @@ def resolve_gold_columns(gold: pd.DataFrame, specs: list[FieldSpec], id_field: s
     argilla`` writes ``Sentiment`` as ``sentiment``), and a multi-select field of an
     annotation tool's export answered "none of these" (``[]``) where an annotator's answer
     leaves it out. For readers of gold rows that do not ``join`` (``pcd tune``)."""
-    ids = [str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-           for v in (gold[id_field].tolist() if id_field in gold.columns else range(len(gold)))]
-    return _gold_columns(gold, specs, ids)[0]
+    return _gold_columns(gold, specs, gold_id_strings(gold, id_field))[0]
+
+
+def gold_id_strings(gold: pd.DataFrame, id_field: str = "id") -> list[str]:
+    """``gold``'s ids as strings, row by row (a whole float as an int: pandas reads an id column
+    with gaps as float); the row positions, from 0, without an ``id_field`` column."""
+    return [str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+            for v in (gold[id_field].tolist() if id_field in gold.columns else range(len(gold)))]
 
 
 def _gold_attr() -> str:

@@ -22,7 +22,7 @@ from ..errors import InputError
 from ..schema.model import Schema
 from . import metrics as M
 from ..io.annotations import GOLD_ATTR, agreement
-from .data import METADATA_ATTR, FieldData, MultiFieldData, field_specs, join
+from .data import METADATA_ATTR, FieldData, MultiFieldData, field_specs, join, near_label
 
 #: Coverages of the selective-prediction figures.
 COVERAGES = (0.5, 0.8, 1.0)
@@ -284,7 +284,7 @@ def evaluate(predictions: pd.DataFrame, gold: pd.DataFrame, schema: Schema | Non
     specs = field_specs(predictions, schema)
     joined = join(predictions, gold, specs, id_field=id_field)
     if joined.fields and any(d.gold_invalid for d in joined.fields) and \
-            all(len(d.ids) + (getattr(d, "abstained", 0) or 0) == 0 for d in joined.fields):
+            all(len(d.ids) + d.abstained == 0 for d in joined.fields):
         raise InputError("no matched gold value is a label of its field, so nothing can be scored: "
                          + "; ".join(f"field {d.spec.name!r}: {d.gold_invalid} are not labels: {_invalid_examples(d)}"
                                      for d in joined.fields if d.gold_invalid)
@@ -596,7 +596,6 @@ def _invalid_examples(data) -> str:
     """A field's most frequent gold values that are not labels, with their counts and the label
     each spells but for case (``data.near_label``): ``"'positive' (2; the label is 'POSITIVE'),
     'POSITVE' (1)"``."""
-    from .data import near_label
 
     def spelt(value) -> str:
         label = near_label(value, data.spec)

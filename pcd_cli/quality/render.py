@@ -236,9 +236,7 @@ def render_calibration(report, console: Console) -> None:
                           f"{c.n} held gold rows; the calibration was fitted on the other {f.n})", highlight=False)
         if f.rule is not None:
             render_rule(f.field, f.rule, console)
-        if readout is not None:  # the readout writes the labels: the logits' temperature is not used for them
-            pass
-        elif f.temperature >= MAX_TEMPERATURE * 0.999:
+        if readout is None and f.temperature >= MAX_TEMPERATURE * 0.999:  # a readout's labels do not use it
             console.print(f"[yellow]warning:[/] field {escape(f.field)}: the temperature is at its bound: the "
                           "model's probabilities carry no usable signal on these rows (higher probability is not "
                           "more often right), so the calibration only sets the label priors; it cannot teach "
